@@ -1,0 +1,47 @@
+#include "engine/flat_memory.h"
+
+#include <algorithm>
+
+namespace reprise {
+
+FlatMemory::FlatMemory(const StateSpec& spec) : spec_(spec) {
+  const size_t n = spec.layers.size();
+  keys_.resize(n);
+  values_.resize(n);
+  conv_.resize(n);
+  ssm_.resize(n);
+  clear();
+}
+
+void FlatMemory::clear() {
+  for (size_t l = 0; l < spec_.layers.size(); ++l) {
+    const auto& s = spec_.layers[l];
+    if (s.kind == LayerStateKind::Recurrent) {
+      conv_[l].assign(s.conv_state_floats, 0.0f);
+      ssm_[l].assign(s.ssm_state_floats, 0.0f);
+    }
+  }
+}
+
+void FlatMemory::reserve(int64_t n_positions) {
+  if (n_positions <= capacity_) return;
+  const int64_t grown = std::max(n_positions, capacity_ * 2);
+  for (size_t l = 0; l < spec_.layers.size(); ++l) {
+    const auto& s = spec_.layers[l];
+    if (s.kind != LayerStateKind::Attention) continue;
+    keys_[l].resize(grown * s.key_floats());
+    values_[l].resize(grown * s.value_floats());
+  }
+  capacity_ = grown;
+}
+
+uint16_t* FlatMemory::key(int layer, int64_t pos) {
+  return keys_[layer].data() + pos * spec_.layers[layer].key_floats();
+}
+uint16_t* FlatMemory::value(int layer, int64_t pos) {
+  return values_[layer].data() + pos * spec_.layers[layer].value_floats();
+}
+float* FlatMemory::conv_state(int layer) { return conv_[layer].data(); }
+float* FlatMemory::ssm_state(int layer) { return ssm_[layer].data(); }
+
+}  // namespace reprise

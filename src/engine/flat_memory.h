@@ -1,0 +1,30 @@
+// Uncached per-sequence state in plain growable buffers: the "cold path" the
+// cache is checked against, and what runs when caching is disabled.
+#pragma once
+#include <vector>
+
+#include "model/sequence_memory.h"
+#include "model/state_spec.h"
+
+namespace reprise {
+
+class FlatMemory final : public SequenceMemory {
+ public:
+  explicit FlatMemory(const StateSpec& spec);
+  void reserve(int64_t n_positions) override;
+  uint16_t* key(int layer, int64_t pos) override;
+  uint16_t* value(int layer, int64_t pos) override;
+  float* conv_state(int layer) override;
+  float* ssm_state(int layer) override;
+  int64_t capacity() const { return capacity_; }
+  // Forgets everything (recurrent state zeroed).
+  void clear();
+
+ private:
+  const StateSpec& spec_;
+  int64_t capacity_ = 0;
+  std::vector<std::vector<uint16_t>> keys_, values_;
+  std::vector<std::vector<float>> conv_, ssm_;
+};
+
+}  // namespace reprise

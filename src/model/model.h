@@ -1,0 +1,67 @@
+// The interface every architecture implements.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/sequence_memory.h"
+#include "model/state_spec.h"
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+namespace gguf { class File; }
+
+struct ModelInfo {
+  std::string arch;
+  std::string name;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_params = 0;
+  uint64_t weight_bytes = 0;
+  // 128-bit hash of the architecture, hyper-parameters, state layout and
+  // every tensor's bytes: the model's execution identity (not its file name).
+  std::array<uint64_t, 2> fingerprint{};
+};
+
+// Which positions of a batch need logits.
+enum class LogitsFor { None, Last, All };
+
+// One contiguous run of a sequence's tokens. Positions are pos0..pos0+n-1 and
+// positions < pos0 must already be present in the sequence memory.
+struct ForwardBatch {
+  std::span<const int32_t> tokens;
+  int64_t pos0 = 0;
+  LogitsFor logits_for = LogitsFor::Last;
+  // Optional input embeddings that replace token embeddings (n_embd floats per
+  // token; vision). Spans [embd_begin, embd_end) of the batch use them.
+  const float* embeddings = nullptr;
+  int64_t embd_begin = 0;
+  int64_t embd_end = 0;
+  // Batch indices [bidir_begin, bidir_end) attend to each other both ways
+  // (gemma3 image tokens); empty range for purely causal batches.
+  int64_t bidir_begin = 0;
+  int64_t bidir_end = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  virtual const StateSpec& state_spec() const = 0;
+  // Runs the batch; `logits` receives n_vocab floats for the last position
+  // (LogitsFor::Last) or for every position in order (LogitsFor::All).
+  virtual void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+                       ThreadPool& pool) = 0;
+};
+
+// Loads the architecture the GGUF names; throws reprise::Error for
+// unsupported architectures or inconsistent files. The file must outlive the model.
+std::unique_ptr<Model> load_model(const gguf::File& file);
+
+}  // namespace reprise

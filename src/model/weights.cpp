@@ -1,0 +1,81 @@
+#include "model/weights.h"
+
+#include <xxhash.h>
+
+#include "tensor/kernels.h"
+#include "util/error.h"
+
+namespace reprise {
+
+namespace {
+std::string shape_str(const std::vector<uint64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+}  // namespace
+
+const gguf::TensorInfo& WeightLoader::checked(const std::string& name,
+                                              const std::vector<int64_t>& shape) const {
+  const gguf::TensorInfo& t = file_.require_tensor(name);
+  bool ok = t.shape.size() <= shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    uint64_t have = i < t.shape.size() ? t.shape[i] : 1;
+    ok = have == static_cast<uint64_t>(shape[i]);
+  }
+  if (!ok) {
+    std::vector<uint64_t> want(shape.begin(), shape.end());
+    file_.fail("tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(want));
+  }
+  if (!dtype_supported(t.type))
+    file_.fail("tensor '" + name + "' has unsupported type " + dtype_name(t.raw_type) +
+               " (supported: F32, F16, BF16, Q8_0, Q4_0)");
+  return t;
+}
+
+MatrixView WeightLoader::matrix(const std::string& name, int64_t n_in, int64_t n_out) const {
+  const gguf::TensorInfo& t = checked(name, {n_in, n_out});
+  MatrixView m;
+  m.type = t.type;
+  m.data = t.data;
+  m.n_in = n_in;
+  m.n_out = n_out;
+  m.row_bytes = dtype_row_bytes(t.type, n_in);
+  return m;
+}
+
+std::vector<float> WeightLoader::dense(const std::string& name, const std::vector<int64_t>& shape) const {
+  const gguf::TensorInfo& t = checked(name, shape);
+  MatrixView m{t.type, t.data, static_cast<int64_t>(t.shape[0]), static_cast<int64_t>(t.rows()),
+               dtype_row_bytes(t.type, t.shape[0])};
+  std::vector<float> out(t.n_elements());
+  for (int64_t r = 0; r < m.n_out; ++r) dequantize_row(m, r, out.data() + r * m.n_in);
+  return out;
+}
+
+std::vector<float> WeightLoader::vector(const std::string& name, int64_t n) const {
+  return dense(name, {n});
+}
+
+std::vector<float> WeightLoader::optional_vector(const std::string& name, int64_t n) const {
+  if (!has(name)) return {};
+  return vector(name, n);
+}
+
+std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::string& layout_tag) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  XXH3_128bits_update(state, layout_tag.data(), layout_tag.size());
+  for (const auto& t : file.tensors()) {
+    XXH3_128bits_update(state, t.name.data(), t.name.size());
+    uint32_t type = t.raw_type;
+    XXH3_128bits_update(state, &type, sizeof type);
+    for (uint64_t d : t.shape) XXH3_128bits_update(state, &d, sizeof d);
+    XXH3_128bits_update(state, t.data, t.n_bytes);
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return {h.low64, h.high64};
+}
+
+}  // namespace reprise

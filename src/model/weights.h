@@ -1,0 +1,38 @@
+// Shape- and type-checked access to a GGUF's tensors for model loaders.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_file.h"
+#include "tensor/matrix.h"
+
+namespace reprise {
+
+class WeightLoader {
+ public:
+  explicit WeightLoader(const gguf::File& file) : file_(file) {}
+
+  // A [n_in, n_out] matrix in a supported dtype, used in place.
+  MatrixView matrix(const std::string& name, int64_t n_in, int64_t n_out) const;
+  bool has(const std::string& name) const { return file_.tensor(name) != nullptr; }
+  // A 1-D tensor of n elements converted to f32 (norm weights, biases).
+  std::vector<float> vector(const std::string& name, int64_t n) const;
+  // Like vector() but empty when the tensor is absent.
+  std::vector<float> optional_vector(const std::string& name, int64_t n) const;
+  // Any tensor converted to f32 with its shape checked (ggml order).
+  std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  const gguf::File& file() const { return file_; }
+
+ private:
+  const gguf::TensorInfo& checked(const std::string& name, const std::vector<int64_t>& shape) const;
+  const gguf::File& file_;
+};
+
+// Hash of the file's architecture metadata and all tensor bytes: the model's
+// execution identity for cache namespaces.
+std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::string& layout_tag);
+
+}  // namespace reprise
