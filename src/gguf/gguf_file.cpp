@@ -115,9 +115,13 @@ void read_value(const File& file, Cursor& cur, ValueType type, Value& out, int d
         if (out.count > cur.remaining() / 12)
           file.fail("metadata key '" + key + "': array length " + std::to_string(out.count) +
                     " exceeds the file");
-        out.nested.resize(out.count);
-        for (uint64_t k = 0; k < out.count; ++k)
-          read_value(file, cur, ValueType::ARRAY, out.nested[k], depth + 1, key);
+        // Grown as elements parse (not sized from the untrusted count), so a
+        // lying count cannot make the reader allocate far more than the file.
+        for (uint64_t k = 0; k < out.count; ++k) {
+          Value inner;
+          read_value(file, cur, ValueType::ARRAY, inner, depth + 1, key);
+          out.nested.push_back(std::move(inner));
+        }
       }
       break;
     }
@@ -249,10 +253,15 @@ std::unique_ptr<File> File::open(const std::string& path) {
 std::unique_ptr<File> File::from_bytes(std::span<const uint8_t> bytes, const std::string& name) {
   std::unique_ptr<File> f(new File());
   f->path_ = name;
-  // Over-align the copy so aligned tensor data stays aligned in memory.
-  f->owned_.assign(bytes.begin(), bytes.end());
-  f->base_ = f->owned_.data();
-  f->size_ = f->owned_.size();
+  // Over-align the copy (a vector only guarantees malloc alignment) so tensor
+  // data aligned in the file is also aligned in memory, as with a mapping.
+  constexpr size_t kCopyAlignment = 64;
+  f->owned_.resize(bytes.size() + kCopyAlignment);
+  const auto addr = reinterpret_cast<uintptr_t>(f->owned_.data());
+  uint8_t* base = f->owned_.data() + (kCopyAlignment - addr % kCopyAlignment) % kCopyAlignment;
+  if (!bytes.empty()) std::memcpy(base, bytes.data(), bytes.size());
+  f->base_ = base;
+  f->size_ = bytes.size();
   f->parse();
   return f;
 }
@@ -285,7 +294,8 @@ void File::parse() {
   }
 
   if (const Value* a = find("general.alignment")) {
-    if (!a->is_integer()) fail("general.alignment must be an integer");
+    if (!a->is_integer() || a->type == ValueType::BOOL)
+      fail(std::string("general.alignment must be an integer, not ") + value_type_name(a->type));
     int64_t al = a->as_int("general.alignment");
     if (al <= 0 || al > (1 << 20) || (al & (al - 1)) != 0)
       fail("invalid general.alignment " + std::to_string(al));

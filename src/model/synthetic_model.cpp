@@ -481,11 +481,10 @@ void make_synthetic_model(const SyntheticModelSpec& spec, const std::string& out
   const SyntheticModelSpec s = resolved(spec);
   gguf::Writer w;
   write_metadata(w, s);
-  for (PlannedTensor& t : plan_tensors(s)) {
-    auto rng = TensorRandom(s.seed, t.name);
-    auto shared = std::make_shared<PlannedTensor>(t);
-    w.add_tensor_rows(t.name, t.shape, t.type, [shared, rng](int64_t row, std::span<float> out) {
-      fill_row(*shared, rng, row, out);
+  for (const PlannedTensor& t : plan_tensors(s)) {
+    const TensorRandom rng(s.seed, t.name);
+    w.add_tensor_rows(t.name, t.shape, t.type, [t, rng](int64_t row, std::span<float> out) {
+      fill_row(t, rng, row, out);
     });
   }
   w.write(out_path);

@@ -1,0 +1,42 @@
+// Reference (scalar) conversions between f32 rows and the on-disk GGUF types
+// reprise computes with: F32, F16, BF16, Q8_0 and Q4_0.
+//
+// The quantizers reproduce ggml's reference quantizers bit for bit
+// (quantize_row_q8_0_ref / quantize_row_q4_0_ref, evaluated without fused
+// multiply-add), so files written by the model maker look exactly like files
+// llama-quantize would write, and kernel tests can build expected values from
+// the same blocks ggml would have produced.
+#pragma once
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/quant_blocks.h"
+
+namespace reprise {
+
+// True for the types quantize_row/dequantize_row handle.
+bool quantize_supported(DType t);
+
+// Converts n f32 values to type t's layout at dst (dtype_row_bytes(t, n)
+// bytes). n must be a multiple of t's block size. Throws reprise::Error for
+// unsupported types or a bad n.
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+// Expands n elements of type t at src to f32. Same preconditions.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+// Per-type entry points (n a multiple of 32 for the block types).
+void quantize_row_f16(const float* src, uint16_t* dst, int64_t n);
+void quantize_row_bf16(const float* src, uint16_t* dst, int64_t n);
+// d = max|x| / 127, q = round(x / d) (as x * (1/d), like ggml).
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
+// d = (the x of largest magnitude, with its sign) / -8,
+// q = min(15, trunc(x * (1/d) + 8.5)).
+void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
+
+void dequantize_row_f16(const uint16_t* src, float* dst, int64_t n);
+void dequantize_row_bf16(const uint16_t* src, float* dst, int64_t n);
+void dequantize_row_q8_0(const BlockQ8_0* src, float* dst, int64_t n);
+void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t n);
+
+}  // namespace reprise
