@@ -1,0 +1,156 @@
+#include "tokenizer/bpe_tokenizer.h"
+
+#include <cstring>
+#include <queue>
+
+#include "gguf/gguf_file.h"
+#include "tokenizer/bpe_pretokenizer.h"
+#include "tokenizer/special_partition.h"
+#include "tokenizer/unicode_text.h"
+
+namespace reprise::tok {
+namespace {
+
+// Unambiguous key for a (left, right) pair: length of left, then both texts.
+void merge_key(std::string& key, std::string_view left, std::string_view right) {
+  uint32_t n = static_cast<uint32_t>(left.size());
+  key.clear();
+  key.append(reinterpret_cast<const char*>(&n), sizeof n);
+  key.append(left);
+  key.append(right);
+}
+
+struct Symbol {
+  int prev = -1;
+  int next = -1;
+  size_t offset = 0;
+  size_t length = 0;  // 0 once merged into its left neighbour
+};
+
+struct Bigram {
+  int left = 0;
+  int right = 0;
+  std::string text;  // merged text, to detect stale entries
+  int rank = 0;
+};
+
+// Lowest rank first; on ties the leftmost pair.
+struct BigramOrder {
+  bool operator()(const Bigram& a, const Bigram& b) const {
+    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+  }
+};
+
+}  // namespace
+
+BpeTokenizer::BpeTokenizer(Vocab vocab, const gguf::File& file) : Tokenizer(std::move(vocab)) {
+  const gguf::Value* merges = file.find("tokenizer.ggml.merges");
+  if (!merges) file.fail("missing tokenizer metadata: no 'tokenizer.ggml.merges' key for a BPE vocabulary");
+  if (merges->type != gguf::ValueType::ARRAY || merges->elem_type != gguf::ValueType::STRING)
+    file.fail("'tokenizer.ggml.merges' is not a string array");
+  ranks_.reserve(merges->strings.size());
+  std::string key;
+  for (size_t i = 0; i < merges->strings.size(); ++i) {
+    std::string_view line = merges->strings[i];
+    std::string_view left, right;
+    size_t space = line.size() > 1 ? line.find(' ', 1) : std::string_view::npos;
+    if (space != std::string_view::npos) {
+      left = line.substr(0, space);
+      right = line.substr(space + 1);
+    }
+    merge_key(key, left, right);
+    ranks_.emplace(key, static_cast<int>(i));  // the first occurrence wins
+  }
+}
+
+int BpeTokenizer::merge_rank(std::string_view left, std::string_view right) const {
+  thread_local std::string key;
+  merge_key(key, left, right);
+  auto it = ranks_.find(key);
+  return it == ranks_.end() ? -1 : it->second;
+}
+
+void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
+  if (vocab_.ignore_merges) {
+    if (auto id = vocab_.find(word)) {
+      out.push_back(*id);
+      return;
+    }
+  }
+  std::vector<Symbol> symbols;
+  for (size_t offset = 0; offset < word.size();) {
+    Symbol s;
+    s.offset = offset;
+    s.length = std::min(utf8_sequence_length(static_cast<uint8_t>(word[offset])), word.size() - offset);
+    offset += s.length;
+    s.prev = static_cast<int>(symbols.size()) - 1;
+    s.next = offset == word.size() ? -1 : static_cast<int>(symbols.size()) + 1;
+    symbols.push_back(s);
+  }
+  auto text_of = [&](const Symbol& s) { return std::string_view(word).substr(s.offset, s.length); };
+
+  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
+  auto add_bigram = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    std::string_view l = text_of(symbols[left]);
+    std::string_view r = text_of(symbols[right]);
+    int rank = merge_rank(l, r);
+    if (rank < 0) return;
+    std::string merged;
+    merged.reserve(l.size() + r.size());
+    merged.append(l).append(r);
+    queue.push({left, right, std::move(merged), rank});
+  };
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
+
+  while (!queue.empty()) {
+    Bigram b = queue.top();
+    queue.pop();
+    Symbol& left = symbols[b.left];
+    Symbol& right = symbols[b.right];
+    if (left.length == 0 || right.length == 0) continue;
+    if (b.text.size() != left.length + right.length ||
+        std::string_view(word).substr(left.offset, b.text.size()) != b.text)
+      continue;  // stale
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = b.left;
+    add_bigram(left.prev, b.left);
+    add_bigram(b.left, left.next);
+  }
+
+  for (const Symbol& s : symbols) {
+    if (s.length == 0) continue;
+    std::string_view text = text_of(s);
+    if (auto id = vocab_.find(text)) {
+      out.push_back(*id);
+      continue;
+    }
+    // Not in the vocabulary: each byte of the (alphabet-mapped) text on its own.
+    for (char c : text)
+      if (auto id = vocab_.find(std::string_view(&c, 1))) out.push_back(*id);
+  }
+}
+
+void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  for (const std::string& word : pretokenize(vocab_.pre.kind, text)) encode_word(word, out);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  std::vector<int32_t> out;
+  const std::vector<Fragment> fragments = partition_special(vocab_, text, parse_special);
+  if (add_special && vocab_.add_bos) out.push_back(vocab_.bos);
+  for (const Fragment& f : fragments) {
+    if (f.is_text())
+      encode_text(text.substr(f.offset, f.length), out);
+    else
+      out.push_back(f.token);
+  }
+  if (add_special && vocab_.add_eos) out.push_back(vocab_.eos);
+  return out;
+}
+
+std::string BpeTokenizer::token_to_piece(int32_t id, bool render_special) const { return piece(id, render_special); }
+
+}  // namespace reprise::tok
