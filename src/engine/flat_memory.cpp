@@ -23,7 +23,7 @@ void FlatMemory::clear() {
   }
 }
 
-void FlatMemory::reserve(int64_t n_positions) {
+void FlatMemory::prepare(int64_t /*first_write*/, int64_t n_positions) {
   if (n_positions <= capacity_) return;
   const int64_t grown = std::max(n_positions, capacity_ * 2);
   for (size_t l = 0; l < spec_.layers.size(); ++l) {

@@ -11,7 +11,7 @@ namespace reprise {
 class FlatMemory final : public SequenceMemory {
  public:
   explicit FlatMemory(const StateSpec& spec);
-  void reserve(int64_t n_positions) override;
+  void prepare(int64_t first_write, int64_t end) override;
   uint16_t* key(int layer, int64_t pos) override;
   uint16_t* value(int layer, int64_t pos) override;
   float* conv_state(int layer) override;

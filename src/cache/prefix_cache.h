@@ -1,0 +1,143 @@
+// Paged attention state shared across sequences through a radix prefix index.
+//
+// State lives in fixed-size blocks of `block_tokens` positions (all attention
+// layers' K and V rows for those positions, f16). A sequence holds a table of
+// blocks. Blocks that are full (and, when a sequence ends, its partial tail)
+// enter the index: a tree per namespace whose edges are block hashes, so a
+// later request with the same prefix attaches those blocks without copying.
+// Indexed blocks are immutable; a sequence that must write into one (a
+// partially matched or partial block) copies it first.
+//
+// Accounting: every block's bytes count against the budget. Blocks referenced
+// by live sequences are never evicted; when the total exceeds the budget,
+// unreferenced leaf blocks are evicted least-recently-used first. A budget of
+// 0 disables caching (nothing is indexed, lookups never hit).
+//
+// Thread safety: all methods lock the cache; key()/value() of a sequence are
+// lock-free reads of its own table.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cache/cache_key.h"
+#include "cache/cache_stats.h"
+#include "model/sequence_memory.h"
+#include "model/state_spec.h"
+
+namespace reprise {
+
+struct PrefixCacheConfig {
+  int block_tokens = 32;
+  uint64_t budget_bytes = 256ull << 20;
+};
+
+class CachedSequence;
+
+class PrefixCache {
+ public:
+  PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // A new, empty sequence whose blocks live in namespace `ns`.
+  std::unique_ptr<CachedSequence> open(const NamespaceKey& ns);
+
+  CacheStats stats() const;
+  int block_tokens() const { return block_tokens_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  bool enabled() const { return config_.budget_bytes > 0; }
+  void set_budget(uint64_t bytes);
+  // Drops every unreferenced block.
+  void clear();
+  // Verifies reference counts, the index and byte accounting against the
+  // blocks that exist. Returns "" when consistent, else what is wrong.
+  std::string check_invariants() const;
+
+ private:
+  friend class CachedSequence;
+  struct Block;
+  struct Node;
+
+  Block* allocate_locked();
+  void release_locked(Block* b);
+  void touch_locked(Block* b);
+  void update_evictable_locked(Block* b);
+  void enforce_budget_locked();
+  void evict_locked(Block* b);
+  void free_block_locked(Block* b);
+  Node* root_locked(const Hash128& ns, bool create);
+
+  const StateSpec spec_;
+  const int block_tokens_;
+  PrefixCacheConfig config_;
+  std::vector<int64_t> key_offset_, value_offset_;  // per layer, in halfs within a block
+  uint64_t block_halfs_ = 0;
+  uint64_t block_bytes_ = 0;
+
+  mutable std::mutex mutex_;
+  std::unordered_map<Hash128, std::unique_ptr<Node>, Hash128Hasher> roots_;
+  std::unordered_map<uint64_t, std::unique_ptr<Block>> blocks_;
+  std::set<std::pair<uint64_t, uint64_t>> evictable_;  // (last_used, id): unreferenced indexed leaves
+  std::unordered_set<Hash128, Hash128Hasher> evicted_hashes_;  // recent, for miss reasons
+  std::unordered_set<const CachedSequence*> live_;
+  uint64_t next_id_ = 1;
+  uint64_t clock_ = 0;
+  CacheStats stats_;
+};
+
+// Per-request outcome of prefix reuse.
+struct ReuseReport {
+  int64_t reused_tokens = 0;
+  int64_t prompt_tokens = 0;
+  // Why reuse stopped where it did: "full", "empty-namespace", "evicted",
+  // "divergence", "end-of-cache" or "disabled".
+  std::string stop_reason;
+  int64_t stop_position = 0;
+  std::string describe() const;
+};
+
+class CachedSequence final : public SequenceMemory {
+ public:
+  ~CachedSequence() override;
+
+  // Attaches the longest cached prefix of `tokens` (with optional per-position
+  // extra keys, same length as tokens or empty), always leaving at least one
+  // token to compute so the caller gets logits. Only valid on an empty sequence.
+  ReuseReport attach_prefix(std::span<const int32_t> tokens, std::span<const Hash128> keys = {});
+
+  // Records that positions [n_tokens(), n_tokens() + tokens.size()) now hold
+  // the state of `tokens` (after a forward pass). Completed blocks are indexed.
+  void commit(std::span<const int32_t> tokens, std::span<const Hash128> keys = {});
+
+  // Forgets positions >= n (e.g. rejected speculative tokens).
+  void truncate(int64_t n);
+
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+  void prepare(int64_t first_write, int64_t end) override;
+  uint16_t* key(int layer, int64_t pos) override;
+  uint16_t* value(int layer, int64_t pos) override;
+
+ private:
+  friend class PrefixCache;
+  CachedSequence(PrefixCache& cache, const Hash128& ns) : cache_(cache), ns_(ns) {}
+  void index_full_block_locked(size_t block_index);
+  Hash128 parent_hash_locked(size_t block_index) const;
+
+  PrefixCache& cache_;
+  Hash128 ns_;
+  std::vector<PrefixCache::Block*> table_;
+  std::vector<int32_t> tokens_;
+  std::vector<Hash128> keys_;  // per position; zero when none
+};
+
+}  // namespace reprise

@@ -1,0 +1,78 @@
+// Runs generation requests for one model: prefix-cache lookup, chunked
+// prefill of the uncached rest, sampling and decode, and cache insertion of
+// prompt and generated tokens as they complete.
+//
+// Forward passes of concurrent requests are serialised (the thread pool
+// serves one pass at a time); requests interleave token by token.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/cache_key.h"
+#include "cache/prefix_cache.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+struct EngineOptions {
+  int64_t n_ctx = 0;        // 0: the model's training context
+  int64_t n_batch = 512;    // prefill chunk size
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  std::vector<Hash128> prompt_keys;  // optional per-position extra cache keys
+  SamplingParams sampling;
+  int64_t max_tokens = 128;
+  std::vector<int32_t> stop_tokens;  // end-of-generation ids
+  std::string cache_salt;
+  bool use_cache = true;
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;
+  std::string finish_reason;  // "stop", "length" or "cancelled"
+  ReuseReport reuse;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Called with each sampled token and the logits it was sampled from; return
+// false to stop generating (the token is kept).
+using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
+
+class Engine {
+ public:
+  // `cache` may be null (no prefix caching). Model, pool and cache must
+  // outlive the engine.
+  Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options = {});
+
+  // Throws reprise::Error for invalid requests (empty prompt, prompt longer
+  // than the context, bad sampling parameters, out-of-range token ids).
+  GenerateResult generate(const GenerateRequest& request, const TokenCallback& on_token = {});
+
+  Model& model() { return model_; }
+  PrefixCache* cache() { return cache_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  NamespaceKey namespace_for(const std::string& cache_salt) const;
+
+ private:
+  Model& model_;
+  ThreadPool& pool_;
+  PrefixCache* cache_;
+  EngineOptions options_;
+  int64_t n_ctx_;
+  std::mutex forward_mutex_;
+};
+
+}  // namespace reprise

@@ -1,0 +1,124 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+namespace reprise {
+
+std::string SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0 || temperature > 100)
+    return "temperature must be between 0 and 100";
+  if (!std::isfinite(top_p) || top_p <= 0 || top_p > 1) return "top_p must be in (0, 1]";
+  if (!std::isfinite(min_p) || min_p < 0 || min_p > 1) return "min_p must be in [0, 1]";
+  if (top_k < 0) return "top_k must be >= 0";
+  if (!std::isfinite(repeat_penalty) || repeat_penalty <= 0 || repeat_penalty > 10)
+    return "repeat_penalty must be in (0, 10]";
+  if (repeat_last_n < 0) return "repeat_last_n must be >= 0";
+  return {};
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+int32_t argmax(std::span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const int64_t n_vocab = static_cast<int64_t>(logits.size());
+  candidates_.resize(n_vocab);
+  for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
+
+  // Repetition penalty over the recent window, as llama.cpp applies it.
+  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) {
+    std::unordered_set<int32_t> seen;
+    const size_t start = history.size() > static_cast<size_t>(params_.repeat_last_n)
+                             ? history.size() - params_.repeat_last_n : 0;
+    for (size_t i = start; i < history.size(); ++i) seen.insert(history[i]);
+    for (int32_t id : seen) {
+      if (id < 0 || id >= n_vocab) continue;
+      float& l = candidates_[id].first;
+      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+  }
+
+  if (params_.temperature <= 0.0f) {
+    auto best = std::max_element(candidates_.begin(), candidates_.end(),
+                                 [](const auto& a, const auto& b) { return a.first < b.first; });
+    return best->second;
+  }
+
+  // Sort descending (ties by id for determinism), then truncate.
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t keep = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = params_.top_k;
+    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  candidates_.resize(keep);
+
+  // Probabilities at temperature 1 for top-p / min-p (llama.cpp's order:
+  // truncation first, temperature last).
+  std::vector<double> probs(keep);
+  const float max_logit = candidates_[0].first;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(double(candidates_[i].first) - max_logit);
+  if (params_.top_p < 1.0f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += probs[n] / sum;
+      ++n;
+      if (cum >= params_.top_p) break;
+    }
+    keep = std::max<size_t>(n, 1);
+  }
+  if (params_.min_p > 0.0f) {
+    size_t n = 1;
+    while (n < keep && probs[n] / probs[0] >= params_.min_p) ++n;
+    keep = n;
+  }
+  candidates_.resize(keep);
+
+  std::vector<double> weights(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i)
+    total += weights[i] = std::exp(double(candidates_[i].first - max_logit) / params_.temperature);
+  // A uniform draw from 53 random bits: identical on every platform.
+  const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += weights[i];
+    if (u < acc) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+float token_logprob(std::span<const float> logits, int32_t id) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  return static_cast<float>(logits[id] - mx - std::log(sum));
+}
+
+std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  const float log_z = static_cast<float>(mx + std::log(sum));
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  n = std::min<int>(n, static_cast<int>(ids.size()));
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  std::vector<TokenProb> out;
+  for (int i = 0; i < n; ++i) out.push_back({ids[i], logits[ids[i]] - log_z});
+  return out;
+}
+
+}  // namespace reprise

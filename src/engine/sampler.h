@@ -1,0 +1,49 @@
+// Token sampling: repetition penalty, top-k, top-p, min-p, temperature, and a
+// seeded draw. The same seed, logits and history always give the same token.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace reprise {
+
+struct SamplingParams {
+  float temperature = 0.8f;  // <= 0: greedy (argmax)
+  int top_k = 40;            // <= 0: disabled
+  float top_p = 0.95f;       // >= 1: disabled
+  float min_p = 0.05f;       // <= 0: disabled
+  float repeat_penalty = 1.0f;  // 1: disabled
+  int repeat_last_n = 64;
+  uint64_t seed = 0xC0FFEE;
+
+  // Empty when valid, otherwise a message naming the bad field.
+  std::string validate() const;
+};
+
+struct TokenProb {
+  int32_t id;
+  float logprob;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Picks the next token. `history` is the sequence so far (for penalties).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+// Index of the largest logit (lowest id on ties).
+int32_t argmax(std::span<const float> logits);
+// log-softmax of the raw logits for `id`, and the n most likely tokens.
+std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n);
+float token_logprob(std::span<const float> logits, int32_t id);
+
+}  // namespace reprise

@@ -1,0 +1,318 @@
+// Prefix cache: randomized differential test (cache hit == cold run, bit for
+// bit), isolation, copy-on-write, budgets and accounting.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "cache/prefix_cache.h"
+#include "engine/engine.h"
+#include "model_fixtures.h"
+
+using namespace reprise;
+
+namespace {
+
+SyntheticModelSpec spec_for(const std::string& arch) {
+  SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
+  s.n_vocab = 512;
+  s.n_ctx = 1024;
+  if (arch == "gemma3") {
+    s.sliding_window = 12;  // short windows so scripts cross them
+    s.sliding_window_pattern = 2;
+  }
+  if (arch == "llama") {
+    s.dtype = DType::Q8_0;
+    s.n_embd = 64;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 128;
+    s.n_layer = 3;
+  }
+  return s;
+}
+
+Model& model_for(const std::string& arch) { return *test::synthetic_model("cache-" + arch, spec_for(arch)).model; }
+
+struct StepOutput {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  GenerateResult result;
+};
+
+StepOutput run(Engine& engine, const std::vector<int32_t>& prompt, int n_gen, const std::string& salt = "") {
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.sampling.temperature = 0;
+  req.max_tokens = n_gen;
+  req.cache_salt = salt;
+  StepOutput out;
+  out.result = engine.generate(req, [&](int32_t tok, std::span<const float> logits) {
+    out.tokens.push_back(tok);
+    out.logits.emplace_back(logits.begin(), logits.end());
+    return true;
+  });
+  return out;
+}
+
+bool bit_identical(const StepOutput& a, const StepOutput& b) {
+  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    if (a.logits[i].size() != b.logits[i].size() ||
+        std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+class PrefixCacheDifferential : public ::testing::TestWithParam<std::string> {};
+
+// Thousands of generated multi-turn steps: shared system prompts, appended
+// turns (with the previous answer), edits in the middle, regenerations,
+// interleaved conversations, tight budgets that force eviction. Every step's
+// logits must equal a cold run's bit for bit, and after every script all
+// references are released and the accounting matches the blocks.
+TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
+  Model& model = model_for(GetParam());
+  ThreadPool pool(2);
+  Engine cold(model, pool, nullptr);
+  std::mt19937_64 rng(0x5eed ^ std::hash<std::string>()(GetParam()));
+  auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int32_t> v(n);
+    for (auto& t : v) t = static_cast<int32_t>(rnd(3, model.info().n_vocab - 1));
+    return v;
+  };
+  std::vector<std::vector<int32_t>> system_prompts;
+  for (int i = 0; i < 3; ++i) system_prompts.push_back(random_tokens(rnd(5, 40)));
+
+  // gemma3's fixture-sized model is the slowest; it gets fewer scripts.
+  const int kScripts = GetParam() == "gemma3" ? 80 : 300;
+  int64_t steps = 0, reused_total = 0, hits = 0;
+  for (int script = 0; script < kScripts; ++script) {
+    PrefixCacheConfig cfg;
+    cfg.block_tokens = std::vector<int>{4, 8, 16, 32}[rnd(0, 3)];
+    PrefixCache probe(model.state_spec(), cfg);
+    // Budgets from "a handful of blocks" (constant eviction) to generous.
+    cfg.budget_bytes = probe.block_bytes() * std::vector<uint64_t>{3, 12, 40, 100000}[rnd(0, 3)];
+    PrefixCache cache(model.state_spec(), cfg);
+    Engine engine(model, pool, &cache);
+
+    std::vector<std::vector<int32_t>> conversations;
+    const int n_steps = static_cast<int>(rnd(4, 10));
+    for (int s = 0; s < n_steps; ++s) {
+      std::vector<int32_t> prompt;
+      const int kind = conversations.empty() ? 0 : static_cast<int>(rnd(0, 3));
+      if (kind == 0) {  // new conversation on a shared system prompt
+        prompt = system_prompts[rnd(0, 2)];
+        auto user = random_tokens(rnd(1, 20));
+        prompt.insert(prompt.end(), user.begin(), user.end());
+      } else {
+        auto& base = conversations[rnd(0, conversations.size() - 1)];
+        prompt = base;
+        if (kind == 2) {  // edit in the middle: keep a random prefix
+          prompt.resize(rnd(1, prompt.size()));
+        }
+        if (kind != 3) {  // kind 3 regenerates the exact same prompt
+          auto user = random_tokens(rnd(1, 25));
+          prompt.insert(prompt.end(), user.begin(), user.end());
+        }
+      }
+      if (prompt.size() > 600) prompt.resize(600);
+      const int n_gen = static_cast<int>(rnd(1, 6));
+      StepOutput want = run(cold, prompt, n_gen);
+      StepOutput got = run(engine, prompt, n_gen);
+      ASSERT_TRUE(bit_identical(want, got))
+          << "script " << script << " step " << s << " kind " << kind << " block " << cfg.block_tokens
+          << " reuse: " << got.result.reuse.describe();
+      ASSERT_EQ(got.result.cached_tokens, got.result.reuse.reused_tokens);
+      ASSERT_LT(got.result.cached_tokens, static_cast<int64_t>(prompt.size()));
+      reused_total += got.result.cached_tokens;
+      hits += got.result.cached_tokens > 0;
+      ++steps;
+      // The next turn includes this answer (all but the last sampled token's
+      // state was computed and cached).
+      std::vector<int32_t> next = prompt;
+      next.insert(next.end(), got.tokens.begin(), got.tokens.end());
+      conversations.push_back(next);
+      std::string bad = cache.check_invariants();
+      ASSERT_EQ(bad, "") << "after script " << script << " step " << s;
+    }
+    CacheStats st = cache.stats();
+    EXPECT_EQ(st.blocks_in_use, 0u);
+    EXPECT_LE(st.bytes, cfg.budget_bytes);
+    EXPECT_EQ(cache.check_invariants(), "");
+  }
+  // The scripts are built to reuse: the test is only meaningful if they did.
+  EXPECT_GT(hits, steps / 3) << "too few cache hits to exercise reuse";
+  EXPECT_GT(reused_total, 0);
+  RecordProperty("steps", static_cast<int>(steps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, PrefixCacheDifferential,
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3"));
+
+TEST(PrefixCache, TurnTwoReusesTurnOneIncludingItsAnswer) {
+  Model& model = model_for("qwen3");
+  ThreadPool pool(2);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 16;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  std::vector<int32_t> turn1(70);
+  for (size_t i = 0; i < turn1.size(); ++i) turn1[i] = static_cast<int32_t>(10 + i * 7 % 400);
+  StepOutput a = run(engine, turn1, 8);
+  EXPECT_EQ(a.result.cached_tokens, 0);
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
+  for (int i = 0; i < 20; ++i) turn2.push_back(100 + i);
+  StepOutput b = run(engine, turn2, 4);
+  // Everything but the last sampled token (never fed back) is reused.
+  EXPECT_EQ(b.result.cached_tokens, static_cast<int64_t>(turn1.size() + a.tokens.size() - 1));
+  Engine cold(model, pool, nullptr);
+  EXPECT_TRUE(bit_identical(run(cold, turn2, 4), b));
+}
+
+TEST(PrefixCache, IsolationByFingerprintAndSalt) {
+  Model& model = model_for("llama");
+  ThreadPool pool(2);
+  PrefixCache cache(model.state_spec(), {});
+  std::vector<int32_t> prompt(50, 42);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(5 + i);
+  Engine engine(model, pool, &cache);
+  run(engine, prompt, 2, "tenant-a");
+  EXPECT_GT(run(engine, prompt, 2, "tenant-a").result.cached_tokens, 0);
+  StepOutput other_salt = run(engine, prompt, 2, "tenant-b");
+  EXPECT_EQ(other_salt.result.cached_tokens, 0);
+  EXPECT_EQ(other_salt.result.reuse.stop_reason, "empty-namespace");
+
+  // Same tokens under another model fingerprint never hit.
+  NamespaceKey ns = engine.namespace_for("tenant-a");
+  ns.model_fingerprint[0] ^= 1;
+  auto seq = cache.open(ns);
+  EXPECT_EQ(seq->attach_prefix(prompt).reused_tokens, 0);
+  NamespaceKey adapter = engine.namespace_for("tenant-a");
+  adapter.adapter_id = "lora-x";
+  auto seq2 = cache.open(adapter);
+  EXPECT_EQ(seq2->attach_prefix(prompt).reused_tokens, 0);
+  NamespaceKey same = engine.namespace_for("tenant-a");
+  auto seq3 = cache.open(same);
+  EXPECT_GT(seq3->attach_prefix(prompt).reused_tokens, 0);
+}
+
+TEST(PrefixCache, CopyOnWriteOfSharedPartialBlock) {
+  Model& model = model_for("gemma3");
+  ThreadPool pool(2);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 8;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  Engine cold(model, pool, nullptr);
+  // 11 tokens: one full block + a 3-token partial tail (the last sampled token is not fed).
+  std::vector<int32_t> base = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  StepOutput first = run(engine, base, 1);
+  // Two continuations share the partial tail and then diverge inside it.
+  std::vector<int32_t> x = base, y = base;
+  x.insert(x.end(), {100, 101, 102});
+  y.insert(y.end(), {200, 201, 202});
+  auto sx = cache.open(engine.namespace_for(""));
+  auto sy = cache.open(engine.namespace_for(""));
+  ReuseReport rx = sx->attach_prefix(x), ry = sy->attach_prefix(y);
+  EXPECT_EQ(rx.reused_tokens, 11);
+  EXPECT_EQ(ry.reused_tokens, 11);
+  EXPECT_GE(cache.stats().blocks_shared, 2u);
+  std::vector<float> lx, ly;
+  for (auto pair : {std::make_pair(sx.get(), &x), std::make_pair(sy.get(), &y)}) {
+    CachedSequence* seq = pair.first;
+    const auto& toks = *pair.second;
+    ForwardBatch b;
+    b.tokens = std::span<const int32_t>(toks).subspan(11);
+    b.pos0 = 11;
+    seq->prepare(11, toks.size());
+    model.forward(b, *seq, seq == sx.get() ? lx : ly, pool);
+    seq->commit(b.tokens);
+  }
+  EXPECT_GE(cache.stats().copies_on_write, 2u);
+  StepOutput cx = run(cold, x, 1), cy = run(cold, y, 1);
+  ASSERT_EQ(lx.size(), cx.logits[0].size());
+  EXPECT_EQ(std::memcmp(lx.data(), cx.logits[0].data(), lx.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(ly.data(), cy.logits[0].data(), ly.size() * 4), 0);
+  sx.reset();
+  sy.reset();
+  // The original partial block was not modified by either writer.
+  std::vector<int32_t> z = base;
+  z.push_back(300);
+  StepOutput cz = run(cold, z, 1), gz = run(engine, z, 1);
+  EXPECT_EQ(gz.result.cached_tokens, 11);
+  EXPECT_TRUE(bit_identical(cz, gz));
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
+TEST(PrefixCache, BudgetZeroDisablesCaching) {
+  Model& model = model_for("llama");
+  ThreadPool pool(1);
+  PrefixCacheConfig cfg;
+  cfg.budget_bytes = 0;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  std::vector<int32_t> p(40, 9);
+  run(engine, p, 2);
+  StepOutput again = run(engine, p, 2);
+  EXPECT_EQ(again.result.cached_tokens, 0);
+  EXPECT_EQ(again.result.reuse.stop_reason, "disabled");
+  EXPECT_EQ(cache.stats().blocks, 0u);
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
+TEST(PrefixCache, EvictionNeverTouchesBlocksInUse) {
+  Model& model = model_for("qwen2");
+  ThreadPool pool(1);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 4;
+  PrefixCache probe(model.state_spec(), cfg);
+  cfg.budget_bytes = probe.block_bytes() * 4;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  std::vector<int32_t> p(30);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(20 + i);
+  // A live sequence holding more blocks than the budget keeps all of them.
+  auto live = cache.open(engine.namespace_for(""));
+  live->attach_prefix(p);
+  live->prepare(0, p.size());
+  std::vector<float> logits;
+  ForwardBatch b;
+  b.tokens = p;
+  model.forward(b, *live, logits, pool);
+  live->commit(p);
+  EXPECT_EQ(cache.stats().blocks_in_use, 8u);
+  // Another request churns the cache; the live sequence's blocks stay.
+  std::vector<int32_t> q(30, 77);
+  run(engine, q, 3);
+  EXPECT_EQ(cache.stats().blocks_in_use, 8u);
+  EXPECT_EQ(cache.check_invariants(), "");
+  live.reset();
+  EXPECT_LE(cache.stats().bytes, cfg.budget_bytes);
+  EXPECT_GT(cache.stats().evictions, 0u);
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
+TEST(PrefixCache, ReportsWhyReuseStopped) {
+  Model& model = model_for("qwen3");
+  ThreadPool pool(1);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 4;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  std::vector<int32_t> p = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+  run(engine, p, 1);
+  std::vector<int32_t> edited = p;
+  edited[6] = 99;
+  StepOutput r = run(engine, edited, 1);
+  EXPECT_EQ(r.result.reuse.stop_reason, "divergence");
+  EXPECT_EQ(r.result.reuse.stop_position, 6);
+  EXPECT_EQ(r.result.cached_tokens, 6);
+  StepOutput full = run(engine, p, 1);
+  EXPECT_EQ(full.result.reuse.stop_reason, "full");
+  EXPECT_EQ(full.result.cached_tokens, 9);
+}
+
+}  // namespace
