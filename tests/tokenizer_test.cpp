@@ -8,11 +8,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 
 #include "gguf/gguf_file.h"
 #include "test_support.h"
+#include "tokenizer/bpe_pretokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode_text.h"
 #include "util/error.h"
 
 namespace fs = std::filesystem;
@@ -409,4 +412,248 @@ TEST(TokenizerRobustness, RandomBytesNeverCrash) {
     }
   }
   EXPECT_GE(runs, 400u);
+}
+
+// --- differential test of the hand-coded pre-tokenizers ----------------------
+//
+// The oracle is the mechanism llama.cpp itself falls back to: std::regex over
+// a "collapsed" text where every non-ASCII code point is replaced by one byte
+// naming its category (patterns with \p{..}), or std::wregex over the code
+// points (patterns without), non-ASCII whitespace being shown as U+000B in
+// both. Each regex of the list re-splits every piece into matches and gaps.
+
+namespace {
+
+using reprise::tok::PreTokenizerKind;
+
+struct OracleRegex {
+  bool collapsed;
+  std::string narrow;  // collapsed pattern
+  std::wstring wide;   // code point pattern
+};
+
+OracleRegex collapsed(const std::string& pattern) {
+  // \p{X} -> the category byte plus the ASCII members llama.cpp lists.
+  static const std::map<std::string, std::string> categories = {
+      {"\\p{N}", "\xD1\x30-\x39"},
+      {"\\p{L}", "\xD2\x41-\x5A\x61-\x7A"},
+      {"\\p{P}", "\xD3\x21-\x23\x25-\x2A\x2C-\x2F\x3A-\x3B\x3F-\x40\\\x5B-\\\x5D\x5F\\\x7B\\\x7D"},
+      {"\\p{M}", "\xD4"},
+      {"\\p{S}", "\xD5\\\x24\\\x2B\x3C-\x3E\x5E\x60\\\x7C"},
+  };
+  std::string out;
+  bool inside = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '[' && (i == 0 || pattern[i - 1] != '\\')) {
+      inside = true;
+      out += '[';
+      continue;
+    }
+    if (inside && pattern[i] == ']' && pattern[i - 1] != '\\') {
+      inside = false;
+      out += ']';
+      continue;
+    }
+    auto it = categories.find(pattern.substr(i, 5));
+    if (it != categories.end()) {
+      out += inside ? it->second : "[" + it->second + "]";
+      i += 4;
+      continue;
+    }
+    out += pattern[i];
+  }
+  return {true, out, {}};
+}
+OracleRegex wide(const std::wstring& pattern) { return {false, {}, pattern}; }
+
+const std::string kGpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+const std::string kContractions = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])";
+
+std::wstring deepseek_letters_class() {
+  static const std::pair<uint32_t, uint32_t> ranges[] = {
+      {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA},
+      {0x1BC, 0x1BF}, {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377},
+      {0x37B, 0x37D}, {0x37F, 0x37F}, {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C},
+      {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481}, {0x48A, 0x52F}, {0x531, 0x556},
+      {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA}, {0x1CBD, 0x1CBF},
+      {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D},
+      {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B},
+      {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE},
+      {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC},
+      {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102}, {0x2107, 0x2107}, {0x210A, 0x2113},
+      {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126}, {0x2128, 0x2128},
+      {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
+      {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE},
+      {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787},
+      {0xA78B, 0xA78E}, {0xAB70, 0xABBF}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A},
+      {0xFF41, 0xFF5A}, {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+      {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943}};
+  std::wstring s = L"\\s?[";
+  for (auto [lo, hi] : ranges) {
+    s += static_cast<wchar_t>(lo);
+    s += L'-';
+    s += static_cast<wchar_t>(hi);
+  }
+  return s + L"]+";
+}
+
+std::vector<OracleRegex> oracle_regexes(PreTokenizerKind kind) {
+  const std::string llama3 = kContractions +
+                             "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                             "\\s+(?!\\S)|\\s+";
+  const std::string qwen2 = kContractions +
+                            "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                            "\\s+(?!\\S)|\\s+";
+  const std::string qwen35 = kContractions +
+                             "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+                             "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::wstring poro = L" ?[^(\\s|.,!?\u2026\u3002\uFF0C\u3001\u0964\u06D4\u060C)]+";
+  switch (kind) {
+    case PreTokenizerKind::Default:
+      return {collapsed("[\\p{P}\\$\\+<=>\\^~\\|]+"), collapsed(kGpt2), collapsed("\\p{N}+"), wide(L"[0-9][0-9][0-9]")};
+    case PreTokenizerKind::Gpt2:
+      return {collapsed(kGpt2)};
+    case PreTokenizerKind::Llama3:
+      return {collapsed(llama3)};
+    case PreTokenizerKind::Qwen2:
+      return {collapsed(qwen2)};
+    case PreTokenizerKind::Qwen35:
+      return {collapsed(qwen35)};
+    case PreTokenizerKind::DeepseekLlm:
+      return {wide(L"[\r\n]"), wide(deepseek_letters_class()),
+              wide(L"\\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002]+"), wide(L"\\s+$"),
+              wide(L"[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+"), collapsed("\\p{N}+")};
+    case PreTokenizerKind::DeepseekCoder:
+      return {wide(L"[\r\n]"), collapsed("\\s?\\p{L}+"), collapsed("\\s?\\p{P}+"),
+              wide(L"[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+"), collapsed("\\p{N}")};
+    case PreTokenizerKind::Deepseek3:
+      return {collapsed("\\p{N}{1,3}"), wide(L"[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+"),
+              collapsed("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+                        " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")};
+    case PreTokenizerKind::Falcon:
+      return {collapsed("[\\p{P}\\$\\+<=>\\^~\\|`]+"), collapsed(kGpt2), wide(L"[0-9][0-9][0-9]")};
+    case PreTokenizerKind::Starcoder:
+      return {collapsed("\\p{N}"), collapsed(kGpt2)};
+    case PreTokenizerKind::Poro:
+      return {wide(poro)};
+    case PreTokenizerKind::Viking:
+      return {wide(poro), collapsed("\\p{N}")};
+  }
+  return {};
+}
+
+template <typename CharT>
+std::vector<size_t> regex_pass(const std::basic_string<CharT>& text, const std::basic_regex<CharT>& re,
+                               const std::vector<size_t>& pieces) {
+  std::vector<size_t> out;
+  size_t start = 0;
+  for (size_t len : pieces) {
+    std::regex_iterator<const CharT*> it(text.data() + start, text.data() + start + len, re), end;
+    size_t done = 0;
+    for (; it != end; ++it) {
+      size_t pos = static_cast<size_t>(it->position()), n = static_cast<size_t>(it->length());
+      if (pos > done) out.push_back(pos - done);
+      out.push_back(n);
+      done = pos + n;
+    }
+    if (done < len) out.push_back(len - done);
+    start += len;
+  }
+  return out;
+}
+
+std::vector<std::string> oracle_pretokenize(PreTokenizerKind kind, const std::string& text) {
+  using namespace reprise::tok;
+  const std::vector<uint32_t> cpts = decode_utf8_lenient(text);
+  std::string narrow;
+  std::wstring wtext;
+  for (uint32_t c : cpts) {
+    const CodepointFlags f = codepoint_flags(c);
+    wtext += static_cast<wchar_t>(c > 0x7F && f.whitespace() ? 0x0B : c);
+    if (c < 0x80) {
+      narrow += static_cast<char>(c);
+    } else if (f.whitespace()) {
+      narrow += '\x0B';
+    } else {
+      narrow += f.number() ? '\xD1' : f.letter() ? '\xD2' : f.punctuation() ? '\xD3' : f.mark() ? '\xD4'
+              : f.symbol() ? '\xD5' : '\xD0';
+    }
+  }
+  std::vector<size_t> pieces;
+  if (!cpts.empty()) pieces.push_back(cpts.size());
+  for (const OracleRegex& r : oracle_regexes(kind)) {
+    constexpr auto flags = std::regex_constants::optimize | std::regex_constants::nosubs;
+    if (r.collapsed)
+      pieces = regex_pass(narrow, std::regex(r.narrow, flags), pieces);
+    else
+      pieces = regex_pass(wtext, std::wregex(r.wide, flags), pieces);
+  }
+  std::vector<std::string> words;
+  size_t start = 0;
+  for (size_t len : pieces) {
+    std::string utf8, word;
+    for (size_t i = start; i < start + len; ++i) append_utf8(utf8, cpts[i]);
+    for (char c : utf8) word += byte_to_gpt2_char(static_cast<uint8_t>(c));
+    words.push_back(word);
+    start += len;
+  }
+  return words;
+}
+
+}  // namespace
+
+TEST(TokenizerPreTokenizer, MatchesRegexOracle) {
+  const std::string alphabet[] = {
+      " ", " ", "  ", "\t", "\n", "\r\n", "\x0B", "a", "Z", "q", "x", "7", "0", "42", "'", "'s", "'S", "'re", "'Ll",
+      "'ve", "'d", "'M", ".", ",", "!", "?", "~", "`", "$", "+", "<", "=", "^", "|", "(", ")", "-", "_", "\\",
+      "\xC3\xA9",          // é
+      "\xD0\x96",          // Ж
+      "\xCC\x81",          // combining acute
+      "\xC2\xA0",          // NBSP
+      "\xC2\x85",          // NEL
+      "\xE3\x80\x80",      // ideographic space
+      "\xE3\x80\x82",      // 。
+      "\xE3\x80\x81",      // 、
+      "\xEF\xBC\x8C",      // ，
+      "\xEF\xBC\x81",      // ！
+      "\xE2\x80\x99",      // ’
+      "\xE2\x80\xA6",      // …
+      "\xE2\x82\xAC",      // €
+      "\xC2\xBD",          // ½
+      "\xD9\xA3",          // Arabic-Indic 3
+      "\xE6\x97\xA5",      // 日
+      "\xE3\x81\x82",      // あ
+      "\xE3\x82\xA2",      // ア
+      "\xED\x95\x9C",      // 한
+      "\xE0\xA4\x95",      // क
+      "\xE0\xA4\xBF",      // ि (mark)
+      "\xE0\xA5\xA4",      // ।
+      "\xE1\xBE\xBE",      // ι (U+1FBE)
+      "\xE2\x84\xAA",      // Kelvin sign
+      "\xF0\x9F\x99\x82",  // emoji
+      "\xF0\x90\x90\x80",  // Deseret capital
+      "\xE2\x80\x8B",      // zero width space (Cf)
+      "\xFF",              // invalid byte
+  };
+  const PreTokenizerKind kinds[] = {
+      PreTokenizerKind::Default,     PreTokenizerKind::Gpt2,          PreTokenizerKind::Llama3,
+      PreTokenizerKind::Qwen2,       PreTokenizerKind::Qwen35,        PreTokenizerKind::DeepseekLlm,
+      PreTokenizerKind::DeepseekCoder, PreTokenizerKind::Deepseek3,   PreTokenizerKind::Falcon,
+      PreTokenizerKind::Starcoder,   PreTokenizerKind::Poro,          PreTokenizerKind::Viking};
+  std::mt19937 rng(42);
+  for (PreTokenizerKind kind : kinds) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    int failures = 0;
+    for (int iter = 0; iter < 250 && failures < 5; ++iter) {
+      std::string text;
+      const int len = 1 + static_cast<int>(rng() % 24);
+      for (int i = 0; i < len; ++i) text += alphabet[rng() % std::size(alphabet)];
+      auto got = reprise::tok::pretokenize(kind, text);
+      auto want = oracle_pretokenize(kind, text);
+      if (got != want) {
+        ++failures;
+        ADD_FAILURE() << "text '" << text << "': " << got.size() << " words, oracle " << want.size();
+      }
+    }
+  }
 }
