@@ -1,14 +1,13 @@
 // A fixed set of worker threads for data-parallel kernels.
 //
 // parallel_for is called many times per token (every matmul of every layer), so
-// dispatch is a generation counter the workers spin on briefly before sleeping:
-// the per-call cost stays in the microseconds while idle workers cost nothing.
+// dispatch is a generation counter the workers spin on briefly before sleeping
+// on it (futex): the per-call cost stays in the microseconds while idle workers
+// cost nothing.
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -35,14 +34,13 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int> busy_workers_{0};
+  std::atomic<int> pending_workers_{0};
+  std::atomic<bool> stop_{false};
+  // Published to workers by the release increment of generation_.
   int64_t n_tasks_ = 0;
   const std::function<void(int64_t)>* fn_ = nullptr;
-  bool stop_ = false;
 };
 
 }  // namespace reprise

@@ -1,0 +1,96 @@
+// reprise model: make deterministic synthetic models and inspect GGUF files.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "gguf/gguf_file.h"
+#include "model/synthetic_model.h"
+#include "util/error.h"
+
+namespace reprise::cli {
+
+namespace {
+DType parse_dtype(const std::string& s) {
+  if (s == "F32" || s == "f32") return DType::F32;
+  if (s == "F16" || s == "f16") return DType::F16;
+  if (s == "BF16" || s == "bf16") return DType::BF16;
+  if (s == "Q8_0" || s == "q8_0") return DType::Q8_0;
+  if (s == "Q4_0" || s == "q4_0") return DType::Q4_0;
+  throw Error("unsupported dtype '" + s + "' (supported: F32, F16, BF16, Q8_0, Q4_0)");
+}
+}  // namespace
+
+void register_model(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("model", "Make synthetic models, inspect GGUF files");
+  cmd->require_subcommand(1);
+
+  struct MakeOptions {
+    std::string preset = "tiny", arch, dtype, out;
+    int64_t n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_vocab = 0, n_ctx = 0;
+    uint64_t seed = 0;
+    bool tied = false;
+  };
+  auto mo = std::make_shared<MakeOptions>();
+  CLI::App* make = cmd->add_subcommand("make", "Write a deterministic synthetic model");
+  make->add_option("--preset", mo->preset, "Base shape (see 'reprise model presets')")->capture_default_str();
+  make->add_option("--arch", mo->arch, "Architecture override");
+  make->add_option("--dtype", mo->dtype, "Weight type: F32, F16, BF16, Q8_0, Q4_0");
+  make->add_option("--embd", mo->n_embd, "Embedding width");
+  make->add_option("--layers", mo->n_layer, "Layers");
+  make->add_option("--heads", mo->n_head, "Attention heads");
+  make->add_option("--kv-heads", mo->n_head_kv, "KV heads");
+  make->add_option("--ff", mo->n_ff, "Feed-forward width");
+  make->add_option("--vocab", mo->n_vocab, "Vocabulary size");
+  make->add_option("--ctx", mo->n_ctx, "Context length");
+  make->add_option("--seed", mo->seed, "Weight seed");
+  make->add_flag("--tied", mo->tied, "Tie the output projection to the token embedding");
+  make->add_option("-o,--output", mo->out, "Output GGUF path")->required();
+  make->callback([mo] {
+    SyntheticModelSpec s = synthetic_preset(mo->preset);
+    if (!mo->arch.empty()) s.arch = mo->arch;
+    if (!mo->dtype.empty()) s.dtype = parse_dtype(mo->dtype);
+    if (mo->n_embd) s.n_embd = mo->n_embd;
+    if (mo->n_layer) s.n_layer = mo->n_layer;
+    if (mo->n_head) s.n_head = mo->n_head;
+    if (mo->n_head_kv) s.n_head_kv = mo->n_head_kv;
+    if (mo->n_ff) s.n_ff = mo->n_ff;
+    if (mo->n_vocab) s.n_vocab = mo->n_vocab;
+    if (mo->n_ctx) s.n_ctx = mo->n_ctx;
+    if (mo->seed) s.seed = mo->seed;
+    if (mo->tied) s.tied_output = true;
+    validate_synthetic_spec(s);
+    std::fprintf(stderr, "writing %s %s model (embd %lld, %lld layers, vocab %lld, %s) to %s\n", s.arch.c_str(),
+                 mo->preset.c_str(), (long long)s.n_embd, (long long)s.n_layer, (long long)s.n_vocab,
+                 dtype_name(static_cast<uint32_t>(s.dtype)).c_str(), mo->out.c_str());
+    make_synthetic_model(s, mo->out);
+  });
+
+  CLI::App* presets = cmd->add_subcommand("presets", "List synthetic model presets");
+  presets->callback([] {
+    for (const auto& n : synthetic_preset_names()) std::printf("%s\n", n.c_str());
+  });
+
+  auto path = std::make_shared<std::string>();
+  CLI::App* info = cmd->add_subcommand("info", "Print a GGUF file's metadata and tensors");
+  info->add_option("-m,--model", *path, "GGUF file")->required();
+  info->callback([path] {
+    auto f = gguf::File::open(*path);
+    std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors\n", path->c_str(), f->version(), f->metadata().size(),
+                f->tensors().size());
+    for (const auto& [k, v] : f->metadata()) {
+      std::printf("  %s: ", k.c_str());
+      if (v.type == gguf::ValueType::STRING) std::printf("%.80s\n", std::string(v.str).c_str());
+      else if (v.type == gguf::ValueType::ARRAY) std::printf("[%s x %llu]\n", gguf::value_type_name(v.elem_type), (unsigned long long)v.count);
+      else if (v.is_float()) std::printf("%g\n", v.f);
+      else std::printf("%lld\n", (long long)v.as_int(k));
+    }
+    for (const auto& t : f->tensors()) {
+      std::printf("  %-40s %-5s [", t.name.c_str(), dtype_name(t.raw_type).c_str());
+      for (size_t i = 0; i < t.shape.size(); ++i) std::printf("%s%llu", i ? ", " : "", (unsigned long long)t.shape[i]);
+      std::printf("]\n");
+    }
+  });
+}
+
+}  // namespace reprise::cli

@@ -1,0 +1,101 @@
+// reprise run: generate text for one or more prompts, streaming to stdout.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cache/prefix_cache.h"
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "engine/model_bundle.h"
+
+namespace reprise::cli {
+
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::vector<std::string> prompts;
+  int64_t n_predict = 64;
+  SamplingParams sampling;
+  int threads = 0;
+  bool verbose = false;
+  double cache_ram_mib = 256;
+  std::string cache_salt;
+};
+
+void run(const RunOptions& o) {
+  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  if (o.model.empty())
+    std::fprintf(stderr, "no -m given: using the built-in synthetic model %s (random weights)\n", path.c_str());
+  auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
+  ThreadPool pool(resolve_threads(o.threads));
+  PrefixCacheConfig cfg;
+  cfg.budget_bytes = static_cast<uint64_t>(o.cache_ram_mib * 1024 * 1024);
+  PrefixCache cache(bundle->model->state_spec(), cfg);
+  Engine engine(*bundle->model, pool, &cache);
+
+  std::vector<std::string> prompts = o.prompts;
+  if (prompts.empty()) prompts.push_back("Once upon a time");
+  for (const std::string& text : prompts) {
+    GenerateRequest req;
+    req.prompt = bundle->tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/true);
+    req.sampling = o.sampling;
+    req.max_tokens = o.n_predict;
+    req.stop_tokens = bundle->eog_tokens;
+    req.cache_salt = o.cache_salt;
+    StreamDecoder decoder(*bundle->tokenizer);
+    std::cout << text << std::flush;
+    GenerateResult r = engine.generate(req, [&](int32_t tok, std::span<const float>) {
+      if (!bundle->tokenizer->is_eog(tok)) std::cout << decoder.push(tok) << std::flush;
+      return true;
+    });
+    std::cout << decoder.flush() << std::endl;
+    const double pp = r.prefill_seconds > 0 ? (r.prompt_tokens - r.cached_tokens) / r.prefill_seconds : 0;
+    const double tg = r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
+    std::fprintf(stderr,
+                 "\n[timing] prompt: %lld tokens (%lld cached) in %.3f s (%.1f tokens/s); "
+                 "generation: %zu tokens in %.3f s (%.1f tokens/s); finish: %s\n",
+                 static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.cached_tokens),
+                 r.prefill_seconds, pp, r.tokens.size(), r.decode_seconds, tg, r.finish_reason.c_str());
+    if (o.verbose) {
+      std::fprintf(stderr, "[cache] %s\n", r.reuse.describe().c_str());
+      CacheStats s = cache.stats();
+      std::fprintf(stderr,
+                   "[cache] lookups %llu hits %llu misses %llu tokens reused %llu; blocks %llu "
+                   "(in use %llu, cached %llu, shared %llu); %.2f MiB of %.2f MiB; evictions %llu\n",
+                   (unsigned long long)s.lookups, (unsigned long long)s.hits, (unsigned long long)s.misses,
+                   (unsigned long long)s.tokens_reused, (unsigned long long)s.blocks,
+                   (unsigned long long)s.blocks_in_use, (unsigned long long)s.blocks_cached,
+                   (unsigned long long)s.blocks_shared, s.bytes / 1048576.0, s.budget_bytes / 1048576.0,
+                   (unsigned long long)s.evictions);
+    }
+  }
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt, streaming it as it is produced");
+  cmd->add_option("-m,--model", o->model, "GGUF model (default: a built-in synthetic model)");
+  cmd->add_option("-p,--prompt", o->prompts,
+                  "Prompt; repeat to run several prompts in turn through one prefix cache");
+  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temp", o->sampling.temperature, "Temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o->sampling.top_k, "Top-k (0 = off)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampling.top_p, "Top-p (1 = off)")->capture_default_str();
+  cmd->add_option("--min-p", o->sampling.min_p, "Min-p (0 = off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", o->sampling.repeat_penalty, "Repetition penalty (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", o->sampling.repeat_last_n, "Tokens the penalty looks back over")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget in MiB (0 disables)")->capture_default_str();
+  cmd->add_option("--cache-salt", o->cache_salt, "Cache namespace salt (tenant isolation)");
+  cmd->add_flag("-v,--verbose", o->verbose, "Print prefix-cache reuse and totals after each prompt");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace reprise::cli
