@@ -12,9 +12,10 @@ namespace reprise {
 class SequenceMemory {
  public:
   virtual ~SequenceMemory() = default;
-  // Makes positions [0, n_positions) addressable (allocating as needed).
-  // Throws reprise::Error when the budget cannot hold them.
-  virtual void reserve(int64_t n_positions) = 0;
+  // Called before a forward pass over positions [first_write, end): makes
+  // [0, end) readable and [first_write, end) writable (allocating, or copying
+  // shared storage on write, as the implementation needs).
+  virtual void prepare(int64_t first_write, int64_t end) = 0;
   // Attention rows are IEEE half precision (what llama.cpp's default KV cache
   // holds, and half the bytes of f32 for the same cached prefix).
   virtual uint16_t* key(int layer, int64_t pos) = 0;

@@ -229,7 +229,7 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   if (n == 0) return;
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
-  memory.reserve(batch.pos0 + n);
+  memory.prepare(batch.pos0, batch.pos0 + n);
 
   std::vector<float> x(n * n_embd_), h(n * n_embd_), q(n * q_dim), k(n * kv_dim), v(n * kv_dim);
   std::vector<float> attn(n * q_dim), tmp(n * n_embd_), g(n * n_ff_), u(n * n_ff_);
