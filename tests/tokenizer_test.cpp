@@ -302,6 +302,21 @@ TEST(TokenizerSpecial, ControlTokensOnlyWithParseSpecial) {
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 2), 0);
 }
 
+TEST(TokenizerSpecial, Phi3SpecialTokensEatFollowingWhitespace) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  auto phi3 = load_tokenizer(fs::path(fixtures) / "vocab" / "ggml-vocab-phi-3.gguf");
+  const int32_t user = *phi3->find_token("<|user|>");
+  const int32_t end = *phi3->find_token("<|end|>");
+  EXPECT_TRUE(phi3->is_eog(end));
+  auto spaced = phi3->encode("<|user|>  \n Hi<|end|>", false, true);
+  auto tight = phi3->encode("<|user|>Hi<|end|>", false, true);
+  EXPECT_EQ(spaced, tight);
+  EXPECT_EQ(spaced.front(), user);
+  EXPECT_EQ(spaced.back(), end);
+  // <s> is exempt: the space after it survives (as a "▁" piece).
+  EXPECT_NE(phi3->encode("<s> Hi", false, true), phi3->encode("<s>Hi", false, true));
+}
+
 TEST(TokenizerSpecial, TinySpmVocabulary) {
   auto file = tiny_spm().build();
   auto tok = Tokenizer::from_gguf(*file);
