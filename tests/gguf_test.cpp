@@ -1094,9 +1094,9 @@ TEST(GgufFuzz, MutatedGeneratedFilesParseOrThrow) {
   const int64_t scale = env_int("REPRISE_FUZZ_SCALE", 1);
   TempDir dir;
   std::vector<FuzzTarget> targets = {
-      {"small.gguf", small_image(), static_cast<int>(3000 * scale)},
-      {"all-types.gguf", all_types_image(), static_cast<int>(3000 * scale)},
-      {"small-model.gguf", small_model_image(dir), static_cast<int>(2000 * scale)},
+      {"small.gguf", small_image(), static_cast<int>(6000 * scale)},
+      {"all-types.gguf", all_types_image(), static_cast<int>(6000 * scale)},
+      {"small-model.gguf", small_model_image(dir), static_cast<int>(3000 * scale)},
   };
   int64_t parsed = 0, rejected = 0;
   fuzz(targets, seed, parsed, rejected);
@@ -1138,7 +1138,7 @@ TEST(GgufFuzz, MutatedFixtureHeadersParseOrThrow) {
     Bytes head(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(std::min(whole.size(), l.header_end + 4096)));
     shrink_tensors(head, l);
     EXPECT_TRUE(exercise(head, name)) << "the shrunk header image must itself be valid";
-    targets.push_back({name + "[header]", std::move(head), static_cast<int>(300 * scale)});
+    targets.push_back({name + "[header]", std::move(head), static_cast<int>(500 * scale)});
     targets.push_back({name, std::move(whole), static_cast<int>(6 * scale)});
   }
   int64_t parsed = 0, rejected = 0;
