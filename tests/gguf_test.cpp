@@ -657,6 +657,30 @@ TEST(GgufWriter, RoundTripsEveryDtypeAndShape) {
   EXPECT_EQ(f->file_size() % 64, 0u) << "the last tensor is padded too, as ggml does";
 }
 
+// Reading a llama.cpp-written file and writing everything back (metadata in
+// file order, tensors as views of the mapping) reproduces it byte for byte:
+// the writer's layout, padding and encodings are ggml's.
+TEST(GgufWriter, RewritesEveryFixtureByteForByte) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  int rewritten = 0;
+  for (const auto& entry : fs::directory_iterator(fixtures + "/models")) {
+    if (entry.path().extension() != ".gguf") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    auto f = File::open(entry.path().string());
+    const Bytes original(f->bytes().begin(), f->bytes().end());
+    Writer w;
+    for (const KvLayout& kv : layout_of(original).kv) w.set(kv.key, MetaValue::copy_of(*f->find(kv.key)));
+    for (const auto& t : f->tensors())
+      w.add_tensor_view(t.name, t.shape, t.type, std::span<const uint8_t>(t.data, t.n_bytes));
+    const Bytes again = w.to_bytes();
+    EXPECT_EQ(again.size(), original.size());
+    EXPECT_TRUE(again == original) << "first difference at byte "
+                                   << (std::mismatch(again.begin(), again.end(), original.begin(), original.end()).first - again.begin());
+    ++rewritten;
+  }
+  EXPECT_GE(rewritten, 10);
+}
+
 TEST(GgufWriter, ViewsAreNotCopied) {
   Bytes data(64 * 4);
   Writer w;

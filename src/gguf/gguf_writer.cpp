@@ -46,6 +46,15 @@ constexpr ValueType value_type_of() {
   else return ValueType::F64;
 }
 
+size_t scalar_bytes(ValueType t) {
+  switch (t) {
+    case ValueType::U8: case ValueType::I8: case ValueType::BOOL: return 1;
+    case ValueType::U16: case ValueType::I16: return 2;
+    case ValueType::U32: case ValueType::I32: case ValueType::F32: return 4;
+    default: return 8;  // U64, I64, F64
+  }
+}
+
 std::string shape_string(const std::vector<uint64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -139,6 +148,40 @@ MetaValue MetaValue::array_of_arrays(std::vector<MetaValue> v) {
   m.elem_type_ = ValueType::ARRAY;
   m.count_ = v.size();
   m.arrays_ = std::move(v);
+  return m;
+}
+
+MetaValue MetaValue::copy_of(const Value& v) {
+  switch (v.type) {
+    case ValueType::U8: return u8(static_cast<uint8_t>(v.u));
+    case ValueType::I8: return i8(static_cast<int8_t>(v.i));
+    case ValueType::U16: return u16(static_cast<uint16_t>(v.u));
+    case ValueType::I16: return i16(static_cast<int16_t>(v.i));
+    case ValueType::U32: return u32(static_cast<uint32_t>(v.u));
+    case ValueType::I32: return i32(static_cast<int32_t>(v.i));
+    case ValueType::U64: return u64(v.u);
+    case ValueType::I64: return i64(v.i);
+    case ValueType::F32: return f32(static_cast<float>(v.f));
+    case ValueType::F64: return f64(v.f);
+    case ValueType::BOOL: return boolean(v.u != 0);
+    case ValueType::STRING: return string(std::string(v.str));
+    case ValueType::ARRAY: break;
+  }
+  if (v.elem_type == ValueType::STRING)
+    return string_array(std::vector<std::string>(v.strings.begin(), v.strings.end()));
+  if (v.elem_type == ValueType::ARRAY) {
+    std::vector<MetaValue> inner;
+    inner.reserve(v.nested.size());
+    for (const Value& n : v.nested) inner.push_back(copy_of(n));
+    return array_of_arrays(std::move(inner));
+  }
+  MetaValue m;
+  m.type_ = ValueType::ARRAY;
+  m.elem_type_ = v.elem_type;
+  m.count_ = v.count;
+  // Scalar elements are kept as raw little-endian bytes by the reader too.
+  const size_t elem_size = scalar_bytes(v.elem_type);
+  if (v.count > 0) m.raw_elems_.assign(v.elems, v.elems + v.count * elem_size);
   return m;
 }
 

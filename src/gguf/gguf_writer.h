@@ -55,6 +55,9 @@ class MetaValue {
   // An array whose elements are themselves arrays (each may have its own
   // element type, as the format allows). Throws if an element is not an array.
   static MetaValue array_of_arrays(std::vector<MetaValue> v);
+  // A copy of a value read by gguf::File, same type and bytes (to rewrite or
+  // edit an existing model's metadata).
+  static MetaValue copy_of(const Value& v);
 
   ValueType type() const { return type_; }
   ValueType element_type() const { return elem_type_; }
