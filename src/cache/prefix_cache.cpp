@@ -63,6 +63,7 @@ PrefixCache::PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config)
   }
   block_halfs_ = static_cast<uint64_t>(off);
   block_bytes_ = block_halfs_ * sizeof(uint16_t);
+  block_cost_ = block_bytes_ + sizeof(Block) + block_tokens_ * (sizeof(int32_t) + sizeof(Hash128));
   stats_.budget_bytes = config_.budget_bytes;
 }
 
@@ -106,7 +107,7 @@ PrefixCache::Block* PrefixCache::allocate_locked() {
   b->refs = 1;
   Block* raw = b.get();
   blocks_.emplace(raw->id, std::move(b));
-  stats_.bytes += block_bytes_;
+  stats_.bytes += block_cost_;
   return raw;
 }
 
@@ -139,7 +140,7 @@ void PrefixCache::release_locked(Block* b) {
 
 void PrefixCache::free_block_locked(Block* b) {
   if (b->evict_stamp) evictable_.erase({b->evict_stamp, b->id});
-  stats_.bytes -= block_bytes_;
+  stats_.bytes -= block_cost_;
   blocks_.erase(b->id);
 }
 
@@ -182,7 +183,7 @@ CacheStats PrefixCache::stats() const {
     if (b->refs > 1) s.blocks_shared++;
     if (b->refs == 0 && b->indexed) s.blocks_cached++;
   }
-  s.bytes_in_use = s.blocks_in_use * block_bytes_;
+  s.bytes_in_use = s.blocks_in_use * block_cost_;
   return s;
 }
 
@@ -191,9 +192,9 @@ std::string PrefixCache::check_invariants() const {
   std::unordered_map<const Block*, int> refs;
   for (const CachedSequence* seq : live_)
     for (const Block* b : seq->table_) refs[b]++;
-  if (stats_.bytes != blocks_.size() * block_bytes_)
+  if (stats_.bytes != blocks_.size() * block_cost_)
     return "byte accounting " + std::to_string(stats_.bytes) + " != " + std::to_string(blocks_.size()) +
-           " blocks x " + std::to_string(block_bytes_);
+           " blocks x " + std::to_string(block_cost_);
   size_t n_evictable = 0;
   for (const auto& [id, b] : blocks_) {
     int want = refs.count(b.get()) ? refs[b.get()] : 0;
@@ -222,6 +223,17 @@ std::string PrefixCache::check_invariants() const {
 }
 
 // ---- CachedSequence ----
+
+CachedSequence::CachedSequence(PrefixCache& cache, const Hash128& ns) : cache_(cache), ns_(ns) {
+  const auto& layers = cache_.spec_.layers;
+  conv_.resize(layers.size());
+  ssm_.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].kind != LayerStateKind::Recurrent) continue;
+    conv_[l].assign(layers[l].conv_state_floats, 0.0f);
+    ssm_[l].assign(layers[l].ssm_state_floats, 0.0f);
+  }
+}
 
 CachedSequence::~CachedSequence() {
   std::lock_guard<std::mutex> lock(cache_.mutex_);

@@ -52,7 +52,9 @@ class PrefixCache {
 
   CacheStats stats() const;
   int block_tokens() const { return block_tokens_; }
-  uint64_t block_bytes() const { return block_bytes_; }
+  // Bytes one block counts against the budget: its KV storage plus the
+  // bookkeeping (tokens, keys, node), so zero-KV models are bounded too.
+  uint64_t block_bytes() const { return block_cost_; }
   bool enabled() const { return config_.budget_bytes > 0; }
   void set_budget(uint64_t bytes);
   // Drops every unreferenced block.
@@ -80,7 +82,8 @@ class PrefixCache {
   PrefixCacheConfig config_;
   std::vector<int64_t> key_offset_, value_offset_;  // per layer, in halfs within a block
   uint64_t block_halfs_ = 0;
-  uint64_t block_bytes_ = 0;
+  uint64_t block_bytes_ = 0;  // KV storage only
+  uint64_t block_cost_ = 0;   // accounted per block
 
   mutable std::mutex mutex_;
   std::unordered_map<Hash128, std::unique_ptr<Node>, Hash128Hasher> roots_;
@@ -126,10 +129,15 @@ class CachedSequence final : public SequenceMemory {
   void prepare(int64_t first_write, int64_t end) override;
   uint16_t* key(int layer, int64_t pos) override;
   uint16_t* value(int layer, int64_t pos) override;
+  // Recurrent layers' state is private to the sequence (snapshots live in a
+  // SnapshotStore); zero for a new sequence.
+  float* conv_state(int layer) override { return conv_[layer].data(); }
+  float* ssm_state(int layer) override { return ssm_[layer].data(); }
+  const Hash128& namespace_hash() const { return ns_; }
 
  private:
   friend class PrefixCache;
-  CachedSequence(PrefixCache& cache, const Hash128& ns) : cache_(cache), ns_(ns) {}
+  CachedSequence(PrefixCache& cache, const Hash128& ns);
   void index_full_block_locked(size_t block_index);
   Hash128 parent_hash_locked(size_t block_index) const;
 
@@ -138,6 +146,7 @@ class CachedSequence final : public SequenceMemory {
   std::vector<PrefixCache::Block*> table_;
   std::vector<int32_t> tokens_;
   std::vector<Hash128> keys_;  // per position; zero when none
+  std::vector<std::vector<float>> conv_, ssm_;
 };
 
 }  // namespace reprise

@@ -14,8 +14,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options)
-    : model_(model), pool_(pool), cache_(cache), options_(options) {
+Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options,
+               SnapshotStore* snapshots)
+    : model_(model), pool_(pool), cache_(cache), snapshots_(snapshots), options_(options) {
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
 }
@@ -53,6 +54,22 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     result.reuse = cached->attach_prefix(req.prompt, req.prompt_keys);
     pos = result.reuse.reused_tokens;
     memory = cached.get();
+    if (model_.state_spec().has_recurrent()) {
+      // Recurrent state is restored whole from a snapshot at some position
+      // P <= the KV prefix (never trimmed or partially restored); the KV
+      // blocks are cut back to the same P so both describe one prefix.
+      const int64_t restored =
+          snapshots_ && pos > 0
+              ? snapshots_->restore_longest(cached->namespace_hash(), req.prompt, req.prompt_keys, pos, *cached)
+              : 0;
+      if (restored < pos) {
+        cached->truncate(restored);
+        result.reuse.stop_reason = snapshots_ ? "no-snapshot-beyond" : "recurrent-state-not-cached";
+        result.reuse.stop_position = restored;
+        result.reuse.reused_tokens = restored;
+        pos = restored;
+      }
+    }
   } else {
     flat = std::make_unique<FlatMemory>(model_.state_spec());
     result.reuse.prompt_tokens = n_prompt;
@@ -66,13 +83,26 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
                                    : std::span<const Hash128>(req.prompt_keys).subspan(from, n);
   };
 
+  const bool snapshotting = cached && snapshots_ && model_.state_spec().has_recurrent();
+  std::vector<int64_t> checkpoints = snapshotting ? snapshots_->checkpoints(pos, n_prompt) : std::vector<int64_t>{};
+  auto take_snapshot = [&](std::span<const int32_t> prefix) {
+    snapshots_->put(cached->namespace_hash(), prefix,
+                    req.prompt_keys.empty() ? std::span<const Hash128>{}
+                                            : std::span<const Hash128>(req.prompt_keys).subspan(
+                                                  0, std::min(prefix.size(), req.prompt_keys.size())),
+                    *cached);
+  };
+
   std::vector<float> logits;
+  size_t next_checkpoint = 0;
   while (pos < n_prompt) {
     if (req.cancelled && req.cancelled->load()) {
       result.finish_reason = "cancelled";
       return result;
     }
-    const int64_t n = std::min(options_.n_batch, n_prompt - pos);
+    int64_t n = std::min(options_.n_batch, n_prompt - pos);
+    while (next_checkpoint < checkpoints.size() && checkpoints[next_checkpoint] <= pos) ++next_checkpoint;
+    if (next_checkpoint < checkpoints.size()) n = std::min(n, checkpoints[next_checkpoint] - pos);
     ForwardBatch batch;
     batch.tokens = std::span<const int32_t>(req.prompt).subspan(pos, n);
     batch.pos0 = pos;
@@ -83,6 +113,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
     if (cached) cached->commit(batch.tokens, keys_slice(pos, n));
     pos += n;
+    if (snapshotting && (pos == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), pos)))
+      take_snapshot(std::span<const int32_t>(req.prompt).subspan(0, pos));
   }
   result.prefill_seconds = seconds_since(t0);
 
@@ -121,6 +153,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     if (cached) cached->commit(batch.tokens);
     ++pos;
   }
+  // The end of the generated text is the next turn's likely restore point.
+  if (snapshotting && pos > n_prompt) take_snapshot(std::span<const int32_t>(history).subspan(0, pos));
   result.decode_seconds = seconds_since(t1);
   return result;
 }

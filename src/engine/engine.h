@@ -15,6 +15,7 @@
 
 #include "cache/cache_key.h"
 #include "cache/prefix_cache.h"
+#include "cache/snapshot_store.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "tensor/thread_pool.h"
@@ -53,9 +54,12 @@ using TokenCallback = std::function<bool(int32_t token, std::span<const float> l
 
 class Engine {
  public:
-  // `cache` may be null (no prefix caching). Model, pool and cache must
-  // outlive the engine.
-  Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options = {});
+  // `cache` may be null (no prefix caching). `snapshots` holds recurrent
+  // state for models that have it; without it such models never reuse a
+  // prefix (their state cannot be rebuilt from KV blocks). Everything passed
+  // in must outlive the engine.
+  Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options = {},
+         SnapshotStore* snapshots = nullptr);
 
   // Throws reprise::Error for invalid requests (empty prompt, prompt longer
   // than the context, bad sampling parameters, out-of-range token ids).
@@ -63,6 +67,7 @@ class Engine {
 
   Model& model() { return model_; }
   PrefixCache* cache() { return cache_; }
+  SnapshotStore* snapshots() { return snapshots_; }
   int64_t n_ctx() const { return n_ctx_; }
   NamespaceKey namespace_for(const std::string& cache_salt) const;
 
@@ -70,6 +75,7 @@ class Engine {
   Model& model_;
   ThreadPool& pool_;
   PrefixCache* cache_;
+  SnapshotStore* snapshots_;
   EngineOptions options_;
   int64_t n_ctx_;
   std::mutex forward_mutex_;
