@@ -529,6 +529,13 @@ TEST(GgufWriter, RoundTripsEveryMetadataType) {
   const Bytes bytes = w.to_bytes();
   auto f = File::from_bytes(bytes, "meta.gguf");
   EXPECT_EQ(f->metadata().size(), 30u);
+  for (const auto& [key, value] : f->metadata()) {
+    const MetaValue copy = MetaValue::copy_of(value);
+    Bytes encoded;
+    copy.encode(encoded);
+    EXPECT_EQ(copy.encoded_size(), encoded.size()) << key;
+    EXPECT_EQ(copy.type(), value.type) << key;
+  }
   EXPECT_EQ(f->find("u8")->type, ValueType::U8);
   EXPECT_EQ(f->get_int("u8"), 255);
   EXPECT_EQ(f->get_int("i8"), -128);

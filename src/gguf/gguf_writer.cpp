@@ -20,9 +20,9 @@ constexpr size_t kMaxDims = 4;
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
   static_assert(std::is_trivially_copyable_v<T>);
-  uint8_t bytes[sizeof(T)];
-  std::memcpy(bytes, &v, sizeof(T));  // x86-64 is little-endian, as GGUF v3 is
-  out.insert(out.end(), bytes, bytes + sizeof(T));
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));  // x86-64 is little-endian, as GGUF v3 is
 }
 
 void put_string(std::vector<uint8_t>& out, std::string_view s) {
@@ -65,24 +65,24 @@ std::string shape_string(const std::vector<uint64_t>& shape) {
 
 // ---------------------------------------------------------------- MetaValue
 
-#define REPRISE_SCALAR_FACTORY(fn, T, TYPE)       \
-  MetaValue MetaValue::fn(T v) {                  \
-    MetaValue m;                                  \
-    m.type_ = ValueType::TYPE;                    \
-    put<T>(m.scalar_, v);                         \
-    return m;                                     \
-  }
-REPRISE_SCALAR_FACTORY(u8, uint8_t, U8)
-REPRISE_SCALAR_FACTORY(i8, int8_t, I8)
-REPRISE_SCALAR_FACTORY(u16, uint16_t, U16)
-REPRISE_SCALAR_FACTORY(i16, int16_t, I16)
-REPRISE_SCALAR_FACTORY(u32, uint32_t, U32)
-REPRISE_SCALAR_FACTORY(i32, int32_t, I32)
-REPRISE_SCALAR_FACTORY(u64, uint64_t, U64)
-REPRISE_SCALAR_FACTORY(i64, int64_t, I64)
-REPRISE_SCALAR_FACTORY(f32, float, F32)
-REPRISE_SCALAR_FACTORY(f64, double, F64)
-#undef REPRISE_SCALAR_FACTORY
+template <typename T>
+MetaValue MetaValue::make_scalar(ValueType type, T v) {
+  MetaValue m;
+  m.type_ = type;
+  put<T>(m.scalar_, v);
+  return m;
+}
+
+MetaValue MetaValue::u8(uint8_t v) { return make_scalar(ValueType::U8, v); }
+MetaValue MetaValue::i8(int8_t v) { return make_scalar(ValueType::I8, v); }
+MetaValue MetaValue::u16(uint16_t v) { return make_scalar(ValueType::U16, v); }
+MetaValue MetaValue::i16(int16_t v) { return make_scalar(ValueType::I16, v); }
+MetaValue MetaValue::u32(uint32_t v) { return make_scalar(ValueType::U32, v); }
+MetaValue MetaValue::i32(int32_t v) { return make_scalar(ValueType::I32, v); }
+MetaValue MetaValue::u64(uint64_t v) { return make_scalar(ValueType::U64, v); }
+MetaValue MetaValue::i64(int64_t v) { return make_scalar(ValueType::I64, v); }
+MetaValue MetaValue::f32(float v) { return make_scalar(ValueType::F32, v); }
+MetaValue MetaValue::f64(double v) { return make_scalar(ValueType::F64, v); }
 
 MetaValue MetaValue::boolean(bool v) {
   MetaValue m;
@@ -98,27 +98,27 @@ MetaValue MetaValue::string(std::string v) {
   return m;
 }
 
-#define REPRISE_ARRAY_FACTORY(T)                                   \
-  MetaValue MetaValue::array(std::span<const T> v) {               \
-    MetaValue m;                                                   \
-    m.type_ = ValueType::ARRAY;                                    \
-    m.elem_type_ = value_type_of<T>();                             \
-    m.count_ = v.size();                                           \
-    m.raw_elems_.resize(v.size_bytes());                           \
-    if (!v.empty()) std::memcpy(m.raw_elems_.data(), v.data(), v.size_bytes()); \
-    return m;                                                      \
-  }
-REPRISE_ARRAY_FACTORY(uint8_t)
-REPRISE_ARRAY_FACTORY(int8_t)
-REPRISE_ARRAY_FACTORY(uint16_t)
-REPRISE_ARRAY_FACTORY(int16_t)
-REPRISE_ARRAY_FACTORY(uint32_t)
-REPRISE_ARRAY_FACTORY(int32_t)
-REPRISE_ARRAY_FACTORY(uint64_t)
-REPRISE_ARRAY_FACTORY(int64_t)
-REPRISE_ARRAY_FACTORY(float)
-REPRISE_ARRAY_FACTORY(double)
-#undef REPRISE_ARRAY_FACTORY
+template <typename T>
+MetaValue MetaValue::make_array(std::span<const T> v) {
+  MetaValue m;
+  m.type_ = ValueType::ARRAY;
+  m.elem_type_ = value_type_of<T>();
+  m.count_ = v.size();
+  m.raw_elems_.resize(v.size_bytes());
+  if (!v.empty()) std::memcpy(m.raw_elems_.data(), v.data(), v.size_bytes());
+  return m;
+}
+
+MetaValue MetaValue::array(std::span<const uint8_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const int8_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const uint16_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const int16_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const uint32_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const int32_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const uint64_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const int64_t> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const float> v) { return make_array(v); }
+MetaValue MetaValue::array(std::span<const double> v) { return make_array(v); }
 
 MetaValue MetaValue::bool_array(const std::vector<bool>& v) {
   MetaValue m;

@@ -68,6 +68,11 @@ class MetaValue {
   void encode(std::vector<uint8_t>& out) const;
 
  private:
+  template <typename T>
+  static MetaValue make_scalar(ValueType type, T v);
+  template <typename T>
+  static MetaValue make_array(std::span<const T> v);
+
   ValueType type_ = ValueType::U8;
   std::vector<uint8_t> scalar_;          // little-endian scalar bytes
   std::string str_;                      // STRING
