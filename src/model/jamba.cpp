@@ -1,0 +1,358 @@
+#include "model/jamba.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "gguf/gguf_file.h"
+#include "model/mamba.h"
+#include "model/weights.h"
+#include "tensor/fp16.h"
+#include "tensor/kernels.h"
+#include "util/error.h"
+
+namespace reprise {
+namespace {
+
+// A hyper-parameter given either once for all layers or as one entry per layer.
+std::vector<int64_t> per_layer(const gguf::File& file, const std::string& key, int64_t n_layer,
+                               std::optional<int64_t> fallback) {
+  const gguf::Value* v = file.find(key);
+  if (!v) {
+    if (!fallback) file.fail("missing metadata key '" + key + "'");
+    return std::vector<int64_t>(n_layer, *fallback);
+  }
+  if (v->type == gguf::ValueType::ARRAY) {
+    if (!v->elems || v->elem_type == gguf::ValueType::F32 || v->elem_type == gguf::ValueType::F64)
+      file.fail("metadata key '" + key + "' is not an integer array");
+    std::vector<int64_t> out = v->int_array(key);
+    if (static_cast<int64_t>(out.size()) != n_layer)
+      file.fail("metadata key '" + key + "' has " + std::to_string(out.size()) + " entries for " +
+                std::to_string(n_layer) + " layers");
+    return out;
+  }
+  return std::vector<int64_t>(n_layer, file.require_int(key));
+}
+
+struct Ffn {
+  MatrixView gate, up, down;  // dense
+  MatrixView router;          // MoE: ffn_gate_inp [n_embd, n_expert] (empty data = dense)
+  std::vector<MatrixView> gate_exps, up_exps, down_exps;
+};
+
+struct Layer {
+  std::vector<float> attn_norm, ffn_norm;
+  bool recurrent = false;
+  Mamba1Layer ssm;
+  int64_t n_head_kv = 0;
+  MatrixView wq, wk, wv, wo;
+  Ffn ffn;
+};
+
+// Slices a 3-D expert tensor [n_in, n_out, n_expert] into per-expert matrices.
+std::vector<MatrixView> expert_matrices(const gguf::File& file, const std::string& name, int64_t n_in,
+                                        int64_t n_out, int64_t n_expert) {
+  const gguf::TensorInfo& t = file.require_tensor(name);
+  const std::vector<uint64_t> want = {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out),
+                                      static_cast<uint64_t>(n_expert)};
+  if (t.shape != want)
+    file.fail("tensor '" + name + "' has the wrong shape for [" + std::to_string(n_in) + ", " +
+              std::to_string(n_out) + ", " + std::to_string(n_expert) + "]");
+  if (!dtype_supported(t.type))
+    file.fail("tensor '" + name + "' has unsupported type " + dtype_name(t.raw_type));
+  std::vector<MatrixView> out(n_expert);
+  const size_t row_bytes = dtype_row_bytes(t.type, n_in);
+  for (int64_t e = 0; e < n_expert; ++e) {
+    MatrixView& m = out[e];
+    m.type = t.type;
+    m.n_in = n_in;
+    m.n_out = n_out;
+    m.row_bytes = row_bytes;
+    m.data = t.data + static_cast<size_t>(e) * static_cast<size_t>(n_out) * row_bytes;
+  }
+  return out;
+}
+
+struct AttentionRows {
+  SequenceMemory* memory;
+  int layer;
+  int64_t offset;
+  static const uint16_t* key(const void* self, int64_t pos) {
+    auto* r = static_cast<const AttentionRows*>(self);
+    return r->memory->key(r->layer, pos) + r->offset;
+  }
+  static const uint16_t* value(const void* self, int64_t pos) {
+    auto* r = static_cast<const AttentionRows*>(self);
+    return r->memory->value(r->layer, pos) + r->offset;
+  }
+};
+
+class Jamba final : public Model {
+ public:
+  explicit Jamba(const gguf::File& file);
+  const ModelInfo& info() const override { return info_; }
+  const StateSpec& state_spec() const override { return spec_; }
+  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+               ThreadPool& pool) override;
+
+ private:
+  void attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory, const float* h,
+                 float* out, ThreadPool& pool) const;
+  void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
+
+  ModelInfo info_;
+  StateSpec spec_;
+  Mamba1Dims d_;
+  int64_t n_embd_ = 0, n_head_ = 0, head_dim_ = 0, n_ff_ = 0, n_expert_ = 0, n_expert_used_ = 0;
+  float eps_ = 1e-5f;
+  MatrixView token_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<Layer> layers_;
+};
+
+Jamba::Jamba(const gguf::File& file) {
+  const std::string arch = file.require_string("general.architecture");
+  if (!is_jamba_arch(arch)) file.fail("not a jamba architecture: '" + arch + "'");
+  auto key = [&](const char* k) { return arch + "." + k; };
+  n_embd_ = file.require_int(key("embedding_length"));
+  const int64_t n_layer = file.require_int(key("block_count"));
+  if (n_embd_ <= 0 || n_embd_ > (int64_t(1) << 20) || n_layer <= 0 || n_layer > 1024)
+    file.fail("invalid embedding_length or block_count");
+  d_ = read_mamba1_dims(file, arch, n_embd_);
+  eps_ = d_.eps;
+
+  const std::vector<int64_t> n_head = per_layer(file, key("attention.head_count"), n_layer, std::nullopt);
+  const std::vector<int64_t> n_head_kv = per_layer(file, key("attention.head_count_kv"), n_layer, std::nullopt);
+  const std::vector<int64_t> n_ff = per_layer(file, key("feed_forward_length"), n_layer, std::nullopt);
+  n_head_ = n_head[0];
+  n_ff_ = n_ff[0];
+  for (int64_t il = 0; il < n_layer; ++il) {
+    if (n_head[il] != n_head_ || n_ff[il] != n_ff_)
+      file.fail("per-layer head_count / feed_forward_length must be uniform");
+    if (n_head_kv[il] < 0 || (n_head_kv[il] > 0 && (n_head_ <= 0 || n_head_ % n_head_kv[il] != 0)))
+      file.fail("layer " + std::to_string(il) + ": attention.head_count_kv " + std::to_string(n_head_kv[il]) +
+                " does not divide head_count " + std::to_string(n_head_));
+  }
+  if (n_ff_ <= 0 || n_ff_ > (int64_t(1) << 24)) file.fail("invalid feed_forward_length");
+  if (n_head_ > 0) {
+    head_dim_ = file.get_int(key("attention.key_length")).value_or(n_embd_ / n_head_);
+    const int64_t head_dim_v = file.get_int(key("attention.value_length")).value_or(head_dim_);
+    if (head_dim_v != head_dim_ || head_dim_ <= 0 || head_dim_ > 1024)
+      file.fail("unsupported head dimensions");
+  }
+  n_expert_ = file.get_int(key("expert_count")).value_or(0);
+  n_expert_used_ = file.get_int(key("expert_used_count")).value_or(0);
+
+  WeightLoader w(file);
+  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
+  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
+  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
+  token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
+  output_ = w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_;
+  output_norm_ = w.vector("output_norm.weight", n_embd_);
+
+  std::string layout = "jamba/v1/" + std::to_string(n_embd_) + "/" + std::to_string(n_layer) + "/" +
+                       std::to_string(n_head_) + "/" + std::to_string(head_dim_) + "/" + std::to_string(n_ff_) +
+                       "/" + std::to_string(d_.d_inner) + "/" + std::to_string(d_.d_state) + "/" +
+                       std::to_string(d_.d_conv) + "/" + std::to_string(d_.dt_rank) + "/" +
+                       std::to_string(n_expert_) + "/" + std::to_string(n_expert_used_) + "/" +
+                       std::to_string(eps_) + "/";
+  layers_.resize(n_layer);
+  for (int64_t il = 0; il < n_layer; ++il) {
+    Layer& L = layers_[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    L.attn_norm = w.vector(p + "attn_norm.weight", n_embd_);
+    LayerStateSpec s;
+    if (n_head_kv[il] == 0) {
+      L.recurrent = true;
+      L.ssm = load_mamba1_layer(w, il, d_, /*with_bc_norms=*/true);
+      s.kind = LayerStateKind::Recurrent;
+      s.conv_state_floats = d_.conv_state_floats();
+      s.ssm_state_floats = d_.ssm_state_floats();
+    } else {
+      L.n_head_kv = n_head_kv[il];
+      const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
+      L.wq = w.matrix(p + "attn_q.weight", n_embd_, q_dim);
+      L.wk = w.matrix(p + "attn_k.weight", n_embd_, kv_dim);
+      L.wv = w.matrix(p + "attn_v.weight", n_embd_, kv_dim);
+      L.wo = w.matrix(p + "attn_output.weight", q_dim, n_embd_);
+      s.kind = LayerStateKind::Attention;
+      s.n_kv_heads = static_cast<int>(L.n_head_kv);
+      s.head_dim_k = s.head_dim_v = static_cast<int>(head_dim_);
+    }
+    spec_.layers.push_back(s);
+
+    L.ffn_norm = w.vector(p + "ffn_norm.weight", n_embd_);
+    if (w.has(p + "ffn_gate_inp.weight")) {
+      if (n_expert_ <= 0 || n_expert_ > 4096 || n_expert_used_ <= 0 || n_expert_used_ > n_expert_)
+        file.fail("layer " + std::to_string(il) + " has experts but expert_count = " + std::to_string(n_expert_) +
+                  ", expert_used_count = " + std::to_string(n_expert_used_));
+      L.ffn.router = w.matrix(p + "ffn_gate_inp.weight", n_embd_, n_expert_);
+      L.ffn.gate_exps = expert_matrices(file, p + "ffn_gate_exps.weight", n_embd_, n_ff_, n_expert_);
+      L.ffn.up_exps = expert_matrices(file, p + "ffn_up_exps.weight", n_embd_, n_ff_, n_expert_);
+      L.ffn.down_exps = expert_matrices(file, p + "ffn_down_exps.weight", n_ff_, n_embd_, n_expert_);
+    } else {
+      L.ffn.gate = w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_);
+      L.ffn.up = w.matrix(p + "ffn_up.weight", n_embd_, n_ff_);
+      L.ffn.down = w.matrix(p + "ffn_down.weight", n_ff_, n_embd_);
+    }
+    layout += (L.recurrent ? "M" : "A" + std::to_string(L.n_head_kv)) + (L.ffn.router.data ? "e" : "d");
+  }
+
+  info_.arch = arch;
+  info_.name = file.get_string("general.name").value_or("");
+  info_.n_vocab = n_vocab;
+  info_.n_ctx_train = file.get_int(key("context_length")).value_or(1048576);
+  info_.n_embd = n_embd_;
+  info_.n_layer = n_layer;
+  for (const auto& t : file.tensors()) {
+    info_.n_params += static_cast<int64_t>(t.n_elements());
+    info_.weight_bytes += t.n_bytes;
+  }
+  info_.fingerprint = fingerprint_weights(file, layout);
+}
+
+void Jamba::attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory,
+                      const float* h, float* out, ThreadPool& pool) const {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
+  std::vector<float> q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
+  matmul(L.wq, h, n, q.data(), pool);
+  matmul(L.wk, h, n, k.data(), pool);
+  matmul(L.wv, h, n, v.data(), pool);
+  // No RoPE: positions enter only through the causal mask.
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = batch.pos0 + t;
+    convert_f32_to_f16(k.data() + t * kv_dim, memory.key(il, pos), kv_dim);
+    convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
+  }
+  const int64_t group = n_head_ / L.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  pool.parallel_for(n * n_head_, [&](int64_t task) {
+    const int64_t t = task / n_head_, hh = task % n_head_;
+    AttentionRows rows{&memory, il, (hh / group) * head_dim_};
+    attend_one_query(q.data() + (t * n_head_ + hh) * head_dim_, head_dim_, 0, batch.pos0 + t + 1, scale,
+                     &AttentionRows::key, &AttentionRows::value, &rows,
+                     attn.data() + (t * n_head_ + hh) * head_dim_);
+  });
+  matmul(L.wo, attn.data(), n, out, pool);
+}
+
+void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const {
+  if (!f.router.data) {
+    std::vector<float> g(n * n_ff_), u(n * n_ff_);
+    matmul(f.gate, h, n, g.data(), pool);
+    matmul(f.up, h, n, u.data(), pool);
+    for (int64_t i = 0; i < n * n_ff_; ++i) g[i] = silu(g[i]) * u[i];
+    matmul(f.down, g.data(), n, out, pool);
+    return;
+  }
+  // Routing (llama.cpp build_moe_ffn with softmax gating, no renormalization
+  // of the selected weights): softmax over all experts, take the top k.
+  const int64_t ne = n_expert_, k = n_expert_used_;
+  std::vector<float> probs(n * ne);
+  matmul(f.router, h, n, probs.data(), pool);
+  std::vector<int32_t> sel(n * k);
+  std::vector<float> weight(n * k);
+  std::vector<int32_t> order(ne);
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = probs.data() + t * ne;
+    softmax_inplace(p, ne);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    for (int64_t j = 0; j < k; ++j) {
+      sel[t * k + j] = order[j];
+      weight[t * k + j] = p[order[j]];
+    }
+  }
+  // Each expert runs once over the tokens routed to it (rows are independent,
+  // so grouping never changes a token's result).
+  std::vector<float> expert_out(n * k * n_embd_);
+  std::vector<float> xs, g, u, d;
+  std::vector<int64_t> slots;
+  for (int64_t e = 0; e < ne; ++e) {
+    slots.clear();
+    for (int64_t i = 0; i < n * k; ++i)
+      if (sel[i] == e) slots.push_back(i);
+    if (slots.empty()) continue;
+    const int64_t m = static_cast<int64_t>(slots.size());
+    xs.resize(m * n_embd_);
+    g.resize(m * n_ff_);
+    u.resize(m * n_ff_);
+    d.resize(m * n_embd_);
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(xs.data() + r * n_embd_, h + (slots[r] / k) * n_embd_, n_embd_ * sizeof(float));
+    matmul(f.gate_exps[e], xs.data(), m, g.data(), pool);
+    matmul(f.up_exps[e], xs.data(), m, u.data(), pool);
+    for (int64_t i = 0; i < m * n_ff_; ++i) g[i] = silu(g[i]) * u[i];
+    matmul(f.down_exps[e], g.data(), m, d.data(), pool);
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(expert_out.data() + slots[r] * n_embd_, d.data() + r * n_embd_, n_embd_ * sizeof(float));
+  }
+  // Weighted sum in selection order: ((e0 * w0) + (e1 * w1)) + ...
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * n_embd_;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* eo = expert_out.data() + (t * k + j) * n_embd_;
+      const float wj = weight[t * k + j];
+      if (j == 0) {
+        for (int64_t i = 0; i < n_embd_; ++i) o[i] = eo[i] * wj;
+      } else {
+        for (int64_t i = 0; i < n_embd_; ++i) o[i] += eo[i] * wj;
+      }
+    }
+  }
+}
+
+void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+                    ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  if (n == 0) return;
+  memory.prepare(batch.pos0, batch.pos0 + n);
+
+  std::vector<float> x(n * n_embd_), h(n * n_embd_), tmp(n * n_embd_);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t tok = batch.tokens[t];
+    if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
+    dequantize_row(token_embd_, tok, x.data() + t * n_embd_);
+  }
+
+  for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
+    const Layer& L = layers_[il];
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    if (L.recurrent) {
+      float* conv = memory.conv_state(il);
+      float* ssm = memory.ssm_state(il);
+      if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
+        throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
+      mamba1_mix(L.ssm, d_, h.data(), n, conv, ssm, tmp.data(), pool);
+    } else {
+      attention(L, il, batch, memory, h.data(), tmp.data(), pool);
+    }
+    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
+
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    feed_forward(L.ffn, h.data(), n, tmp.data(), pool);
+    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
+  }
+
+  if (batch.logits_for == LogitsFor::None) return;
+  const int64_t first = batch.logits_for == LogitsFor::All ? 0 : n - 1;
+  const int64_t rows = n - first;
+  for (int64_t t = 0; t < rows; ++t)
+    rms_norm(x.data() + (first + t) * n_embd_, output_norm_.data(), eps_, n_embd_, h.data() + t * n_embd_);
+  logits.resize(rows * info_.n_vocab);
+  matmul(output_, h.data(), rows, logits.data(), pool);
+}
+
+}  // namespace
+
+bool is_jamba_arch(const std::string& arch) { return arch == "jamba"; }
+
+std::unique_ptr<Model> load_jamba(const gguf::File& file) { return std::make_unique<Jamba>(file); }
+
+}  // namespace reprise

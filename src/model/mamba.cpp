@@ -1,0 +1,416 @@
+#include "model/mamba.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "gguf/gguf_file.h"
+#include "tensor/kernels.h"
+#include "util/error.h"
+
+namespace reprise {
+namespace {
+
+// ------------------------------------------------------------ numerics
+
+// ggml_compute_softplus_f32: the time step's softplus, as the scan computes it.
+inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
+
+// exp over 8 lanes (Cephes-style range reduction and degree-5 polynomial,
+// within ~2 ulp of expf). Used for Mamba-1's d_state decay factors, the one
+// exp per state element per token; inputs there are <= 0. Lanes below the
+// float range give 0, above it +inf.
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // Scale by 2^n in two steps so n = 128 (x near the top of the range) works.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  return _mm256_andnot_ps(underflow, y);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Lane mask for the first `rem` (1..8) lanes of a masked load/store.
+inline __m256i tail_mask(int64_t rem) {
+  alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - rem));
+}
+
+// ------------------------------------------------------------ shared steps
+
+// ggml_ssm_conv + bias + SiLU over `channels` channels for n tokens.
+// src: token-major inputs (row stride src_stride); state: (K-1) floats per
+// channel, oldest first, updated to the last K-1 inputs; dst: token-major
+// (row stride dst_stride). Parallel over channel blocks.
+void conv_silu(const float* src, int64_t src_stride, int64_t channels, int64_t n, int64_t K,
+               const float* w, const float* b, float* state, float* dst, int64_t dst_stride,
+               ThreadPool& pool) {
+  constexpr int64_t kBlock = 32;
+  const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
+  pool.parallel_for(n_blocks, [&](int64_t blk) {
+    thread_local std::vector<float> win;
+    win.resize(K);
+    const int64_t c1 = std::min(channels, (blk + 1) * kBlock);
+    for (int64_t c = blk * kBlock; c < c1; ++c) {
+      float* st = state + c * (K - 1);
+      const float* wc = w + c * K;
+      std::copy(st, st + K - 1, win.begin());
+      for (int64_t t = 0; t < n; ++t) {
+        win[K - 1] = src[t * src_stride + c];
+        float sum = 0.0f;  // sequential, as ggml's row-wise dot (not the double one)
+        for (int64_t i = 0; i < K; ++i) sum += win[i] * wc[i];
+        dst[t * dst_stride + c] = silu(sum + b[c]);
+        for (int64_t i = 0; i + 1 < K; ++i) win[i] = win[i + 1];
+      }
+      std::copy(win.begin(), win.begin() + (K - 1), st);
+    }
+  });
+}
+
+// One state row: s = s * dA + B * x_dt; returns sum(s * C). dA is per element
+// (Mamba-1: exp(dt * A[k]), A given) or a scalar (Mamba-2: A == nullptr).
+inline float scan_row(float* s, const float* A, float dt, float dA_scalar, const float* B,
+                      const float* C, float x_dt, int64_t d_state) {
+  const __m256 vdt = _mm256_set1_ps(dt), vxdt = _mm256_set1_ps(x_dt);
+  const __m256 vdA = _mm256_set1_ps(dA_scalar);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= d_state; k += 8) {
+    const __m256 dA = A ? exp8(_mm256_mul_ps(vdt, _mm256_loadu_ps(A + k))) : vdA;
+    const __m256 st = _mm256_fmadd_ps(_mm256_loadu_ps(s + k), dA, _mm256_mul_ps(_mm256_loadu_ps(B + k), vxdt));
+    _mm256_storeu_ps(s + k, st);
+    acc = _mm256_fmadd_ps(st, _mm256_loadu_ps(C + k), acc);
+  }
+  if (k < d_state) {
+    const __m256i m = tail_mask(d_state - k);
+    const __m256 dA = A ? exp8(_mm256_mul_ps(vdt, _mm256_maskload_ps(A + k, m))) : vdA;
+    const __m256 st = _mm256_fmadd_ps(_mm256_maskload_ps(s + k, m), dA,
+                                      _mm256_mul_ps(_mm256_maskload_ps(B + k, m), vxdt));
+    _mm256_maskstore_ps(s + k, m, st);
+    acc = _mm256_fmadd_ps(st, _mm256_maskload_ps(C + k, m), acc);  // masked C lanes are 0
+  }
+  return hsum8(acc);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ Mamba-1 mixer
+
+bool is_mamba_arch(const std::string& arch) { return arch == "mamba" || arch == "mamba2"; }
+
+namespace {
+
+int64_t require_positive(const gguf::File& file, const std::string& key, int64_t max) {
+  const int64_t v = file.require_int(key);
+  if (v <= 0 || v > max)
+    file.fail("metadata " + key + " = " + std::to_string(v) + " is out of range (1.." +
+              std::to_string(max) + ")");
+  return v;
+}
+
+}  // namespace
+
+Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int64_t n_embd) {
+  Mamba1Dims d;
+  const std::string p = arch + ".ssm.";
+  d.n_embd = n_embd;
+  d.d_conv = require_positive(file, p + "conv_kernel", 256);
+  d.d_inner = require_positive(file, p + "inner_size", int64_t(1) << 20);
+  d.d_state = require_positive(file, p + "state_size", 4096);
+  d.dt_rank = require_positive(file, p + "time_step_rank", int64_t(1) << 20);
+  if (d.dt_rank > d.d_inner)
+    file.fail(p + "time_step_rank (" + std::to_string(d.dt_rank) + ") exceeds " + p + "inner_size (" +
+              std::to_string(d.d_inner) + ")");
+  d.eps = static_cast<float>(
+      file.get_float(arch + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
+  d.dt_b_c_rms = file.get_bool(p + "dt_b_c_rms").value_or(false);
+  return d;
+}
+
+Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dims& d,
+                              bool with_bc_norms) {
+  const std::string p = "blk." + std::to_string(il) + ".";
+  Mamba1Layer L;
+  L.in = w.matrix(p + "ssm_in.weight", d.n_embd, 2 * d.d_inner);
+  L.conv_w = w.dense(p + "ssm_conv1d.weight", {d.d_conv, d.d_inner});
+  L.conv_b = w.vector(p + "ssm_conv1d.bias", d.d_inner);
+  L.x_proj = w.matrix(p + "ssm_x.weight", d.d_inner, d.dt_rank + 2 * d.d_state);
+  L.dt_proj = w.matrix(p + "ssm_dt.weight", d.dt_rank, d.d_inner);
+  L.dt_b = w.vector(p + "ssm_dt.bias", d.d_inner);
+  L.A = w.dense(p + "ssm_a", {d.d_state, d.d_inner});
+  L.D = w.vector(p + "ssm_d", d.d_inner);
+  L.out = w.matrix(p + "ssm_out.weight", d.d_inner, d.n_embd);
+  if (with_bc_norms) {
+    L.dt_norm = w.vector(p + "ssm_dt_norm.weight", d.dt_rank);
+    L.b_norm = w.vector(p + "ssm_b_norm.weight", d.d_state);
+    L.c_norm = w.vector(p + "ssm_c_norm.weight", d.d_state);
+  }
+  return L;
+}
+
+void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
+                float* conv_state, float* ssm_state, float* out, ThreadPool& pool) {
+  const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
+  std::vector<float> xz(n * 2 * di), xc(n * di), xdb(n * n_xdb), dt(n * di), y(n * di);
+
+  // {n_embd} -> x (first d_inner) and z (gate, second d_inner) per token.
+  matmul(L.in, in, n, xz.data(), pool);
+  conv_silu(xz.data(), 2 * di, di, n, d.d_conv, L.conv_w.data(), L.conv_b.data(), conv_state, xc.data(),
+            di, pool);
+
+  // x -> dt (dt_rank), B (d_state), C (d_state).
+  matmul(L.x_proj, xc.data(), n, xdb.data(), pool);
+  const bool weighted = !L.dt_norm.empty();
+  if (weighted || d.dt_b_c_rms) {
+    for (int64_t t = 0; t < n; ++t) {
+      float* row = xdb.data() + t * n_xdb;
+      rms_norm(row, weighted ? L.dt_norm.data() : nullptr, d.eps, R, row);
+      rms_norm(row + R, weighted ? L.b_norm.data() : nullptr, d.eps, ds, row + R);
+      rms_norm(row + R + ds, weighted ? L.c_norm.data() : nullptr, d.eps, ds, row + R + ds);
+    }
+  }
+  // The dt rows are the first R of each x_db row: gather them contiguous.
+  std::vector<float> dt_low(n * R);
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(dt_low.data() + t * R, xdb.data() + t * n_xdb, R * sizeof(float));
+  matmul(L.dt_proj, dt_low.data(), n, dt.data(), pool);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
+
+  // Selective scan: channels in parallel, tokens in order within a channel.
+  constexpr int64_t kBlock = 16;
+  pool.parallel_for((di + kBlock - 1) / kBlock, [&](int64_t blk) {
+    const int64_t c1 = std::min(di, (blk + 1) * kBlock);
+    for (int64_t c = blk * kBlock; c < c1; ++c) {
+      float* s = ssm_state + c * ds;
+      const float* A = L.A.data() + c * ds;
+      for (int64_t t = 0; t < n; ++t) {
+        const float sp = softplus(dt[t * di + c]);
+        const float x = xc[t * di + c];
+        const float* B = xdb.data() + t * n_xdb + R;
+        const float yv = scan_row(s, A, sp, 0.0f, B, B + ds, x * sp, ds);
+        // y = (y + x * D) * silu(z)
+        y[t * di + c] = silu(xz[t * 2 * di + di + c]) * (yv + x * L.D[c]);
+      }
+    }
+  });
+  matmul(L.out, y.data(), n, out, pool);
+}
+
+// ------------------------------------------------------------ models
+
+namespace {
+
+struct Mamba2Layer {
+  MatrixView in, out;
+  std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
+};
+
+class Mamba final : public Model {
+ public:
+  explicit Mamba(const gguf::File& file);
+  const ModelInfo& info() const override { return info_; }
+  const StateSpec& state_spec() const override { return spec_; }
+  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+               ThreadPool& pool) override;
+
+ private:
+  void mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state, float* ssm_state,
+                  float* out, ThreadPool& pool) const;
+
+  bool v2_ = false;
+  ModelInfo info_;
+  StateSpec spec_;
+  Mamba1Dims d_;  // Mamba-2 uses n_embd, d_inner, d_state, d_conv, eps
+  int64_t n_head_ = 0, n_group_ = 0, head_dim_ = 0;
+  MatrixView token_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<std::vector<float>> attn_norm_;
+  std::vector<Mamba1Layer> layers1_;
+  std::vector<Mamba2Layer> layers2_;
+};
+
+Mamba::Mamba(const gguf::File& file) {
+  const std::string arch = file.require_string("general.architecture");
+  if (!is_mamba_arch(arch)) file.fail("not a mamba architecture: '" + arch + "'");
+  v2_ = arch == "mamba2";
+  const int64_t n_embd = require_positive(file, arch + ".embedding_length", int64_t(1) << 20);
+  const int64_t n_layer = require_positive(file, arch + ".block_count", 1024);
+  d_ = read_mamba1_dims(file, arch, n_embd);
+  if (v2_) {
+    // Mamba-2 stores its head count as time_step_rank.
+    n_head_ = d_.dt_rank;
+    n_group_ = require_positive(file, arch + ".ssm.group_count", d_.d_inner);
+    if (d_.d_inner % n_head_ != 0)
+      file.fail(arch + ".ssm.inner_size (" + std::to_string(d_.d_inner) +
+                ") is not a multiple of the head count (ssm.time_step_rank = " + std::to_string(n_head_) + ")");
+    if (n_head_ % n_group_ != 0)
+      file.fail("head count (" + std::to_string(n_head_) + ") is not a multiple of " + arch +
+                ".ssm.group_count (" + std::to_string(n_group_) + ")");
+    head_dim_ = d_.d_inner / n_head_;
+  }
+
+  WeightLoader w(file);
+  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
+  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
+  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
+  token_embd_ = w.matrix("token_embd.weight", n_embd, n_vocab);
+  output_ = w.has("output.weight") ? w.matrix("output.weight", n_embd, n_vocab) : token_embd_;
+  output_norm_ = w.vector("output_norm.weight", n_embd);
+
+  const int64_t di = d_.d_inner, ds = d_.d_state;
+  const int64_t conv_ch = v2_ ? di + 2 * n_group_ * ds : di;
+  for (int64_t il = 0; il < n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    attn_norm_.push_back(w.vector(p + "attn_norm.weight", n_embd));
+    if (v2_) {
+      Mamba2Layer L;
+      L.in = w.matrix(p + "ssm_in.weight", n_embd, 2 * di + 2 * n_group_ * ds + n_head_);
+      L.conv_w = w.dense(p + "ssm_conv1d.weight", {d_.d_conv, conv_ch});
+      L.conv_b = w.vector(p + "ssm_conv1d.bias", conv_ch);
+      L.dt_b = w.vector(p + "ssm_dt.bias", n_head_);
+      L.A = w.dense(p + "ssm_a", {1, n_head_});
+      L.D = w.dense(p + "ssm_d", {1, n_head_});
+      L.norm = w.dense(p + "ssm_norm.weight", {di / n_group_, n_group_});
+      L.out = w.matrix(p + "ssm_out.weight", di, n_embd);
+      layers2_.push_back(std::move(L));
+    } else {
+      layers1_.push_back(load_mamba1_layer(w, il, d_, false));
+    }
+    LayerStateSpec s;
+    s.kind = LayerStateKind::Recurrent;
+    s.conv_state_floats = (d_.d_conv - 1) * conv_ch;
+    s.ssm_state_floats = ds * di;
+    spec_.layers.push_back(s);
+  }
+
+  info_.arch = arch;
+  info_.name = file.get_string("general.name").value_or("");
+  info_.n_vocab = n_vocab;
+  info_.n_ctx_train = file.get_int(arch + ".context_length").value_or(1048576);
+  info_.n_embd = n_embd;
+  info_.n_layer = n_layer;
+  for (const auto& t : file.tensors()) {
+    info_.n_params += static_cast<int64_t>(t.n_elements());
+    info_.weight_bytes += t.n_bytes;
+  }
+  const std::string layout = "mamba/v1/" + arch + "/" + std::to_string(n_embd) + "/" +
+                             std::to_string(n_layer) + "/" + std::to_string(di) + "/" + std::to_string(ds) +
+                             "/" + std::to_string(d_.d_conv) + "/" + std::to_string(d_.dt_rank) + "/" +
+                             std::to_string(n_group_) + "/" + std::to_string(d_.eps) + "/" +
+                             std::to_string(d_.dt_b_c_rms);
+  info_.fingerprint = fingerprint_weights(file, layout);
+}
+
+void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state,
+                       float* ssm_state, float* out, ThreadPool& pool) const {
+  const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
+  const int64_t conv_ch = di + 2 * ng * ds;
+  const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
+  std::vector<float> zxbcdt(n * n_proj), xbc(n * conv_ch), y(n * di);
+
+  matmul(L.in, in, n, zxbcdt.data(), pool);
+  conv_silu(zxbcdt.data() + di, n_proj, conv_ch, n, d_.d_conv, L.conv_w.data(), L.conv_b.data(), conv_state,
+            xbc.data(), conv_ch, pool);
+
+  // Scan: (head, block of head rows) tasks; tokens in order within a task.
+  constexpr int64_t kRows = 16;
+  const int64_t row_blocks = (hd + kRows - 1) / kRows;
+  const int64_t heads_per_group = nh / ng;
+  pool.parallel_for(nh * row_blocks, [&](int64_t task) {
+    const int64_t h = task / row_blocks;
+    const int64_t i0 = (task % row_blocks) * kRows, i1 = std::min(hd, i0 + kRows);
+    const int64_t g = h / heads_per_group;
+    for (int64_t t = 0; t < n; ++t) {
+      const float sp = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
+      const float dA = std::exp(sp * L.A[h]);
+      const float* xt = xbc.data() + t * conv_ch;
+      const float* B = xt + di + g * ds;
+      const float* C = xt + di + ng * ds + g * ds;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t ch = h * hd + i;
+        const float yv = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
+        // y = (y + x * D) * silu(z)
+        y[t * di + ch] = silu(zxbcdt[t * n_proj + ch]) * (yv + xt[ch] * L.D[h]);
+      }
+    }
+  });
+  // Grouped RMS norm over d_inner / n_group.
+  const int64_t gs = di / ng;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      float* row = y.data() + t * di + gi * gs;
+      rms_norm(row, L.norm.data() + gi * gs, d_.eps, gs, row);
+    }
+  matmul(L.out, y.data(), n, out, pool);
+}
+
+void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+                    ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  if (n == 0) return;
+  const int64_t n_embd = d_.n_embd;
+  memory.prepare(batch.pos0, batch.pos0 + n);
+
+  std::vector<float> x(n * n_embd), h(n * n_embd), mix(n * n_embd);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t tok = batch.tokens[t];
+    if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
+    dequantize_row(token_embd_, tok, x.data() + t * n_embd);
+  }
+
+  const int n_layer = static_cast<int>(info_.n_layer);
+  for (int il = 0; il < n_layer; ++il) {
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(x.data() + t * n_embd, attn_norm_[il].data(), d_.eps, n_embd, h.data() + t * n_embd);
+    float* conv = memory.conv_state(il);
+    float* ssm = memory.ssm_state(il);
+    if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
+      throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
+    if (v2_)
+      mamba2_mix(layers2_[il], h.data(), n, conv, ssm, mix.data(), pool);
+    else
+      mamba1_mix(layers1_[il], d_, h.data(), n, conv, ssm, mix.data(), pool);
+    for (int64_t i = 0; i < n * n_embd; ++i) x[i] += mix[i];
+  }
+
+  if (batch.logits_for == LogitsFor::None) return;
+  const int64_t first = batch.logits_for == LogitsFor::All ? 0 : n - 1;
+  const int64_t rows = n - first;
+  for (int64_t t = 0; t < rows; ++t)
+    rms_norm(x.data() + (first + t) * n_embd, output_norm_.data(), d_.eps, n_embd, h.data() + t * n_embd);
+  logits.resize(rows * info_.n_vocab);
+  matmul(output_, h.data(), rows, logits.data(), pool);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_mamba(const gguf::File& file) { return std::make_unique<Mamba>(file); }
+
+}  // namespace reprise

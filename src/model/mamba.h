@@ -1,0 +1,67 @@
+// State-space models: mamba (Mamba-1 selective scan) and mamba2 (SSD with
+// heads and groups, gated RMS norm), following llama.cpp's graphs
+// (build_mamba_layer / build_mamba2_layer, ggml_ssm_conv, ggml_ssm_scan).
+//
+// Per recurrent layer the sequence state is exactly what llama.cpp keeps:
+//   conv_state: (d_conv - 1) floats per conv channel, channel-major, oldest
+//               input first (ggml's {d_conv - 1, channels});
+//   ssm_state:  d_state floats per channel (Mamba-1: channels = d_inner;
+//               Mamba-2: head h, row i of head_dim => channel h * head_dim + i).
+// Everything a forward pass needs from earlier positions lives there, so the
+// cache can snapshot and restore it; nothing is kept in the model.
+//
+// Determinism: each token's values depend only on the state before it and its
+// own inputs (the scan is sequential per channel; matmuls are per row), so a
+// run of tokens gives bit-identical logits and state whether it is processed
+// as one batch or split into several, and on any thread count.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/weights.h"
+#include "tensor/matrix.h"
+
+namespace reprise {
+
+bool is_mamba_arch(const std::string& arch);  // mamba, mamba2
+std::unique_ptr<Model> load_mamba(const gguf::File& file);
+
+// The Mamba-1 mixer, shared with jamba's recurrent layers.
+struct Mamba1Dims {
+  int64_t n_embd = 0;
+  int64_t d_inner = 0;
+  int64_t d_state = 0;
+  int64_t d_conv = 0;
+  int64_t dt_rank = 0;
+  float eps = 1e-5f;
+  // RMS norms on dt, B and C before the dt projection: weighted (jamba, from
+  // ssm_{dt,b,c}_norm tensors) or unweighted (falcon-mamba's ssm.dt_b_c_rms).
+  bool dt_b_c_rms = false;
+
+  int64_t conv_state_floats() const { return (d_conv - 1) * d_inner; }
+  int64_t ssm_state_floats() const { return d_state * d_inner; }
+};
+
+// Reads and checks the SSM hyper-parameters `<arch>.ssm.*` (and the RMS eps);
+// throws reprise::Error (via file.fail) naming what is wrong.
+Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int64_t n_embd);
+
+struct Mamba1Layer {
+  MatrixView in, x_proj, dt_proj, out;
+  std::vector<float> conv_w, conv_b, dt_b, A, D;
+  std::vector<float> dt_norm, b_norm, c_norm;  // empty unless weighted dt/B/C norms
+};
+
+// Loads blk.<il>.ssm_* (with_bc_norms: also ssm_{dt,b,c}_norm.weight, required).
+Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dims& d,
+                              bool with_bc_norms);
+
+// Runs the mixer for n tokens: `in` holds the normalized hidden states
+// (n x n_embd), `out` receives the mixer's output (n x n_embd) before the
+// residual. Reads and updates conv_state / ssm_state (see the layout above).
+void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
+                float* conv_state, float* ssm_state, float* out, ThreadPool& pool);
+
+}  // namespace reprise
