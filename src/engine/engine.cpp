@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "engine/flat_memory.h"
+#include "engine/active_sequence.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -19,6 +19,19 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
     : model_(model), pool_(pool), cache_(cache), snapshots_(snapshots), options_(options) {
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
+}
+
+void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
+  if (draft.info().n_vocab != model_.info().n_vocab)
+    throw Error("draft model vocabulary (" + std::to_string(draft.info().n_vocab) +
+                " tokens) differs from the target's (" + std::to_string(model_.info().n_vocab) + ")");
+  if (model_.state_spec().has_recurrent() || draft.state_spec().has_recurrent())
+    throw Error("speculative decoding with recurrent (SSM/hybrid) models is not supported yet: rejected "
+                "tokens cannot be rolled back exactly without per-step snapshots");
+  if (draft_max < 1 || draft_max > 64) throw Error("--draft-max must be between 1 and 64");
+  draft_ = &draft;
+  draft_cache_ = draft_cache;
+  draft_max_ = draft_max;
 }
 
 NamespaceKey Engine::namespace_for(const std::string& cache_salt) const {
@@ -39,99 +52,97 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     if (t < 0 || t >= model_.info().n_vocab) throw Error("token id " + std::to_string(t) + " out of range");
   if (!req.prompt_keys.empty() && req.prompt_keys.size() != req.prompt.size())
     throw Error("prompt_keys must match the prompt length");
+  if (req.max_tokens < 0) throw Error("max_tokens must be >= 0");
+  const int draft_max = req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
+  const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
 
   GenerateResult result;
   result.prompt_tokens = n_prompt;
   const auto t0 = std::chrono::steady_clock::now();
+  const bool use_cache = cache_ && req.use_cache;
+  ActiveSequence target(model_, pool_, forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
+                        namespace_for(req.cache_salt));
+  result.reuse = target.attach(req.prompt, req.prompt_keys);
 
-  // Sequence state: cached (paged, shared) or flat.
-  std::unique_ptr<CachedSequence> cached;
-  std::unique_ptr<FlatMemory> flat;
-  SequenceMemory* memory;
-  int64_t pos = 0;
-  if (cache_ && req.use_cache) {
-    cached = cache_->open(namespace_for(req.cache_salt));
-    result.reuse = cached->attach_prefix(req.prompt, req.prompt_keys);
-    pos = result.reuse.reused_tokens;
-    memory = cached.get();
-    if (model_.state_spec().has_recurrent()) {
-      // Recurrent state is restored whole from a snapshot at some position
-      // P <= the KV prefix (never trimmed or partially restored); the KV
-      // blocks are cut back to the same P so both describe one prefix.
-      const int64_t restored =
-          snapshots_ && pos > 0
-              ? snapshots_->restore_longest(cached->namespace_hash(), req.prompt, req.prompt_keys, pos, *cached)
-              : 0;
-      if (restored < pos) {
-        cached->truncate(restored);
-        result.reuse.stop_reason = snapshots_ ? "no-snapshot-beyond" : "recurrent-state-not-cached";
-        result.reuse.stop_position = restored;
-        result.reuse.reused_tokens = restored;
-        pos = restored;
-      }
+  std::unique_ptr<ActiveSequence> draft;
+  if (speculative) {
+    NamespaceKey dns;
+    dns.model_fingerprint = draft_->info().fingerprint;
+    dns.cache_salt = req.cache_salt;
+    draft = std::make_unique<ActiveSequence>(*draft_, pool_, forward_mutex_, use_cache ? draft_cache_ : nullptr,
+                                             nullptr, dns);
+    draft->attach(req.prompt, req.prompt_keys);
+    // Both models continue from the same prefix length, so a partial restore
+    // can never leave them out of step.
+    const int64_t common = std::min(target.position(), draft->position());
+    target.truncate(common);
+    draft->truncate(common);
+    if (common < result.reuse.reused_tokens) {
+      result.reuse.reused_tokens = common;
+      result.reuse.stop_reason = "draft-prefix";
+      result.reuse.stop_position = common;
     }
-  } else {
-    flat = std::make_unique<FlatMemory>(model_.state_spec());
-    result.reuse.prompt_tokens = n_prompt;
-    result.reuse.stop_reason = "disabled";
-    memory = flat.get();
   }
-  result.cached_tokens = pos;
+  result.cached_tokens = target.position();
 
-  auto keys_slice = [&](int64_t from, int64_t n) {
+  auto keys_of = [&](int64_t from, int64_t n) {
     return req.prompt_keys.empty() ? std::span<const Hash128>{}
                                    : std::span<const Hash128>(req.prompt_keys).subspan(from, n);
   };
 
-  const bool snapshotting = cached && snapshots_ && model_.state_spec().has_recurrent();
-  std::vector<int64_t> checkpoints = snapshotting ? snapshots_->checkpoints(pos, n_prompt) : std::vector<int64_t>{};
-  auto take_snapshot = [&](std::span<const int32_t> prefix) {
-    snapshots_->put(cached->namespace_hash(), prefix,
-                    req.prompt_keys.empty() ? std::span<const Hash128>{}
-                                            : std::span<const Hash128>(req.prompt_keys).subspan(
-                                                  0, std::min(prefix.size(), req.prompt_keys.size())),
-                    *cached);
-  };
-
+  // Prefill the uncached rest in chunks, stopping at snapshot checkpoints.
   std::vector<float> logits;
-  size_t next_checkpoint = 0;
-  while (pos < n_prompt) {
+  const std::vector<int64_t> checkpoints = target.checkpoints(target.position(), n_prompt);
+  while (target.position() < n_prompt) {
     if (req.cancelled && req.cancelled->load()) {
       result.finish_reason = "cancelled";
       return result;
     }
+    const int64_t pos = target.position();
     int64_t n = std::min(options_.n_batch, n_prompt - pos);
-    while (next_checkpoint < checkpoints.size() && checkpoints[next_checkpoint] <= pos) ++next_checkpoint;
-    if (next_checkpoint < checkpoints.size()) n = std::min(n, checkpoints[next_checkpoint] - pos);
-    ForwardBatch batch;
-    batch.tokens = std::span<const int32_t>(req.prompt).subspan(pos, n);
-    batch.pos0 = pos;
-    batch.logits_for = pos + n == n_prompt ? LogitsFor::Last : LogitsFor::None;
-    {
-      std::lock_guard<std::mutex> lock(forward_mutex_);
-      model_.forward(batch, *memory, logits, pool_);
+    auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
+    if (next != checkpoints.end()) n = std::min(n, *next - pos);
+    target.feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n),
+                pos + n == n_prompt ? LogitsFor::Last : LogitsFor::None, logits);
+    const int64_t end = target.position();
+    if (end == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), end))
+      target.snapshot(std::span<const int32_t>(req.prompt).subspan(0, end), keys_of(0, end));
+  }
+  if (draft) {
+    std::vector<float> unused;
+    for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
+      const int64_t n = std::min(options_.n_batch, n_prompt - pos);
+      draft->feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n), LogitsFor::None, unused);
     }
-    if (cached) cached->commit(batch.tokens, keys_slice(pos, n));
-    pos += n;
-    if (snapshotting && (pos == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), pos)))
-      take_snapshot(std::span<const int32_t>(req.prompt).subspan(0, pos));
   }
   result.prefill_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
+  if (draft) decode_speculative(req, target, *draft, logits, result, on_token, draft_max);
+  else decode_plain(req, target, logits, result, on_token);
+  result.decode_seconds = seconds_since(t1);
+
+  counters_.requests++;
+  counters_.prompt_tokens += n_prompt;
+  counters_.cached_tokens += result.cached_tokens;
+  counters_.generated_tokens += result.tokens.size();
+  counters_.drafted_tokens += result.drafted_tokens;
+  counters_.accepted_tokens += result.accepted_tokens;
+  return result;
+}
+
+void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, std::vector<float>& logits,
+                          GenerateResult& result, const TokenCallback& on_token) {
   Sampler sampler(req.sampling);
   std::vector<int32_t> history(req.prompt);
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   result.finish_reason = "length";
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const int32_t token = sampler.sample(logits, history);
     result.tokens.push_back(token);
     history.push_back(token);
-    bool keep_going = on_token ? on_token(token, logits) : true;
-    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) != req.stop_tokens.end()) {
-      result.finish_reason = "stop";
-      break;
-    }
-    if (!keep_going) {
+    const bool keep_going = on_token ? on_token(token, logits) : true;
+    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) != req.stop_tokens.end() || !keep_going) {
       result.finish_reason = "stop";
       break;
     }
@@ -140,23 +151,128 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
       break;
     }
     if (i + 1 == req.max_tokens) break;
-    if (pos + 1 >= n_ctx_) break;  // context full: finish with "length"
+    if (target.position() + 1 >= n_ctx_) break;  // context full: "length"
     // Feed the sampled token so its state is cached and the next logits exist.
-    ForwardBatch batch;
-    batch.tokens = std::span<const int32_t>(&history.back(), 1);
-    batch.pos0 = pos;
-    batch.logits_for = LogitsFor::Last;
-    {
-      std::lock_guard<std::mutex> lock(forward_mutex_);
-      model_.forward(batch, *memory, logits, pool_);
-    }
-    if (cached) cached->commit(batch.tokens);
-    ++pos;
+    target.feed(std::span<const int32_t>(&history.back(), 1), {}, LogitsFor::Last, logits);
   }
   // The end of the generated text is the next turn's likely restore point.
-  if (snapshotting && pos > n_prompt) take_snapshot(std::span<const int32_t>(history).subspan(0, pos));
-  result.decode_seconds = seconds_since(t1);
-  return result;
+  if (target.position() > n_prompt)
+    target.snapshot(std::span<const int32_t>(history).subspan(0, target.position()), {});
+}
+
+// Draft proposes up to k tokens; the target scores [x, d1..dk] in one batch;
+// the longest agreeing prefix is kept and both models roll back the rest.
+// Greedy: accept d_i while it is the target's argmax. Sampling: accept d_i
+// with probability min(1, p(d_i)/q(d_i)), else draw from max(0, p - q)
+// renormalised, so the output follows the target's distribution exactly.
+void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& target, ActiveSequence& draft,
+                                std::vector<float>& logits, GenerateResult& result, const TokenCallback& on_token,
+                                int draft_max) {
+  Sampler target_sampler(req.sampling);
+  SamplingParams draft_params = req.sampling;
+  draft_params.seed ^= 0x9E3779B97F4A7C15ull;
+  Sampler draft_sampler(draft_params);
+  std::mt19937_64 accept_rng(req.sampling.seed * 0x2545F4914F6CDD1Dull + 1);
+  const bool greedy = req.sampling.temperature <= 0;
+  std::vector<int32_t> history(req.prompt);
+  result.finish_reason = "length";
+  std::vector<float> draft_logits, verify_logits;
+  const int64_t n_vocab = model_.info().n_vocab;
+
+  // Emits one token; returns false when generation must stop.
+  auto emit = [&](int32_t token, std::span<const float> token_logits) {
+    result.tokens.push_back(token);
+    history.push_back(token);
+    const bool keep_going = on_token ? on_token(token, token_logits) : true;
+    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) != req.stop_tokens.end() || !keep_going) {
+      result.finish_reason = "stop";
+      return false;
+    }
+    if (req.cancelled && req.cancelled->load()) {
+      result.finish_reason = "cancelled";
+      return false;
+    }
+    return static_cast<int64_t>(result.tokens.size()) < req.max_tokens;
+  };
+
+  // `logits` holds the target's prediction for the token after history.
+  int32_t x = target_sampler.sample(logits, history);
+  if (!emit(x, logits)) return;
+  for (;;) {
+    // Room left: tokens still wanted and positions left in the context.
+    const int64_t room_ctx = n_ctx_ - 1 - target.position() - 1;
+    const int64_t room_out = req.max_tokens - static_cast<int64_t>(result.tokens.size());
+    const int k = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({draft_max, room_ctx, room_out})));
+    if (room_ctx < 0) break;
+    // Draft catches up to the sequence (x and any accepted tokens it has not
+    // seen), then proposes k tokens.
+    std::vector<int32_t> proposals;
+    std::vector<std::vector<float>> draft_probs;
+    if (k > 0) {
+      const int64_t seq_len = static_cast<int64_t>(history.size());
+      draft.feed(std::span<const int32_t>(history).subspan(draft.position(), seq_len - draft.position()), {},
+                 LogitsFor::Last, draft_logits);
+      std::vector<int32_t> draft_history(history);
+      for (int i = 0; i < k; ++i) {
+        int32_t d;
+        if (greedy) {
+          d = argmax(draft_logits);
+        } else {
+          draft_probs.push_back(draft_sampler.distribution(draft_logits, draft_history));
+          d = draft_sampler.draw(draft_probs.back());
+        }
+        proposals.push_back(d);
+        draft_history.push_back(d);
+        if (i + 1 < k) draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
+      }
+    }
+    // Target verifies [x, d1..dk] in one pass.
+    std::vector<int32_t> batch{x};
+    batch.insert(batch.end(), proposals.begin(), proposals.end());
+    const int64_t base = target.position();
+    target.feed(batch, {}, LogitsFor::All, verify_logits);
+    result.drafted_tokens += k;
+    int accepted = 0;
+    int32_t next = -1;
+    std::vector<int32_t> verify_history(history);
+    for (int i = 0; i <= k; ++i) {
+      std::span<const float> row(verify_logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab);
+      if (i == k) {  // every proposal accepted: a bonus token from the target
+        next = target_sampler.sample(row, verify_history);
+        break;
+      }
+      const int32_t d = proposals[i];
+      if (greedy) {
+        const int32_t want = target_sampler.sample(row, verify_history);
+        if (want != d) {
+          next = want;
+          break;
+        }
+      } else {
+        std::vector<float> p = target_sampler.distribution(row, verify_history);
+        const float q = draft_probs[i][d];
+        const double u = static_cast<double>(accept_rng() >> 11) * (1.0 / 9007199254740992.0);
+        if (q <= 0 || u >= std::min(1.0, static_cast<double>(p[d]) / q)) {
+          for (int64_t v = 0; v < n_vocab; ++v) p[v] = std::max(0.0f, p[v] - draft_probs[i][v]);
+          next = target_sampler.draw(p);
+          break;
+        }
+      }
+      ++accepted;
+      verify_history.push_back(d);
+    }
+    result.accepted_tokens += accepted;
+    // Keep x and the accepted proposals in both models; roll back the rest.
+    target.truncate(base + 1 + accepted);
+    draft.truncate(std::min<int64_t>(draft.position(), base + 1 + accepted));
+    bool go_on = true;
+    for (int i = 0; i < accepted && go_on; ++i)
+      go_on = emit(proposals[i], std::span<const float>(verify_logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab));
+    if (!go_on) break;
+    x = next;
+    if (!emit(x, std::span<const float>(verify_logits.data() + static_cast<size_t>(accepted) * n_vocab, n_vocab)))
+      break;
+  }
 }
 
 }  // namespace reprise

@@ -35,6 +35,9 @@ struct GenerateRequest {
   std::vector<int32_t> stop_tokens;  // end-of-generation ids
   std::string cache_salt;
   bool use_cache = true;
+  // Speculative decoding: tokens the draft proposes per step; -1 uses the
+  // engine's default, 0 disables it for this request.
+  int draft_max = -1;
   const std::atomic<bool>* cancelled = nullptr;
 };
 
@@ -46,6 +49,18 @@ struct GenerateResult {
   int64_t cached_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  int64_t drafted_tokens = 0;   // proposed by the draft model
+  int64_t accepted_tokens = 0;  // of those, accepted by the target
+};
+
+// Cumulative counters across requests (for /metrics).
+struct EngineCounters {
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> cached_tokens{0};
+  std::atomic<uint64_t> generated_tokens{0};
+  std::atomic<uint64_t> drafted_tokens{0};
+  std::atomic<uint64_t> accepted_tokens{0};
 };
 
 // Called with each sampled token and the logits it was sampled from; return
@@ -65,6 +80,15 @@ class Engine {
   // than the context, bad sampling parameters, out-of-range token ids).
   GenerateResult generate(const GenerateRequest& request, const TokenCallback& on_token = {});
 
+  // Enables speculative decoding with `draft` (same vocabulary; checked by
+  // the caller, see check_draft_compatible) proposing up to draft_max tokens
+  // per step. The draft keeps its own prefix cache (its own namespace).
+  // Throws reprise::Error for models with recurrent layers (their state
+  // cannot be rolled back after rejected tokens yet).
+  void set_draft(Model& draft, PrefixCache* draft_cache, int draft_max);
+  bool has_draft() const { return draft_ != nullptr; }
+
+  const EngineCounters& counters() const { return counters_; }
   Model& model() { return model_; }
   PrefixCache* cache() { return cache_; }
   SnapshotStore* snapshots() { return snapshots_; }
@@ -79,6 +103,16 @@ class Engine {
   EngineOptions options_;
   int64_t n_ctx_;
   std::mutex forward_mutex_;
+  Model* draft_ = nullptr;
+  PrefixCache* draft_cache_ = nullptr;
+  int draft_max_ = 0;
+  EngineCounters counters_;
+
+  void decode_plain(const GenerateRequest& req, class ActiveSequence& target, std::vector<float>& logits,
+                    GenerateResult& result, const TokenCallback& on_token);
+  void decode_speculative(const GenerateRequest& req, class ActiveSequence& target, class ActiveSequence& draft,
+                          std::vector<float>& logits, GenerateResult& result, const TokenCallback& on_token,
+                          int draft_max);
 };
 
 }  // namespace reprise

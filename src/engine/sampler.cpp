@@ -24,7 +24,12 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+double Sampler::uniform() {
+  // 53 random bits: identical on every platform.
+  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t n_vocab = static_cast<int64_t>(logits.size());
   candidates_.resize(n_vocab);
   for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
@@ -41,17 +46,16 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     }
   }
-
-  if (params_.temperature <= 0.0f) {
-    auto best = std::max_element(candidates_.begin(), candidates_.end(),
-                                 [](const auto& a, const auto& b) { return a.first < b.first; });
-    return best->second;
-  }
-
-  // Sort descending (ties by id for determinism), then truncate.
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
+  if (params_.temperature <= 0.0f) {
+    auto best = std::min_element(candidates_.begin(), candidates_.end(), by_logit);
+    candidates_ = {*best};
+    weights_ = {1.0};
+    return;
+  }
+  // Sort descending (ties by id for determinism), then truncate.
   size_t keep = candidates_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
     keep = params_.top_k;
@@ -83,19 +87,47 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     keep = n;
   }
   candidates_.resize(keep);
-
-  std::vector<double> weights(keep);
-  double total = 0;
+  weights_.resize(keep);
   for (size_t i = 0; i < keep; ++i)
-    total += weights[i] = std::exp(double(candidates_[i].first - max_logit) / params_.temperature);
-  // A uniform draw from 53 random bits: identical on every platform.
-  const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+    weights_[i] = std::exp(double(candidates_[i].first - max_logit) / params_.temperature);
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  prepare(logits, history);
+  if (candidates_.size() == 1) return candidates_[0].second;
+  double total = 0;
+  for (double w : weights_) total += w;
+  const double u = uniform() * total;
   double acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += weights[i];
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    acc += weights_[i];
     if (u < acc) return candidates_[i].second;
   }
-  return candidates_[keep - 1].second;
+  return candidates_.back().second;
+}
+
+std::vector<float> Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history) {
+  prepare(logits, history);
+  std::vector<float> p(logits.size(), 0.0f);
+  double total = 0;
+  for (double w : weights_) total += w;
+  for (size_t i = 0; i < candidates_.size(); ++i) p[candidates_[i].second] = static_cast<float>(weights_[i] / total);
+  return p;
+}
+
+int32_t Sampler::draw(std::span<const float> weights) {
+  double total = 0;
+  int32_t last_positive = 0;
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (weights[i] > 0) total += weights[i], last_positive = static_cast<int32_t>(i);
+  if (total <= 0) return argmax(weights);
+  const double u = uniform() * total;
+  double acc = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    acc += weights[i];
+    if (weights[i] > 0 && u < acc) return static_cast<int32_t>(i);
+  }
+  return last_positive;
 }
 
 float token_logprob(std::span<const float> logits, int32_t id) {

@@ -32,9 +32,19 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // Picks the next token. `history` is the sequence so far (for penalties).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The distribution sample() draws from, over the whole vocabulary (zero
+  // outside the kept candidates; one-hot for greedy). For speculative sampling.
+  std::vector<float> distribution(std::span<const float> logits, std::span<const int32_t> history);
+  // Draws a token from an (unnormalised, non-negative) distribution.
+  int32_t draw(std::span<const float> weights);
   const SamplingParams& params() const { return params_; }
 
  private:
+  // Applies penalties and truncation; leaves the kept candidates (sorted by
+  // logit) in candidates_ and their unnormalised weights in weights_.
+  void prepare(std::span<const float> logits, std::span<const int32_t> history);
+  double uniform();
+  std::vector<double> weights_;
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;

@@ -1,0 +1,79 @@
+#include "engine/active_sequence.h"
+
+#include "util/error.h"
+
+namespace reprise {
+
+ActiveSequence::ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
+                               SnapshotStore* snapshots, const NamespaceKey& ns)
+    : model_(model), pool_(pool), forward_mutex_(forward_mutex), cache_(cache), snapshots_(snapshots) {
+  if (cache_) {
+    cached_ = cache_->open(ns);
+    memory_ = cached_.get();
+  } else {
+    flat_ = std::make_unique<FlatMemory>(model_.state_spec());
+    memory_ = flat_.get();
+  }
+}
+
+ReuseReport ActiveSequence::attach(std::span<const int32_t> prompt, std::span<const Hash128> keys) {
+  ReuseReport report;
+  report.prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (!cached_) {
+    report.stop_reason = "disabled";
+    return report;
+  }
+  report = cached_->attach_prefix(prompt, keys);
+  int64_t pos = report.reused_tokens;
+  if (model_.state_spec().has_recurrent()) {
+    // Recurrent state is restored whole from a snapshot at some position
+    // P <= the KV prefix (never trimmed or partially restored); the KV blocks
+    // are cut back to the same P so both describe one prefix.
+    const int64_t restored =
+        snapshots_ && pos > 0 ? snapshots_->restore_longest(cached_->namespace_hash(), prompt, keys, pos, *cached_)
+                              : 0;
+    if (restored < pos) {
+      cached_->truncate(restored);
+      report.stop_reason = snapshots_ ? "no-snapshot-beyond" : "recurrent-state-not-cached";
+      report.stop_position = restored;
+      report.reused_tokens = restored;
+      pos = restored;
+    }
+  }
+  position_ = pos;
+  return report;
+}
+
+void ActiveSequence::truncate(int64_t n) {
+  if (n > position_) throw Error("truncate beyond the sequence");
+  if (n == position_) return;
+  if (model_.state_spec().has_recurrent()) throw Error("cannot roll back recurrent state");
+  if (cached_) cached_->truncate(n);
+  position_ = n;
+}
+
+void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
+                          std::vector<float>& logits) {
+  if (tokens.empty()) return;
+  ForwardBatch batch;
+  batch.tokens = tokens;
+  batch.pos0 = position_;
+  batch.logits_for = logits_for;
+  {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    model_.forward(batch, *memory_, logits, pool_);
+  }
+  if (cached_) cached_->commit(tokens, keys);
+  position_ += static_cast<int64_t>(tokens.size());
+}
+
+void ActiveSequence::snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys) {
+  if (!keeps_snapshots()) return;
+  snapshots_->put(cached_->namespace_hash(), prefix, keys, *cached_);
+}
+
+std::vector<int64_t> ActiveSequence::checkpoints(int64_t from, int64_t to) const {
+  return keeps_snapshots() ? snapshots_->checkpoints(from, to) : std::vector<int64_t>{};
+}
+
+}  // namespace reprise

@@ -1,0 +1,60 @@
+// One model's state for one request: cached (paged blocks + snapshots) or
+// flat, with the bookkeeping that keeps the cache consistent as tokens are
+// fed, checkpointed and rolled back. Used by the engine for the target model
+// and, with speculative decoding, for the draft model.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "cache/prefix_cache.h"
+#include "cache/snapshot_store.h"
+#include "engine/flat_memory.h"
+#include "model/model.h"
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+class ActiveSequence {
+ public:
+  // `cache` null: flat, uncached state. `forward_mutex` serialises forward
+  // passes on the shared pool.
+  ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
+                 SnapshotStore* snapshots, const NamespaceKey& ns);
+
+  // Reuses the longest valid cached prefix of `prompt` (leaving at least one
+  // token to compute). For models with recurrent layers the prefix is cut back
+  // to the longest snapshot. Call once, on a new sequence.
+  ReuseReport attach(std::span<const int32_t> prompt, std::span<const Hash128> keys);
+
+  // Forgets positions >= n. Attention-only models (recurrent state cannot be
+  // rolled back without a snapshot; callers restrict this).
+  void truncate(int64_t n);
+
+  // Runs `tokens` at the current position and appends them. Logits as asked.
+  void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
+            std::vector<float>& logits);
+
+  // Stores a recurrent snapshot of the state after `prefix` (== everything fed
+  // so far) when this sequence keeps snapshots.
+  void snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys);
+  bool keeps_snapshots() const { return cached_ && snapshots_ && model_.state_spec().has_recurrent(); }
+  std::vector<int64_t> checkpoints(int64_t from, int64_t to) const;
+
+  int64_t position() const { return position_; }
+  Model& model() { return model_; }
+
+ private:
+  Model& model_;
+  ThreadPool& pool_;
+  std::mutex& forward_mutex_;
+  PrefixCache* cache_;
+  SnapshotStore* snapshots_;
+  std::unique_ptr<CachedSequence> cached_;
+  std::unique_ptr<FlatMemory> flat_;
+  SequenceMemory* memory_;
+  int64_t position_ = 0;
+};
+
+}  // namespace reprise
