@@ -10,6 +10,7 @@ void register_run(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_model(CLI::App& app);
+void register_serve(CLI::App& app);
 
 // The model `run` uses when -m is not given: a small synthetic model written
 // once to the user's cache directory, so a fresh machine runs offline.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   reprise::cli::register_bench(app);
   reprise::cli::register_eval(app);
   reprise::cli::register_model(app);
+  reprise::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

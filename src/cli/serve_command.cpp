@@ -1,0 +1,119 @@
+// reprise serve: the OpenAI-compatible HTTP server.
+#include <CLI/CLI.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "server/http_server.h"
+#include "server/model_registry.h"
+#include "server/serve_options.h"
+#include "util/error.h"
+
+namespace reprise::cli {
+
+namespace {
+
+void log_line(const std::string& message) {
+  static std::mutex mutex;
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%H:%M:%S", &local);
+  std::lock_guard<std::mutex> lock(mutex);
+  std::fprintf(stderr, "[%s] %s\n", stamp, message.c_str());
+  std::fflush(stderr);
+}
+
+void serve(const ServeOptions& options) {
+  if (auto err = options.validate(); !err.empty()) throw Error(err);
+
+  // SIGINT/SIGTERM are taken by one thread (sigwait) that stops the server;
+  // every other thread inherits the blocked mask, so block before any start.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  RegistryOptions registry_options = make_registry_options(options);
+  registry_options.log = log_line;
+  ModelRegistry registry(resolve_model_sources(options), registry_options);
+  for (const std::string& id : registry.ids()) log_line("model '" + id + "' available");
+
+  // The -m model is loaded up front so a bad file fails at start-up; the
+  // others load when first requested.
+  if (!options.model_path.empty()) {
+    Parsed<ModelLease> lease = registry.acquire(registry.default_id());
+    if (!lease.ok()) throw Error(lease.error().message);
+  }
+
+  HttpServer server(options, registry, log_line);
+  const int port = server.bind();
+  log_line("listening on http://" + options.host + ":" + std::to_string(port) + " (" +
+           std::to_string(options.parallel) + " parallel sequences, " +
+           std::to_string(options.resolved_http_threads()) + " HTTP threads" +
+           (options.api_key.empty() ? "" : ", API key required") + ")");
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    timespec tick{0, 200'000'000};
+    while (!done.load()) {
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        log_line(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", stopping");
+        server.stop();
+        return;
+      }
+    }
+  });
+  server.serve();
+  done.store(true);
+  signal_thread.join();
+  log_line("stopped");
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve models over an OpenAI-compatible HTTP API");
+  cmd->add_option("-m,--model-file", o->model_path, "GGUF model; the default for requests without \"model\"");
+  cmd->add_option("--model", o->model_specs, "Another model as ID=PATH or PATH (repeatable); loaded on first use");
+  cmd->add_option("--models-dir", o->models_dir, "Offer every *.gguf in DIR (id = file name without .gguf)");
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port (0 = pick a free one)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Compute threads per model (default: all cores)");
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (all endpoints but /health)");
+  cmd->add_option("--parallel", o->parallel, "Sequences generated concurrently; more requests queue")
+      ->capture_default_str();
+  cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget per model in MiB (0 disables)")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx_size, "Context length (0 = the model's training context)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted")->capture_default_str();
+  cmd->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template overriding the GGUF's");
+  cmd->add_option("--models-max-ram", o->models_max_ram_mib,
+                  "MiB of loaded models (file size + cache budget) before least-recently-used ones unload "
+                  "(0 = no limit)")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "Connection threads (default: max(32, 4*parallel+16))");
+  cmd->add_option("--timeout", o->read_timeout_seconds,
+                  "Seconds a client may stall while sending a request or reading a response")
+      ->capture_default_str();
+  cmd->add_flag("--no-log-requests{false}", o->log_requests, "Do not log one line per request");
+  cmd->callback([o] {
+    o->write_timeout_seconds = o->read_timeout_seconds;
+    serve(*o);
+  });
+}
+
+}  // namespace reprise::cli

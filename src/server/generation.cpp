@@ -1,0 +1,125 @@
+#include "server/generation.h"
+
+#include <utility>
+
+#include "server/model_registry.h"
+#include "server/stop_matcher.h"
+#include "util/error.h"
+
+namespace reprise {
+
+void GenerationChannel::push(GenerationDelta delta) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deltas_.push_back(std::move(delta));
+  }
+  ready_.notify_all();
+}
+
+void GenerationChannel::finish(GenerationOutcome outcome) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    outcome_ = std::move(outcome);
+    finished_ = true;
+  }
+  ready_.notify_all();
+}
+
+double GenerationChannel::seconds_queued() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+}
+
+bool GenerationChannel::take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_.wait_for(lock, timeout, [&] { return finished_ || !deltas_.empty(); });
+  while (!deltas_.empty()) {
+    out.push_back(std::move(deltas_.front()));
+    deltas_.pop_front();
+  }
+  return finished_;
+}
+
+GenerationOutcome GenerationChannel::outcome() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return outcome_;
+}
+
+namespace {
+
+LogprobEntry make_logprob_entry(const Tokenizer& tokenizer, int32_t token, std::span<const float> logits, int top_n) {
+  LogprobEntry e;
+  e.token = tokenizer.token_to_piece(token);
+  e.logprob = token_logprob(logits, token);
+  if (top_n > 0) {
+    for (const TokenProb& p : top_logprobs(logits, top_n)) {
+      // The model's output can be wider than the vocabulary (padding rows).
+      std::string text = p.id < tokenizer.n_vocab() ? tokenizer.token_to_piece(p.id) : std::string();
+      e.top.push_back({std::move(text), p.logprob});
+    }
+  }
+  return e;
+}
+
+void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel, GenerationOutcome& outcome) {
+  const Tokenizer& tokenizer = *model.bundle->tokenizer;
+  GenerateRequest request;
+  request.prompt = plan.prompt;
+  request.sampling = plan.sampling;
+  request.max_tokens = plan.max_tokens >= 0 ? plan.max_tokens : model.engine->n_ctx();
+  request.stop_tokens = model.bundle->eog_tokens;
+  request.cache_salt = plan.cache_salt;
+  request.cancelled = channel.cancel_flag();
+
+  StreamDecoder decoder(tokenizer);
+  StopMatcher matcher(plan.stop);
+  std::vector<LogprobEntry> pending_logprobs;
+  auto emit = [&](std::string text) {
+    if (text.empty() && pending_logprobs.empty()) return;
+    channel.push({std::move(text), std::exchange(pending_logprobs, {})});
+  };
+
+  GenerateResult result = model.engine->generate(request, [&](int32_t token, std::span<const float> logits) {
+    if (tokenizer.is_eog(token) || token >= tokenizer.n_vocab()) return true;  // never shown
+    if (plan.logprobs) pending_logprobs.push_back(make_logprob_entry(tokenizer, token, logits, plan.top_logprobs));
+    std::string text = matcher.push(decoder.push(token));
+    if (!text.empty() || matcher.stopped()) emit(std::move(text));
+    return !matcher.stopped() && !channel.cancelled();
+  });
+  if (!matcher.stopped()) {
+    std::string tail = matcher.push(decoder.flush());
+    if (!matcher.stopped()) tail += matcher.flush();
+    emit(std::move(tail));
+  }
+
+  outcome.finish_reason = matcher.stopped() && !channel.cancelled() ? "stop" : result.finish_reason;
+  if (channel.cancelled()) outcome.finish_reason = "cancelled";
+  outcome.usage.prompt_tokens = result.prompt_tokens;
+  outcome.usage.cached_tokens = result.cached_tokens;
+  outcome.usage.completion_tokens = static_cast<int64_t>(result.tokens.size());
+  outcome.cache_report = result.reuse.describe();
+  outcome.prefill_seconds = result.prefill_seconds;
+  outcome.decode_seconds = result.decode_seconds;
+}
+
+}  // namespace
+
+void run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel) {
+  GenerationOutcome outcome;
+  outcome.queue_seconds = channel.seconds_queued();
+  if (channel.cancelled()) {
+    outcome.finish_reason = "cancelled";  // the client left while queued
+    channel.finish(std::move(outcome));
+    return;
+  }
+  try {
+    generate(model, plan, channel, outcome);
+  } catch (const Error& e) {
+    outcome.error = ApiError::invalid(e.what());
+  } catch (const std::exception& e) {
+    outcome.error = ApiError::server(std::string("generation failed: ") + e.what());
+  }
+  if (outcome.error) outcome.finish_reason.clear();
+  channel.finish(std::move(outcome));
+}
+
+}  // namespace reprise

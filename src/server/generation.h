@@ -1,0 +1,86 @@
+// One request's generation, run on a scheduler slot, and the channel that
+// carries its output to the HTTP thread writing the response.
+//
+// The slot thread decodes tokens to text (complete UTF-8 only), removes
+// end-of-generation tokens and stop strings, and pushes text deltas with
+// their log-probabilities; the HTTP thread takes them at its own pace. A
+// cancelled channel (client gone, server stopping) makes the engine stop at
+// its next check and release the sequence's cache blocks.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "server/api_error.h"
+#include "server/openai_response.h"
+
+namespace reprise {
+
+struct LoadedModel;
+
+struct GenerationPlan {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = -1;  // < 0: until end of generation or a full context
+  std::vector<std::string> stop;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::string cache_salt;
+};
+
+struct GenerationDelta {
+  std::string text;
+  std::vector<LogprobEntry> logprobs;  // tokens whose text is in (or held back before) `text`
+};
+
+struct GenerationOutcome {
+  std::string finish_reason;  // "stop", "length" or "cancelled"; "" when error is set
+  std::optional<ApiError> error;
+  UsageCounts usage;
+  std::string cache_report;   // ReuseReport::describe()
+  double queue_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
+};
+
+class GenerationChannel {
+ public:
+  GenerationChannel() : created_(std::chrono::steady_clock::now()) {}
+
+  // Producer side (the slot thread).
+  void push(GenerationDelta delta);
+  void finish(GenerationOutcome outcome);
+  double seconds_queued() const;
+
+  // Consumer side: moves pending deltas into `out`, waiting up to `timeout`
+  // when there are none. Returns true once the generation has finished and
+  // everything was taken.
+  bool take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout);
+  // Valid once take() returned true.
+  GenerationOutcome outcome() const;
+
+  // Any thread. Idempotent.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  const std::atomic<bool>* cancel_flag() const { return &cancelled_; }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+  const std::chrono::steady_clock::time_point created_;
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<GenerationDelta> deltas_;
+  bool finished_ = false;
+  GenerationOutcome outcome_;
+};
+
+// Runs the plan on the model and reports through the channel; never throws
+// (errors end up in the outcome).
+void run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel);
+
+}  // namespace reprise

@@ -1,0 +1,545 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "server/disconnect_monitor.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/prompt_builder.h"
+#include "server/scheduler.h"
+#include "util/error.h"
+
+namespace reprise {
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+using std::chrono::milliseconds;
+
+enum class Endpoint { Chat, Completions };
+
+const char* endpoint_name(Endpoint e) { return e == Endpoint::Chat ? "chat_completions" : "completions"; }
+
+// Bounded label set for metrics, whatever paths clients request.
+const char* endpoint_label(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/chat/completions") return "chat_completions";
+  if (path == "/v1/completions" || path == "/completions") return "completions";
+  if (path.rfind("/v1/models", 0) == 0 || path == "/models") return "models";
+  if (path == "/health" || path == "/v1/health") return "health";
+  if (path == "/metrics") return "metrics";
+  if (path == "/v1/cache/stats") return "cache_stats";
+  return "other";
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+uint64_t random_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+// Constant-time for equal lengths, so the key cannot be found byte by byte
+// from response timings.
+bool same_secret(const std::string& given, const std::string& key) {
+  if (given.size() != key.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ key[i]);
+  return diff == 0;
+}
+
+void reply_json(httplib::Response& res, int status, const ordered_json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<int>& counter) : counter_(counter) { ++counter_; }
+  ~InFlight() { --counter_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::atomic<int>& counter_;
+};
+
+// What writing one generation's response needs besides the channel.
+struct ResponseContext {
+  Endpoint endpoint;
+  ResponseMeta meta;
+  GenerationOptions options;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const ServeOptions& o, ModelRegistry& r, Log l)
+      : options(o), registry(r), log(std::move(l)), started_at(unix_now()), scheduler(o.parallel) {}
+
+  ServeOptions options;
+  ModelRegistry& registry;
+  Log log;
+  RequestLimits limits;
+  Metrics metrics;
+  std::atomic<int> in_flight{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> serving{false};
+  std::mutex live_mutex;
+  std::vector<std::weak_ptr<GenerationChannel>> live;  // for stop()
+  const int64_t started_at;
+  int bound_port = -1;
+  // Destroyed bottom-up: the HTTP server (and the responses that stream from
+  // channels) first, then the slots, then the monitor the responses watch with.
+  DisconnectMonitor monitor;
+  Scheduler scheduler;
+  httplib::Server http;
+
+  void say(const std::string& message) const {
+    if (log) log(message);
+  }
+
+  void setup();
+  void handle_chat(const httplib::Request& req, httplib::Response& res);
+  void handle_completions(const httplib::Request& req, httplib::Response& res);
+  void handle_models(httplib::Response& res, const std::string& only_id);
+  void handle_cache_stats(httplib::Response& res);
+
+  void reply_error(httplib::Response& res, const ApiError& error, const std::string& model, const char* endpoint) {
+    reply_json(res, error.status, error_json(error));
+    metrics.record_request(model, endpoint, error.status);
+    if (options.log_requests)
+      say(std::string(endpoint) + " " + std::to_string(error.status) + " " + error.message);
+  }
+
+  void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
+                        GenerationPlan plan, ResponseContext context);
+  void reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx);
+  bool stream(httplib::DataSink& sink, GenerationChannel& channel, const ResponseContext& ctx);
+  void finish_metrics(const ResponseContext& ctx, const GenerationOutcome& outcome, int status);
+};
+
+void HttpServer::Impl::setup() {
+  const int threads = options.resolved_http_threads();
+  // cpp-httplib owns the task queue it is given (its API takes a raw pointer).
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_read_timeout(options.read_timeout_seconds, 0);
+  http.set_write_timeout(options.write_timeout_seconds, 0);
+  http.set_keep_alive_timeout(5);
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health" || req.path == "/v1/health")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), options.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    ApiError error{401,
+                   auth.empty() ? "Missing API key: send it as 'Authorization: Bearer KEY'" : "Invalid API key",
+                   "invalid_request_error", {}, "invalid_api_key"};
+    reply_error(res, error, "", endpoint_label(req.path));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // Fills in a JSON body for statuses cpp-httplib produces itself (404, 413,
+  // malformed HTTP); responses that already have a body are left alone.
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError error;
+    error.status = res.status;
+    if (res.status == 404) {
+      error.message = "Unknown endpoint: " + req.method + " " + req.path;
+      error.code = "unknown_url";
+    } else if (res.status == 413) {
+      error.message = "Request body exceeds the server's limit of " + std::to_string(options.max_body_bytes) +
+                      " bytes (--max-body-bytes)";
+      error.code = "request_too_large";
+    } else if (res.status >= 500) {
+      error.type = "server_error";
+      error.message = "internal server error";
+    } else {
+      error.message = "Bad request";
+    }
+    reply_json(res, error.status, error_json(error));
+    metrics.record_request("", endpoint_label(req.path), error.status);
+  });
+
+  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, ApiError::server("internal error: " + what), "", endpoint_label(req.path));
+  });
+
+  auto health = [this](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, 200, {{"status", "ok"}});
+    metrics.record_request("", "health", 200);
+  };
+  http.Get("/health", health);
+  http.Get("/v1/health", health);
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    SchedulerSnapshot s{scheduler.slots(), scheduler.queued(), scheduler.running()};
+    metrics.record_request("", "metrics", 200);
+    res.set_content(metrics.prometheus(registry.status(), s, in_flight.load()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });
+  http.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_models(res, req.matches[1].str());
+  });
+  http.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) { handle_cache_stats(res); });
+  auto chat = [this](const httplib::Request& req, httplib::Response& res) { handle_chat(req, res); };
+  http.Post("/v1/chat/completions", chat);
+  http.Post("/chat/completions", chat);
+  auto completions = [this](const httplib::Request& req, httplib::Response& res) { handle_completions(req, res); };
+  http.Post("/v1/completions", completions);
+  http.Post("/completions", completions);
+}
+
+void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& only_id) {
+  ordered_json data = ordered_json::array();
+  for (const ModelStatus& s : registry.status()) {
+    if (!only_id.empty() && s.id != only_id) continue;
+    ordered_json m = ordered_json::object();
+    m["id"] = s.id;
+    m["object"] = "model";
+    m["created"] = started_at;
+    m["owned_by"] = "reprise";
+    m["loaded"] = s.loaded;
+    data.push_back(std::move(m));
+  }
+  if (!only_id.empty()) {
+    if (data.empty())
+      return reply_error(res, ApiError{404, "The model '" + only_id + "' does not exist", "invalid_request_error",
+                                       "model", "model_not_found"},
+                         "", "models");
+    reply_json(res, 200, data[0]);
+  } else {
+    reply_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+  }
+  metrics.record_request("", "models", 200);
+}
+
+void HttpServer::Impl::handle_cache_stats(httplib::Response& res) {
+  ordered_json models = ordered_json::array();
+  CacheStats total;
+  for (const ModelStatus& s : registry.status()) {
+    const CacheStats& c = s.cache;
+    ordered_json cache = {{"lookups", c.lookups},
+                          {"hits", c.hits},
+                          {"misses", c.misses},
+                          {"tokens_looked_up", c.tokens_looked_up},
+                          {"tokens_reused", c.tokens_reused},
+                          {"evictions", c.evictions},
+                          {"copies_on_write", c.copies_on_write},
+                          {"blocks", c.blocks},
+                          {"blocks_in_use", c.blocks_in_use},
+                          {"blocks_cached", c.blocks_cached},
+                          {"blocks_shared", c.blocks_shared},
+                          {"bytes", c.bytes},
+                          {"bytes_in_use", c.bytes_in_use},
+                          {"budget_bytes", c.budget_bytes}};
+    ordered_json m = {{"id", s.id},
+                      {"loaded", s.loaded},
+                      {"in_flight", s.in_flight},
+                      {"loads", s.loads},
+                      {"unloads", s.unloads},
+                      {"n_ctx", s.n_ctx},
+                      {"block_tokens", s.block_tokens},
+                      {"fingerprint", s.fingerprint_hex},
+                      {"chat_template", s.chat_template_origin},
+                      {"cache", std::move(cache)}};
+    models.push_back(std::move(m));
+    total.lookups += c.lookups;
+    total.hits += c.hits;
+    total.misses += c.misses;
+    total.tokens_reused += c.tokens_reused;
+    total.evictions += c.evictions;
+    total.blocks += c.blocks;
+    total.bytes += c.bytes;
+  }
+  ordered_json totals = {{"lookups", total.lookups}, {"hits", total.hits},         {"misses", total.misses},
+                         {"tokens_reused", total.tokens_reused}, {"evictions", total.evictions},
+                         {"blocks", total.blocks}, {"bytes", total.bytes}};
+  reply_json(res, 200, {{"models", std::move(models)}, {"totals", std::move(totals)}});
+  metrics.record_request("", "cache_stats", 200);
+}
+
+namespace {
+
+GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
+  GenerationPlan plan;
+  plan.prompt = std::move(prompt.tokens);
+  plan.sampling = o.sampling;
+  if (!o.seed_given) plan.sampling.seed = random_seed();
+  plan.max_tokens = o.max_tokens.value_or(-1);
+  plan.stop = o.stop;
+  for (std::string& s : prompt.implicit_stops) plan.stop.push_back(std::move(s));
+  plan.logprobs = o.logprobs;
+  plan.top_logprobs = o.top_logprobs;
+  plan.cache_salt = o.cache_salt;
+  return plan;
+}
+
+}  // namespace
+
+void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Response& res) {
+  InFlight guard(in_flight);
+  const char* endpoint = endpoint_name(Endpoint::Chat);
+  Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(req.body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  ChatCompletionRequest& chat = parsed.value();
+  const std::string model_id = chat.options.model.empty() ? registry.default_id() : chat.options.model;
+  Parsed<ModelLease> acquired = registry.acquire(model_id);
+  if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
+  auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
+  LoadedModel& model = **lease;
+  if (chat.first_image_message) {
+    const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
+    return reply_error(res, ApiError::invalid("this model does not accept images", param, "images_not_supported"),
+                       model_id, endpoint);
+  }
+  Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
+  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+  ResponseContext ctx{Endpoint::Chat,
+                      {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      chat.options};
+  start_generation(req, res, std::move(lease), make_plan(chat.options, std::move(prompt.value())), std::move(ctx));
+}
+
+void HttpServer::Impl::handle_completions(const httplib::Request& req, httplib::Response& res) {
+  InFlight guard(in_flight);
+  const char* endpoint = endpoint_name(Endpoint::Completions);
+  Parsed<CompletionRequest> parsed = parse_completion_request(req.body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  CompletionRequest& completion = parsed.value();
+  const std::string model_id = completion.options.model.empty() ? registry.default_id() : completion.options.model;
+  Parsed<ModelLease> acquired = registry.acquire(model_id);
+  if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
+  auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
+  LoadedModel& model = **lease;
+  Parsed<BuiltPrompt> prompt = build_completion_prompt(*model.bundle->tokenizer, model.engine->n_ctx(),
+                                                       model.bundle->model->info().n_vocab, completion);
+  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+  ResponseContext ctx{Endpoint::Completions,
+                      {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      completion.options};
+  start_generation(req, res, std::move(lease), make_plan(completion.options, std::move(prompt.value())),
+                   std::move(ctx));
+}
+
+void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Response& res,
+                                        std::shared_ptr<ModelLease> lease, GenerationPlan plan,
+                                        ResponseContext context) {
+  auto channel = std::make_shared<GenerationChannel>();
+  {
+    std::lock_guard<std::mutex> lock(live_mutex);
+    std::erase_if(live, [](const std::weak_ptr<GenerationChannel>& w) { return w.expired(); });
+    live.push_back(channel);
+  }
+  if (stopping.load()) channel->cancel();
+  auto watch = std::make_shared<DisconnectMonitor::Watch>();
+  if (auto fd = find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port))
+    *watch = monitor.watch(*fd, [channel] { channel->cancel(); });
+
+  // The job holds the lease, so the model stays loaded until generation ends.
+  scheduler.submit([lease = std::move(lease), plan = std::move(plan), channel]() mutable {
+    run_generation(**lease, plan, *channel);
+    lease.reset();
+  });
+
+  if (!context.options.stream) {
+    reply_complete(res, *channel, context);
+    return;
+  }
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto in_flight_guard = std::make_shared<InFlight>(in_flight);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, channel, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
+        return stream(sink, *channel, context);
+      },
+      [channel, watch](bool) {
+        channel->cancel();  // no-op when finished; stops generation when the response was abandoned
+        watch->reset();
+      });
+}
+
+void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, const GenerationOutcome& outcome, int status) {
+  const std::string& model = ctx.meta.model;
+  const char* endpoint = endpoint_name(ctx.endpoint);
+  metrics.record_request(model, endpoint, status);
+  metrics.record_tokens(model, outcome.usage.prompt_tokens, outcome.usage.cached_tokens,
+                        outcome.usage.completion_tokens);
+  metrics.record_timing(model, outcome.queue_seconds, outcome.prefill_seconds, outcome.decode_seconds);
+  if (outcome.finish_reason == "cancelled") metrics.record_cancelled(model);
+  if (!options.log_requests) return;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "%s %d model=%s%s prompt=%lld cached=%lld completion=%lld finish=%s queue=%.0fms prefill=%.0fms "
+                "decode=%.0fms",
+                endpoint, status, model.c_str(), ctx.options.stream ? " stream" : "",
+                static_cast<long long>(outcome.usage.prompt_tokens),
+                static_cast<long long>(outcome.usage.cached_tokens),
+                static_cast<long long>(outcome.usage.completion_tokens),
+                outcome.error ? "error" : outcome.finish_reason.c_str(), outcome.queue_seconds * 1e3,
+                outcome.prefill_seconds * 1e3, outcome.decode_seconds * 1e3);
+  say(line);
+}
+
+namespace {
+// Client closed the connection before the response was complete (nginx's code).
+constexpr int kClientClosed = 499;
+}  // namespace
+
+void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx) {
+  std::string text;
+  std::vector<LogprobEntry> logprobs;
+  std::vector<GenerationDelta> deltas;
+  for (bool done = false; !done;) {
+    done = channel.take(deltas, milliseconds(200));
+    for (GenerationDelta& d : deltas) {
+      text += d.text;
+      for (LogprobEntry& e : d.logprobs) logprobs.push_back(std::move(e));
+    }
+    deltas.clear();
+  }
+  const GenerationOutcome outcome = channel.outcome();
+  if (outcome.error) {
+    reply_json(res, outcome.error->status, error_json(*outcome.error));
+    finish_metrics(ctx, outcome, outcome.error->status);
+    return;
+  }
+  if (outcome.finish_reason == "cancelled") {
+    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
+    finish_metrics(ctx, outcome, kClientClosed);
+    return;
+  }
+  std::optional<std::vector<LogprobEntry>> lp;
+  if (ctx.options.logprobs) lp = std::move(logprobs);
+  const ordered_json body = ctx.endpoint == Endpoint::Chat
+                                ? chat_completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage)
+                                : completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage);
+  reply_json(res, 200, body);
+  finish_metrics(ctx, outcome, 200);
+}
+
+bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channel, const ResponseContext& ctx) {
+  const bool chat = ctx.endpoint == Endpoint::Chat;
+  const bool usage_field = ctx.options.include_usage;
+  bool client_ok = true;
+  auto write = [&](const std::string& data) {
+    if (client_ok && !sink.write(data.data(), data.size())) {
+      client_ok = false;
+      channel.cancel();  // the client is gone: stop generating for it
+    }
+    return client_ok;
+  };
+  auto logprobs_of = [&](std::vector<LogprobEntry>&& entries) -> std::optional<std::vector<LogprobEntry>> {
+    if (!ctx.options.logprobs) return std::nullopt;
+    return std::move(entries);
+  };
+
+  if (chat)
+    write(sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt, usage_field)));
+  size_t text_offset = 0;
+  std::vector<GenerationDelta> deltas;
+  // Runs until the generation finishes, even after a failed write: a
+  // cancelled generation stops within a token, and its counts belong in the
+  // metrics.
+  for (bool done = false; !done;) {
+    done = channel.take(deltas, milliseconds(200));
+    for (GenerationDelta& d : deltas) {
+      if (!client_ok) break;
+      const size_t n = d.text.size();
+      write(chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "", logprobs_of(std::move(d.logprobs)),
+                                             usage_field))
+                 : sse_event(completion_chunk_json(ctx.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
+                                                   text_offset, usage_field)));
+      text_offset += n;
+    }
+    deltas.clear();
+  }
+  const GenerationOutcome outcome = channel.outcome();
+  if (!client_ok || outcome.finish_reason == "cancelled") {
+    finish_metrics(ctx, outcome, kClientClosed);
+    return false;
+  }
+  if (outcome.error) {
+    // Headers (200) are already sent: report the error as an event, as OpenAI does.
+    write(sse_event(error_json(*outcome.error)));
+  } else {
+    write(chat ? sse_event(chat_chunk_json(ctx.meta, ordered_json::object(), outcome.finish_reason, std::nullopt,
+                                           usage_field))
+               : sse_event(completion_chunk_json(ctx.meta, "", outcome.finish_reason, std::nullopt, text_offset,
+                                                 usage_field)));
+    if (usage_field)
+      write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, outcome.usage)
+                           : completion_usage_chunk_json(ctx.meta, outcome.usage)));
+  }
+  write(sse_done());
+  finish_metrics(ctx, outcome, !client_ok ? kClientClosed : outcome.error ? outcome.error->status : 200);
+  if (!client_ok) return false;
+  sink.done();
+  return true;
+}
+
+HttpServer::HttpServer(const ServeOptions& options, ModelRegistry& registry, Log log)
+    : impl_(std::make_unique<Impl>(options, registry, std::move(log))) {
+  if (auto err = options.validate(); !err.empty()) throw Error(err);
+  std::signal(SIGPIPE, SIG_IGN);
+  impl_->setup();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  const ServeOptions& o = impl_->options;
+  int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0) throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  impl_->bound_port = port;
+  return port;
+}
+
+void HttpServer::serve() {
+  if (impl_->bound_port < 0) throw Error("HttpServer::serve() before bind()");
+  if (impl_->stopping.load()) return;
+  impl_->serving.store(true);
+  impl_->http.listen_after_bind();
+  impl_->serving.store(false);
+}
+
+void HttpServer::stop() {
+  impl_->stopping.store(true);
+  {
+    std::lock_guard<std::mutex> lock(impl_->live_mutex);
+    for (const auto& w : impl_->live)
+      if (auto channel = w.lock()) channel->cancel();
+  }
+  // cpp-httplib's stop() does nothing until its accept loop is running; a
+  // stop() racing a serve() that is just starting waits for that moment.
+  for (int i = 0; i < 200 && impl_->serving.load() && !impl_->http.is_running(); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  impl_->http.stop();
+}
+
+}  // namespace reprise

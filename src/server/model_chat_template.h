@@ -1,0 +1,37 @@
+// Which chat template a served model uses, decided once at load time:
+// --chat-template-file if given, else the GGUF's tokenizer.chat_template,
+// else a ChatML-style fallback (documented in docs/server.md).
+//
+// A template that fails to parse does not stop the model from loading: text
+// completions still work, and chat requests get a 500 carrying the parser's
+// message.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/chat_template.h"
+
+namespace reprise {
+
+struct ModelBundle;
+
+// ChatML, for models whose GGUF carries no template. Its end marker
+// <|im_end|> is also a stop string, since such models may not have it as a
+// token.
+extern const char* const kFallbackChatTemplate;
+extern const char* const kFallbackChatTemplateStop;
+
+struct ModelChatTemplate {
+  std::unique_ptr<ChatTemplate> chat_template;  // null when it failed to parse
+  std::string origin;                           // "file", "gguf" or "fallback"
+  std::string error;                            // parse error when chat_template is null
+  std::vector<std::string> implicit_stops;      // stop strings every chat request gets
+  std::string bos_token, eos_token;             // token texts the template may print
+};
+
+// `override_source`: the --chat-template-file contents, if any.
+ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std::optional<std::string>& override_source);
+
+}  // namespace reprise

@@ -1,0 +1,208 @@
+#include "server/model_registry.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <utility>
+
+#include "util/error.h"
+
+namespace reprise {
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+void add_counters(CacheStats& into, const CacheStats& from) {
+  into.lookups += from.lookups;
+  into.hits += from.hits;
+  into.misses += from.misses;
+  into.tokens_looked_up += from.tokens_looked_up;
+  into.tokens_reused += from.tokens_reused;
+  into.evictions += from.evictions;
+  into.copies_on_write += from.copies_on_write;
+}
+
+}  // namespace
+
+ModelLease::ModelLease(ModelLease&& other) noexcept
+    : registry_(std::exchange(other.registry_, nullptr)), entry_(other.entry_), model_(std::move(other.model_)) {}
+
+ModelLease::~ModelLease() {
+  if (registry_) registry_->release(entry_);
+}
+
+ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions options)
+    : options_(std::move(options)) {
+  if (sources.empty()) throw Error("no models to serve");
+  std::set<std::string> seen;
+  for (ModelSource& s : sources) {
+    if (s.id.empty()) throw Error("model id must not be empty (" + s.path + ")");
+    if (!seen.insert(s.id).second) throw Error("model id '" + s.id + "' is given twice");
+    Entry e;
+    e.source = std::move(s);
+    entries_.push_back(std::move(e));
+  }
+}
+
+ModelRegistry::~ModelRegistry() = default;
+
+std::vector<std::string> ModelRegistry::ids() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.source.id);
+  return out;
+}
+
+void ModelRegistry::say(const std::string& message) const {
+  if (options_.log) options_.log(message);
+}
+
+Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  size_t index = entries_.size();
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].source.id == id) index = i;
+  if (index == entries_.size())
+    return ApiError{404, "The model '" + id + "' does not exist", "invalid_request_error", "model",
+                    "model_not_found"};
+  Entry& e = entries_[index];
+  load_done_.wait(lock, [&] { return !e.loading; });
+  if (e.loaded) {
+    ++e.in_flight;
+    e.last_used = ++clock_;
+    return ModelLease(this, index, e.loaded);
+  }
+
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(e.source.path, ec);
+  if (ec) return ApiError::server("cannot load model '" + id + "': " + e.source.path + ": " + ec.message(),
+                                  "model_load_failed");
+  const uint64_t footprint = file_bytes + options_.cache_budget_bytes;
+  std::vector<std::shared_ptr<LoadedModel>> doomed;
+  if (!make_room_locked(index, footprint, doomed))
+    return ApiError{503,
+                    "cannot load model '" + id + "' now: --models-max-ram is reached and the loaded models are busy; "
+                    "retry later",
+                    "server_error", "model", "model_capacity"};
+  e.loading = true;
+  e.footprint = footprint;
+  lock.unlock();
+  doomed.clear();  // unloaded models are destroyed here, outside the lock
+
+  std::unique_ptr<LoadedModel> model;
+  std::string error;
+  say("loading model '" + id + "' from " + e.source.path);
+  try {
+    model = load(e.source);
+  } catch (const std::exception& ex) {
+    error = ex.what();
+  }
+
+  lock.lock();
+  e.loading = false;
+  load_done_.notify_all();
+  if (!model) {
+    e.footprint = 0;
+    say("failed to load model '" + id + "': " + error);
+    return ApiError::server("failed to load model '" + id + "': " + error, "model_load_failed");
+  }
+  e.loaded = std::move(model);
+  ++e.loads;
+  ++e.in_flight;
+  e.last_used = ++clock_;
+  say("model '" + id + "' ready (" + mib(footprint) + " counted against --models-max-ram)");
+  return ModelLease(this, index, e.loaded);
+}
+
+bool ModelRegistry::make_room_locked(size_t for_entry, uint64_t needed,
+                                     std::vector<std::shared_ptr<LoadedModel>>& doomed) {
+  if (options_.max_ram_bytes == 0) return true;
+  uint64_t used = 0;
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (i != for_entry && (entries_[i].loaded || entries_[i].loading)) used += entries_[i].footprint;
+  while (used + needed > options_.max_ram_bytes) {
+    Entry* victim = nullptr;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      Entry& c = entries_[i];
+      if (i == for_entry || !c.loaded || c.loading || c.in_flight > 0) continue;
+      if (!victim || c.last_used < victim->last_used) victim = &c;
+    }
+    if (!victim) {
+      if (used > 0) return false;
+      say("warning: model '" + entries_[for_entry].source.id + "' needs " + mib(needed) +
+          ", more than --models-max-ram on its own; loading it anyway");
+      return true;
+    }
+    add_counters(victim->retired, victim->loaded->cache->stats());
+    doomed.push_back(std::move(victim->loaded));
+    victim->loaded.reset();
+    ++victim->unloads;
+    used -= victim->footprint;
+    say("unloading model '" + victim->source.id + "' (least recently used) to stay within --models-max-ram");
+    victim->footprint = 0;
+  }
+  return true;
+}
+
+void ModelRegistry::release(size_t entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = entries_[entry];
+  --e.in_flight;
+  e.last_used = ++clock_;
+}
+
+std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) const {
+  auto m = std::make_unique<LoadedModel>();
+  m->id = source.id;
+  m->bundle = load_model_bundle(source.path, [&](const std::string& step) { say("[" + source.id + "] " + step); });
+  m->pool = std::make_unique<ThreadPool>(std::max(1, options_.threads));
+  PrefixCacheConfig cache_config;
+  cache_config.budget_bytes = options_.cache_budget_bytes;
+  m->cache = std::make_unique<PrefixCache>(m->bundle->model->state_spec(), cache_config);
+  EngineOptions engine_options;
+  engine_options.n_ctx = options_.n_ctx;
+  m->engine = std::make_unique<Engine>(*m->bundle->model, *m->pool, m->cache.get(), engine_options);
+  m->chat = load_model_chat_template(*m->bundle, options_.chat_template_override);
+  if (!m->chat.chat_template)
+    say("[" + source.id + "] warning: chat template (" + m->chat.origin + ") does not parse: " + m->chat.error +
+        "; chat requests will fail, completions work");
+  else
+    say("[" + source.id + "] chat template: " + m->chat.origin);
+  const auto& fp = m->bundle->model->info().fingerprint;
+  char hex[40];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp[0] ^ fp[1]));
+  m->fingerprint_hex = hex;
+  return m;
+}
+
+std::vector<ModelStatus> ModelRegistry::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ModelStatus> out;
+  for (const Entry& e : entries_) {
+    ModelStatus s;
+    s.id = e.source.id;
+    s.path = e.source.path;
+    s.loaded = e.loaded != nullptr;
+    s.loading = e.loading;
+    s.in_flight = e.in_flight;
+    s.footprint_bytes = e.footprint;
+    s.loads = e.loads;
+    s.unloads = e.unloads;
+    if (e.loaded) {
+      s.cache = e.loaded->cache->stats();
+      s.n_ctx = e.loaded->engine->n_ctx();
+      s.block_tokens = e.loaded->cache->block_tokens();
+      s.fingerprint_hex = e.loaded->fingerprint_hex;
+      s.chat_template_origin = e.loaded->chat.origin;
+    }
+    add_counters(s.cache, e.retired);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace reprise

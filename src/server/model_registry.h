@@ -1,0 +1,144 @@
+// The models a server offers, loaded on first use and unloaded
+// least-recently-used when --models-max-ram would be exceeded.
+//
+// Each loaded model has its own thread pool, prefix cache and engine (the
+// pool serves one forward pass at a time and the engine serialises its own
+// passes, so separate models must not share a pool). Cache state is also
+// namespaced by the model's fingerprint, so two models never share it even
+// if they were to share a cache.
+//
+// A ModelLease pins a model while a request uses it: a leased model is never
+// unloaded. A model's RAM is counted as its file size (weights are mapped)
+// plus its prefix-cache budget.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/prefix_cache.h"
+#include "engine/engine.h"
+#include "engine/model_bundle.h"
+#include "server/api_error.h"
+#include "server/model_chat_template.h"
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+struct ModelSource {
+  std::string id;    // what requests put in "model"
+  std::string path;  // GGUF file
+};
+
+struct RegistryOptions {
+  int threads = 1;                          // per model's thread pool
+  uint64_t cache_budget_bytes = 256ull << 20;  // per model's prefix cache
+  int64_t n_ctx = 0;                        // 0: each model's training context
+  uint64_t max_ram_bytes = 0;               // 0: no limit
+  std::optional<std::string> chat_template_override;
+  std::function<void(const std::string&)> log;  // progress and load/unload events
+};
+
+// Everything one loaded model needs to serve requests.
+struct LoadedModel {
+  std::string id;
+  std::unique_ptr<ModelBundle> bundle;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<Engine> engine;
+  ModelChatTemplate chat;
+  std::string fingerprint_hex;  // short, for system_fingerprint
+};
+
+class ModelRegistry;
+
+// Keeps a model loaded while alive. Move-only.
+class ModelLease {
+ public:
+  ModelLease(ModelLease&& other) noexcept;
+  ModelLease& operator=(ModelLease&&) = delete;
+  ModelLease(const ModelLease&) = delete;
+  ~ModelLease();
+
+  LoadedModel& operator*() const { return *model_; }
+  LoadedModel* operator->() const { return model_.get(); }
+
+ private:
+  friend class ModelRegistry;
+  ModelLease(ModelRegistry* registry, size_t entry, std::shared_ptr<LoadedModel> model)
+      : registry_(registry), entry_(entry), model_(std::move(model)) {}
+  ModelRegistry* registry_;
+  size_t entry_;
+  std::shared_ptr<LoadedModel> model_;
+};
+
+// Point-in-time view of one model for /v1/models, /metrics and /v1/cache/stats.
+struct ModelStatus {
+  std::string id;
+  std::string path;
+  bool loaded = false;
+  bool loading = false;
+  int in_flight = 0;
+  uint64_t footprint_bytes = 0;
+  uint64_t loads = 0, unloads = 0;
+  int64_t n_ctx = 0;
+  int block_tokens = 0;
+  std::string fingerprint_hex;
+  std::string chat_template_origin;
+  // Counters include earlier loads of the model; gauges describe the
+  // current load (zero when unloaded).
+  CacheStats cache;
+};
+
+class ModelRegistry {
+ public:
+  // Throws reprise::Error for an empty list or duplicate ids.
+  ModelRegistry(std::vector<ModelSource> sources, RegistryOptions options);
+  ~ModelRegistry();
+  ModelRegistry(const ModelRegistry&) = delete;
+  ModelRegistry& operator=(const ModelRegistry&) = delete;
+
+  // The first configured model: what requests without "model" get.
+  const std::string& default_id() const { return entries_.front().source.id; }
+  std::vector<std::string> ids() const;
+
+  // The model, loading it first if needed (concurrent callers share one
+  // load). Errors: 404 unknown id, 503 when RAM cannot be freed because every
+  // other model is busy, 500 when the file fails to load.
+  Parsed<ModelLease> acquire(const std::string& id);
+
+  std::vector<ModelStatus> status() const;
+
+ private:
+  friend class ModelLease;
+  struct Entry {
+    ModelSource source;
+    std::shared_ptr<LoadedModel> loaded;
+    bool loading = false;
+    int in_flight = 0;
+    uint64_t last_used = 0;
+    uint64_t footprint = 0;
+    uint64_t loads = 0, unloads = 0;
+    CacheStats retired;  // counters of earlier loads
+  };
+
+  void release(size_t entry);
+  std::unique_ptr<LoadedModel> load(const ModelSource& source) const;
+  // Unloads idle models (LRU first) until `needed` more bytes fit; the
+  // unloaded models are moved to `doomed` so they are destroyed outside the
+  // lock. False when busy models leave too little room.
+  bool make_room_locked(size_t for_entry, uint64_t needed, std::vector<std::shared_ptr<LoadedModel>>& doomed);
+  void say(const std::string& message) const;
+
+  RegistryOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable load_done_;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace reprise

@@ -1,0 +1,398 @@
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+
+namespace reprise {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// Thrown inside this file only; the public functions turn it into a Parsed.
+struct RequestError {
+  ApiError error;
+};
+
+[[noreturn]] void fail(std::string message, std::string param, std::string code = {}) {
+  throw RequestError{ApiError::invalid(std::move(message), std::move(param), std::move(code))};
+}
+
+const char* type_name(const ordered_json& v) {
+  switch (v.type()) {
+    case ordered_json::value_t::null: return "null";
+    case ordered_json::value_t::boolean: return "a boolean";
+    case ordered_json::value_t::string: return "a string";
+    case ordered_json::value_t::array: return "an array";
+    case ordered_json::value_t::object: return "an object";
+    default: return "a number";
+  }
+}
+
+// Typed access to the fields of one JSON object, naming the field in errors.
+class Fields {
+ public:
+  Fields(const ordered_json& object, std::string prefix = {}) : object_(object), prefix_(std::move(prefix)) {}
+
+  // The field, or nullptr when absent or null.
+  const ordered_json* get(const char* name) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  std::string param(const char* name) const { return prefix_ + name; }
+
+  std::optional<bool> boolean(const char* name) const {
+    const ordered_json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) fail(param(name) + " must be a boolean, not " + type_name(*v), param(name));
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> string(const char* name) const {
+    const ordered_json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(param(name) + " must be a string, not " + type_name(*v), param(name));
+    return v->get<std::string>();
+  }
+
+  std::optional<double> number(const char* name, double lo, double hi) const {
+    const ordered_json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) fail(param(name) + " must be a number, not " + type_name(*v), param(name));
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < lo || d > hi)
+      fail(param(name) + " must be between " + format(lo) + " and " + format(hi), param(name));
+    return d;
+  }
+
+  // Integers may be written as 3 or 3.0 (Python clients sometimes send floats).
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) const {
+    const ordered_json* v = get(name);
+    if (!v) return std::nullopt;
+    return integer_value(*v, param(name), lo, hi);
+  }
+
+  static int64_t integer_value(const ordered_json& v, const std::string& param, int64_t lo, int64_t hi) {
+    int64_t out = 0;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) out_of_range(param, lo, hi);
+      out = static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      out = v.get<int64_t>();
+    } else if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || d != std::floor(d)) fail(param + " must be an integer", param);
+      if (d < -9.2e18 || d > 9.2e18) out_of_range(param, lo, hi);
+      out = static_cast<int64_t>(d);
+    } else {
+      fail(param + " must be an integer, not " + type_name(v), param);
+    }
+    if (out < lo || out > hi) out_of_range(param, lo, hi);
+    return out;
+  }
+
+ private:
+  [[noreturn]] static void out_of_range(const std::string& param, int64_t lo, int64_t hi) {
+    if (hi == std::numeric_limits<int64_t>::max()) fail(param + " must be an integer >= " + std::to_string(lo), param);
+    fail(param + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi), param);
+  }
+  static std::string format(double d) {
+    std::string s = std::to_string(d);
+    while (s.size() > 1 && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+  }
+
+  const ordered_json& object_;
+  std::string prefix_;
+};
+
+ordered_json parse_body(std::string_view body, const RequestLimits& limits) {
+  if (json_nesting_depth(body, limits.max_nesting_depth) > limits.max_nesting_depth)
+    fail("request body nests deeper than " + std::to_string(limits.max_nesting_depth) + " levels", "");
+  ordered_json doc = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) fail("request body is not valid JSON", "", "invalid_json");
+  if (!doc.is_object()) fail("request body must be a JSON object, not " + std::string(type_name(doc)), "");
+  return doc;
+}
+
+void parse_stop(const Fields& f, const RequestLimits& limits, std::vector<std::string>& out) {
+  const ordered_json* v = f.get("stop");
+  if (!v) return;
+  auto add = [&](const ordered_json& s) {
+    if (!s.is_string()) fail("stop must be a string or an array of strings", "stop");
+    std::string text = s.get<std::string>();
+    if (text.size() > limits.max_stop_bytes)
+      fail("each stop string must be at most " + std::to_string(limits.max_stop_bytes) + " bytes", "stop");
+    if (!text.empty()) out.push_back(std::move(text));  // "" would match everywhere: ignored
+  };
+  if (v->is_string()) {
+    add(*v);
+  } else if (v->is_array()) {
+    if (v->size() > limits.max_stop_strings)
+      fail("at most " + std::to_string(limits.max_stop_strings) + " stop strings are allowed", "stop");
+    for (const auto& s : *v) add(s);
+  } else {
+    fail("stop must be a string or an array of strings", "stop");
+  }
+}
+
+// Fields both endpoints accept. Logprobs differ (chat: bool + top_logprobs,
+// completions: an integer) and are parsed by the callers.
+void parse_common(const Fields& f, const RequestLimits& limits, GenerationOptions& o) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+  if (auto v = f.string("model")) o.model = *v;
+  if (auto v = f.boolean("stream")) o.stream = *v;
+  if (const ordered_json* so = f.get("stream_options")) {
+    if (!so->is_object()) fail("stream_options must be an object", "stream_options");
+    Fields sf(*so, "stream_options.");
+    if (auto v = sf.boolean("include_usage")) o.include_usage = *v;
+  }
+  if (auto v = f.integer("max_tokens", 0, kMaxInt)) o.max_tokens = *v;
+  if (auto v = f.integer("max_completion_tokens", 0, kMaxInt)) o.max_tokens = *v;  // the newer name wins
+  if (auto v = f.integer("n", 1, kMaxInt); v && *v != 1)
+    fail("only n=1 is supported", "n", "unsupported_parameter");
+
+  SamplingParams& s = o.sampling;
+  if (auto v = f.number("temperature", 0, 2)) s.temperature = static_cast<float>(*v);
+  if (auto v = f.number("top_p", 0, 1)) {
+    if (*v <= 0) fail("top_p must be greater than 0", "top_p");
+    s.top_p = static_cast<float>(*v);
+  }
+  if (auto v = f.integer("top_k", 0, std::numeric_limits<int32_t>::max())) s.top_k = static_cast<int>(*v);
+  if (auto v = f.number("min_p", 0, 1)) s.min_p = static_cast<float>(*v);
+  if (auto v = f.number("repeat_penalty", 0, 10)) {
+    if (*v <= 0) fail("repeat_penalty must be greater than 0", "repeat_penalty");
+    s.repeat_penalty = static_cast<float>(*v);
+  }
+  if (auto v = f.integer("repeat_last_n", 0, 1 << 20)) s.repeat_last_n = static_cast<int>(*v);
+  if (const ordered_json* seed = f.get("seed")) {
+    if (seed->is_number_unsigned()) {
+      s.seed = seed->get<uint64_t>();
+    } else {
+      s.seed = static_cast<uint64_t>(
+          Fields::integer_value(*seed, "seed", std::numeric_limits<int64_t>::min(), kMaxInt));
+    }
+    o.seed_given = true;
+  }
+  for (const char* name : {"frequency_penalty", "presence_penalty"}) {
+    if (auto v = f.number(name, -2, 2); v && *v != 0)
+      fail(std::string(name) + " is not supported (use repeat_penalty)", name, "unsupported_parameter");
+  }
+  if (const ordered_json* bias = f.get("logit_bias")) {
+    if (!bias->is_object()) fail("logit_bias must be an object", "logit_bias");
+    if (!bias->empty()) fail("logit_bias is not supported", "logit_bias", "unsupported_parameter");
+  }
+  if (const ordered_json* rf = f.get("response_format")) {
+    if (!rf->is_object()) fail("response_format must be an object", "response_format");
+    Fields rff(*rf, "response_format.");
+    auto type = rff.string("type");
+    if (type && *type != "text")
+      fail("response_format type '" + *type + "' is not supported (only 'text')", "response_format",
+           "unsupported_parameter");
+  }
+  parse_stop(f, limits, o.stop);
+  if (auto v = f.string("cache_salt")) {
+    if (v->size() > limits.max_cache_salt_bytes)
+      fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
+    o.cache_salt = *v;
+  }
+  f.string("user");  // accepted (type-checked) and otherwise unused
+  if (auto err = s.validate(); !err.empty()) fail(err, "");
+}
+
+// One chat message -> the normalised form the template sees.
+ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image) {
+  const std::string where = "messages[" + std::to_string(index) + "]";
+  if (!m.is_object()) fail(where + " must be an object, not " + type_name(m), where);
+  Fields f(m, where + ".");
+  auto role = f.string("role");
+  if (!role) fail(where + ".role is required", where + ".role");
+  std::string r = *role;
+  if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+  if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+    fail(where + ".role must be one of system, developer, user, assistant, tool (got '" + *role + "')",
+         where + ".role");
+
+  ordered_json out = ordered_json::object();
+  out["role"] = r;
+  const ordered_json* content = f.get("content");
+  if (!content) {
+    if (r != "assistant") fail(where + ".content is required", where + ".content");
+    out["content"] = nullptr;
+  } else if (content->is_string()) {
+    out["content"] = *content;
+  } else if (content->is_array()) {
+    std::string text;
+    bool first = true;
+    for (size_t j = 0; j < content->size(); ++j) {
+      const ordered_json& part = (*content)[j];
+      const std::string pwhere = where + ".content[" + std::to_string(j) + "]";
+      if (!part.is_object()) fail(pwhere + " must be an object", pwhere);
+      Fields pf(part, pwhere + ".");
+      auto type = pf.string("type");
+      if (!type) fail(pwhere + ".type is required", pwhere + ".type");
+      if (*type == "text") {
+        auto t = pf.string("text");
+        if (!t) fail(pwhere + ".text is required", pwhere + ".text");
+        if (!first) text += "\n";
+        text += *t;
+        first = false;
+      } else if (*type == "image_url" || *type == "input_image") {
+        has_image = true;
+      } else {
+        fail(pwhere + ": content parts of type '" + *type + "' are not supported", pwhere + ".type",
+             "unsupported_content");
+      }
+    }
+    out["content"] = text;
+  } else {
+    fail(where + ".content must be a string or an array of content parts, not " + type_name(*content),
+         where + ".content");
+  }
+  if (auto v = f.string("name")) out["name"] = *v;
+  if (auto v = f.string("tool_call_id")) out["tool_call_id"] = *v;
+  if (auto v = f.string("reasoning_content")) out["reasoning_content"] = *v;
+  if (const ordered_json* calls = f.get("tool_calls")) {
+    if (!calls->is_array()) fail(where + ".tool_calls must be an array", where + ".tool_calls");
+    for (const auto& call : *calls)
+      if (!call.is_object()) fail(where + ".tool_calls entries must be objects", where + ".tool_calls");
+    out["tool_calls"] = *calls;
+  }
+  return out;
+}
+
+template <class T, class Fn>
+Parsed<T> guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const RequestError& e) {
+    return e.error;
+  } catch (const std::bad_alloc&) {
+    return ApiError{413, "request is too large to process", "invalid_request_error", {}, {}};
+  } catch (const std::exception& e) {
+    return ApiError::invalid(std::string("invalid request: ") + e.what());
+  } catch (...) {
+    return ApiError::invalid("invalid request");
+  }
+}
+
+}  // namespace
+
+int json_nesting_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits) {
+  return guarded<ChatCompletionRequest>([&]() -> Parsed<ChatCompletionRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    ChatCompletionRequest req;
+    parse_common(f, limits, req.options);
+
+    if (auto v = f.boolean("logprobs")) req.options.logprobs = *v;
+    if (auto v = f.integer("top_logprobs", 0, limits.max_top_logprobs)) {
+      if (!req.options.logprobs && *v > 0)
+        fail("top_logprobs requires logprobs to be true", "top_logprobs");
+      req.options.top_logprobs = static_cast<int>(*v);
+    }
+
+    const ordered_json* messages = f.get("messages");
+    if (!messages) fail("messages is required", "messages");
+    if (!messages->is_array()) fail("messages must be an array", "messages");
+    if (messages->empty()) fail("messages must not be empty", "messages");
+    for (size_t i = 0; i < messages->size(); ++i) {
+      bool has_image = false;
+      req.messages.push_back(parse_message((*messages)[i], i, has_image));
+      if (has_image && !req.first_image_message) req.first_image_message = i;
+    }
+
+    if (const ordered_json* tools = f.get("tools")) {
+      if (!tools->is_array()) fail("tools must be an array", "tools");
+      for (const auto& t : *tools)
+        if (!t.is_object()) fail("tools entries must be objects", "tools");
+      if (!tools->empty()) req.tools = *tools;
+    }
+    if (const ordered_json* choice = f.get("tool_choice")) {
+      // reprise renders tools into the prompt but does not constrain output,
+      // so it cannot force a call.
+      if (!choice->is_string() || (*choice != "auto" && *choice != "none"))
+        fail("tool_choice must be \"auto\" or \"none\"", "tool_choice", "unsupported_parameter");
+    }
+    if (const ordered_json* kwargs = f.get("chat_template_kwargs")) {
+      if (!kwargs->is_object()) fail("chat_template_kwargs must be an object", "chat_template_kwargs");
+      req.template_kwargs = *kwargs;
+    }
+    if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
+    return req;
+  });
+}
+
+Parsed<CompletionRequest> parse_completion_request(std::string_view body, const RequestLimits& limits) {
+  return guarded<CompletionRequest>([&]() -> Parsed<CompletionRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    CompletionRequest req;
+    parse_common(f, limits, req.options);
+
+    // Legacy completions: logprobs is the number of top alternatives (0..5).
+    if (auto v = f.integer("logprobs", 0, 5)) {
+      req.options.logprobs = true;
+      req.options.top_logprobs = static_cast<int>(*v);
+    }
+    if (auto v = f.boolean("echo"); v && *v) fail("echo is not supported", "echo", "unsupported_parameter");
+    if (auto v = f.string("suffix"); v && !v->empty())
+      fail("suffix is not supported", "suffix", "unsupported_parameter");
+    if (auto v = f.integer("best_of", 1, std::numeric_limits<int64_t>::max()); v && *v != 1)
+      fail("only best_of=1 is supported", "best_of", "unsupported_parameter");
+
+    const ordered_json* prompt = f.get("prompt");
+    if (!prompt) fail("prompt is required", "prompt");
+    auto token_list = [&](const ordered_json& arr) {
+      for (const auto& t : arr)
+        req.prompt_tokens.push_back(static_cast<int32_t>(
+            Fields::integer_value(t, "prompt", 0, std::numeric_limits<int32_t>::max())));
+      req.prompt_is_tokens = true;
+    };
+    if (prompt->is_string()) {
+      req.prompt = prompt->get<std::string>();
+    } else if (prompt->is_array()) {
+      if (prompt->empty()) fail("prompt must not be empty", "prompt");
+      const ordered_json& first = (*prompt)[0];
+      if (first.is_string() || first.is_array()) {
+        // A batch of prompts: reprise serves one choice per request.
+        if (prompt->size() != 1) fail("only one prompt per request is supported", "prompt", "unsupported_parameter");
+        if (first.is_string()) req.prompt = first.get<std::string>();
+        else token_list(first);
+      } else {
+        token_list(*prompt);
+      }
+    } else {
+      fail("prompt must be a string, an array of token ids, or an array with one of those", "prompt");
+    }
+    return req;
+  });
+}
+
+}  // namespace reprise

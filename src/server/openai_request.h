@@ -1,0 +1,79 @@
+// OpenAI request bodies -> validated structs.
+//
+// This is the only place that looks at untrusted JSON. Every field is
+// type-checked and range-checked here so the rest of the server works with
+// plain values; anything wrong becomes an ApiError (400) naming the field.
+// The parse functions never throw, whatever the body holds (the fuzz test in
+// tests/server_test.cpp checks that).
+//
+// Fields set to null are treated as absent, as OpenAI does. Unknown fields are
+// ignored (clients and agent frameworks send many). Fields reprise cannot
+// honour with a non-default value (frequency_penalty, logit_bias, n > 1,
+// response_format other than text, ...) are rejected rather than silently
+// ignored.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "server/api_error.h"
+
+namespace reprise {
+
+// What chat and text completions share.
+struct GenerationOptions {
+  std::string model;  // "" = the server's default model
+  bool stream = false;
+  bool include_usage = false;           // stream_options.include_usage
+  std::optional<int64_t> max_tokens;    // max_completion_tokens or max_tokens; unset = until the context is full
+  SamplingParams sampling;              // omitted fields keep SamplingParams' defaults (llama.cpp's)
+  bool seed_given = false;              // false: the server picks a random seed
+  std::vector<std::string> stop;        // non-empty strings
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::string cache_salt;               // goes into the prefix cache namespace
+};
+
+struct ChatCompletionRequest {
+  GenerationOptions options;
+  // Normalised for the chat template: role in {system, user, assistant,
+  // tool}, content a string (text parts joined by "\n") or null, plus
+  // name / tool_calls / tool_call_id / reasoning_content when given.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools = nullptr;  // passed to the template as given
+  // chat_template_kwargs (and reasoning_effort): extra template variables.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  // Index of the first message with an image part, if any (the model decides
+  // whether it can take images).
+  std::optional<size_t> first_image_message;
+};
+
+struct CompletionRequest {
+  GenerationOptions options;
+  std::string prompt;                 // when the prompt is text
+  std::vector<int32_t> prompt_tokens;  // when the prompt is token ids
+  bool prompt_is_tokens = false;
+};
+
+struct RequestLimits {
+  int max_nesting_depth = 64;     // deeper JSON is refused before parsing
+  size_t max_stop_strings = 16;
+  size_t max_stop_bytes = 1024;   // per stop string
+  int max_top_logprobs = 20;
+  size_t max_cache_salt_bytes = 1024;
+};
+
+Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits = {});
+Parsed<CompletionRequest> parse_completion_request(std::string_view body, const RequestLimits& limits = {});
+
+// Deepest array/object nesting of a JSON text (strings are skipped), stopping
+// early once `limit` is exceeded. Used to refuse hostile bodies before the
+// recursive parts of nlohmann::json (dump) and the template ever see them.
+int json_nesting_depth(std::string_view text, int limit);
+
+}  // namespace reprise

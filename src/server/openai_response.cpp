@@ -1,0 +1,187 @@
+#include "server/openai_response.h"
+
+#include <mutex>
+#include <random>
+
+namespace reprise {
+
+namespace {
+
+ordered_json null_if_empty(const std::string& s) { return s.empty() ? ordered_json(nullptr) : ordered_json(s); }
+
+ordered_json token_bytes(const std::string& token) {
+  ordered_json bytes = ordered_json::array();
+  for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+ordered_json chat_logprobs_or_null(const std::optional<std::vector<LogprobEntry>>& logprobs) {
+  if (!logprobs) return nullptr;
+  return chat_logprobs_json(*logprobs);
+}
+
+ordered_json meta_object(const ResponseMeta& meta, const char* object) {
+  ordered_json out = ordered_json::object();
+  out["id"] = meta.id;
+  out["object"] = object;
+  out["created"] = meta.created;
+  out["model"] = meta.model;
+  out["system_fingerprint"] = null_if_empty(meta.system_fingerprint);
+  return out;
+}
+
+}  // namespace
+
+ordered_json error_json(const ApiError& error) {
+  ordered_json body = ordered_json::object();
+  body["message"] = error.message;
+  body["type"] = error.type;
+  body["param"] = null_if_empty(error.param);
+  body["code"] = null_if_empty(error.code);
+  return ordered_json{{"error", body}};
+}
+
+ordered_json usage_json(const UsageCounts& usage) {
+  ordered_json out = ordered_json::object();
+  out["prompt_tokens"] = usage.prompt_tokens;
+  out["completion_tokens"] = usage.completion_tokens;
+  out["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  out["prompt_tokens_details"] = {{"cached_tokens", usage.cached_tokens}};
+  return out;
+}
+
+ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries) {
+  ordered_json content = ordered_json::array();
+  for (const LogprobEntry& e : entries) {
+    ordered_json item = ordered_json::object();
+    item["token"] = e.token;
+    item["logprob"] = e.logprob;
+    item["bytes"] = token_bytes(e.token);
+    ordered_json top = ordered_json::array();
+    for (const auto& alt : e.top)
+      top.push_back({{"token", alt.token}, {"logprob", alt.logprob}, {"bytes", token_bytes(alt.token)}});
+    item["top_logprobs"] = std::move(top);
+    content.push_back(std::move(item));
+  }
+  return ordered_json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                                  const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "chat.completion");
+  ordered_json message = ordered_json::object();
+  message["role"] = "assistant";
+  message["content"] = text;
+  message["refusal"] = nullptr;
+  ordered_json choice = ordered_json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = chat_logprobs_or_null(logprobs);
+  choice["finish_reason"] = finish_reason;
+  out["choices"] = ordered_json::array({std::move(choice)});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field) {
+  ordered_json out = meta_object(meta, "chat.completion.chunk");
+  ordered_json choice = ordered_json::object();
+  choice["index"] = 0;
+  choice["delta"] = delta;
+  choice["logprobs"] = chat_logprobs_or_null(logprobs);
+  choice["finish_reason"] = null_if_empty(finish_reason);
+  out["choices"] = ordered_json::array({std::move(choice)});
+  if (usage_null_field) out["usage"] = nullptr;
+  return out;
+}
+
+ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "chat.completion.chunk");
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0) {
+  ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
+               top_logprobs = ordered_json::array(), text_offset = ordered_json::array();
+  size_t offset = text_offset0;
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(e.logprob);
+    ordered_json top = ordered_json::object();
+    for (const auto& alt : e.top) top[alt.token] = alt.logprob;
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(offset);
+    offset += e.token.size();
+  }
+  ordered_json out = ordered_json::object();
+  out["tokens"] = std::move(tokens);
+  out["token_logprobs"] = std::move(token_logprobs);
+  out["top_logprobs"] = std::move(top_logprobs);
+  out["text_offset"] = std::move(text_offset);
+  return out;
+}
+
+namespace {
+ordered_json completion_choice(const std::string& text, const std::string& finish_reason,
+                               const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0) {
+  ordered_json choice = ordered_json::object();
+  choice["text"] = text;
+  choice["index"] = 0;
+  choice["logprobs"] = logprobs ? completion_logprobs_json(*logprobs, text_offset0) : ordered_json(nullptr);
+  choice["finish_reason"] = null_if_empty(finish_reason);
+  return choice;
+}
+}  // namespace
+
+ordered_json completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "text_completion");
+  out["choices"] = ordered_json::array({completion_choice(text, finish_reason, logprobs, 0)});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json completion_chunk_json(const ResponseMeta& meta, const std::string& text,
+                                   const std::string& finish_reason,
+                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0,
+                                   bool usage_null_field) {
+  ordered_json out = meta_object(meta, "text_completion");
+  out["choices"] = ordered_json::array({completion_choice(text, finish_reason, logprobs, text_offset0)});
+  if (usage_null_field) out["usage"] = nullptr;
+  return out;
+}
+
+ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "text_completion");
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+std::string dump_json(const ordered_json& value) {
+  try {
+    return value.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  } catch (const std::exception&) {
+    // Only reachable on allocation failure; a fixed body keeps the contract.
+    return R"({"error":{"message":"response could not be serialised","type":"server_error","param":null,"code":null}})";
+  }
+}
+
+std::string sse_event(const ordered_json& value) { return "data: " + dump_json(value) + "\n\n"; }
+
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+std::string make_response_id(const std::string& prefix) {
+  static std::mutex mutex;
+  static std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = prefix;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+}  // namespace reprise

@@ -1,0 +1,81 @@
+// OpenAI response bodies: chat.completion, chat.completion.chunk,
+// text_completion, model lists, errors, and server-sent-event framing.
+//
+// Builders are pure functions of their inputs so they are tested without a
+// model or a socket. Text from the model may hold invalid UTF-8 (a token can
+// end mid-character); dump_json replaces such bytes instead of throwing.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "server/api_error.h"
+
+namespace reprise {
+
+// One generated token's log-probability and its most likely alternatives.
+struct LogprobEntry {
+  std::string token;  // the token's text (raw bytes; may be part of a character)
+  float logprob = 0;
+  struct Alternative {
+    std::string token;
+    float logprob = 0;
+  };
+  std::vector<Alternative> top;
+};
+
+struct UsageCounts {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;
+};
+
+// Fields every response object of one request repeats.
+struct ResponseMeta {
+  std::string id;       // chatcmpl-... / cmpl-...
+  int64_t created = 0;  // unix seconds
+  std::string model;
+  std::string system_fingerprint;
+};
+
+using ordered_json = nlohmann::ordered_json;
+
+ordered_json error_json(const ApiError& error);
+ordered_json usage_json(const UsageCounts& usage);
+
+// Chat completions.
+ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries);
+ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                                  const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
+// A streamed chunk. `delta` is {"role": ...} / {"content": ...} / {}; a
+// non-empty finish_reason marks the last choice chunk. When the client asked
+// for usage, every chunk carries "usage": null except the final usage chunk.
+ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field);
+ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage);
+
+// Text completions (logprobs in the legacy tokens/token_logprobs shape).
+ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0 = 0);
+ordered_json completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
+ordered_json completion_chunk_json(const ResponseMeta& meta, const std::string& text,
+                                   const std::string& finish_reason,
+                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0,
+                                   bool usage_null_field);
+ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage);
+
+// Serialises compactly; invalid UTF-8 becomes U+FFFD. Never throws.
+std::string dump_json(const ordered_json& value);
+// "data: <json>\n\n"
+std::string sse_event(const ordered_json& value);
+// "data: [DONE]\n\n"
+std::string sse_done();
+
+// Random ids like OpenAI's: prefix + 24 alphanumerics.
+std::string make_response_id(const std::string& prefix);
+
+}  // namespace reprise

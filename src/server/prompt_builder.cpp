@@ -1,0 +1,86 @@
+#include "server/prompt_builder.h"
+
+#include "util/error.h"
+
+namespace reprise {
+
+namespace {
+
+Parsed<BuiltPrompt> check_length(BuiltPrompt prompt, int64_t n_ctx, const char* what) {
+  const int64_t n = static_cast<int64_t>(prompt.tokens.size());
+  if (n == 0) return ApiError::invalid(std::string(what) + " is empty after tokenization", what);
+  if (n >= n_ctx)
+    return ApiError::invalid("This model's maximum context length is " + std::to_string(n_ctx) +
+                                 " tokens. However, your " + what + " resulted in " + std::to_string(n) +
+                                 " tokens.",
+                             what, "context_length_exceeded");
+  return prompt;
+}
+
+}  // namespace
+
+std::vector<int32_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& text) {
+  std::vector<int32_t> tokens = tokenizer.encode(text, /*add_special=*/false, /*parse_special=*/true);
+  const int32_t bos = tokenizer.bos_id();
+  if (tokenizer.add_bos() && bos >= 0 && (tokens.empty() || tokens.front() != bos)) tokens.insert(tokens.begin(), bos);
+  return tokens;
+}
+
+Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Tokenizer& tokenizer,
+                                       const ChatCompletionRequest& request) {
+  if (!chat.chat_template)
+    return ApiError::server("the model's chat template (" + chat.origin + ") failed to parse: " + chat.error,
+                            "chat_template_error");
+  ChatTemplateInputs inputs;
+  inputs.messages = request.messages;
+  inputs.tools = request.tools;
+  inputs.add_generation_prompt = true;
+  inputs.bos_token = chat.bos_token;
+  inputs.eos_token = chat.eos_token;
+  inputs.tokenizer_adds_bos = tokenizer.add_bos();
+  inputs.extra_context = request.template_kwargs;
+  try {
+    return chat.chat_template->apply(inputs);
+  } catch (const Error& e) {
+    return ApiError{400, std::string("chat template error: ") + e.what(), "invalid_request_error", "messages",
+                    "chat_template_error"};
+  } catch (const std::exception& e) {
+    return ApiError::server(std::string("chat template failed: ") + e.what(), "chat_template_error");
+  }
+}
+
+Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Tokenizer& tokenizer, int64_t n_ctx,
+                                      const ChatCompletionRequest& request) {
+  Parsed<std::string> text = render_chat_prompt(chat, tokenizer, request);
+  if (!text.ok()) return text.error();
+  BuiltPrompt prompt;
+  try {
+    prompt.tokens = tokenize_prompt(tokenizer, text.value());
+  } catch (const std::exception& e) {
+    return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), "messages");
+  }
+  prompt.implicit_stops = chat.implicit_stops;
+  return check_length(std::move(prompt), n_ctx, "messages");
+}
+
+Parsed<BuiltPrompt> build_completion_prompt(const Tokenizer& tokenizer, int64_t n_ctx, int64_t n_vocab,
+                                            const CompletionRequest& request) {
+  BuiltPrompt prompt;
+  if (request.prompt_is_tokens) {
+    for (int32_t id : request.prompt_tokens)
+      if (id < 0 || id >= n_vocab)
+        return ApiError::invalid("prompt token id " + std::to_string(id) + " is out of range (vocabulary has " +
+                                     std::to_string(n_vocab) + " tokens)",
+                                 "prompt");
+    prompt.tokens = request.prompt_tokens;
+  } else {
+    try {
+      prompt.tokens = tokenize_prompt(tokenizer, request.prompt);
+    } catch (const std::exception& e) {
+      return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), "prompt");
+    }
+  }
+  return check_length(std::move(prompt), n_ctx, "prompt");
+}
+
+}  // namespace reprise

@@ -1,0 +1,59 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+
+namespace reprise {
+
+Scheduler::Scheduler(int slots) {
+  const int n = std::max(1, slots);
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { slot_loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void Scheduler::submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+}
+
+size_t Scheduler::queued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size();
+}
+
+size_t Scheduler::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_;
+}
+
+void Scheduler::slot_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping and drained
+    std::function<void()> job = std::move(queue_.front());
+    queue_.pop_front();
+    ++running_;
+    lock.unlock();
+    try {
+      job();
+    } catch (...) {
+      // Jobs report their own errors; nothing may escape a slot thread.
+    }
+    job = nullptr;  // release captured state (model leases) before counting the slot free
+    lock.lock();
+    --running_;
+  }
+}
+
+}  // namespace reprise

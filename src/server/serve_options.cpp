@@ -1,0 +1,92 @@
+#include "server/serve_options.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "util/error.h"
+
+namespace reprise {
+
+std::string ServeOptions::validate() const {
+  if (port < 0 || port > 65535) return "--port must be between 0 and 65535";
+  if (parallel < 1 || parallel > 1024) return "--parallel must be between 1 and 1024";
+  if (threads < 0) return "--threads must be >= 0";
+  if (cache_ram_mib < 0) return "--cache-ram must be >= 0";
+  if (ctx_size < 0) return "--ctx-size must be >= 0";
+  if (max_body_bytes < 1024) return "--max-body-bytes must be at least 1024";
+  if (models_max_ram_mib < 0) return "--models-max-ram must be >= 0";
+  if (http_threads < 0) return "--http-threads must be >= 0";
+  if (http_threads > 0 && http_threads <= parallel) return "--http-threads must exceed --parallel";
+  if (read_timeout_seconds < 1 || write_timeout_seconds < 1) return "timeouts must be at least 1 second";
+  if (model_path.empty() && model_specs.empty() && models_dir.empty())
+    return "give a model: -m MODEL.gguf, --model ID=PATH or --models-dir DIR";
+  return {};
+}
+
+int ServeOptions::resolved_http_threads() const {
+  return http_threads > 0 ? http_threads : std::max(32, 4 * parallel + 16);
+}
+
+namespace {
+std::string id_from_path(const std::filesystem::path& p) { return p.stem().string(); }
+}  // namespace
+
+std::vector<ModelSource> resolve_model_sources(const ServeOptions& options) {
+  namespace fs = std::filesystem;
+  std::vector<ModelSource> out;
+  if (!options.model_path.empty()) out.push_back({id_from_path(options.model_path), options.model_path});
+  for (const std::string& spec : options.model_specs) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      out.push_back({id_from_path(spec), spec});  // a bare path: id from the file name
+      continue;
+    }
+    if (eq == 0 || eq + 1 == spec.size()) throw Error("--model expects ID=PATH, got '" + spec + "'");
+    out.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
+  }
+  if (!options.models_dir.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(options.models_dir, ec)) throw Error("--models-dir " + options.models_dir + ": not a directory");
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(options.models_dir, ec)) {
+      const fs::path& p = entry.path();
+      // Vision projectors are not language models on their own.
+      if (entry.is_regular_file() && p.extension() == ".gguf" && p.filename().string().rfind("mmproj", 0) != 0)
+        files.push_back(p);
+    }
+    if (ec) throw Error("--models-dir " + options.models_dir + ": " + ec.message());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& p : files) {
+      const std::string id = id_from_path(p);
+      // An explicit -m / --model with the same id wins over the directory.
+      if (std::none_of(out.begin(), out.end(), [&](const ModelSource& s) { return s.id == id; }))
+        out.push_back({id, p.string()});
+    }
+  }
+  if (out.empty()) throw Error("no models to serve");
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = i + 1; j < out.size(); ++j)
+      if (out[i].id == out[j].id) throw Error("model id '" + out[i].id + "' is given twice");
+  return out;
+}
+
+RegistryOptions make_registry_options(const ServeOptions& options) {
+  RegistryOptions r;
+  r.threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  r.cache_budget_bytes = static_cast<uint64_t>(options.cache_ram_mib * 1024 * 1024);
+  r.n_ctx = options.ctx_size;
+  r.max_ram_bytes = static_cast<uint64_t>(options.models_max_ram_mib * 1024 * 1024);
+  if (!options.chat_template_file.empty()) {
+    std::ifstream in(options.chat_template_file, std::ios::binary);
+    if (!in) throw Error("--chat-template-file " + options.chat_template_file + ": cannot read");
+    std::ostringstream text;
+    text << in.rdbuf();
+    r.chat_template_override = text.str();
+  }
+  return r;
+}
+
+}  // namespace reprise

@@ -1,0 +1,49 @@
+// Everything `reprise serve` is configured with, independent of the CLI so
+// tests start servers from the same struct.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/model_registry.h"
+
+namespace reprise {
+
+struct ServeOptions {
+  // Models: -m PATH (the default model), --model ID=PATH or PATH
+  // (repeatable) and every *.gguf in --models-dir. Ids are file names
+  // without .gguf unless given.
+  std::string model_path;
+  std::vector<std::string> model_specs;
+  std::string models_dir;
+
+  std::string host = "127.0.0.1";  // loopback unless asked otherwise
+  int port = 8080;                 // 0: an ephemeral port
+  int threads = 0;                 // compute threads per model; 0: all cores
+  std::string api_key;             // "": no authentication
+  int parallel = 4;                // concurrent sequences across all models
+  double cache_ram_mib = 256;      // prefix cache budget per model; 0 disables caching
+  int64_t ctx_size = 0;            // 0: each model's training context
+  size_t max_body_bytes = 8u << 20;
+  std::string chat_template_file;  // overrides every model's template
+  double models_max_ram_mib = 0;   // 0: no limit
+  int http_threads = 0;            // connection threads; 0: max(32, 4 * parallel + 16)
+  int read_timeout_seconds = 10;   // a client that stalls mid-request is dropped after this
+  int write_timeout_seconds = 10;  // ... or one that stops reading its response
+  bool log_requests = true;
+
+  // "" when valid, else what is wrong.
+  std::string validate() const;
+  int resolved_http_threads() const;
+};
+
+// The model list the options describe, default model first. Throws
+// reprise::Error for a malformed --model, a missing directory, no models or
+// duplicate ids.
+std::vector<ModelSource> resolve_model_sources(const ServeOptions& options);
+
+// Registry settings, reading --chat-template-file. Throws reprise::Error.
+RegistryOptions make_registry_options(const ServeOptions& options);
+
+}  // namespace reprise
