@@ -15,6 +15,7 @@ namespace {
 
 SyntheticModelSpec spec_for(const std::string& arch) {
   SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
+  if (arch == "jamba") s.n_expert_used = std::min<int64_t>(s.n_expert_used, s.n_expert);
   s.n_vocab = 512;
   s.n_ctx = 1024;
   if (arch == "gemma3") {
@@ -85,7 +86,7 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
   std::vector<std::vector<int32_t>> system_prompts;
   for (int i = 0; i < 3; ++i) system_prompts.push_back(random_tokens(rnd(5, 40)));
 
-  // gemma3's fixture-sized model is the slowest; it gets fewer scripts.
+  // The fixture-sized gemma3 model is the slowest; it gets fewer scripts.
   const int kScripts = GetParam() == "gemma3" ? 80 : 300;
   int64_t steps = 0, reused_total = 0, hits = 0;
   for (int script = 0; script < kScripts; ++script) {
@@ -95,7 +96,13 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
     // Budgets from "a handful of blocks" (constant eviction) to generous.
     cfg.budget_bytes = probe.block_bytes() * std::vector<uint64_t>{3, 12, 40, 100000}[rnd(0, 3)];
     PrefixCache cache(model.state_spec(), cfg);
-    Engine engine(model, pool, &cache);
+    // Recurrent models restore from snapshots checkpointed every few blocks.
+    SnapshotConfig sc;
+    sc.chunk_tokens = cfg.block_tokens;
+    sc.checkpoint_every_chunks = static_cast<int>(rnd(0, 3));
+    sc.max_entries = static_cast<size_t>(rnd(2, 64));
+    SnapshotStore snapshots(model.state_spec(), sc);
+    Engine engine(model, pool, &cache, {}, &snapshots);
 
     std::vector<std::vector<int32_t>> conversations;
     const int n_steps = static_cast<int>(rnd(4, 10));
@@ -125,6 +132,8 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
           << "script " << script << " step " << s << " kind " << kind << " block " << cfg.block_tokens
           << " reuse: " << got.result.reuse.describe();
       ASSERT_EQ(got.result.cached_tokens, got.result.reuse.reused_tokens);
+      // A recurrent model's reuse always ends exactly at a snapshot.
+      if (model.state_spec().has_recurrent() && got.result.cached_tokens > 0) ASSERT_GT(snapshots.stats().hits, 0u);
       ASSERT_LT(got.result.cached_tokens, static_cast<int64_t>(prompt.size()));
       reused_total += got.result.cached_tokens;
       hits += got.result.cached_tokens > 0;
@@ -149,7 +158,45 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, PrefixCacheDifferential,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "jamba"));
+
+// Issue 6: turn 2 of a chat on each recurrent architecture restores turn 1's
+// end-of-generation snapshot and matches a cold run bit for bit; an edit in
+// the middle restores from the nearest earlier checkpoint.
+class RecurrentReuse : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RecurrentReuse, TurnTwoAndMidConversationEdit) {
+  Model& model = model_for(GetParam());
+  ThreadPool pool(2);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 8;
+  PrefixCache cache(model.state_spec(), cfg);
+  SnapshotConfig sc;
+  sc.chunk_tokens = 8;
+  sc.checkpoint_every_chunks = 2;  // checkpoints every 16 positions
+  SnapshotStore snapshots(model.state_spec(), sc);
+  Engine engine(model, pool, &cache, {}, &snapshots);
+  Engine cold(model, pool, nullptr);
+  std::vector<int32_t> turn1(45);
+  for (size_t i = 0; i < turn1.size(); ++i) turn1[i] = static_cast<int32_t>(3 + (i * 13) % 500);
+  StepOutput a = run(engine, turn1, 6);
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
+  turn2.insert(turn2.end(), {40, 41, 42, 43});
+  StepOutput b = run(engine, turn2, 6);
+  EXPECT_EQ(b.result.cached_tokens, static_cast<int64_t>(turn1.size() + a.tokens.size() - 1));
+  EXPECT_TRUE(bit_identical(run(cold, turn2, 6), b));
+
+  std::vector<int32_t> edited = turn1;
+  edited[37] = 7;  // nearest earlier checkpoint: 32 (not 48)
+  StepOutput c = run(engine, edited, 4);
+  EXPECT_EQ(c.result.cached_tokens, 32);
+  EXPECT_TRUE(bit_identical(run(cold, edited, 4), c));
+  EXPECT_GT(snapshots.stats().tokens_saved, 0u);
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, RecurrentReuse, ::testing::Values("mamba", "mamba2", "jamba"));
 
 TEST(PrefixCache, TurnTwoReusesTurnOneIncludingItsAnswer) {
   Model& model = model_for("qwen3");
