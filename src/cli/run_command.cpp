@@ -21,7 +21,10 @@ struct RunOptions {
   int threads = 0;
   bool verbose = false;
   double cache_ram_mib = 256;
+  double snapshot_ram_mib = 256;
   std::string cache_salt;
+  std::string draft_model;
+  int draft_max = 8;
 };
 
 void run(const RunOptions& o) {
@@ -33,7 +36,19 @@ void run(const RunOptions& o) {
   PrefixCacheConfig cfg;
   cfg.budget_bytes = static_cast<uint64_t>(o.cache_ram_mib * 1024 * 1024);
   PrefixCache cache(bundle->model->state_spec(), cfg);
-  Engine engine(*bundle->model, pool, &cache);
+  SnapshotConfig snap_cfg;
+  snap_cfg.budget_bytes = static_cast<uint64_t>(o.snapshot_ram_mib * 1024 * 1024);
+  snap_cfg.chunk_tokens = cfg.block_tokens;
+  SnapshotStore snapshots(bundle->model->state_spec(), snap_cfg);
+  Engine engine(*bundle->model, pool, &cache, {}, &snapshots);
+  std::unique_ptr<ModelBundle> draft;
+  std::unique_ptr<PrefixCache> draft_cache;
+  if (!o.draft_model.empty()) {
+    draft = load_model_bundle(o.draft_model, [](const std::string& s) { std::fprintf(stderr, "[draft] %s\n", s.c_str()); });
+    check_draft_compatible(*bundle, *draft);
+    draft_cache = std::make_unique<PrefixCache>(draft->model->state_spec(), cfg);
+    engine.set_draft(*draft->model, draft_cache.get(), o.draft_max);
+  }
 
   std::vector<std::string> prompts = o.prompts;
   if (prompts.empty()) prompts.push_back("Once upon a time");
@@ -58,8 +73,17 @@ void run(const RunOptions& o) {
                  "generation: %zu tokens in %.3f s (%.1f tokens/s); finish: %s\n",
                  static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.cached_tokens),
                  r.prefill_seconds, pp, r.tokens.size(), r.decode_seconds, tg, r.finish_reason.c_str());
+    if (r.drafted_tokens > 0)
+      std::fprintf(stderr, "[draft] drafted %lld, accepted %lld (%.1f%%)\n", static_cast<long long>(r.drafted_tokens),
+                   static_cast<long long>(r.accepted_tokens), 100.0 * r.accepted_tokens / r.drafted_tokens);
     if (o.verbose) {
       std::fprintf(stderr, "[cache] %s\n", r.reuse.describe().c_str());
+      if (bundle->model->state_spec().has_recurrent()) {
+        SnapshotStats ss = snapshots.stats();
+        std::fprintf(stderr, "[snapshots] hits %llu misses %llu entries %llu (%.2f MiB) tokens saved %llu\n",
+                     (unsigned long long)ss.hits, (unsigned long long)ss.misses, (unsigned long long)ss.entries,
+                     ss.bytes / 1048576.0, (unsigned long long)ss.tokens_saved);
+      }
       CacheStats s = cache.stats();
       std::fprintf(stderr,
                    "[cache] lookups %llu hits %llu misses %llu tokens reused %llu; blocks %llu "
@@ -94,6 +118,11 @@ void register_run(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget in MiB (0 disables)")->capture_default_str();
   cmd->add_option("--cache-salt", o->cache_salt, "Cache namespace salt (tenant isolation)");
+  cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,
+                  "Recurrent-state snapshot budget in MiB for SSM/hybrid models (0 disables)")
+      ->capture_default_str();
+  cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding (same vocabulary)");
+  cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
   cmd->add_flag("-v,--verbose", o->verbose, "Print prefix-cache reuse and totals after each prompt");
   cmd->callback([o] { run(*o); });
 }

@@ -37,4 +37,19 @@ std::unique_ptr<ModelBundle> load_model_bundle(const std::string& path,
   return bundle;
 }
 
+void check_draft_compatible(const ModelBundle& target, const ModelBundle& draft) {
+  const Tokenizer& a = *target.tokenizer;
+  const Tokenizer& b = *draft.tokenizer;
+  if (a.n_vocab() != b.n_vocab() || target.model->info().n_vocab != draft.model->info().n_vocab)
+    throw Error("draft model " + draft.path + " has a different vocabulary size (" + std::to_string(b.n_vocab()) +
+                ") than the target " + target.path + " (" + std::to_string(a.n_vocab()) + ")");
+  for (int32_t id = 0; id < a.n_vocab(); ++id)
+    if (a.token_text(id) != b.token_text(id))
+      throw Error("draft model " + draft.path + " does not share the target's vocabulary: token " +
+                  std::to_string(id) + " differs");
+  if (target.model->state_spec().has_recurrent() || draft.model->state_spec().has_recurrent())
+    throw Error("speculative decoding with recurrent (SSM/hybrid) models is not supported yet: rejected "
+                "tokens cannot be rolled back exactly without per-step snapshots");
+}
+
 }  // namespace reprise

@@ -27,4 +27,8 @@ struct ModelBundle {
 std::unique_ptr<ModelBundle> load_model_bundle(const std::string& path,
                                                const std::function<void(const std::string&)>& progress = {});
 
+// Throws reprise::Error unless `draft` can draft for `target`: the same
+// vocabulary (every token's text) and no recurrent layers in either.
+void check_draft_compatible(const ModelBundle& target, const ModelBundle& draft);
+
 }  // namespace reprise
