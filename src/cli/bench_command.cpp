@@ -9,6 +9,7 @@
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
+#include "cli/replay_bench.h"
 #include "engine/engine.h"
 #include "engine/flat_memory.h"
 #include "engine/model_bundle.h"
@@ -30,6 +31,8 @@ struct BenchOptions {
   int system_tokens = 1000;
   int turn_tokens = 200;
   int answer_tokens = 32;
+  std::string draft_model;
+  int draft_max = 8;
 };
 
 double now_seconds() {
@@ -113,68 +116,6 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   }
 }
 
-// An agent-style chat: a long shared system prompt, then turns that each add
-// the previous answer and a new user message. Cache on vs off vs the ideal
-// (prefilling only the new tokens on top of an already-computed prefix).
-void replay_chat(const BenchOptions& o, ModelBundle& b) {
-  const int threads = resolve_threads(o.threads);
-  ThreadPool pool(threads);
-  Model& model = *b.model;
-  const int64_t n_vocab = model.info().n_vocab;
-  PrefixCacheConfig cfg;
-  cfg.budget_bytes = 1ull << 30;
-  PrefixCache cache(model.state_spec(), cfg);
-  Engine cached(model, pool, &cache);
-  Engine uncached(model, pool, nullptr);
-
-  std::vector<int32_t> conversation = random_tokens(o.system_tokens, n_vocab, 7);
-  std::printf("replay chat: %d turns, %d-token system prompt, %d new user tokens and %d answer tokens per turn, "
-              "%d threads\n",
-              o.turns, o.system_tokens, o.turn_tokens, o.answer_tokens, threads);
-  std::printf("| turn | prompt | reused | ideal reuse | TTFT cache on (s) | TTFT cache off (s) | new-tokens-only (s) | on/ideal |\n");
-  std::printf("|------|--------|--------|-------------|-------------------|--------------------|---------------------|----------|\n");
-  int64_t reused_total = 0, prompt_total = 0, ideal_total = 0;
-  int64_t previous_computed = 0;  // positions whose state a previous turn computed
-  for (int turn = 1; turn <= o.turns; ++turn) {
-    auto user = random_tokens(o.turn_tokens, n_vocab, 100 + turn);
-    conversation.insert(conversation.end(), user.begin(), user.end());
-    GenerateRequest req;
-    req.prompt = conversation;
-    req.sampling.temperature = 0;
-    req.max_tokens = o.answer_tokens;
-    GenerateResult on = cached.generate(req);
-    req.max_tokens = 1;
-    GenerateResult off = uncached.generate(req);
-    // Ideal: the already-computed prefix costs nothing; time only the new tokens.
-    const int64_t ideal_reuse = std::min<int64_t>(previous_computed, conversation.size() - 1);
-    FlatMemory memory(model.state_spec());
-    std::vector<float> logits;
-    ForwardBatch prefix;
-    prefix.tokens = std::span<const int32_t>(conversation).subspan(0, ideal_reuse);
-    prefix.logits_for = LogitsFor::None;
-    if (ideal_reuse > 0) model.forward(prefix, memory, logits, pool);
-    ForwardBatch rest;
-    rest.tokens = std::span<const int32_t>(conversation).subspan(ideal_reuse);
-    rest.pos0 = ideal_reuse;
-    const double t0 = now_seconds();
-    model.forward(rest, memory, logits, pool);
-    const double ideal_s = now_seconds() - t0;
-    std::printf("| %4d | %6zu | %6lld | %11lld | %17.4f | %18.4f | %19.4f | %8.2f |\n", turn, conversation.size(),
-                static_cast<long long>(on.cached_tokens), static_cast<long long>(ideal_reuse), on.prefill_seconds,
-                off.prefill_seconds, ideal_s, on.prefill_seconds / ideal_s);
-    std::fflush(stdout);
-    reused_total += on.cached_tokens;
-    prompt_total += conversation.size();
-    ideal_total += ideal_reuse;
-    // The answer joins the conversation; all but its last token were computed.
-    conversation.insert(conversation.end(), on.tokens.begin(), on.tokens.end());
-    previous_computed = static_cast<int64_t>(conversation.size()) - 1;
-  }
-  std::printf("cache efficiency: %.4f (reused %lld of %lld prompt tokens); ideal for this script: %.4f\n",
-              double(reused_total) / prompt_total, static_cast<long long>(reused_total),
-              static_cast<long long>(prompt_total), double(ideal_total) / prompt_total);
-}
-
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -186,7 +127,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per line per test");
-  cmd->add_option("--replay", o->replay, "Replay a scripted workload instead: 'chat'");
+  cmd->add_option("--replay", o->replay, "Replay a scripted workload instead: 'chat' or 'speculative'");
+  cmd->add_option("--draft-model", o->draft_model, "Replay speculative: the draft model");
+  cmd->add_option("--draft-max", o->draft_max, "Replay speculative: tokens drafted per step")->capture_default_str();
   cmd->add_option("--turns", o->turns, "Replay: turns")->capture_default_str();
   cmd->add_option("--system-tokens", o->system_tokens, "Replay: system prompt tokens")->capture_default_str();
   cmd->add_option("--turn-tokens", o->turn_tokens, "Replay: new user tokens per turn")->capture_default_str();
@@ -195,9 +138,12 @@ void register_bench(CLI::App& app) {
     if (o->reps < 1) throw Error("--repetitions must be at least 1");
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
+    ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,
+                    o->n_gen, o->draft_max};
     if (o->replay.empty()) throughput(*o, *bundle);
-    else if (o->replay == "chat") replay_chat(*o, *bundle);
-    else throw Error("unknown replay '" + o->replay + "' (available: chat)");
+    else if (o->replay == "chat") replay_chat(r, *bundle);
+    else if (o->replay == "speculative") replay_speculative(r, *bundle, o->draft_model);
+    else throw Error("unknown replay '" + o->replay + "' (available: chat, speculative)");
   });
 }
 

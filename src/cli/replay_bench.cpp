@@ -1,0 +1,172 @@
+#include "cli/replay_bench.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "cache/prefix_cache.h"
+#include "cache/snapshot_store.h"
+#include "engine/engine.h"
+#include "engine/flat_memory.h"
+#include "util/error.h"
+
+namespace reprise::cli {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> v(n);
+  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % (n_vocab - 3));
+  return v;
+}
+
+// A model whose logits always favour one token: as a draft, every proposal
+// is rejected by any target that disagrees, which measures pure overhead.
+class ContrarianDraft final : public Model {
+ public:
+  explicit ContrarianDraft(const Model& target) : target_(target) {
+    info_ = target.info();
+    info_.fingerprint[0] ^= 0xC0;
+  }
+  const ModelInfo& info() const override { return info_; }
+  const StateSpec& state_spec() const override { return target_.state_spec(); }
+  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits, ThreadPool&) override {
+    memory.prepare(batch.pos0, batch.pos0 + static_cast<int64_t>(batch.tokens.size()));
+    const int64_t rows = batch.logits_for == LogitsFor::All ? batch.tokens.size()
+                         : batch.logits_for == LogitsFor::Last ? 1 : 0;
+    logits.assign(rows * info_.n_vocab, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) logits[r * info_.n_vocab + 3] = 1.0f;
+  }
+
+ private:
+  const Model& target_;
+  ModelInfo info_;
+};
+
+}  // namespace
+
+void replay_chat(const ReplayOptions& o, ModelBundle& b) {
+  ThreadPool pool(o.threads);
+  Model& model = *b.model;
+  const int64_t n_vocab = model.info().n_vocab;
+  const bool recurrent = model.state_spec().has_recurrent();
+  PrefixCacheConfig cfg;
+  cfg.budget_bytes = 1ull << 30;
+  PrefixCache cache(model.state_spec(), cfg), cache_nosnap(model.state_spec(), cfg);
+  SnapshotConfig sc;
+  sc.budget_bytes = 1ull << 30;
+  SnapshotStore snapshots(model.state_spec(), sc);
+  Engine cached(model, pool, &cache, {}, &snapshots);
+  Engine cached_no_snapshots(model, pool, &cache_nosnap);
+  Engine uncached(model, pool, nullptr);
+
+  std::vector<int32_t> conversation = random_tokens(o.system_tokens, n_vocab, 7);
+  std::printf("replay chat on %s: %d turns, %d-token system prompt, %d new user tokens and %d answer tokens per "
+              "turn, %d threads\n",
+              b.path.c_str(), o.turns, o.system_tokens, o.turn_tokens, o.answer_tokens, o.threads);
+  std::printf("| turn | prompt | reused | ideal reuse | TTFT cache on (s) |%s TTFT cache off (s) | new-tokens-only (s) "
+              "| on/ideal |\n",
+              recurrent ? " TTFT no snapshots (s) |" : "");
+  int64_t reused_total = 0, prompt_total = 0, ideal_total = 0;
+  int64_t previous_computed = 0;  // positions whose state a previous turn computed
+  for (int turn = 1; turn <= o.turns; ++turn) {
+    auto user = random_tokens(o.turn_tokens, n_vocab, 100 + turn);
+    conversation.insert(conversation.end(), user.begin(), user.end());
+    GenerateRequest req;
+    req.prompt = conversation;
+    req.sampling.temperature = 0;
+    req.max_tokens = o.answer_tokens;
+    GenerateResult on = cached.generate(req);
+    GenerateResult no_snap;
+    if (recurrent) no_snap = cached_no_snapshots.generate(req);
+    req.max_tokens = 1;
+    GenerateResult off = uncached.generate(req);
+    // Ideal: the already-computed prefix costs nothing; time only the new tokens.
+    const int64_t ideal_reuse = std::min<int64_t>(previous_computed, conversation.size() - 1);
+    FlatMemory memory(model.state_spec());
+    std::vector<float> logits;
+    ForwardBatch prefix;
+    prefix.tokens = std::span<const int32_t>(conversation).subspan(0, ideal_reuse);
+    prefix.logits_for = LogitsFor::None;
+    if (ideal_reuse > 0) model.forward(prefix, memory, logits, pool);
+    ForwardBatch rest;
+    rest.tokens = std::span<const int32_t>(conversation).subspan(ideal_reuse);
+    rest.pos0 = ideal_reuse;
+    const double t0 = now_seconds();
+    model.forward(rest, memory, logits, pool);
+    const double ideal_s = now_seconds() - t0;
+    if (recurrent)
+      std::printf("| %4d | %6zu | %6lld | %11lld | %17.4f | %21.4f | %18.4f | %19.4f | %8.2f |\n", turn,
+                  conversation.size(), static_cast<long long>(on.cached_tokens), static_cast<long long>(ideal_reuse),
+                  on.prefill_seconds, no_snap.prefill_seconds, off.prefill_seconds, ideal_s,
+                  on.prefill_seconds / ideal_s);
+    else
+      std::printf("| %4d | %6zu | %6lld | %11lld | %17.4f | %18.4f | %19.4f | %8.2f |\n", turn, conversation.size(),
+                  static_cast<long long>(on.cached_tokens), static_cast<long long>(ideal_reuse), on.prefill_seconds,
+                  off.prefill_seconds, ideal_s, on.prefill_seconds / ideal_s);
+    std::fflush(stdout);
+    reused_total += on.cached_tokens;
+    prompt_total += conversation.size();
+    ideal_total += ideal_reuse;
+    // The answer joins the conversation; all but its last token were computed.
+    conversation.insert(conversation.end(), on.tokens.begin(), on.tokens.end());
+    previous_computed = static_cast<int64_t>(conversation.size()) - 1;
+  }
+  std::printf("cache efficiency: %.4f (reused %lld of %lld prompt tokens); ideal for this script: %.4f\n",
+              double(reused_total) / prompt_total, static_cast<long long>(reused_total),
+              static_cast<long long>(prompt_total), double(ideal_total) / prompt_total);
+  if (recurrent) {
+    SnapshotStats s = snapshots.stats();
+    std::printf("snapshots: %llu hits, %llu misses, %llu entries (%.2f MiB), %llu tokens saved\n",
+                (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.entries,
+                s.bytes / 1048576.0, (unsigned long long)s.tokens_saved);
+  }
+}
+
+void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::string& draft_path) {
+  if (draft_path.empty()) throw Error("--replay speculative needs --draft-model");
+  auto draft = load_model_bundle(draft_path);
+  check_draft_compatible(target, *draft);
+  ThreadPool pool(o.threads);
+  Model& model = *target.model;
+  auto prompt = random_tokens(64, model.info().n_vocab, 3);
+  auto timed = [&](Engine& e, GenerateResult& out) {
+    GenerateRequest req;
+    req.prompt = prompt;
+    req.sampling.temperature = 0;
+    req.max_tokens = o.gen_tokens;
+    req.use_cache = false;
+    const double t0 = now_seconds();
+    out = e.generate(req);
+    return out.tokens.size() / (now_seconds() - t0);
+  };
+  Engine plain(model, pool, nullptr);
+  Engine with_draft(model, pool, nullptr);
+  with_draft.set_draft(*draft->model, nullptr, o.draft_max);
+  ContrarianDraft contrarian(model);
+  Engine with_bad_draft(model, pool, nullptr);
+  with_bad_draft.set_draft(contrarian, nullptr, o.draft_max);
+  GenerateResult r0, r1, r2;
+  timed(plain, r0);  // warm-up
+  const double base = timed(plain, r0);
+  const double spec = timed(with_draft, r1);
+  const double bad = timed(with_bad_draft, r2);
+  if (r0.tokens != r1.tokens) throw Error("speculative output differs from plain greedy output");
+  std::printf("speculative replay: target %s, draft %s, %d tokens, draft-max %d, %d threads\n", target.path.c_str(),
+              draft_path.c_str(), o.gen_tokens, o.draft_max, o.threads);
+  std::printf("| run | tokens/s | drafted | accepted | acceptance | speed-up |\n");
+  std::printf("| no draft | %.1f | - | - | - | 1.00 |\n", base);
+  std::printf("| draft | %.1f | %lld | %lld | %.1f%% | %.2f |\n", spec, (long long)r1.drafted_tokens,
+              (long long)r1.accepted_tokens, r1.drafted_tokens ? 100.0 * r1.accepted_tokens / r1.drafted_tokens : 0.0,
+              spec / base);
+  std::printf("| always-rejected draft | %.1f | %lld | %lld | %.1f%% | %.2f |\n", bad, (long long)r2.drafted_tokens,
+              (long long)r2.accepted_tokens,
+              r2.drafted_tokens ? 100.0 * r2.accepted_tokens / r2.drafted_tokens : 0.0, bad / base);
+}
+
+}  // namespace reprise::cli

@@ -1,0 +1,31 @@
+// Scripted replays for `reprise bench --replay ...`: what the caches save.
+#pragma once
+#include <string>
+
+#include "engine/model_bundle.h"
+
+namespace reprise::cli {
+
+struct ReplayOptions {
+  int threads = 1;
+  int turns = 8;
+  int system_tokens = 1000;
+  int turn_tokens = 200;
+  int answer_tokens = 32;
+  int gen_tokens = 128;  // speculative: tokens generated per run
+  int draft_max = 8;
+};
+
+// An agent-style chat: a long system prompt, then turns that each add the
+// previous answer and a new user message. Prints per-turn time-to-first-token
+// with the cache on (and, for recurrent models, with snapshots off), cache
+// off, and the ideal (prefilling only the new tokens on a computed prefix),
+// plus cache efficiency against the script's ideal.
+void replay_chat(const ReplayOptions& o, ModelBundle& bundle);
+
+// Tokens/s with and without the draft model (greedy, so outputs are equal),
+// the acceptance rate, and the overhead when nothing is accepted (an
+// adversarial draft whose proposals are always rejected).
+void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::string& draft_path);
+
+}  // namespace reprise::cli
