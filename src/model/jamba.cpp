@@ -334,10 +334,16 @@ void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
     }
     for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
 
-    for (int64_t t = 0; t < n; ++t)
+    // The last layer's FFN only matters for rows that produce logits (as
+    // llama.cpp's inp_out_ids); the recurrent and KV state is already written.
+    int64_t r0 = 0;
+    if (il + 1 == static_cast<int>(layers_.size()))
+      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
+    if (r0 == n) break;
+    for (int64_t t = r0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
-    feed_forward(L.ffn, h.data(), n, tmp.data(), pool);
-    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
+    feed_forward(L.ffn, h.data() + r0 * n_embd_, n - r0, tmp.data() + r0 * n_embd_, pool);
+    for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
   }
 
   if (batch.logits_for == LogitsFor::None) return;
