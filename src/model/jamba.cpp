@@ -321,6 +321,11 @@ void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
 
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
+    // The last layer's outputs only matter for rows that produce logits (as
+    // llama.cpp's inp_out_ids); its recurrent or KV state still covers all.
+    int64_t r0 = 0;
+    if (il + 1 == static_cast<int>(layers_.size()))
+      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     if (L.recurrent) {
@@ -328,18 +333,13 @@ void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
       float* ssm = memory.ssm_state(il);
       if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
         throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
-      mamba1_mix(L.ssm, d_, h.data(), n, conv, ssm, tmp.data(), pool);
+      mamba1_mix(L.ssm, d_, h.data(), n, conv, ssm, tmp.data(), pool, r0);
     } else {
       attention(L, il, batch, memory, h.data(), tmp.data(), pool);
     }
-    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
-
-    // The last layer's FFN only matters for rows that produce logits (as
-    // llama.cpp's inp_out_ids); the recurrent and KV state is already written.
-    int64_t r0 = 0;
-    if (il + 1 == static_cast<int>(layers_.size()))
-      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
     if (r0 == n) break;
+    for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
+
     for (int64_t t = r0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     feed_forward(L.ffn, h.data() + r0 * n_embd_, n - r0, tmp.data() + r0 * n_embd_, pool);

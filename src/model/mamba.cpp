@@ -175,7 +175,7 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
 }
 
 void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
-                float* conv_state, float* ssm_state, float* out, ThreadPool& pool) {
+                float* conv_state, float* ssm_state, float* out, ThreadPool& pool, int64_t out_first) {
   const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
   std::vector<float> xz(n * 2 * di), xc(n * di), xdb(n * n_xdb), dt(n * di), y(n * di);
 
@@ -220,7 +220,7 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int6
       }
     }
   });
-  matmul(L.out, y.data(), n, out, pool);
+  if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d.n_embd, pool);
 }
 
 // ------------------------------------------------------------ models
@@ -242,7 +242,7 @@ class Mamba final : public Model {
 
  private:
   void mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state, float* ssm_state,
-                  float* out, ThreadPool& pool) const;
+                  float* out, ThreadPool& pool, int64_t out_first) const;
 
   bool v2_ = false;
   ModelInfo info_;
@@ -329,7 +329,7 @@ Mamba::Mamba(const gguf::File& file) {
 }
 
 void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state,
-                       float* ssm_state, float* out, ThreadPool& pool) const {
+                       float* ssm_state, float* out, ThreadPool& pool, int64_t out_first) const {
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
@@ -363,12 +363,12 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* 
   });
   // Grouped RMS norm over d_inner / n_group.
   const int64_t gs = di / ng;
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = out_first; t < n; ++t)
     for (int64_t gi = 0; gi < ng; ++gi) {
       float* row = y.data() + t * di + gi * gs;
       rms_norm(row, L.norm.data() + gi * gs, d_.eps, gs, row);
     }
-  matmul(L.out, y.data(), n, out, pool);
+  if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d_.n_embd, pool);
 }
 
 void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
@@ -393,11 +393,16 @@ void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
     float* ssm = memory.ssm_state(il);
     if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
       throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
+    // The last layer's output only matters for rows that produce logits (as
+    // llama.cpp's inp_out_ids); the state still advances over every token.
+    int64_t r0 = 0;
+    if (il + 1 == n_layer)
+      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
     if (v2_)
-      mamba2_mix(layers2_[il], h.data(), n, conv, ssm, mix.data(), pool);
+      mamba2_mix(layers2_[il], h.data(), n, conv, ssm, mix.data(), pool, r0);
     else
-      mamba1_mix(layers1_[il], d_, h.data(), n, conv, ssm, mix.data(), pool);
-    for (int64_t i = 0; i < n * n_embd; ++i) x[i] += mix[i];
+      mamba1_mix(layers1_[il], d_, h.data(), n, conv, ssm, mix.data(), pool, r0);
+    for (int64_t i = r0 * n_embd; i < n * n_embd; ++i) x[i] += mix[i];
   }
 
   if (batch.logits_for == LogitsFor::None) return;

@@ -60,8 +60,9 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
 
 // Runs the mixer for n tokens: `in` holds the normalized hidden states
 // (n x n_embd), `out` receives the mixer's output (n x n_embd) before the
-// residual. Reads and updates conv_state / ssm_state (see the layout above).
+// residual, for rows [out_first, n) only (the state always advances over all
+// n). Reads and updates conv_state / ssm_state (see the layout above).
 void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
-                float* conv_state, float* ssm_state, float* out, ThreadPool& pool);
+                float* conv_state, float* ssm_state, float* out, ThreadPool& pool, int64_t out_first = 0);
 
 }  // namespace reprise
