@@ -111,11 +111,21 @@ std::string ChatTemplate::apply(const ChatTemplateInputs& inputs, const jinja::R
   return render(inputs, fold_system_messages(inputs.messages), options);
 }
 
+namespace {
+
+size_t common_prefix(const std::string& a, const std::string& b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  return k;
+}
+
+}  // namespace
+
 AppendStability check_append_stability(const ChatTemplate& chat_template, const ordered_json& messages,
                                        const ChatTemplateInputs& base, const jinja::RenderOptions& options) {
   AppendStability result;
   if (!messages.is_array()) {
-    result.stable = false;
+    result.stable = result.prompt_continues = false;
     result.problem = "messages must be an array";
     return result;
   }
@@ -126,30 +136,49 @@ AppendStability check_append_stability(const ChatTemplate& chat_template, const 
     inputs.add_generation_prompt = generation_prompt;
     return chat_template.apply(inputs, options);
   };
+  // Every rendering a growing conversation goes through, in order: the
+  // prompt before each reply, the rendering through each reply, and the
+  // whole conversation at the end.
+  struct Rendering {
+    size_t message;  // assistant message it belongs to
+    bool with_reply;
+    std::string text;
+  };
+  std::vector<Rendering> chain;
   const size_t n = messages.size();
-  for (size_t i = 0; i + 1 < n; ++i) {
-    if (!is_role(messages[i], "assistant")) continue;
-    size_t next_user = i + 1;
-    while (next_user < n && !is_role(messages[next_user], "user")) ++next_user;
-    size_t count = next_user < n ? next_user + 1 : n;
-    bool generation_prompt = next_user < n || !is_role(messages[n - 1], "assistant");
-    std::string truncated, longer;
-    try {
-      truncated = render_prefix(i + 1, false);
-      longer = render_prefix(count, generation_prompt);
-    } catch (const Error& e) {
-      result.stable = false;
-      result.unstable_message = i;
-      result.problem = e.what();
-      return result;
+  size_t current = 0;
+  try {
+    for (size_t i = 1; i < n; ++i) {
+      if (!is_role(messages[i], "assistant")) continue;
+      current = i;
+      chain.push_back({i, false, render_prefix(i, true)});
+      chain.push_back({i, true, render_prefix(i + 1, false)});
     }
-    if (!longer.starts_with(truncated)) {
-      size_t k = 0;
-      while (k < truncated.size() && k < longer.size() && truncated[k] == longer[k]) ++k;
-      result.stable = false;
-      result.unstable_message = i;
-      result.divergence_offset = k;
-      return result;
+    if (n > 0 && !chain.empty() && chain.back().message + 1 < n) {
+      chain.push_back({n, false, render_prefix(n, !is_role(messages[n - 1], "assistant"))});
+    }
+  } catch (const Error& e) {
+    result.stable = result.prompt_continues = false;
+    result.unstable_message = result.prompt_message = current;
+    result.problem = e.what();
+    return result;
+  }
+  for (size_t a = 0; a < chain.size(); ++a) {
+    if (!chain[a].with_reply) continue;
+    const std::string& reply = chain[a].text;
+    const std::string& prompt = chain[a - 1].text;  // P_k precedes R_k
+    if (result.prompt_continues && !reply.starts_with(prompt)) {
+      result.prompt_continues = false;
+      result.prompt_message = chain[a].message;
+      result.prompt_divergence = common_prefix(prompt, reply);
+      result.prompt_length = prompt.size();
+    }
+    for (size_t b = a + 1; b < chain.size() && result.stable; ++b) {
+      if (!chain[b].text.starts_with(reply)) {
+        result.stable = false;
+        result.unstable_message = chain[a].message;
+        result.divergence_offset = common_prefix(reply, chain[b].text);
+      }
     }
   }
   return result;

@@ -53,22 +53,41 @@ class ChatTemplate {
   bool supports_system_role_ = true;
 };
 
-// Whether re-rendering a longer conversation keeps the earlier prompt as a
-// prefix, so a prefix cache can reuse it. For every assistant turn that is
-// followed by more messages, the conversation up to and including that turn
-// is rendered without a generation prompt and compared with the rendering
-// up to the next user turn with one.
+// How a conversation's renderings relate as it grows, which decides what a
+// prefix cache can reuse between turns. Let P_k be the prompt for the k-th
+// assistant reply (everything before it, generation prompt on) and R_k the
+// rendering through that reply (generation prompt off). An ideal template
+// gives the chain P_1 <= R_1 <= P_2 <= R_2 <= ... where <= is "is a prefix of".
 struct AppendStability {
+  // History: every R_k is a prefix of every later rendering. This is what
+  // is_append_stable() reports. False when a template re-renders earlier
+  // turns once more messages follow (Qwen3 drops the empty think block of
+  // earlier replies; LFM2.5 drops earlier reasoning).
   bool stable = true;
-  size_t unstable_message = 0;   // index of the first assistant turn that breaks it
-  size_t divergence_offset = 0;  // first differing byte between the two renderings
-  std::string problem;           // set when a rendering itself failed
+  size_t unstable_message = 0;   // the assistant message whose rendering changes later
+  size_t divergence_offset = 0;  // first differing byte of the two renderings
+
+  // Continuation: every P_k is a prefix of R_k, i.e. the reply is rendered as
+  // a continuation of the prompt the model generated it from. False when the
+  // template rewrites the reply (strips <think>, swaps the end marker) or
+  // reshuffles history (Mistral puts the system prompt into the last user
+  // turn). prompt_divergence < prompt_length means the history before the
+  // reply already differed, so a cache loses far more than the reply.
+  bool prompt_continues = true;
+  size_t prompt_message = 0;     // the assistant message where it breaks
+  size_t prompt_divergence = 0;  // first differing byte of P_k and R_k
+  size_t prompt_length = 0;      // length of P_k
+
+  std::string problem;  // set when a rendering itself failed (stable is then false)
 };
 
 AppendStability check_append_stability(const ChatTemplate& chat_template, const nlohmann::ordered_json& messages,
                                        const ChatTemplateInputs& base = {},
                                        const jinja::RenderOptions& options = {});
 
+// True when re-rendering the conversation truncated after each assistant turn
+// (without generation prompt) always yields a prefix of every longer
+// rendering: earlier turns are never rendered differently later on.
 bool is_append_stable(const ChatTemplate& chat_template, const nlohmann::ordered_json& messages);
 
 }  // namespace reprise

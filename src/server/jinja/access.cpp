@@ -334,19 +334,19 @@ bool call_list_method(const Value& object, std::string_view name, const CallArgs
   result = Value::none();
   if (name == "append") {
     BoundArgs a(callee, args, {"object"});
-    ensure_no_cycle(object, a[0]);
+    CycleBreaker::note_store(object, a[0]);
     list.items.push_back(a[0]);
   } else if (name == "extend") {
     BoundArgs a(callee, args, {"iterable"});
     std::vector<Value> extra = iterate(a[0]);
     charge_steps(extra.size());
-    for (const Value& v : extra) ensure_no_cycle(object, v);
+    for (const Value& v : extra) CycleBreaker::note_store(object, v);
     list.items.insert(list.items.end(), extra.begin(), extra.end());
   } else if (name == "insert") {
     BoundArgs a(callee, args, {"index", "object"});
     int64_t i = normalize_index(a.int_or(0, 0), list.items.size());
     i = std::clamp<int64_t>(i, 0, static_cast<int64_t>(list.items.size()));
-    ensure_no_cycle(object, a[1]);
+    CycleBreaker::note_store(object, a[1]);
     list.items.insert(list.items.begin() + i, a[1]);
   } else if (name == "pop") {
     BoundArgs a(callee, args, {"index"});
@@ -436,7 +436,7 @@ bool call_dict_method(const Value& object, std::string_view name, const CallArgs
       result = *found;
     } else {
       Value fallback = a.given(1) ? a[1] : Value::none();
-      ensure_no_cycle(object, fallback);
+      CycleBreaker::note_store(object, fallback);
       dict.set(key, fallback);
       result = fallback;
     }
@@ -446,12 +446,12 @@ bool call_dict_method(const Value& object, std::string_view name, const CallArgs
       const Value& other = args.positional[0];
       if (!other.is_dict()) throw Error("dict.update() needs a mapping");
       for (const auto& [key, value] : other.as_dict().entries()) {
-        ensure_no_cycle(object, value);
+        CycleBreaker::note_store(object, value);
         dict.set(key, value);
       }
     }
     for (const auto& [key, value] : args.named) {
-      ensure_no_cycle(object, value);
+      CycleBreaker::note_store(object, value);
       dict.set(key, value);
     }
   } else if (name == "copy") {

@@ -37,6 +37,7 @@ void Budget::check_size(size_t size) const {
 
 Budget::Nesting::Nesting(Budget* budget) : budget_(budget) {
   if (!budget_) return;
+  budget_->charge_steps(1);  // every evaluated node is a step
   if (++budget_->nesting_ > budget_->limits_.max_nesting) {
     --budget_->nesting_;
     throw Error("template nesting too deep (limit " + std::to_string(budget_->limits_.max_nesting) +

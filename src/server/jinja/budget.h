@@ -13,7 +13,7 @@
 namespace reprise::jinja {
 
 struct BudgetLimits {
-  uint64_t max_steps = 4'000'000;         // loop iterations, calls, traversed values
+  uint64_t max_steps = 5'000'000;         // evaluated nodes, loop iterations, calls, traversed values
   uint64_t max_work_bytes = 1ull << 30;   // bytes produced by string operations
   size_t max_output_bytes = 16u << 20;    // size of any one string/output buffer
   int max_call_depth = 200;               // nested macro/callable calls
@@ -30,7 +30,8 @@ class Budget {
   void check_size(size_t size) const;
   const BudgetLimits& limits() const { return limits_; }
 
-  // RAII depth counters.
+  // RAII depth counters. Nesting also charges one step: the renderer opens
+  // one per evaluated statement or expression.
   class Nesting {
    public:
     explicit Nesting(Budget* budget);

@@ -62,6 +62,13 @@ Value sort_key(const Value& v, bool case_sensitive) {
 
 std::string str_of(const Value& v) { return to_str(v); }
 
+// Marks a filter result as a Jinja2 generator (see ListData::is_generator).
+Value generator(std::vector<Value> items) {
+  Value v = Value::list(std::move(items));
+  v.as_list().is_generator = true;
+  return v;
+}
+
 // ------------------------------------------------------------------ strings
 
 Value f_upper(Renderer&, const Value& in, const CallArgs& a) {
@@ -321,7 +328,7 @@ Value f_reverse(Renderer&, const Value& in, const CallArgs& a) {
   }
   std::vector<Value> items = items_of(in, "reverse");
   std::reverse(items.begin(), items.end());
-  return Value::list(std::move(items));
+  return generator(std::move(items));
 }
 Value f_join(Renderer&, const Value& in, const CallArgs& a) {
   BoundArgs b("join", a, {"d", "attribute"});
@@ -344,11 +351,11 @@ Value f_default(Renderer&, const Value& in, const CallArgs& a) {
 }
 Value f_items(Renderer&, const Value& in, const CallArgs& a) {
   BoundArgs b("items", a, {});
-  if (in.is_undefined()) return Value::list();
+  if (in.is_undefined()) return generator({});
   if (!in.is_dict() || in.as_dict().flavor != DictData::Flavor::Dict) throw Error("Can only get item pairs from a mapping.");
   std::vector<Value> pairs;
   for (const auto& [key, value] : in.as_dict().entries()) pairs.push_back(Value::list({Value::string(key), value}, true));
-  return Value::list(std::move(pairs));
+  return generator(std::move(pairs));
 }
 Value f_keys(Renderer&, const Value& in, const CallArgs& a) {
   BoundArgs b("keys", a, {});
@@ -424,7 +431,7 @@ Value f_unique(Renderer&, const Value& in, const CallArgs& a) {
     seen_keys.push_back(std::move(key));
     out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return generator(std::move(out));
 }
 Value min_max(const Value& in, const CallArgs& a, bool want_max) {
   BoundArgs b(want_max ? "max" : "min", a, {"case_sensitive", "attribute"});
@@ -482,7 +489,7 @@ Value f_batch(Renderer&, const Value& in, const CallArgs& a) {
     }
     batches.push_back(Value::list(std::move(current)));
   }
-  return Value::list(std::move(batches));
+  return generator(std::move(batches));
 }
 Value f_attr(Renderer&, const Value& in, const CallArgs& a) {
   BoundArgs b("attr", a, {"name"});
@@ -504,7 +511,7 @@ Value f_map(Renderer& r, const Value& in, const CallArgs& a) {
       if (v.is_undefined() && b.given(1)) v = b[1];
       out.push_back(std::move(v));
     }
-    return Value::list(std::move(out));
+    return generator(std::move(out));
   }
   if (!a.positional[0].is_string()) throw Error("map(): filter name must be a string");
   FilterFn fn = find_filter(a.positional[0].as_string());
@@ -516,7 +523,7 @@ Value f_map(Renderer& r, const Value& in, const CallArgs& a) {
     charge_steps(1);
     out.push_back(fn(r, item, rest));
   }
-  return Value::list(std::move(out));
+  return generator(std::move(out));
 }
 
 // Shared by select/reject(/attr): keeps items whose test result == keep.
@@ -548,7 +555,7 @@ Value select_items(Renderer& r, const Value& in, const CallArgs& a, bool keep, b
     bool passed = test ? test(r, subject, test_args) : truthy(subject);
     if (passed == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return generator(std::move(out));
 }
 Value f_select(Renderer& r, const Value& in, const CallArgs& a) { return select_items(r, in, a, true, false, "select"); }
 Value f_reject(Renderer& r, const Value& in, const CallArgs& a) { return select_items(r, in, a, false, false, "reject"); }

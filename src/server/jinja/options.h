@@ -23,7 +23,10 @@ struct RenderOptions {
   // Limits that turn a hostile or buggy template into reprise::Error instead
   // of a hang or memory exhaustion.
   size_t max_output_bytes = 16u << 20;
-  uint64_t max_steps = 4'000'000;  // loop iterations + calls + values traversed
+  // Evaluated statements/expressions + loop iterations + calls + values
+  // traversed. Real chat templates need well under 1% of this; at the limit
+  // a render has spent on the order of a second.
+  uint64_t max_steps = 5'000'000;
   int max_recursion_depth = 200;   // nested macro calls
 };
 

@@ -193,9 +193,17 @@ class Parser {
     for (std::string_view u : kUnsupported) {
       if (keyword == u) fail(tokens_[pos_ - 1], "'{% " + keyword + " %}' is not supported in chat templates");
     }
-    (void)open_terminators;
     if (keyword.rfind("end", 0) == 0 || keyword == "else" || keyword == "elif") {
-      fail(tokens_[pos_ - 1], "unexpected '" + keyword + "'");
+      std::string problem = "unexpected '" + keyword + "'";
+      if (open_terminators.size() != 0) {
+        problem += "; expected ";
+        bool first = true;
+        for (std::string_view term : open_terminators) {
+          problem += (first ? "'" : " or '") + std::string(term) + "'";
+          first = false;
+        }
+      }
+      fail(tokens_[pos_ - 1], problem);
     }
     fail(tokens_[pos_ - 1], "unknown tag '" + keyword + "'");
   }
@@ -717,8 +725,9 @@ class Parser {
         a.kind == TokenKind::String || a.kind == TokenKind::Integer || a.kind == TokenKind::Float ||
         (a.kind == TokenKind::Operator && (a.value == "[" || a.value == "{")) ||
         (a.kind == TokenKind::Name && a.value != "else" && a.value != "or" && a.value != "and" &&
-         a.value != "if" && a.value != "in" && a.value != "not" && a.value != "is" && a.value != "recursive");
+         a.value != "if" && a.value != "in" && a.value != "not" && a.value != "recursive");
     if (starts_argument) {
+      if (at_name("is")) fail(a, "You cannot chain multiple tests with is");
       DepthGuard guard(*this);
       test->args.positional.push_back(parse_postfix(parse_primary()));
     }

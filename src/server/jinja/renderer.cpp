@@ -15,7 +15,7 @@ using namespace ast;
 
 const Value* Scope::lookup(std::string_view name) const {
   for (const Scope* s = this; s; s = s->parent_.get()) {
-    if (const Value* v = s->vars_.find(name)) return v;
+    if (const Value* v = s->vars_->find(name)) return v;
   }
   return nullptr;
 }
@@ -54,18 +54,18 @@ class CallerCallable : public Callable {
   std::shared_ptr<Scope> closure_;
 };
 
-// loop.cycle('odd', 'even')
+// loop.cycle('odd', 'even'); reads the loop's current position.
 class CycleCallable : public Callable {
  public:
-  explicit CycleCallable(size_t index0) : index0_(index0) {}
+  explicit CycleCallable(std::shared_ptr<const size_t> index0) : index0_(std::move(index0)) {}
   Value call(Renderer&, CallArgs& args) override {
     if (args.positional.empty()) throw Error("no items for cycling given");
-    return args.positional[index0_ % args.positional.size()];
+    return args.positional[*index0_ % args.positional.size()];
   }
   std::string name() const override { return "cycle"; }
 
  private:
-  size_t index0_;
+  std::shared_ptr<const size_t> index0_;
 };
 
 // Points the renderer's output at a temporary buffer for the guard's lifetime.
@@ -105,6 +105,7 @@ std::time_t Renderer::now() const {
 }
 
 std::string Renderer::render(const Value& context) {
+  CycleBreaker cycle_breaker;  // declared first: runs after everything else is released
   Budget::Activate active(budget_);
   std::string output;
   OutputRedirect redirect(out_, output);
@@ -191,6 +192,8 @@ Renderer::Flow Renderer::render_statement(const Stmt& stmt, Scope& scope) {
     }
     case StmtKind::Macro: {
       const auto& node = static_cast<const MacroStmt&>(stmt);
+      // The scope now holds a closure over itself: a cycle to break later.
+      CycleBreaker::note(scope.variables());
       scope.set(node.name, Value::callable(std::make_shared<MacroCallable>(node, scope.shared_from_this())));
       return Flow::Normal;
     }
@@ -237,28 +240,42 @@ Renderer::Flow Renderer::render_for(const ForStmt& node, Scope& scope) {
     }
     items = std::move(kept);
   }
+  // One loop object per loop, updated in place, like Jinja2's LoopContext.
   const size_t n = items.size();
+  const auto count = static_cast<int64_t>(n);
+  auto position = std::make_shared<size_t>(0);
+  Value loop = Value::dict(DictData::Flavor::Loop);
+  DictData& fields = loop.as_dict();
+  for (const char* name : {"index0", "index", "revindex0", "revindex", "first", "last", "previtem", "nextitem"}) {
+    fields.set(name, Value());
+  }
+  fields.set("length", Value::integer(count));
+  fields.set("depth", Value::integer(1));
+  fields.set("depth0", Value::integer(0));
+  fields.set("cycle", Value::callable(std::make_shared<CycleCallable>(position)));
+  Value* index0 = fields.slot("index0");
+  Value* index1 = fields.slot("index");
+  Value* revindex0 = fields.slot("revindex0");
+  Value* revindex1 = fields.slot("revindex");
+  Value* first = fields.slot("first");
+  Value* last = fields.slot("last");
+  Value* previtem = fields.slot("previtem");
+  Value* nextitem = fields.slot("nextitem");
+  loop_scope->set("loop", loop);
   for (size_t i = 0; i < n; ++i) {
     budget_.charge_steps(1);
     current_offset_ = node.offset;
     assign(node.target, items[i], *loop_scope);
-    Value loop = Value::dict(DictData::Flavor::Loop);
-    DictData& fields = loop.as_dict();
-    const auto count = static_cast<int64_t>(n);
     const auto index = static_cast<int64_t>(i);
-    fields.set("index0", Value::integer(index));
-    fields.set("index", Value::integer(index + 1));
-    fields.set("revindex0", Value::integer(count - index - 1));
-    fields.set("revindex", Value::integer(count - index));
-    fields.set("first", Value::boolean(i == 0));
-    fields.set("last", Value::boolean(i + 1 == n));
-    fields.set("length", Value::integer(count));
-    fields.set("depth", Value::integer(1));
-    fields.set("depth0", Value::integer(0));
-    fields.set("previtem", i > 0 ? items[i - 1] : Value::undefined("loop.previtem"));
-    fields.set("nextitem", i + 1 < n ? items[i + 1] : Value::undefined("loop.nextitem"));
-    fields.set("cycle", Value::callable(std::make_shared<CycleCallable>(i)));
-    loop_scope->set("loop", std::move(loop));
+    *position = i;
+    *index0 = Value::integer(index);
+    *index1 = Value::integer(index + 1);
+    *revindex0 = Value::integer(count - index - 1);
+    *revindex1 = Value::integer(count - index);
+    *first = Value::boolean(i == 0);
+    *last = Value::boolean(i + 1 == n);
+    *previtem = i > 0 ? items[i - 1] : Value::undefined("loop.previtem");
+    *nextitem = i + 1 < n ? items[i + 1] : Value::undefined("loop.nextitem");
     if (render_body(node.body, *loop_scope) == Flow::Break) break;
   }
   if (n == 0) return render_body(node.otherwise, scope);
@@ -271,7 +288,7 @@ void Renderer::assign(const Target& target, const Value& value, Scope& scope) {
     if (!object || !object->is_dict() || object->as_dict().flavor != DictData::Flavor::Namespace) {
       throw Error("cannot assign attribute on non-namespace object '" + target.names[0] + "'");
     }
-    ensure_no_cycle(*object, value);
+    CycleBreaker::note_store(*object, value);
     object->as_dict().set(target.attribute, value);
     return;
   }
@@ -332,7 +349,7 @@ void Renderer::bind_parameters(const std::vector<Parameter>& params, CallArgs& a
     scope.set(params[i].name,
               params[i].default_value ? eval(*params[i].default_value, scope) : Value::undefined(params[i].name));
   }
-  scope.set("varargs", Value::list(std::move(varargs)));
+  scope.set("varargs", Value::list(std::move(varargs), /*tuple=*/true));
   scope.set("kwargs", std::move(kwargs));
 }
 

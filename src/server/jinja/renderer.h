@@ -24,10 +24,11 @@ class Scope : public std::enable_shared_from_this<Scope> {
  public:
   explicit Scope(std::shared_ptr<Scope> parent) : parent_(std::move(parent)) {}
   const Value* lookup(std::string_view name) const;
-  void set(std::string name, Value value) { vars_.set(std::move(name), std::move(value)); }
+  void set(std::string name, Value value) { vars_->set(std::move(name), std::move(value)); }
+  const std::shared_ptr<DictData>& variables() const { return vars_; }
 
  private:
-  DictData vars_;
+  std::shared_ptr<DictData> vars_ = std::make_shared<DictData>();
   std::shared_ptr<Scope> parent_;
 };
 

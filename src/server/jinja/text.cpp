@@ -131,9 +131,11 @@ std::string icu_map(std::string_view s, Mapper mapper) {
   int32_t len16 = 0;
   u_strFromUTF8Lenient(nullptr, 0, &len16, s.data(), static_cast<int32_t>(s.size()), &status);
   status = U_ZERO_ERROR;
-  std::u16string src(static_cast<size_t>(len16), u'\0');
-  u_strFromUTF8Lenient(src.data(), len16, nullptr, s.data(), static_cast<int32_t>(s.size()), &status);
+  // The lenient preflight may overestimate; the real call reports the length.
+  std::u16string src(static_cast<size_t>(len16) + 1, u'\0');
+  u_strFromUTF8Lenient(src.data(), len16 + 1, &len16, s.data(), static_cast<int32_t>(s.size()), &status);
   if (U_FAILURE(status)) return std::string(s);
+  src.resize(static_cast<size_t>(len16));
   std::u16string dst(src.size() * 3 + 4, u'\0');
   status = U_ZERO_ERROR;
   int32_t n = mapper(dst.data(), static_cast<int32_t>(dst.size()), src.data(), len16, &status);

@@ -1,6 +1,7 @@
 #include "server/jinja/value.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <unordered_set>
 
@@ -44,15 +45,39 @@ void release_children(Children& children) {
   --destroy_depth;
 }
 
+std::atomic<int64_t> live_container_count{0};
+
 }  // namespace
 
-ListData::~ListData() { release_children(items); }
+int64_t live_containers() { return live_container_count.load(); }
+
+ListData::ListData() { ++live_container_count; }
+
+ListData::~ListData() {
+  clear();
+  --live_container_count;
+}
+
+void ListData::clear() {
+  std::vector<Value> children = std::move(items);
+  items.clear();
+  release_children(children);
+}
+
+DictData::DictData(Flavor f) : flavor(f) { ++live_container_count; }
 
 DictData::~DictData() {
+  clear();
+  --live_container_count;
+}
+
+void DictData::clear() {
   std::vector<Value> values;
   values.reserve(entries_.size());
   for (auto& entry : entries_) values.push_back(std::move(entry.second));
   entries_.clear();
+  index_.clear();
+  index_valid_ = false;
   release_children(values);
 }
 
@@ -215,7 +240,7 @@ bool truthy(const Value& v) {
     case Value::Kind::Int: return v.as_int() != 0;
     case Value::Kind::Float: return v.as_double() != 0.0;
     case Value::Kind::String: return !v.as_string().empty();
-    case Value::Kind::List: return !v.as_list().items.empty();
+    case Value::Kind::List: return v.as_list().is_generator || !v.as_list().items.empty();
     case Value::Kind::Dict:
       return v.as_dict().flavor != DictData::Flavor::Dict || v.as_dict().size() > 0;
     case Value::Kind::Callable: return true;
@@ -486,27 +511,34 @@ std::vector<Value> iterate(const Value& v) {
   throw Error("'" + std::string(type_name(v)) + "' object is not iterable");
 }
 
-void ensure_no_cycle(const Value& container, const Value& item) {
-  const void* target = container.identity();
-  if (!target || !(item.is_list() || item.is_dict())) return;
-  std::vector<const Value*> pending{&item};
-  std::unordered_set<const void*> seen;
-  while (!pending.empty()) {
-    const Value* v = pending.back();
-    pending.pop_back();
-    charge_steps(1);
-    if (v->identity() == target) throw Error("cannot store a container inside itself");
-    if (!seen.insert(v->identity()).second) continue;
-    if (v->is_list()) {
-      for (const Value& child : v->as_list().items) {
-        if (child.is_list() || child.is_dict()) pending.push_back(&child);
-      }
-    } else if (v->is_dict()) {
-      for (const auto& entry : v->as_dict().entries()) {
-        if (entry.second.is_list() || entry.second.is_dict()) pending.push_back(&entry.second);
-      }
-    }
+namespace {
+thread_local CycleBreaker* active_breaker = nullptr;
+}  // namespace
+
+CycleBreaker::CycleBreaker() : previous_(active_breaker) { active_breaker = this; }
+
+CycleBreaker::~CycleBreaker() {
+  active_breaker = previous_;
+  for (auto& weak : lists_) {
+    if (auto list = weak.lock()) list->clear();
   }
+  for (auto& weak : dicts_) {
+    if (auto dict = weak.lock()) dict->clear();
+  }
+}
+
+void CycleBreaker::note_store(const Value& container, const Value& item) {
+  if (!active_breaker) return;
+  // Scalars and strings cannot reach back to the container.
+  if (!item.is_list() && !item.is_dict() && !item.is_callable()) return;
+  if (!active_breaker->seen_.emplace(container.identity(), true).second) return;
+  if (container.is_list()) active_breaker->lists_.push_back(std::get<Value::ListPtr>(container.data_));
+  else if (container.is_dict()) active_breaker->dicts_.push_back(std::get<Value::DictPtr>(container.data_));
+}
+
+void CycleBreaker::note(const std::shared_ptr<DictData>& dict) {
+  if (!active_breaker || !active_breaker->seen_.emplace(dict.get(), true).second) return;
+  active_breaker->dicts_.push_back(dict);
 }
 
 }  // namespace reprise::jinja

@@ -39,9 +39,17 @@ class Callable {
 };
 
 struct ListData {
+  ListData();
+  ListData(const ListData&) = delete;
+  ListData& operator=(const ListData&) = delete;
   std::vector<Value> items;
   bool is_tuple = false;  // tuples print as (a, b) and refuse mutation
+  // Result of a filter that yields a Python generator in Jinja2 (map,
+  // select, selectattr, ...). Generators are always truthy, even when empty,
+  // and templates that test `{% if xs|select(...) %}` depend on it.
+  bool is_generator = false;
   ~ListData();
+  void clear();  // releases children without deep recursion
 };
 
 struct DictData {
@@ -49,11 +57,17 @@ struct DictData {
   // only have attributes, and only namespaces accept `set ns.attr = ...`.
   enum class Flavor : uint8_t { Dict, Namespace, Loop };
 
-  explicit DictData(Flavor f = Flavor::Dict) : flavor(f) {}
+  explicit DictData(Flavor f = Flavor::Dict);
+  DictData(const DictData&) = delete;
+  DictData& operator=(const DictData&) = delete;
   ~DictData();
+  void clear();  // releases children without deep recursion
 
   const Value* find(std::string_view key) const;
   void set(std::string key, Value value);
+  // Mutable slot for an existing key; stays valid until a key is added or
+  // erased. Lets the renderer update a loop object in place each iteration.
+  Value* slot(std::string_view key) { return const_cast<Value*>(find(key)); }
   bool erase(std::string_view key);
   size_t size() const { return entries_.size(); }
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
@@ -113,6 +127,8 @@ class Value {
   // Address of the shared container or callable (nullptr for scalars).
   const void* identity() const;
 
+  friend class CycleBreaker;
+
  private:
   struct Undefined {
     std::shared_ptr<const std::string> hint;
@@ -150,8 +166,33 @@ std::string to_json(const Value& v, const JsonStyle& style = {});
 // Iteration as a for loop sees it: list items, dict keys, string characters;
 // undefined is empty. Throws for non-iterables.
 std::vector<Value> iterate(const Value& v);
-// Throws if storing `item` inside `container` would create a reference
-// cycle (list.append(list)), which would leak and make printing infinite.
-void ensure_no_cycle(const Value& container, const Value& item);
+// Reference cycles (l.append(l), a macro stored in the scope it closes over)
+// would leak their shared_ptrs. Each mutation that could close a cycle
+// registers the mutated container with the render's CycleBreaker; when the
+// render ends, the breaker empties the registered containers that are still
+// alive, which breaks every cycle. That is safe because nothing created
+// during a render outlives it: the result is a string. Printing a cyclic
+// value during the render fails on the nesting limit instead of looping.
+class CycleBreaker {
+ public:
+  CycleBreaker();   // becomes this thread's active breaker
+  ~CycleBreaker();  // empties surviving registered containers
+  CycleBreaker(const CycleBreaker&) = delete;
+  CycleBreaker& operator=(const CycleBreaker&) = delete;
+
+  // Registers `container` if storing `item` in it could close a cycle.
+  static void note_store(const Value& container, const Value& item);
+  // Registers a dict unconditionally (scopes that hold closures over themselves).
+  static void note(const std::shared_ptr<DictData>& dict);
+
+ private:
+  std::vector<std::weak_ptr<ListData>> lists_;
+  std::vector<std::weak_ptr<DictData>> dicts_;
+  std::unordered_map<const void*, bool> seen_;
+  CycleBreaker* previous_;
+};
+
+// Number of ListData/DictData objects alive in the process (leak tests).
+int64_t live_containers();
 
 }  // namespace reprise::jinja
