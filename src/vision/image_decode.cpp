@@ -115,8 +115,6 @@ DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limit
   } cleanup{job};
   if (!job.info) throw Error("PNG decoder: out of memory");
   png_set_read_fn(job.png, &job.source, png_read_bytes);
-  const png_uint_32 side = static_cast<png_uint_32>(std::min<int64_t>(limits.max_side, PNG_UINT_31_MAX));
-  png_set_user_limits(job.png, side, side);
   png_set_chunk_malloc_max(job.png, 8u << 20);  // bounds compressed ancillary chunks
 
   if (!png_read_header(&job)) throw Error(std::string("corrupt PNG image: ") + job.message);

@@ -1,0 +1,123 @@
+// Encoder-output cache: image embeddings by content and model identity.
+//
+// Re-running the vision tower for an image already seen costs as much as the
+// first time; serving one model's image features to another model is wrong
+// (a shape mismatch at best). So the key covers everything that determines
+// the embedding: a versioned header (format version, modality, the encoder's
+// execution fingerprint and the text model's, the preprocessing parameters,
+// the decoded image's width/height/channels) followed by the preprocessed
+// pixels themselves. Same model pair + same image -> same key; a different
+// model, size or preprocessing never collides by construction.
+//
+// The same 128-bit key is the image's digest in prompts: it is the per-position
+// extra key of the image's tokens in the prefix cache, so cached KV blocks
+// holding image tokens are tied to exactly this embedding.
+//
+// Accounting: a byte budget (0 disables storing), least-recently-used
+// eviction, an entry larger than the whole budget is returned but not
+// stored. Concurrent requests for the same key encode once (single-flight):
+// later callers wait for the first one's result. The encoder runs outside the
+// cache's lock, so lookups and hits never wait behind an encode of another
+// image. Entries are shared_ptr: an entry evicted while a request still uses
+// it stays alive until that request drops it (such bytes are not counted).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/cache_key.h"
+
+namespace reprise {
+
+// Bumped whenever the key layout or what an embedding means changes.
+constexpr uint32_t kEncoderCacheFormatVersion = 1;
+
+enum class Modality : uint32_t { Image = 1 };
+
+struct EncoderKeyHeader {
+  uint32_t format_version = kEncoderCacheFormatVersion;
+  Modality modality = Modality::Image;
+  std::array<uint64_t, 2> encoder_fingerprint{};
+  std::array<uint64_t, 2> text_model_fingerprint{};
+  std::string preprocessing;  // PreprocessParams::describe()
+  int64_t decoded_width = 0;
+  int64_t decoded_height = 0;
+  int64_t decoded_channels = 3;
+};
+
+// The header, then the preprocessed pixel bytes (exactly what the encoder reads).
+Hash128 encoder_cache_key(const EncoderKeyHeader& header, std::span<const float> pixels);
+
+// One image's soft tokens, n_tokens x n_embd floats in the text model's space.
+struct ImageEmbedding {
+  Hash128 digest;  // the encoder-cache key
+  int64_t n_tokens = 0;
+  int64_t n_embd = 0;
+  std::vector<float> values;
+  // Bytes this entry counts against the budget.
+  uint64_t bytes() const { return values.size() * sizeof(float) + sizeof(ImageEmbedding); }
+};
+using ImageEmbeddingPtr = std::shared_ptr<const ImageEmbedding>;
+
+struct EncoderCacheStats {
+  uint64_t lookups = 0;
+  uint64_t hits = 0;        // served without running the encoder (stored or in-flight)
+  uint64_t misses = 0;      // ran the encoder
+  uint64_t coalesced = 0;   // hits that waited for a concurrent encode of the same key
+  uint64_t evictions = 0;
+  uint64_t too_large = 0;   // results larger than the budget, returned but not stored
+  uint64_t failures = 0;    // encodes that threw
+  uint64_t entries = 0;
+  uint64_t bytes = 0;
+  uint64_t budget_bytes = 0;
+  double encode_seconds = 0;  // total time spent encoding misses
+  // Encoder time the hits avoided, estimated at the mean time of a miss.
+  double saved_seconds() const { return misses ? encode_seconds / misses * hits : 0.0; }
+};
+
+class EncoderCache {
+ public:
+  explicit EncoderCache(uint64_t budget_bytes);
+  EncoderCache(const EncoderCache&) = delete;
+  EncoderCache& operator=(const EncoderCache&) = delete;
+
+  using EncodeFn = std::function<std::vector<float>()>;
+
+  // The embedding for `key`: from the cache, from a concurrent caller's
+  // encode of the same key, or by calling `encode` (outside the lock), which
+  // must return n_tokens * n_embd floats. If the encode throws, the exception
+  // reaches this caller and every caller waiting on it, and nothing is stored.
+  ImageEmbeddingPtr get_or_encode(const Hash128& key, int64_t n_tokens, int64_t n_embd, const EncodeFn& encode);
+
+  // A stored entry, or null (counts as a lookup, not as a miss).
+  ImageEmbeddingPtr find(const Hash128& key);
+
+  EncoderCacheStats stats() const;
+  void set_budget(uint64_t bytes);
+  void clear();
+
+ private:
+  struct Entry {
+    ImageEmbeddingPtr embedding;
+    std::list<Hash128>::iterator lru;  // position in lru_ (front = most recent)
+  };
+  void store_locked(const ImageEmbeddingPtr& e);
+  void enforce_budget_locked();
+
+  mutable std::mutex mutex_;
+  uint64_t budget_;
+  std::unordered_map<Hash128, Entry, Hash128Hasher> entries_;
+  std::list<Hash128> lru_;
+  std::unordered_map<Hash128, std::shared_future<ImageEmbeddingPtr>, Hash128Hasher> in_flight_;
+  EncoderCacheStats stats_;
+};
+
+}  // namespace reprise
