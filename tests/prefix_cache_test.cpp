@@ -8,6 +8,7 @@
 #include "cache/prefix_cache.h"
 #include "engine/engine.h"
 #include "model_fixtures.h"
+#include "test_support.h"
 
 using namespace reprise;
 
@@ -72,11 +73,10 @@ class PrefixCacheDifferential : public ::testing::TestWithParam<std::string> {};
 // interleaved conversations, tight budgets that force eviction. Every step's
 // logits must equal a cold run's bit for bit, and after every script all
 // references are released and the accounting matches the blocks.
-TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
-  Model& model = model_for(GetParam());
+void differential(Model& model, const std::string& name, const int kScripts) {
   ThreadPool pool(2);
   Engine cold(model, pool, nullptr);
-  std::mt19937_64 rng(0x5eed ^ std::hash<std::string>()(GetParam()));
+  std::mt19937_64 rng(0x5eed ^ std::hash<std::string>()(name));
   auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   auto random_tokens = [&](int64_t n) {
     std::vector<int32_t> v(n);
@@ -86,8 +86,6 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
   std::vector<std::vector<int32_t>> system_prompts;
   for (int i = 0; i < 3; ++i) system_prompts.push_back(random_tokens(rnd(5, 40)));
 
-  // The fixture-sized gemma3 model is the slowest; it gets fewer scripts.
-  const int kScripts = GetParam() == "gemma3" ? 80 : 300;
   int64_t steps = 0, reused_total = 0, hits = 0;
   for (int script = 0; script < kScripts; ++script) {
     PrefixCacheConfig cfg;
@@ -154,8 +152,31 @@ TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
   // The scripts are built to reuse: the test is only meaningful if they did.
   EXPECT_GT(hits, steps / 3) << "too few cache hits to exercise reuse";
   EXPECT_GT(reused_total, 0);
-  RecordProperty("steps", static_cast<int>(steps));
 }
+
+TEST_P(PrefixCacheDifferential, CachedEqualsCold) {
+  // The fixture-sized gemma3 model is the slowest; it gets fewer scripts.
+  differential(model_for(GetParam()), GetParam(), GetParam() == "gemma3" ? 80 : 300);
+}
+
+// The same on the real fixture files of ../shared (their full vocabularies).
+class FixtureDifferential : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FixtureDifferential, CachedEqualsCold) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  auto file = gguf::File::open(fixtures + "/models/" + GetParam() + ".gguf");
+  auto model = load_model(*file);
+  differential(*model, GetParam(), 25);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureDifferential,
+                         ::testing::Values("llama-spm-f16", "llama-spm-Q4_0", "qwen2-gpt2-f16", "qwen3-gpt2-f16",
+                                           "gemma3-spm-f16", "jamba-spm-f16"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) if (c == '-') c = '_';
+                           return n;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Archs, PrefixCacheDifferential,
                          ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "jamba"));
