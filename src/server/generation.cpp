@@ -91,8 +91,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
     emit(std::move(tail));
   }
 
-  outcome.finish_reason = matcher.stopped() && !channel.cancelled() ? "stop" : result.finish_reason;
-  if (channel.cancelled()) outcome.finish_reason = "cancelled";
+  outcome.finish_reason = channel.cancelled() ? "cancelled" : matcher.stopped() ? "stop" : result.finish_reason;
   outcome.usage.prompt_tokens = result.prompt_tokens;
   outcome.usage.cached_tokens = result.cached_tokens;
   outcome.usage.completion_tokens = static_cast<int64_t>(result.tokens.size());
@@ -103,13 +102,12 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
 
 }  // namespace
 
-void run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel) {
+GenerationOutcome run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel) {
   GenerationOutcome outcome;
   outcome.queue_seconds = channel.seconds_queued();
   if (channel.cancelled()) {
     outcome.finish_reason = "cancelled";  // the client left while queued
-    channel.finish(std::move(outcome));
-    return;
+    return outcome;
   }
   try {
     generate(model, plan, channel, outcome);
@@ -119,7 +117,7 @@ void run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationCh
     outcome.error = ApiError::server(std::string("generation failed: ") + e.what());
   }
   if (outcome.error) outcome.finish_reason.clear();
-  channel.finish(std::move(outcome));
+  return outcome;
 }
 
 }  // namespace reprise

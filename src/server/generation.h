@@ -79,8 +79,10 @@ class GenerationChannel {
   GenerationOutcome outcome_;
 };
 
-// Runs the plan on the model and reports through the channel; never throws
-// (errors end up in the outcome).
-void run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel);
+// Runs the plan on the model, pushing deltas into the channel, and returns
+// the outcome without finishing the channel: the caller releases what the
+// generation held (the model lease) first, so a client that has its answer
+// never sees the model still busy. Never throws (errors are in the outcome).
+GenerationOutcome run_generation(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel);
 
 }  // namespace reprise

@@ -361,8 +361,9 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
 
   // The job holds the lease, so the model stays loaded until generation ends.
   scheduler.submit([lease = std::move(lease), plan = std::move(plan), channel]() mutable {
-    run_generation(**lease, plan, *channel);
+    GenerationOutcome outcome = run_generation(**lease, plan, *channel);
     lease.reset();
+    channel->finish(std::move(outcome));
   });
 
   if (!context.options.stream) {

@@ -1,0 +1,1163 @@
+// reprise serve: request parsing and validation (with a mutation fuzz),
+// response building, stop strings, metrics text, and loopback HTTP tests
+// against in-process servers on synthetic models: streaming, concurrency,
+// stalled and disconnecting clients, errors, API keys, several models with
+// separate caches, LRU unloading and prefix-cache reuse across chat turns.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "model_fixtures.h"
+#include "server/chat_template.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/model_chat_template.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/prompt_builder.h"
+#include "server/stop_matcher.h"
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+using namespace reprise;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Models
+
+SyntheticModelSpec model_a_spec() {
+  SyntheticModelSpec s = synthetic_preset("tiny");
+  s.n_ctx = 4096;  // long enough that a generation outlives a disconnect check
+  return s;
+}
+
+SyntheticModelSpec model_b_spec() {
+  SyntheticModelSpec s = synthetic_preset("tiny");
+  s.seed = 2;  // different weights, so a different fingerprint
+  return s;
+}
+
+const std::string& model_a_path() { return test::synthetic_model("server-a", model_a_spec()).path; }
+const std::string& model_b_path() { return test::synthetic_model("server-b", model_b_spec()).path; }
+
+const Tokenizer& tiny_tokenizer() {
+  static std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(*test::synthetic_model("server-a", model_a_spec()).file);
+  return *tok;
+}
+
+// ---------------------------------------------------------------------------
+// In-process servers
+
+struct TestServer {
+  explicit TestServer(ServeOptions options = {}, std::vector<ModelSource> sources = {}) {
+    if (sources.empty()) sources = {{"tiny-a", model_a_path()}, {"tiny-b", model_b_path()}};
+    options.port = 0;
+    options.log_requests = false;
+    if (options.model_path.empty() && options.model_specs.empty()) options.model_path = sources.front().path;
+    RegistryOptions ro = make_registry_options(options);
+    ro.threads = 1;
+    registry = std::make_unique<ModelRegistry>(std::move(sources), ro);
+    server = std::make_unique<HttpServer>(options, *registry);
+    port = server->bind();
+    thread = std::thread([this] { server->serve(); });
+    for (int i = 0; i < 200; ++i) {
+      httplib::Client c("127.0.0.1", port);
+      if (auto r = c.Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "server did not come up";
+  }
+  ~TestServer() {
+    server->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+
+  std::unique_ptr<ModelRegistry> registry;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = -1;
+};
+
+struct Reply {
+  int status = -1;
+  std::string body;
+  json doc() const { return json::parse(body, nullptr, false); }
+};
+
+Reply post(const TestServer& s, const std::string& path, const std::string& body, const httplib::Headers& headers = {}) {
+  auto r = s.client().Post(path.c_str(), headers, body, "application/json");
+  if (!r) return {};
+  return {r->status, r->body};
+}
+
+Reply post(const TestServer& s, const std::string& path, const json& body, const httplib::Headers& headers = {}) {
+  return post(s, path, body.dump(), headers);
+}
+
+Reply get(const TestServer& s, const std::string& path, const httplib::Headers& headers = {}) {
+  auto r = s.client().Get(path.c_str(), headers);
+  if (!r) return {};
+  return {r->status, r->body};
+}
+
+// "data: X\n\n" payloads of a server-sent-event body.
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    std::string event = body.substr(pos, end - pos);
+    if (event.rfind("data: ", 0) == 0) out.push_back(event.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+// A metric's value from Prometheus text, or -1.
+double metric(const std::string& text, const std::string& name_and_labels) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
+  return -1;
+}
+
+json chat_body(const std::string& user, int max_tokens = 16) {
+  return {{"model", "tiny-a"},
+          {"messages", json::array({{{"role", "system"}, {"content", "You are a test."}},
+                                    {{"role", "user"}, {"content", user}}})},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
+}
+
+// A plain TCP connection for what HTTP clients do not do: stall, hang up.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) ADD_FAILURE() << "connect failed";
+    timeval tv{5, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~RawConnection() { close(); }
+  void send(const std::string& data) { (void)!::write(fd_, data.data(), data.size()); }
+  void send_post(const std::string& path, const std::string& body) {
+    send("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body);
+  }
+  // Reads until `needle` appears (or timeout/EOF); returns what was read.
+  std::string read_until(const std::string& needle) {
+    std::string got;
+    char buf[4096];
+    while (got.find(needle) == std::string::npos) {
+      ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// ---------------------------------------------------------------------------
+// Request parsing
+
+TEST(OpenAIRequest, ParsesAFullChatRequest) {
+  auto r = parse_chat_completion_request(R"({
+    "model": "m", "stream": true, "stream_options": {"include_usage": true},
+    "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 12,
+    "min_p": 0.1, "repeat_penalty": 1.1, "seed": 42, "stop": ["a", "", "bc"], "n": 1,
+    "logprobs": true, "top_logprobs": 3, "cache_salt": "tenant-1", "user": "u",
+    "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
+    "chat_template_kwargs": {"enable_thinking": false}, "unknown_field": [1, 2],
+    "messages": [
+      {"role": "developer", "content": "sys"},
+      {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "content": "result", "tool_call_id": "c1"}
+    ]})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const ChatCompletionRequest& c = r.value();
+  EXPECT_EQ(c.options.model, "m");
+  EXPECT_TRUE(c.options.stream);
+  EXPECT_TRUE(c.options.include_usage);
+  EXPECT_EQ(c.options.max_tokens, 7);
+  EXPECT_FLOAT_EQ(c.options.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(c.options.sampling.top_p, 0.9f);
+  EXPECT_EQ(c.options.sampling.top_k, 12);
+  EXPECT_FLOAT_EQ(c.options.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(c.options.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(c.options.sampling.seed, 42u);
+  EXPECT_TRUE(c.options.seed_given);
+  EXPECT_EQ(c.options.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(c.options.logprobs);
+  EXPECT_EQ(c.options.top_logprobs, 3);
+  EXPECT_EQ(c.options.cache_salt, "tenant-1");
+  EXPECT_EQ(c.template_kwargs["enable_thinking"], false);
+  ASSERT_EQ(c.messages.size(), 4u);
+  EXPECT_EQ(c.messages[0]["role"], "system");
+  EXPECT_EQ(c.messages[1]["content"], "one\ntwo");
+  EXPECT_TRUE(c.messages[2]["content"].is_null());
+  EXPECT_EQ(c.messages[2]["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(c.messages[3]["tool_call_id"], "c1");
+  EXPECT_FALSE(c.first_image_message.has_value());
+}
+
+TEST(OpenAIRequest, DefaultsAndNulls) {
+  auto r = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":"hi"}],"temperature":null,"stop":null,"seed":null})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  SamplingParams defaults;
+  EXPECT_EQ(r.value().options.sampling.temperature, defaults.temperature);
+  EXPECT_FALSE(r.value().options.seed_given);
+  EXPECT_FALSE(r.value().options.max_tokens.has_value());
+  EXPECT_FALSE(r.value().options.stream);
+  EXPECT_EQ(r.value().options.model, "");
+}
+
+TEST(OpenAIRequest, ImagesAreFlaggedNotDropped) {
+  auto r = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"look"},
+          {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().first_image_message, 1u);
+}
+
+TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
+  struct Case {
+    const char* body;
+    const char* param;  // expected param ("" = null)
+  };
+  const Case cases[] = {
+      {R"({"messages":)", ""},
+      {R"([1,2])", ""},
+      {R"("str")", ""},
+      {R"({})", "messages"},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":{}})", "messages"},
+      {R"({"messages":["hi"]})", "messages[0]"},
+      {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages[0].content[0].text"},
+      {R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})", "messages[0].content[0].type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"model":7})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":-1})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":1.5})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_k":-3})", "top_k"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_k":2.5})", "top_k"},
+      {R"({"messages":[{"role":"user","content":"x"}],"min_p":2})", "min_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"repeat_penalty":0})", "repeat_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1e300})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":{"a":1}})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"frequency_penalty":0.5})", "frequency_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"cache_salt":5})", "cache_salt"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_chat_completion_request(c.body);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.error().status, 400) << c.body;
+    EXPECT_EQ(r.error().param, c.param) << c.body << " -> " << r.error().message;
+    EXPECT_FALSE(r.error().message.empty());
+  }
+}
+
+TEST(OpenAIRequest, CompletionPromptForms) {
+  auto text = parse_completion_request(R"({"prompt":"hello","logprobs":2})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text.value().prompt, "hello");
+  EXPECT_FALSE(text.value().prompt_is_tokens);
+  EXPECT_TRUE(text.value().options.logprobs);
+  EXPECT_EQ(text.value().options.top_logprobs, 2);
+  auto one = parse_completion_request(R"({"prompt":["hi"]})");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one.value().prompt, "hi");
+  auto ids = parse_completion_request(R"({"prompt":[1,5,9]})");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_TRUE(ids.value().prompt_is_tokens);
+  EXPECT_EQ(ids.value().prompt_tokens, (std::vector<int32_t>{1, 5, 9}));
+  auto nested = parse_completion_request(R"({"prompt":[[3,4]]})");
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested.value().prompt_tokens, (std::vector<int32_t>{3, 4}));
+  for (const char* bad : {R"({})", R"({"prompt":["a","b"]})", R"({"prompt":[]})", R"({"prompt":[-1]})",
+                          R"({"prompt":5})", R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
+                          R"({"prompt":"x","logprobs":9})", R"({"prompt":[1,"a"]})"}) {
+    auto r = parse_completion_request(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().status, 400) << bad;
+    }
+  }
+}
+
+TEST(OpenAIRequest, RefusesDeepNestingBeforeParsing) {
+  std::string deep = R"({"messages":[{"role":"user","content":"x"}],"tools":)" + std::string(100000, '[') +
+                     std::string(100000, ']') + "}";
+  auto r = parse_chat_completion_request(deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().status, 400);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[[","b":[{}]})", 64), 3);
+  EXPECT_EQ(json_nesting_depth(R"("\"[[[")", 64), 0);
+}
+
+// Randomized mutations of valid requests: every case either parses or gives a
+// 4xx error object; nothing throws. Valid chat requests are also rendered with
+// the fallback template and tokenized, which must not throw either.
+TEST(OpenAIRequest, MutationFuzz) {
+  const std::vector<std::string> seeds = {
+      chat_body("hello", 8).dump(),
+      R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"t"}]}],"stream":true,"stream_options":{"include_usage":true},"stop":["x","y"],"logprobs":true,"top_logprobs":2,"seed":3,"top_k":5,"min_p":0.1,"cache_salt":"c","tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"k":[1,{"a":null}]}})",
+      R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0.7,"top_p":0.5,"stop":"\n","logprobs":1})",
+      R"({"prompt":[1,2,3],"stream":false,"seed":-5,"repeat_penalty":1.2})",
+  };
+  const std::vector<json> replacement_values = {
+      nullptr, true, false, 0, -1, 1, 2, 1e308, -1e308, 0.5, 4294967296LL, -9223372036854775807LL - 1,
+      18446744073709551615ULL, "", "x", "\xff\xfe", std::string(3000, 'z'), json::array(), json::array({1, "a", nullptr}),
+      json::object(), json::object({{"type", "text"}}), json::object({{"type", "image_url"}}),
+      json::array({json::object({{"role", "user"}, {"content", nullptr}})})};
+  const std::vector<std::string> keys = {
+      "model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+      "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "seed", "stop", "n", "logprobs", "top_logprobs",
+      "cache_salt", "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "chat_template_kwargs",
+      "role", "content", "type", "text", "include_usage", "echo", "suffix", "best_of", "tool_calls", "name"};
+
+  std::mt19937_64 rng(1234);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  ModelChatTemplate fallback;
+  fallback.chat_template = std::make_unique<ChatTemplate>(kFallbackChatTemplate);
+  fallback.origin = "fallback";
+
+  // Mutates a random node of the document.
+  std::function<void(json&, int)> mutate = [&](json& node, int depth) {
+    if ((node.is_object() || node.is_array()) && !node.empty() && depth < 6 && pick(3) != 0) {
+      if (node.is_object()) {
+        auto it = node.begin();
+        std::advance(it, pick(node.size()));
+        mutate(it.value(), depth + 1);
+      } else {
+        mutate(node[pick(node.size())], depth + 1);
+      }
+      return;
+    }
+    switch (pick(5)) {
+      case 0: node = replacement_values[pick(replacement_values.size())]; break;
+      case 1:
+        if (node.is_object() && !node.empty()) {
+          auto it = node.begin();
+          std::advance(it, pick(node.size()));
+          node.erase(it);
+        }
+        break;
+      case 2:
+        if (node.is_object()) node[keys[pick(keys.size())]] = replacement_values[pick(replacement_values.size())];
+        break;
+      case 3:
+        if (node.is_array()) node.push_back(replacement_values[pick(replacement_values.size())]);
+        break;
+      default: node = json::array({node}); break;
+    }
+  };
+
+  int parsed_ok = 0, rejected = 0;
+  for (int iter = 0; iter < 6000; ++iter) {
+    std::string body;
+    json doc = json::parse(seeds[pick(seeds.size())]);
+    const int n_mutations = 1 + static_cast<int>(pick(4));
+    for (int m = 0; m < n_mutations; ++m) mutate(doc, 0);
+    body = doc.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (pick(4) == 0) {
+      // Byte-level damage too: truncation, a flipped byte, an insertion.
+      switch (pick(3)) {
+        case 0: body.resize(pick(body.size() + 1)); break;
+        case 1:
+          if (!body.empty()) body[pick(body.size())] = static_cast<char>(rng());
+          break;
+        default: body.insert(pick(body.size() + 1), 1, "{}[]\",:\\0"[pick(9)]); break;
+      }
+    }
+    for (bool chat : {true, false}) {
+      try {
+        if (chat) {
+          auto r = parse_chat_completion_request(body);
+          if (r.ok()) {
+            ++parsed_ok;
+            // Rendering and tokenizing a validated request must not throw.
+            auto prompt = build_chat_prompt(fallback, tiny_tokenizer(), 4096, r.value());
+            if (!prompt.ok()) {
+              EXPECT_GE(prompt.error().status, 400);
+            }
+          } else {
+            ++rejected;
+            EXPECT_GE(r.error().status, 400) << body;
+            EXPECT_LT(r.error().status, 500) << body;
+            EXPECT_FALSE(r.error().message.empty());
+            EXPECT_FALSE(dump_json(error_json(r.error())).empty());
+          }
+        } else {
+          auto r = parse_completion_request(body);
+          if (r.ok()) {
+            ++parsed_ok;
+            auto prompt = build_completion_prompt(tiny_tokenizer(), 4096, 1024, r.value());
+            if (!prompt.ok()) {
+              EXPECT_EQ(prompt.error().status, 400);
+            }
+          } else {
+            ++rejected;
+            EXPECT_GE(r.error().status, 400) << body;
+            EXPECT_LT(r.error().status, 500) << body;
+          }
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "exception escaped for body " << body << ": " << e.what();
+      }
+    }
+  }
+  // Both outcomes must actually be exercised.
+  EXPECT_GT(parsed_ok, 500);
+  EXPECT_GT(rejected, 2000);
+}
+
+// ---------------------------------------------------------------------------
+// Stop strings
+
+std::string feed(StopMatcher& m, const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const auto& p : pieces) out += m.push(p);
+  return out;
+}
+
+TEST(StopMatcher, MatchesAcrossPiecesAndHidesTheStopString) {
+  StopMatcher m({"END"});
+  EXPECT_EQ(m.push("hello E"), "hello ");  // "E" could start END
+  EXPECT_EQ(m.push("N"), "");
+  EXPECT_EQ(m.push("D and more"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "END");
+}
+
+TEST(StopMatcher, ReleasesHeldTextThatIsNotAMatch) {
+  StopMatcher m({"END"});
+  EXPECT_EQ(feed(m, {"x E", "N", "x"}), "x ENx");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.push("EN"), "");
+  EXPECT_EQ(m.flush(), "EN");
+}
+
+TEST(StopMatcher, EarliestOfSeveralWinsAndUtf8StaysWhole) {
+  StopMatcher m({"world", "lo w", "\xc3\xa9t\xc3\xa9"});
+  EXPECT_EQ(feed(m, {"hel", "lo", " wor", "ld"}), "hel");
+  StopMatcher u({"\xc3\xa9t\xc3\xa9"});  // "été"
+  EXPECT_EQ(u.push("caf\xc3\xa9 \xc3\xa9"), "caf\xc3\xa9 ");
+  EXPECT_EQ(u.push("t\xc3\xa9!"), "");
+  EXPECT_TRUE(u.stopped());
+  StopMatcher none({});
+  EXPECT_EQ(none.push("abc"), "abc");
+}
+
+// ---------------------------------------------------------------------------
+// Response building
+
+TEST(OpenAIResponse, ChatCompletionShape) {
+  ResponseMeta meta{"chatcmpl-x", 123, "m", "fp_1"};
+  std::vector<LogprobEntry> lp = {{"Hi", -0.5f, {{"Hi", -0.5f}, {"Yo", -1.5f}}}};
+  json j = json::parse(dump_json(chat_completion_json(meta, "Hi", "stop", lp, {10, 4, 2})));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hi");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], "Yo");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][0]["bytes"], json::array({72, 105}));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(j["usage"]["total_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+
+  json chunk = json::parse(dump_json(chat_chunk_json(meta, {{"content", "a"}}, "", std::nullopt, true)));
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null());
+  json usage = json::parse(dump_json(chat_usage_chunk_json(meta, {1, 0, 1})));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 2);
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+}
+
+TEST(OpenAIResponse, CompletionShapeAndLegacyLogprobs) {
+  ResponseMeta meta{"cmpl-x", 1, "m", ""};
+  std::vector<LogprobEntry> lp = {{"a", -1.0f, {{"a", -1.0f}}}, {"bc", -2.0f, {{"bc", -2.0f}}}};
+  json j = json::parse(dump_json(completion_json(meta, "abc", "length", lp, {3, 0, 2})));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "abc");
+  EXPECT_TRUE(j["system_fingerprint"].is_null());
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"], json::array({"a", "bc"}));
+  EXPECT_EQ(j["choices"][0]["logprobs"]["text_offset"], json::array({0, 1}));
+  EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"][1]["bc"], -2.0);
+}
+
+TEST(OpenAIResponse, ErrorsAndInvalidUtf8) {
+  json e = json::parse(dump_json(error_json(ApiError::invalid("bad", "messages"))));
+  EXPECT_EQ(e["error"]["message"], "bad");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "messages");
+  EXPECT_TRUE(e["error"]["code"].is_null());
+  // A token can end inside a UTF-8 character; serialisation must not throw.
+  std::string s = dump_json(chat_completion_json({"i", 0, "m", ""}, "ok \xe2\x82", "stop", std::nullopt, {}));
+  EXPECT_NE(s.find("\xef\xbf\xbd"), std::string::npos);
+  EXPECT_NE(make_response_id("chatcmpl-"), make_response_id("chatcmpl-"));
+}
+
+TEST(Metrics, PrometheusText) {
+  Metrics m;
+  m.record_request("a\"b", "chat_completions", 200);
+  m.record_tokens("a\"b", 10, 4, 3);
+  ModelStatus s;
+  s.id = "a\"b";
+  s.loaded = true;
+  s.cache.hits = 7;
+  s.cache.blocks_in_use = 2;
+  std::string text = m.prometheus({s}, {4, 1, 2}, 3);
+  EXPECT_NE(text.find("# TYPE reprise_requests_total counter"), std::string::npos);
+  EXPECT_EQ(metric(text, R"(reprise_requests_total{model="a\"b",endpoint="chat_completions",status="200"})"), 1);
+  EXPECT_EQ(metric(text, R"(reprise_cached_prompt_tokens_total{model="a\"b"})"), 4);
+  EXPECT_EQ(metric(text, R"(reprise_cache_hits_total{model="a\"b"})"), 7);
+  EXPECT_EQ(metric(text, R"(reprise_cache_blocks{model="a\"b",state="in_use"})"), 2);
+  EXPECT_EQ(metric(text, "reprise_queue_depth"), 1);
+  EXPECT_EQ(metric(text, "reprise_sequences_active"), 2);
+  EXPECT_EQ(prometheus_label_value("a\\b\n"), "a\\\\b\\n");
+}
+
+// ---------------------------------------------------------------------------
+// Prompts and templates
+
+ChatCompletionRequest one_user_message(const std::string& text) {
+  auto r = parse_chat_completion_request(json{{"messages", {{{"role", "user"}, {"content", text}}}}}.dump());
+  EXPECT_TRUE(r.ok());
+  return r.value();
+}
+
+ModelChatTemplate template_from(const std::string& source) {
+  ModelChatTemplate t;
+  t.chat_template = std::make_unique<ChatTemplate>(source);
+  t.origin = "file";
+  t.bos_token = tiny_tokenizer().token_text(tiny_tokenizer().bos_id());
+  return t;
+}
+
+TEST(PromptBuilder, NeverDoublesBos) {
+  const Tokenizer& tok = tiny_tokenizer();
+  ASSERT_TRUE(tok.add_bos());
+  for (const char* source : {"{{ bos_token }}{{ messages[0]['content'] }}", "{{ messages[0]['content'] }}"}) {
+    auto p = build_chat_prompt(template_from(source), tok, 4096, one_user_message("hello"));
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    ASSERT_GE(p.value().tokens.size(), 2u);
+    EXPECT_EQ(p.value().tokens[0], tok.bos_id()) << source;
+    EXPECT_NE(p.value().tokens[1], tok.bos_id()) << source;
+  }
+}
+
+TEST(PromptBuilder, TemplateErrorsAndContextLength) {
+  const Tokenizer& tok = tiny_tokenizer();
+  auto raised = build_chat_prompt(template_from("{{ raise_exception('roles must alternate') }}"), tok, 4096,
+                                  one_user_message("x"));
+  ASSERT_FALSE(raised.ok());
+  EXPECT_EQ(raised.error().status, 400);
+  EXPECT_NE(raised.error().message.find("roles must alternate"), std::string::npos);
+
+  ModelChatTemplate broken;
+  broken.origin = "gguf";
+  broken.error = "unexpected end of template";
+  auto b = build_chat_prompt(broken, tok, 4096, one_user_message("x"));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().status, 500);
+  EXPECT_NE(b.error().message.find("unexpected end of template"), std::string::npos);
+
+  auto too_long = build_chat_prompt(template_from("{{ messages[0]['content'] }}"), tok, 16,
+                                    one_user_message(std::string(200, 'a') + " b c d e f g"));
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_EQ(too_long.error().code, "context_length_exceeded");
+}
+
+TEST(PromptBuilder, FallbackTemplateIsChatMLAndAppendStable) {
+  ChatTemplate fallback(kFallbackChatTemplate);
+  ChatTemplateInputs in;
+  in.messages = nlohmann::ordered_json::array({{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}});
+  EXPECT_EQ(fallback.apply(in),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  in.messages.push_back({{"role", "assistant"}, {"content", "A"}});
+  in.messages.push_back({{"role", "user"}, {"content", "V"}});
+  EXPECT_TRUE(is_append_stable(fallback, in.messages));
+}
+
+// docs/server.md says, per fixture template, whether a multi-turn chat can
+// reuse the previous turn from the prefix cache: the previous prompt (with
+// its generation prompt) must be a prefix of the next one, and the reply the
+// model generated must be rendered back verbatim after it. Templates that
+// drop earlier reasoning fail the second; this keeps the document true.
+TEST(PromptBuilder, DocumentedAppendStabilityOfFixtureTemplates) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  const std::set<std::string> documented_prompt_unstable = {
+      "NVIDIA-Nemotron-Nano-v2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "mistralai-Mistral-Nemo-Instruct-2407"};
+  const std::set<std::string> documented_reply_rewritten = {"Qwen-Qwen3-0.6B", "openai-gpt-oss-120b"};
+  const std::string reply = "<think>\nAdd them.\n</think>\n\n4";
+  nlohmann::ordered_json turn1 = nlohmann::ordered_json::array(
+      {{{"role", "system"}, {"content", "You are helpful."}}, {{"role", "user"}, {"content", "What is 2+2?"}}});
+  nlohmann::ordered_json turn2 = turn1;
+  turn2.push_back({{"role", "assistant"}, {"content", reply}});
+  turn2.push_back({{"role", "user"}, {"content", "And 3+3?"}});
+  std::set<std::string> prompt_unstable, reply_rewritten;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures + "/templates")) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string name = entry.path().stem().string();
+    std::ifstream in(entry.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ChatTemplate t(ss.str());
+    ChatTemplateInputs inputs;
+    inputs.bos_token = "<s>";
+    inputs.eos_token = "</s>";
+    jinja::RenderOptions options;
+    options.now = [] { return std::time_t{1795219200}; };  // fixed clock
+    inputs.messages = turn1;
+    const std::string first = t.apply(inputs, options);
+    inputs.messages = turn2;
+    const std::string second = t.apply(inputs, options);
+    if (!second.starts_with(first)) prompt_unstable.insert(name);
+    else if (second.compare(first.size(), reply.size(), reply) != 0) reply_rewritten.insert(name);
+  }
+  EXPECT_EQ(prompt_unstable, documented_prompt_unstable);
+  EXPECT_EQ(reply_rewritten, documented_reply_rewritten);
+}
+
+// ---------------------------------------------------------------------------
+// Loopback HTTP
+
+TEST(ServeHttp, HealthModelsAndCacheStats) {
+  TestServer s;
+  Reply h = get(s, "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.doc()["status"], "ok");
+  json models = get(s, "/v1/models").doc();
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "tiny-a");
+  EXPECT_EQ(models["data"][1]["id"], "tiny-b");
+  EXPECT_EQ(get(s, "/v1/models/tiny-b").doc()["id"], "tiny-b");
+  EXPECT_EQ(get(s, "/v1/models/nope").status, 404);
+  json stats = get(s, "/v1/cache/stats").doc();
+  ASSERT_EQ(stats["models"].size(), 2u);
+  EXPECT_TRUE(stats["totals"].contains("hits"));
+}
+
+TEST(ServeHttp, ChatCompletionNonStreamingAndStreamingAgree) {
+  TestServer s;
+  json body = chat_body("Tell me a story", 24);
+  body["seed"] = 7;
+  Reply plain = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json j = plain.doc();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "tiny-a");
+  const std::string text = j["choices"][0]["message"]["content"];
+  const std::string finish = j["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 5);
+  EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 24);
+  EXPECT_EQ(j["usage"]["total_tokens"],
+            j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Reply streamed = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200);
+  std::vector<std::string> events = sse_payloads(streamed.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json first = json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string joined;
+  std::string stream_finish;
+  json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json e = json::parse(events[i]);
+    EXPECT_EQ(e["id"], first["id"]);
+    if (e["choices"].empty()) {
+      usage = e["usage"];
+      continue;
+    }
+    EXPECT_TRUE(e.contains("usage"));  // null on every chunk but the last
+    const json& delta = e["choices"][0]["delta"];
+    if (delta.contains("content")) joined += delta["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) stream_finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(stream_finish, finish);
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["completion_tokens"], j["usage"]["completion_tokens"]);
+  // The second, identical prompt came from the cache.
+  EXPECT_GE(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() - 1);
+}
+
+TEST(ServeHttp, CompletionsStreamingMatchesNonStreaming) {
+  TestServer s;
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
+  Reply plain = post(s, "/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json j = plain.doc();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny-a");  // default model
+  body["stream"] = true;
+  Reply streamed = post(s, "/v1/completions", body);
+  std::vector<std::string> events = sse_payloads(streamed.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string joined, finish;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json e = json::parse(events[i]);
+    EXPECT_EQ(e["object"], "text_completion");
+    joined += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(joined, j["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(finish, j["choices"][0]["finish_reason"].get<std::string>());
+}
+
+TEST(ServeHttp, LogprobsAndStopStringsAcrossTokens) {
+  TestServer s;
+  json body = {{"prompt", "The quick brown"}, {"max_tokens", 24}, {"temperature", 0}, {"logprobs", 3}};
+  json j = post(s, "/v1/completions", body).doc();
+  const std::string text = j["choices"][0]["text"];
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+  std::string from_tokens;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    from_tokens += lp["tokens"][i].get<std::string>();
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    double best = -1e30;
+    for (auto& [tok, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-5);
+  }
+  EXPECT_EQ(from_tokens, text);
+
+  // A stop string made of the end of one token and the start of the next.
+  const auto& tokens = lp["tokens"];
+  size_t k = 0;
+  while (k + 1 < tokens.size() && (tokens[k].get<std::string>().empty() || tokens[k + 1].get<std::string>().empty() ||
+                                   k < 2))
+    ++k;
+  ASSERT_LT(k + 1, tokens.size()) << "not enough text to place a stop string";
+  std::string prefix;
+  for (size_t i = 0; i < k; ++i) prefix += tokens[i].get<std::string>();
+  const std::string a = tokens[k], b = tokens[k + 1];
+  const std::string stop = a.substr(a.size() - 1) + b.substr(0, 1);
+  const std::string expected = (prefix + a).substr(0, (prefix + a + b).find(stop));
+  body["stop"] = json::array({"\x01never", stop});
+  for (bool stream : {false, true}) {
+    body["stream"] = stream;
+    Reply r = post(s, "/v1/completions", body);
+    ASSERT_EQ(r.status, 200);
+    std::string got, finish;
+    if (stream) {
+      auto events = sse_payloads(r.body);
+      for (size_t i = 0; i + 1 < events.size(); ++i) {
+        json e = json::parse(events[i]);
+        got += e["choices"][0]["text"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+      }
+    } else {
+      got = r.doc()["choices"][0]["text"];
+      finish = r.doc()["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(got, expected) << "stream=" << stream << " stop='" << stop << "'";
+    EXPECT_EQ(finish, "stop");
+  }
+
+  // Chat logprobs: one entry per shown token, top alternatives sorted.
+  json chat = chat_body("hi", 8);
+  chat["logprobs"] = true;
+  chat["top_logprobs"] = 2;
+  json c = post(s, "/v1/chat/completions", chat).doc();
+  const json& content = c["choices"][0]["logprobs"]["content"];
+  ASSERT_GE(content.size(), 1u);
+  std::string joined;
+  for (const json& e : content) {
+    joined += e["token"].get<std::string>();
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+  }
+  EXPECT_EQ(joined, c["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST(ServeHttp, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
+  ServeOptions o;
+  o.max_body_bytes = 4096;
+  TestServer s(o);
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string code;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{not json", 400, "invalid_json"},
+      {"/v1/chat/completions", R"({"messages":"hi"})", 400, ""},
+      {"/v1/chat/completions", R"({"messages":[]})", 400, ""},
+      {"/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})", 404,
+       "model_not_found"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":9})", 400, ""},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":3})", 400, "unsupported_parameter"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]})", 400,
+       "images_not_supported"},
+      {"/v1/completions", R"({"model":"tiny-b","prompt":[)" + [] {
+         std::string ids;
+         for (int i = 0; i < 600; ++i) ids += (i ? "," : "") + std::to_string(10 + i % 100);
+         return ids;
+       }() + "]}",
+       400, "context_length_exceeded"},
+      {"/v1/completions", R"({"prompt":[5000]})", 400, ""},
+      {"/v1/completions", R"({"prompt":")" + std::string(5000, 'a') + "\"}", 413, "request_too_large"},
+      {"/v1/nothing", "{}", 404, "unknown_url"},
+  };
+  for (const Case& c : cases) {
+    Reply r = post(s, c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 200) << " -> " << r.body;
+    json e = r.doc();
+    ASSERT_TRUE(e.is_object() && e.contains("error")) << r.body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_TRUE(e["error"]["type"].is_string());
+    EXPECT_TRUE(e["error"].contains("param"));
+    if (!c.code.empty()) {
+      EXPECT_EQ(e["error"]["code"], c.code) << r.body;
+    }
+  }
+  EXPECT_EQ(get(s, "/health").status, 200);
+  EXPECT_EQ(post(s, "/v1/chat/completions", chat_body("still here", 2)).status, 200);
+  std::string metrics = get(s, "/metrics").body;
+  EXPECT_EQ(metric(metrics, R"(reprise_requests_total{model="",endpoint="chat_completions",status="404"})"), 1);
+  EXPECT_GE(metric(metrics, R"(reprise_requests_total{model="",endpoint="completions",status="413"})"), 1);
+}
+
+TEST(ServeHttp, ApiKey) {
+  ServeOptions o;
+  o.api_key = "sekret";
+  TestServer s(o);
+  Reply missing = post(s, "/v1/chat/completions", chat_body("x", 2));
+  EXPECT_EQ(missing.status, 401);
+  EXPECT_EQ(missing.doc()["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(post(s, "/v1/chat/completions", chat_body("x", 2), {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(get(s, "/v1/models", {{"Authorization", "Bearer sekre"}}).status, 401);
+  EXPECT_EQ(get(s, "/metrics").status, 401);
+  EXPECT_EQ(post(s, "/v1/chat/completions", chat_body("x", 2), {{"Authorization", "Bearer sekret"}}).status, 200);
+  EXPECT_EQ(get(s, "/health").status, 200);  // liveness probes need no key
+}
+
+TEST(ServeHttp, ConcurrentClientsGetTheirOwnResults) {
+  ServeOptions o;
+  o.parallel = 3;
+  TestServer s(o);
+  const int n_clients = 8;
+  // Reference answers, one request at a time.
+  std::vector<std::string> expected(n_clients);
+  for (int i = 0; i < n_clients; ++i) {
+    json r = post(s, "/v1/chat/completions", chat_body("question " + std::to_string(i % 4), 12)).doc();
+    expected[i] = r["choices"][0]["message"]["content"];
+  }
+  std::vector<std::string> got(n_clients);
+  std::vector<int> status(n_clients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n_clients; ++i) {
+    threads.emplace_back([&, i] {
+      json body = chat_body("question " + std::to_string(i % 4), 12);
+      body["stream"] = (i % 2) == 0;
+      Reply r = post(s, "/v1/chat/completions", body);
+      status[i] = r.status;
+      if (i % 2 == 0) {
+        for (const std::string& e : sse_payloads(r.body)) {
+          if (e == "[DONE]") continue;
+          json c = json::parse(e);
+          if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+            got[i] += c["choices"][0]["delta"]["content"].get<std::string>();
+        }
+      } else {
+        got[i] = r.doc()["choices"][0]["message"]["content"];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n_clients; ++i) {
+    EXPECT_EQ(status[i], 200);
+    EXPECT_EQ(got[i], expected[i]) << "client " << i;
+  }
+  std::string metrics = get(s, "/metrics").body;
+  EXPECT_EQ(metric(metrics, R"(reprise_requests_total{model="tiny-a",endpoint="chat_completions",status="200"})"),
+            2 * n_clients);
+  EXPECT_EQ(metric(metrics, "reprise_sequence_slots"), 3);
+  EXPECT_EQ(metric(metrics, "reprise_queue_depth"), 0);
+}
+
+TEST(ServeHttp, StalledClientsBlockNobody) {
+  ServeOptions o;
+  o.parallel = 1;
+  o.read_timeout_seconds = 30;
+  o.write_timeout_seconds = 30;
+  TestServer s(o);
+  // One client sends half a request and stops; another starts a stream far
+  // bigger than the socket buffers (~1 MB with logprobs on every token) and
+  // never reads it.
+  RawConnection half(s.port);
+  half.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"messa");
+  RawConnection never_reads(s.port);
+  json big_stream = {{"prompt", "Once"}, {"max_tokens", 800}, {"temperature", 0}, {"stream", true}, {"logprobs", 5}};
+  never_reads.send_post("/v1/completions", big_stream.dump());
+  std::this_thread::sleep_for(50ms);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(get(s, "/health").status, 200);
+  EXPECT_EQ(get(s, "/metrics").status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  // With one sequence slot, another generation still gets through long
+  // before the 30 s write timeout: the unread stream's output is buffered in
+  // the server, so its slot is free as soon as its tokens are generated.
+  Reply r = post(s, "/v1/chat/completions", chat_body("are you there", 4));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(ServeHttp, DisconnectCancelsTheGenerationAndFreesItsState) {
+  TestServer s;
+  auto cancelled_count = [&] {
+    return metric(get(s, "/metrics").body, R"(reprise_cancelled_requests_total{model="tiny-a"})");
+  };
+  for (bool stream : {true, false}) {
+    const double before = std::max(0.0, cancelled_count());
+    {
+      RawConnection c(s.port);
+      json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"temperature", 0.5}, {"stream", stream}};
+      c.send_post("/v1/completions", body.dump());
+      if (stream) {
+        std::string got = c.read_until("data: ");
+        ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+      } else {
+        std::this_thread::sleep_for(100ms);  // generation under way, nothing written yet
+      }
+    }  // hang up
+    const auto t0 = std::chrono::steady_clock::now();
+    while (cancelled_count() < before + 1 && std::chrono::steady_clock::now() - t0 < 3s)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(cancelled_count(), before + 1) << "stream=" << stream;
+    // Cancelled well before the 4000 tokens, and no sequence holds blocks.
+    json stats = get(s, "/v1/cache/stats").doc();
+    EXPECT_EQ(stats["models"][0]["cache"]["blocks_in_use"], 0) << stats.dump();
+    EXPECT_EQ(stats["models"][0]["in_flight"], 0);
+  }
+  std::string metrics = get(s, "/metrics").body;
+  EXPECT_LT(metric(metrics, R"(reprise_completion_tokens_total{model="tiny-a"})"), 3000);
+  EXPECT_EQ(metric(metrics, "reprise_sequences_active"), 0);
+}
+
+TEST(ServeHttp, TwoModelsHaveSeparateCachesAndSaltsIsolateTenants) {
+  TestServer s;
+  json a = chat_body("A shared question about the weather today", 4);
+  json first = post(s, "/v1/chat/completions", a).doc();
+  json again = post(s, "/v1/chat/completions", a).doc();
+  const int prompt_tokens = first["usage"]["prompt_tokens"];
+  EXPECT_EQ(first["model"], "tiny-a");
+  EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), prompt_tokens - 1);
+
+  json b = a;
+  b["model"] = "tiny-b";
+  json on_b = post(s, "/v1/chat/completions", b).doc();
+  EXPECT_EQ(on_b["model"], "tiny-b");
+  EXPECT_EQ(on_b["usage"]["prompt_tokens"], prompt_tokens);  // same tokenizer
+  EXPECT_EQ(on_b["usage"]["prompt_tokens_details"]["cached_tokens"], 0);  // nothing from tiny-a's cache
+  EXPECT_NE(on_b["system_fingerprint"], first["system_fingerprint"]);
+
+  json salted = a;
+  salted["cache_salt"] = "tenant-2";
+  json s1 = post(s, "/v1/chat/completions", salted).doc();
+  EXPECT_EQ(s1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  json s2 = post(s, "/v1/chat/completions", salted).doc();
+  EXPECT_GE(s2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), prompt_tokens - 1);
+
+  json stats = get(s, "/v1/cache/stats").doc();
+  EXPECT_TRUE(stats["models"][0]["loaded"]);
+  EXPECT_TRUE(stats["models"][1]["loaded"]);
+  EXPECT_EQ(stats["models"][1]["cache"]["lookups"], 1);
+  EXPECT_NE(stats["models"][0]["fingerprint"], stats["models"][1]["fingerprint"]);
+}
+
+TEST(ServeHttp, RepeatedMultiTurnChatReusesTheConversationSoFar) {
+  TestServer s;
+  json body = chat_body("Let us talk about caches.", 12);
+  json turn1 = post(s, "/v1/chat/completions", body).doc();
+  ASSERT_TRUE(turn1.contains("choices")) << turn1.dump();
+  const std::string reply = turn1["choices"][0]["message"]["content"];
+  body["messages"].push_back({{"role", "assistant"}, {"content", reply}});
+  body["messages"].push_back({{"role", "user"}, {"content", "Tell me more."}});
+  json turn2 = post(s, "/v1/chat/completions", body).doc();
+  const int turn1_prompt = turn1["usage"]["prompt_tokens"];
+  const int cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0);
+  // The whole first prompt (and usually part of the reply) is reused.
+  EXPECT_GE(cached, turn1_prompt - 1);
+  EXPECT_GT(turn2["usage"]["prompt_tokens"].get<int>(), cached);
+}
+
+TEST(ServeHttp, ModelsLoadOnDemandAndUnloadLeastRecentlyUsed) {
+  const uint64_t file_bytes = std::filesystem::file_size(model_a_path());
+  ServeOptions o;
+  o.cache_ram_mib = 1;
+  // Room for one model (file + 1 MiB cache) but not two.
+  o.models_max_ram_mib = (1.5 * file_bytes) / 1048576.0 + 1.5;
+  o.model_specs = {"tiny-a=" + model_a_path(), "tiny-b=" + model_b_path()};
+  std::vector<ModelSource> sources = {{"tiny-a", model_a_path()}, {"tiny-b", model_b_path()}};
+  TestServer s(o, sources);
+  auto loaded = [&] {
+    std::vector<bool> out;
+    const json models = get(s, "/v1/models").doc();
+    for (const json& m : models["data"]) out.push_back(m["loaded"]);
+    return out;
+  };
+  EXPECT_EQ(loaded(), (std::vector<bool>{false, false}));  // nothing loads before it is asked for
+  json a = chat_body("hi", 2);
+  EXPECT_EQ(post(s, "/v1/chat/completions", a).status, 200);
+  EXPECT_EQ(loaded(), (std::vector<bool>{true, false}));
+  json b = a;
+  b["model"] = "tiny-b";
+  EXPECT_EQ(post(s, "/v1/chat/completions", b).status, 200);
+  EXPECT_EQ(loaded(), (std::vector<bool>{false, true}));
+
+  // A model with a request in flight is never unloaded: while a long stream
+  // runs on tiny-b, loading tiny-a is refused (503), not done by force.
+  RawConnection busy(s.port);
+  busy.send_post("/v1/completions",
+                 json{{"model", "tiny-b"}, {"prompt", "Once"}, {"max_tokens", 400}, {"stream", true}}.dump());
+  ASSERT_NE(busy.read_until("data: ").find("data: "), std::string::npos);
+  Reply refused = post(s, "/v1/chat/completions", a);
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_EQ(refused.doc()["error"]["code"], "model_capacity");
+  busy.read_until("[DONE]");
+  busy.close();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(post(s, "/v1/chat/completions", a).status, 200);
+  EXPECT_EQ(loaded(), (std::vector<bool>{true, false}));
+  std::string metrics = get(s, "/metrics").body;
+  EXPECT_EQ(metric(metrics, R"(reprise_model_unloads_total{model="tiny-a"})"), 1);
+  EXPECT_EQ(metric(metrics, R"(reprise_model_unloads_total{model="tiny-b"})"), 1);
+  EXPECT_EQ(metric(metrics, R"(reprise_model_loads_total{model="tiny-a"})"), 2);
+  // Cache counters survive the unload.
+  EXPECT_GE(metric(metrics, R"(reprise_cache_lookups_total{model="tiny-a"})"), 2);
+}
+
+TEST(ServeHttp, ChatTemplateFileOverridesAndTemplateErrorsAreReported) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("reprise-server-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "strict.jinja")
+        << "{% for m in messages %}{% if 'forbidden' in m['content'] %}{{ raise_exception('no forbidden words here') }}"
+           "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]";
+    std::ofstream(dir / "broken.jinja") << "{% for m in messages %}{{ m['content'] }";
+  }
+  {
+    ServeOptions o;
+    o.chat_template_file = (dir / "strict.jinja").string();
+    TestServer s(o);
+    json ok = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 2}};
+    EXPECT_EQ(post(s, "/v1/chat/completions", ok).status, 200);
+    Reply raised = post(s, "/v1/chat/completions", chat_body("a forbidden request", 2));
+    ASSERT_EQ(raised.status, 400) << raised.body;
+    EXPECT_NE(raised.doc()["error"]["message"].get<std::string>().find("no forbidden words here"), std::string::npos);
+    EXPECT_EQ(get(s, "/v1/cache/stats").doc()["models"][0]["chat_template"], "file");
+  }
+  {
+    ServeOptions o;
+    o.chat_template_file = (dir / "broken.jinja").string();
+    TestServer s(o);
+    Reply broken = post(s, "/v1/chat/completions", chat_body("x", 2));
+    EXPECT_EQ(broken.status, 500);
+    EXPECT_EQ(broken.doc()["error"]["code"], "chat_template_error");
+    // Completions do not need the template.
+    EXPECT_EQ(post(s, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ServeHttp, ResolvesModelSourcesFromOptions) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("reprise-models-dir-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "beta.gguf") << "x";
+  std::ofstream(dir / "alpha.gguf") << "x";
+  std::ofstream(dir / "mmproj-alpha.gguf") << "x";
+  std::ofstream(dir / "notes.txt") << "x";
+  ServeOptions o;
+  o.model_path = "/m/main.gguf";
+  o.model_specs = {"x=/m/other.gguf", "/m/plain.gguf"};
+  o.models_dir = dir.string();
+  std::vector<ModelSource> s = resolve_model_sources(o);
+  std::vector<std::string> ids;
+  for (const auto& m : s) ids.push_back(m.id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"main", "x", "plain", "alpha", "beta"}));
+  o.model_specs = {"=bad"};
+  EXPECT_THROW(resolve_model_sources(o), reprise::Error);
+  o.model_specs = {"main=/elsewhere.gguf"};
+  EXPECT_THROW(resolve_model_sources(o), reprise::Error);
+  fs::remove_all(dir);
+  ServeOptions none;
+  EXPECT_FALSE(none.validate().empty());
+}
+
+}  // namespace
