@@ -3,216 +3,460 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <string>
 
 #include "tensor/fp16.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
+#include "util/error.h"
 
 namespace reprise {
+
+using kernels::IsaKernels;
+using kernels::kGroupRows;
+using kernels::MatmulArgs;
+using kernels::XBlock;
+
+// ---------------------------------------------------------------------------
+// Instruction set selection.
+
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 
-float vec_dot_f32(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
-  }
-  for (; i + 8 <= n; i += 8)
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+KernelIsa detect_isa() {
+  const char* env = std::getenv("REPRISE_ISA");
+  if (env && std::string(env) == "avx2") return KernelIsa::Avx2;
+  return cpu_has_avx512() ? KernelIsa::Avx512 : KernelIsa::Avx2;
 }
 
-float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) {
-  if (n < 32) {  // short rows (small attention heads): ggml sums these in double
-    double acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(f16_to_f32(a[i])) * f16_to_f32(b[i]);
-    return static_cast<float>(acc);
-  }
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  auto ld = [](const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(ld(a + i), ld(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(ld(a + i + 8), ld(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(ld(a + i + 16), ld(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(ld(a + i + 24), ld(b + i + 24), acc3);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(ld(a + i), ld(b + i), acc0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
-  return s;
-}
+std::atomic<int> g_isa{-1};
 
-float vec_dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  auto ld = [](const uint16_t* p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  };
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(ld(a + i), ld(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(ld(a + i + 8), ld(b + i + 8), acc1);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(ld(a + i), ld(b + i), acc0);
-  float s = hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
-  return s;
-}
-
-// Sum of products of 32 signed bytes, as 8 int32 lanes converted to float.
-inline __m256 mul_sum_i8_pairs(__m256i x, __m256i y) {
-  const __m256i ax = _mm256_sign_epi8(x, x);
-  const __m256i sy = _mm256_sign_epi8(y, x);
-  const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
-  const __m256i dot32 = _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
-  return _mm256_cvtepi32_ps(dot32);
-}
-
-float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t n_blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
-    __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
-  }
-  return hsum(acc);
-}
-
-float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t n_blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m128i low_mask = _mm_set1_epi8(0x0f);
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
-    __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
-    __m128i lo = _mm_and_si128(packed, low_mask);
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_mask);
-    __m256i qw = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-    __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
-  }
-  return hsum(acc);
-}
-
-// Activation quantization to Q8_0 (round to nearest, as ggml's reference).
-void quantize_q8_0(const float* x, BlockQ8_0* out, int64_t n) {
-  for (int64_t b = 0; b < n / kQK8_0; ++b) {
-    const float* v = x + b * kQK8_0;
-    float amax = 0;
-    for (int i = 0; i < kQK8_0; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    out[b].d = f32_to_f16(d);
-    for (int i = 0; i < kQK8_0; ++i) out[b].qs[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
-  }
-}
-
-// Activations in the form the weight type's dot product consumes.
-struct PackedActivations {
-  std::vector<uint8_t> bytes;
-  size_t row_bytes = 0;
-  const float* f32 = nullptr;  // F32 weights use the input directly
-};
-
-void pack_activations(DType type, const float* x, int64_t n_in, int64_t n_tokens,
-                      PackedActivations& out) {
-  switch (type) {
-    case DType::F32:
-      out.f32 = x;
-      out.row_bytes = n_in * sizeof(float);
-      return;
-    case DType::F16:
-    case DType::BF16: {
-      out.row_bytes = n_in * 2;
-      out.bytes.resize(out.row_bytes * n_tokens);
-      auto* dst = reinterpret_cast<uint16_t*>(out.bytes.data());
-      for (int64_t i = 0; i < n_in * n_tokens; ++i)
-        dst[i] = type == DType::F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
-      return;
-    }
-    case DType::Q8_0:
-    case DType::Q4_0: {
-      out.row_bytes = n_in / kQK8_0 * sizeof(BlockQ8_0);
-      out.bytes.resize(out.row_bytes * n_tokens);
-      for (int64_t t = 0; t < n_tokens; ++t)
-        quantize_q8_0(x + t * n_in, reinterpret_cast<BlockQ8_0*>(out.bytes.data() + t * out.row_bytes),
-                      n_in);
-      return;
-    }
-    default:
-      return;
-  }
-}
-
-inline float row_dot(DType type, const uint8_t* w, const PackedActivations& a, int64_t t,
-                     int64_t n_in) {
-  switch (type) {
-    case DType::F32:
-      return vec_dot_f32(reinterpret_cast<const float*>(w), a.f32 + t * n_in, n_in);
-    case DType::F16:
-      return vec_dot_f16(reinterpret_cast<const uint16_t*>(w),
-                         reinterpret_cast<const uint16_t*>(a.bytes.data() + t * a.row_bytes), n_in);
-    case DType::BF16:
-      return vec_dot_bf16(reinterpret_cast<const uint16_t*>(w),
-                          reinterpret_cast<const uint16_t*>(a.bytes.data() + t * a.row_bytes), n_in);
-    case DType::Q8_0:
-      return vec_dot_q8_0_q8_0(reinterpret_cast<const BlockQ8_0*>(w),
-                               reinterpret_cast<const BlockQ8_0*>(a.bytes.data() + t * a.row_bytes),
-                               n_in / kQK8_0);
-    case DType::Q4_0:
-      return vec_dot_q4_0_q8_0(reinterpret_cast<const BlockQ4_0*>(w),
-                               reinterpret_cast<const BlockQ8_0*>(a.bytes.data() + t * a.row_bytes),
-                               n_in / kQK8_0);
-    default:
-      return 0;
-  }
+const IsaKernels& isa_kernels() {
+  return kernel_isa() == KernelIsa::Avx512 ? kernels::avx512_kernels() : kernels::avx2_kernels();
 }
 
 }  // namespace
 
-float dot_f32(const float* a, const float* b, int64_t n) { return vec_dot_f32(a, b, n); }
+KernelIsa kernel_isa() {
+  int v = g_isa.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = static_cast<int>(detect_isa());
+    g_isa.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<KernelIsa>(v);
+}
 
-void matmul(const MatrixView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  thread_local PackedActivations packed;
-  packed.f32 = nullptr;
-  pack_activations(w.type, x, w.n_in, n_tokens, packed);
-  // Rows are split into chunks; inside a chunk, a few weight rows are reused
-  // across all tokens while they sit in cache.
-  constexpr int64_t kRowsPerChunk = 16;
-  const int64_t n_chunks = (w.n_out + kRowsPerChunk - 1) / kRowsPerChunk;
-  const PackedActivations& a = packed;
-  pool.parallel_for(n_chunks, [&](int64_t chunk) {
-    const int64_t r0 = chunk * kRowsPerChunk;
-    const int64_t r1 = std::min(w.n_out, r0 + kRowsPerChunk);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      float* yt = y + t * w.n_out;
-      for (int64_t r = r0; r < r1; ++r) yt[r] = row_dot(w.type, w.row(r), a, t, w.n_in);
+bool kernel_isa_supported(KernelIsa isa) { return isa == KernelIsa::Avx2 || cpu_has_avx512(); }
+
+void set_kernel_isa(KernelIsa isa) {
+  if (!kernel_isa_supported(isa)) throw Error(std::string("kernel ISA not supported here: ") + kernel_isa_name(isa));
+  g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::Avx512 ? "avx512" : "avx2"; }
+
+// ---------------------------------------------------------------------------
+// Weight packing.
+
+namespace {
+
+size_t group_bytes_for(DType type, int64_t n_in) {
+  switch (type) {
+    case DType::F32: return static_cast<size_t>(n_in) * kGroupRows * 4;
+    case DType::F16:
+    case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
+    case DType::Q8_0: return static_cast<size_t>(n_in / kQK8_0) * (32 + 512);
+    case DType::Q4_0: return static_cast<size_t>(n_in / kQK4_0) * (32 + 256);
+    default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(type)));
+  }
+}
+
+// Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
+void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
+  const size_t gb = group_bytes_for(w.type, w.n_in);
+  for (int64_t g = g0; g < g1; ++g) {
+    uint8_t* out = dst + (g - g0) * gb;
+    const int64_t r0 = g * kGroupRows;
+    const int rows = static_cast<int>(std::min<int64_t>(kGroupRows, w.n_out - r0));
+    switch (w.type) {
+      case DType::F32:
+      case DType::F16:
+      case DType::BF16: {
+        const size_t es = w.type == DType::F32 ? 4 : 2;
+        std::memset(out, 0, gb);
+        for (int r = 0; r < rows; ++r) {
+          const uint8_t* src = w.row(r0 + r);
+          if (es == 4) {
+            auto* o = reinterpret_cast<uint32_t*>(out);
+            auto* s = reinterpret_cast<const uint32_t*>(src);
+            for (int64_t k = 0; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
+          } else {
+            auto* o = reinterpret_cast<uint16_t*>(out);
+            auto* s = reinterpret_cast<const uint16_t*>(src);
+            for (int64_t k = 0; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
+          }
+        }
+        break;
+      }
+      case DType::Q8_0: {
+        const int64_t nb = w.n_in / kQK8_0;
+        for (int64_t b = 0; b < nb; ++b) {
+          uint8_t* ob = out + b * 544;
+          auto* d = reinterpret_cast<uint16_t*>(ob);
+          for (int r = 0; r < kGroupRows; ++r) {
+            if (r < rows) {
+              const auto& blk = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + r))[b];
+              d[r] = blk.d;
+              for (int c = 0; c < 8; ++c)
+                for (int j = 0; j < 4; ++j)
+                  ob[32 + c * 64 + r * 4 + j] = static_cast<uint8_t>(blk.qs[4 * c + j]) ^ 0x80;
+            } else {
+              d[r] = 0;
+              for (int c = 0; c < 8; ++c) std::memset(ob + 32 + c * 64 + r * 4, 0x80, 4);
+            }
+          }
+        }
+        break;
+      }
+      case DType::Q4_0: {
+        const int64_t nb = w.n_in / kQK4_0;
+        for (int64_t b = 0; b < nb; ++b) {
+          uint8_t* ob = out + b * 288;
+          auto* d = reinterpret_cast<uint16_t*>(ob);
+          for (int r = 0; r < kGroupRows; ++r) {
+            if (r < rows) {
+              const auto& blk = reinterpret_cast<const BlockQ4_0*>(w.row(r0 + r))[b];
+              d[r] = blk.d;
+              for (int c = 0; c < 4; ++c) std::memcpy(ob + 32 + c * 64 + r * 4, blk.qs + 4 * c, 4);
+            } else {
+              d[r] = 0;
+              for (int c = 0; c < 4; ++c) std::memset(ob + 32 + c * 64 + r * 4, 0x88, 4);
+            }
+          }
+        }
+        break;
+      }
+      default:
+        throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(w.type)));
     }
+  }
+}
+
+struct AlignedDelete {
+  void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+
+}  // namespace
+
+PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
+  group_bytes_ = group_bytes_for(w.type, w.n_in);
+  n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
+  const size_t bytes = std::max<size_t>(group_bytes_ * n_groups_, 64);
+  auto* p = static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t(64)));
+  data_ = std::shared_ptr<uint8_t[]>(p, AlignedDelete{});
+  pack_groups(w, 0, n_groups_, p);
+}
+
+// ---------------------------------------------------------------------------
+// Activations.
+
+namespace {
+
+enum class ActKind { F32, F16, BF16, Q8 };
+
+ActKind act_kind(DType t) {
+  switch (t) {
+    case DType::F32: return ActKind::F32;
+    case DType::F16: return ActKind::F16;
+    case DType::BF16: return ActKind::BF16;
+    case DType::Q8_0:
+    case DType::Q4_0: return ActKind::Q8;
+    default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(t)));
+  }
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// Q8_0 quantization of one 32-element block as ggml's AVX2 path does it:
+// d = amax / 127 stored as f16, q = round-half-even(x * (127 / amax)).
+void quantize_block(const float* x, XBlock& out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  const float amax = hmax(m);
+  const float d = amax / 127.0f;
+  const uint16_t dh = f32_to_f16(d);
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const __m256 mul = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // Pack 32 int32 -> 32 int8 in order.
+  __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+  __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+  __m256i p = _mm256_packs_epi16(p01, p23);
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), p);
+  // Sum of the quants (for the unsigned-weight corrections).
+  const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
+  __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  const int32_t sum = _mm_cvtsi128_si32(s);
+  out.d = f16_to_f32(dh);
+  out.corr_q8 = -128 * sum;
+  out.corr_q4 = -8 * sum;
+}
+
+inline __m256 round_bf16(__m256 x) {
+  // Round to nearest even on the upper 16 bits; NaN made quiet (as ggml).
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  const __m256i nan = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0xffff0000u))),
+                                      _mm256_set1_epi32(64 << 16));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, nan, is_nan));
+}
+
+float round_bf16_scalar(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
+  switch (kind) {
+    case ActKind::F16: {
+      auto* o = static_cast<float*>(out);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+      for (; i < n; ++i) o[i] = f16_to_f32(f32_to_f16(x[i]));
+      return;
+    }
+    case ActKind::BF16: {
+      auto* o = static_cast<float*>(out);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, round_bf16(_mm256_loadu_ps(x + i)));
+      for (; i < n; ++i) o[i] = round_bf16_scalar(x[i]);
+      return;
+    }
+    case ActKind::Q8: {
+      auto* o = static_cast<XBlock*>(out);
+      for (int64_t b = 0; b < n / kQK8_0; ++b) quantize_block(x + b * kQK8_0, o[b]);
+      return;
+    }
+    case ActKind::F32:
+      std::memcpy(out, x, n * sizeof(float));
+      return;
+  }
+}
+
+size_t act_row_bytes(ActKind kind, int64_t n_in) {
+  return kind == ActKind::Q8 ? static_cast<size_t>(n_in / kQK8_0) * sizeof(XBlock) : static_cast<size_t>(n_in) * 4;
+}
+
+struct ActBuffer {
+  std::vector<uint8_t> bytes;
+  void* ensure(size_t n) {
+    if (bytes.size() < n + 64) bytes.resize(n + 64);
+    auto p = reinterpret_cast<uintptr_t>(bytes.data());
+    return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
+  }
+};
+
+// Converts x (n_tokens rows of n_in) to the weight's dot type. F32 input is
+// used in place.
+const void* pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_tokens, ActBuffer& buf,
+                             ThreadPool& pool) {
+  if (kind == ActKind::F32) return x;
+  const size_t row = act_row_bytes(kind, n_in);
+  auto* out = static_cast<uint8_t*>(buf.ensure(row * n_tokens));
+  constexpr int64_t kChunk = 16;
+  const int64_t n_chunks = (n_tokens + kChunk - 1) / kChunk;
+  auto run = [&](int64_t c) {
+    const int64_t t1 = std::min(n_tokens, (c + 1) * kChunk);
+    for (int64_t t = c * kChunk; t < t1; ++t) convert_row(kind, x + t * n_in, n_in, out + t * row);
+  };
+  if (n_chunks > 1 && pool.size() > 1) pool.parallel_for(n_chunks, run);
+  else for (int64_t c = 0; c < n_chunks; ++c) run(c);
+  return out;
+}
+
+int64_t act_stride(ActKind kind, int64_t n_in) { return kind == ActKind::Q8 ? n_in / kQK8_0 : n_in; }
+
+using MatmulFn = void (*)(const MatmulArgs&);
+MatmulFn matmul_fn(const IsaKernels& k, DType t) {
+  switch (t) {
+    case DType::F32: return k.matmul_f32;
+    case DType::F16: return k.matmul_f16;
+    case DType::BF16: return k.matmul_bf16;
+    case DType::Q8_0: return k.matmul_q8_0;
+    case DType::Q4_0: return k.matmul_q4_0;
+    default: throw Error("matmul: unsupported weight type");
+  }
+}
+
+// One matrix of a (possibly multi-matrix) product.
+struct Job {
+  MatmulFn fn;
+  const uint8_t* groups;       // packed data, or null to pack on the fly from view
+  const MatrixView* view;
+  size_t group_bytes;
+  int64_t n_groups;
+  int64_t n_out;
+  const void* x;
+  int64_t x_stride;
+  size_t x_elem_bytes;
+  float* y;
+  int64_t groups_per_task;
+  int64_t tokens_per_task;
+  int64_t n_group_tasks;
+  int64_t n_token_tasks;
+  int64_t first_task;
+};
+
+thread_local std::vector<uint8_t> t_pack_scratch;
+
+void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
+  const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
+  const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.n_groups, g0 + j.groups_per_task);
+  const int64_t t0 = tt * j.tokens_per_task, t1 = std::min(n_tokens, t0 + j.tokens_per_task);
+  const uint8_t* w;
+  if (j.groups) {
+    w = j.groups + g0 * j.group_bytes;
+  } else {
+    const size_t need = (g1 - g0) * j.group_bytes + 64;
+    if (t_pack_scratch.size() < need) t_pack_scratch.resize(need);
+    auto p = reinterpret_cast<uintptr_t>(t_pack_scratch.data());
+    auto* aligned = reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+    pack_groups(*j.view, g0, g1, aligned);
+    w = aligned;
+  }
+  MatmulArgs a;
+  a.w = w;
+  a.group_bytes = j.group_bytes;
+  a.n_groups = g1 - g0;
+  a.n_rows = j.n_out - g0 * kGroupRows;
+  a.x = static_cast<const uint8_t*>(j.x) + t0 * j.x_stride * j.x_elem_bytes;
+  a.x_stride = j.x_stride;
+  a.n_tokens = t1 - t0;
+  a.n_in = n_in;
+  a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
+  a.y_stride = j.n_out;
+  j.fn(a);
+}
+
+struct MatrixRef {
+  const uint8_t* groups;
+  const MatrixView* view;
+  float* y;
+};
+
+void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_tokens, ThreadPool& pool) {
+  if (mats.empty() || n_tokens <= 0) return;
+  const IsaKernels& isa = isa_kernels();
+  const int64_t n_in = mats[0].view->n_in;
+  thread_local ActBuffer bufs[4];
+  const void* packed[4] = {nullptr, nullptr, nullptr, nullptr};
+  std::vector<Job> jobs;
+  jobs.reserve(mats.size());
+  const int threads = pool.size();
+  // Work split: decode-sized batches split rows only; larger batches tile
+  // rows x tokens so a task's weights stay in L2 and its tokens in L1.
+  int64_t total_groups = 0;
+  for (const auto& m : mats) total_groups += (m.view->n_out + kGroupRows - 1) / kGroupRows;
+  int64_t task = 0;
+  for (const auto& m : mats) {
+    const MatrixView& v = *m.view;
+    if (v.n_in != n_in) throw Error("matmul_many: matrices differ in n_in");
+    const ActKind kind = act_kind(v.type);
+    const int ki = static_cast<int>(kind);
+    if (!packed[ki]) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
+    Job j{};
+    j.fn = matmul_fn(isa, v.type);
+    j.groups = m.groups;
+    j.view = &v;
+    j.group_bytes = group_bytes_for(v.type, n_in);
+    j.n_groups = (v.n_out + kGroupRows - 1) / kGroupRows;
+    j.n_out = v.n_out;
+    j.x = packed[ki];
+    j.x_stride = act_stride(kind, n_in);
+    j.x_elem_bytes = kind == ActKind::Q8 ? sizeof(XBlock) : sizeof(float);
+    j.y = m.y;
+    if (n_tokens < isa.token_tile) {
+      j.tokens_per_task = n_tokens;
+      // About 4 tasks per thread over all matrices, at least 4 groups each.
+      const int64_t target = std::max<int64_t>(1, total_groups / (threads * 4));
+      j.groups_per_task = std::clamp<int64_t>(target, 4, 256);
+    } else {
+      j.tokens_per_task = 4 * isa.token_tile;
+      j.groups_per_task = 8;
+    }
+    j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;
+    j.n_token_tasks = (n_tokens + j.tokens_per_task - 1) / j.tokens_per_task;
+    j.first_task = task;
+    task += j.n_group_tasks * j.n_token_tasks;
+    jobs.push_back(j);
+  }
+  const int64_t n_tasks = task;
+  pool.parallel_for(n_tasks, [&](int64_t t) {
+    size_t i = 0;
+    while (i + 1 < jobs.size() && jobs[i + 1].first_task <= t) ++i;
+    run_job_task(jobs[i], n_tokens, n_in, t - jobs[i].first_task);
   });
 }
+
+}  // namespace
+
+void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+  const MatrixRef m{w.groups(), &w.view(), y};
+  run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
+}
+
+void matmul(const MatrixView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+  const MatrixRef m{nullptr, &w, y};
+  run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
+}
+
+void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool& pool) {
+  MatrixRef refs[8];
+  std::vector<MatrixRef> more;
+  MatrixRef* r = refs;
+  if (outputs.size() > 8) {
+    more.resize(outputs.size());
+    r = more.data();
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y};
+  run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Row lookups and conversions.
 
 void dequantize_row(const MatrixView& w, int64_t r, float* out) {
   const uint8_t* p = w.row(r);
@@ -262,44 +506,106 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
 }
 
-void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
-                      RowFetch key, RowFetch value, const void* ctx, float* out) {
-  thread_local std::vector<uint16_t> q16, acc16;
-  thread_local std::vector<float> accf;
-  q16.resize(head_dim);
-  acc16.assign(head_dim, 0);
-  accf.resize(head_dim);
-  convert_f32_to_f16(q, q16.data(), head_dim);
-  float running_max = -INFINITY;
-  float sum = 0.0f;
-  for (int64_t p = first; p < end; ++p) {
-    const float s = vec_dot_f16(q16.data(), key(ctx, p), head_dim) * scale;
-    float ms = 1.0f, vs = 1.0f;
-    const uint16_t* v = value(ctx, p);
-    if (s > running_max) {
-      const float old = running_max;
-      running_max = s;
-      ms = std::exp(old - running_max);
-      for (int64_t d = 0; d < head_dim; ++d) acc16[d] = f32_to_f16(f16_to_f32(acc16[d]) * ms);
-    } else {
-      vs = std::exp(s - running_max);
-    }
-    for (int64_t d = 0; d < head_dim; ++d)
-      acc16[d] = f32_to_f16(f16_to_f32(acc16[d]) + f16_to_f32(v[d]) * vs);
-    sum = sum * ms + vs;
-  }
-  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int64_t d = 0; d < head_dim; ++d) out[d] = f16_to_f32(acc16[d]) * inv;
+// ---------------------------------------------------------------------------
+// exp (ggml's vector expf: Arm optimized-routines polynomial), the same bits
+// as a vector or a scalar. 2^n is applied as one multiply by an exact power
+// of two for n in [-149, 127]; beyond that the result is 0 or +inf (values
+// below 2^-149 or above FLT_MAX).
+
+namespace {
+
+constexpr float kExpShift = 0x1.8p23f;
+constexpr float kLog2e = 0x1.715476p+0f;
+constexpr float kLn2Hi = 0x1.62e4p-1f;
+constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
+                kC1 = 0x1.ffffecp-1f;
+
+float pow2i(int n) {  // exact 2^n for n in [-149, 127]
+  uint32_t bits = n >= -126 ? static_cast<uint32_t>(n + 127) << 23 : 1u << (n + 149);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
+float exp_scalar(float x) {
+  const float z = std::fma(x, kLog2e, kExpShift);
+  const float n = z - kExpShift;
+  const float b = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(kC5, b, kC4), u, std::fma(kC3, b, kC2)), u, std::fma(kC1, b, 1.0f));
+  if (std::isnan(n)) return x + x;
+  if (n > 128.0f) return INFINITY;
+  if (n < -149.0f) return 0.0f;
+  if (n == 128.0f) return (j * 0x1p127f) * 2.0f;
+  return j * pow2i(static_cast<int>(n));
+}
+
+// 8 lanes; lanes outside the fast range go through exp_scalar.
+inline __m256 exp8(__m256 x) {
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kExpShift));
+  const __m256 n = _mm256_sub_ps(z, _mm256_set1_ps(kExpShift));
+  const __m256 b =
+      _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f)));
+  // Fast range n in [-126, 127] (NaN compares false, so it takes the slow path).
+  const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_GE_OQ),
+                                  _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_LE_OQ));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 r = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+  if (_mm256_movemask_ps(ok) != 0xff) {
+    alignas(32) float xs[8], rs[8];
+    _mm256_store_ps(xs, x);
+    _mm256_store_ps(rs, r);
+    const int m = _mm256_movemask_ps(ok);
+    for (int i = 0; i < 8; ++i)
+      if (!(m >> i & 1)) rs[i] = exp_scalar(xs[i]);
+    r = _mm256_load_ps(rs);
+  }
+  return r;
+}
+
+}  // namespace
+
+float expf_vec(float x) { return exp_scalar(x); }
+
+void expf_vec(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) out[i] = exp_scalar(x[i]);
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise operations.
+
 void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* out) {
-  double sum = 0;  // ggml accumulates the sum of squares in double (ggml_float)
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  // Sum of squares in double (ggml_float), two 4-lane accumulators.
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+    const __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    a0 = _mm256_fmadd_pd(lo, lo, a0);
+    a1 = _mm256_fmadd_pd(hi, hi, a1);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a0, a1));
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) sum = std::fma(static_cast<double>(x[i]), static_cast<double>(x[i]), sum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(sum / n) + eps);
+  const __m256 s = _mm256_set1_ps(scale);
+  i = 0;
   if (weight) {
-    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), _mm256_loadu_ps(weight + i)));
+    for (; i < n; ++i) out[i] = (x[i] * scale) * weight[i];
   } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+    for (; i < n; ++i) out[i] = x[i] * scale;
   }
 }
 
@@ -320,34 +626,66 @@ void layer_norm(const float* x, const float* weight, const float* bias, float ep
   }
 }
 
-void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, float freq_base,
-          float freq_scale, RopeStyle style) {
+void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, float* cos_out, float* sin_out) {
   // theta_i = pos * base^(-2i/n_rot), built by repeated multiplication as ggml does.
   const float theta_scale = std::pow(freq_base, -2.0f / n_rot);
-  float cos_cache[512], sin_cache[512];
   float theta = static_cast<float>(pos) * freq_scale;
   for (int i = 0; i < n_rot / 2; ++i) {
-    cos_cache[i] = std::cos(theta);
-    sin_cache[i] = std::sin(theta);
+    cos_out[i] = std::cos(theta);
+    sin_out[i] = std::sin(theta);
     theta *= theta_scale;
   }
+}
+
+void rope_apply(float* x, int n_heads, int head_dim, int n_rot, const float* cos_v, const float* sin_v,
+                RopeStyle style) {
+  const int half = n_rot / 2;
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<int64_t>(h) * head_dim;
     if (style == RopeStyle::Normal) {
-      for (int i = 0; i < n_rot / 2; ++i) {
+      int i = 0;
+      // Pairs (2i, 2i+1): deinterleave 8 pairs at a time.
+      for (; i + 8 <= half; i += 8) {
+        const __m256 p0 = _mm256_loadu_ps(v + 2 * i), p1 = _mm256_loadu_ps(v + 2 * i + 8);
+        // a = even elements, b = odd elements (in pair order after permute).
+        const __m256 a = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0x88), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+        const __m256 b = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0xdd), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+        const __m256 c = _mm256_loadu_ps(cos_v + i), s = _mm256_loadu_ps(sin_v + i);
+        const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s));
+        const __m256 rb = _mm256_add_ps(_mm256_mul_ps(a, s), _mm256_mul_ps(b, c));
+        const __m256 lo = _mm256_unpacklo_ps(ra, rb), hi = _mm256_unpackhi_ps(ra, rb);
+        _mm256_storeu_ps(v + 2 * i, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(v + 2 * i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+      }
+      for (; i < half; ++i) {
         const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * cos_cache[i] - b * sin_cache[i];
-        v[2 * i + 1] = a * sin_cache[i] + b * cos_cache[i];
+        const float ac = a * cos_v[i], bs = b * sin_v[i], as = a * sin_v[i], bc = b * cos_v[i];
+        v[2 * i] = ac - bs;
+        v[2 * i + 1] = as + bc;
       }
     } else {
-      const int half = n_rot / 2;
-      for (int i = 0; i < half; ++i) {
+      int i = 0;
+      for (; i + 8 <= half; i += 8) {
+        const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + half);
+        const __m256 c = _mm256_loadu_ps(cos_v + i), s = _mm256_loadu_ps(sin_v + i);
+        _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+        _mm256_storeu_ps(v + i + half, _mm256_add_ps(_mm256_mul_ps(a, s), _mm256_mul_ps(b, c)));
+      }
+      for (; i < half; ++i) {
         const float a = v[i], b = v[i + half];
-        v[i] = a * cos_cache[i] - b * sin_cache[i];
-        v[i + half] = a * sin_cache[i] + b * cos_cache[i];
+        const float ac = a * cos_v[i], bs = b * sin_v[i], as = a * sin_v[i], bc = b * cos_v[i];
+        v[i] = ac - bs;
+        v[i + half] = as + bc;
       }
     }
   }
+}
+
+void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, float freq_base,
+          float freq_scale, RopeStyle style) {
+  float cos_cache[512], sin_cache[512];
+  rope_table(n_rot, pos, freq_base, freq_scale, cos_cache, sin_cache);
+  rope_apply(x, n_heads, head_dim, n_rot, cos_cache, sin_cache, style);
 }
 
 void softmax_inplace(float* x, int64_t n) {
@@ -362,12 +700,169 @@ void softmax_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) { return x / (1.0f + exp_scalar(-x)); }
 
 float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
   constexpr float kCoef = 0.044715f;
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = silu(g[i]) * u[i];
+}
+
+void gelu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+// ---------------------------------------------------------------------------
+// Attention.
+//
+// Per query: q rounded to f16; for each key in order, s = dot(q, k) * scale
+// with the summation order of ggml's AVX2 f16 dot (4 x 8-lane accumulators
+// over 32-element steps, then a fixed tree; rows shorter than 32 are summed
+// in double), then ggml's online softmax with an f16 value accumulator:
+//   s > M:  ms = exp(M - s), M = s, acc = f16(acc * ms), vs = 1
+//   else:   vs = exp(s - M)
+//   acc = f16(fma(v, vs, acc)); S = fma(S, ms, vs)
+// out = acc / S. Keys are handled in blocks of 8 so the exponentials are
+// computed 8 at a time; the arithmetic per key is unchanged.
+
+namespace {
+
+inline float hsum8(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_h8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 round_h8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+// q: head_dim floats already rounded to f16 values.
+inline float score_f16(const float* q, const uint16_t* k, int64_t n) {
+  if (n < 32) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(q[i]) * f16_to_f32(k[i]);
+    return static_cast<float>(acc);
+  }
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(k + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_h8(k + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), load_h8(k + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), load_h8(k + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(k + i), acc0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) s = std::fma(q[i], f16_to_f32(k[i]), s);
+  return s;
+}
+
+// acc = f16(acc * m) over n (n % 8 handled in scalar with the same rounding).
+inline void scale_h(float* acc, float m, int64_t n) {
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, round_h8(_mm256_mul_ps(_mm256_loadu_ps(acc + i), mv)));
+  for (; i < n; ++i) acc[i] = f16_to_f32(f32_to_f16(acc[i] * m));
+}
+inline void mad_h(float* acc, const uint16_t* v, float s, int64_t n) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, round_h8(_mm256_fmadd_ps(load_h8(v + i), sv, _mm256_loadu_ps(acc + i))));
+  for (; i < n; ++i) acc[i] = f16_to_f32(f32_to_f16(std::fma(f16_to_f32(v[i]), s, acc[i])));
+}
+
+// One query against rows [first, end); rows fetched by index into k/v tables
+// (already offset to the KV head).
+template <typename RowK, typename RowV>
+void attend_query(const float* q, int64_t d, int64_t first, int64_t end, float scale, RowK key, RowV value,
+                  float* out) {
+  alignas(32) float qh[1024], acc[1024];
+  convert_row(ActKind::F16, q, d, qh);
+  std::fill(acc, acc + d, 0.0f);
+  float M = -INFINITY, S = 0.0f;
+  constexpr int kBlock = 8;
+  alignas(32) float s[kBlock], arg[kBlock], e[kBlock];
+  bool is_new[kBlock];
+  for (int64_t p0 = first; p0 < end; p0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - p0));
+    for (int j = 0; j < nb; ++j) s[j] = score_f16(qh, key(p0 + j), d) * scale;
+    // Running maxima decide which exponential each key needs.
+    float m = M;
+    for (int j = 0; j < nb; ++j) {
+      is_new[j] = s[j] > m;
+      arg[j] = is_new[j] ? m - s[j] : s[j] - m;
+      if (is_new[j]) m = s[j];
+    }
+    for (int j = nb; j < kBlock; ++j) arg[j] = 0.0f;
+    _mm256_store_ps(e, exp8(_mm256_load_ps(arg)));
+    for (int j = 0; j < nb; ++j) {
+      float ms = 1.0f, vs = 1.0f;
+      if (is_new[j]) {
+        M = s[j];
+        ms = e[j];
+        scale_h(acc, ms, d);
+      } else {
+        vs = e[j];
+      }
+      mad_h(acc, value(p0 + j), vs, d);
+      S = std::fma(S, ms, vs);
+    }
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  const __m256 iv = _mm256_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), iv));
+  for (; i < d; ++i) out[i] = acc[i] * inv;
+}
+
+}  // namespace
+
+void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
+                      RowFetch key, RowFetch value, const void* ctx, float* out) {
+  attend_query(
+      q, head_dim, first, end, scale, [&](int64_t p) { return key(ctx, p); }, [&](int64_t p) { return value(ctx, p); },
+      out);
+}
+
+void attention(const AttentionBatch& b, ThreadPool& pool) {
+  const int64_t group = b.n_head / b.n_head_kv;
+  const int64_t kv_dim = b.n_head_kv * b.head_dim;
+  (void)kv_dim;
+  pool.parallel_for(b.n_tokens * b.n_head, [&](int64_t task) {
+    const int64_t t = task / b.n_head, h = task % b.n_head;
+    const int64_t off = (h / group) * b.head_dim;
+    attend_query(
+        b.q + (t * b.n_head + h) * b.head_dim, b.head_dim, b.first[t], b.end[t], b.scale,
+        [&](int64_t p) { return b.key_rows[p] + off; }, [&](int64_t p) { return b.value_rows[p] + off; },
+        b.out + (t * b.n_head + h) * b.head_dim);
+  });
 }
 
 }  // namespace reprise

@@ -2,11 +2,23 @@
 //
 // Determinism contract (the prefix cache relies on it): every output element
 // of matmul depends only on its weight row and its activation row, never on
-// how many tokens are in the batch or how work is split across threads. So a
-// token's hidden state is bit-identical whether it was prefilled alone, in a
-// long batch, or restored from cache and continued.
+// how many tokens are in the batch, how the work is tiled or how many threads
+// run. So a token's hidden state is bit-identical whether it was prefilled
+// alone, in a long batch, or restored from cache and continued.
+//
+// The kernels keep it by giving every output one canonical accumulation:
+//   F32/F16/BF16 weights: y = fma(w[k], x[k], y) for k = 0, 1, ..., n_in-1,
+//     starting from +0, with x rounded to the weight's type first;
+//   Q8_0/Q4_0 weights: x is quantized to Q8_0 blocks, then for each block b
+//     in order y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y), where
+//     isum[b] is the exact integer dot product of the block's quants.
+// Vectors run across output rows (16 at a time), never along k, so the GEMV
+// (decode), every GEMM tile shape and both instruction sets (AVX2, AVX-512)
+// produce the same bits. Attention is likewise per query (see below).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "tensor/matrix.h"
@@ -14,15 +26,71 @@
 
 namespace reprise {
 
+// ---------------------------------------------------------------------------
+// Instruction set selection. Chosen once from the CPU (AVX-512 F/BW/VL/DQ +
+// VNNI when present, else AVX2); REPRISE_ISA=avx2 in the environment forces
+// the baseline. Results are identical either way.
+enum class KernelIsa { Avx2, Avx512 };
+KernelIsa kernel_isa();
+bool kernel_isa_supported(KernelIsa isa);
+// For tests and benchmarks; throws reprise::Error when unsupported.
+void set_kernel_isa(KernelIsa isa);
+const char* kernel_isa_name(KernelIsa isa);
+
+// ---------------------------------------------------------------------------
+// Matrix products.
+
+// A weight matrix rearranged for the kernels (rows interleaved in groups of
+// 16). Packing copies the data once; the source view stays valid for row
+// lookups (embeddings). Copies share the packed storage.
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  explicit PackedMatrix(const MatrixView& w);
+
+  bool empty() const { return data_ == nullptr; }
+  const MatrixView& view() const { return view_; }
+  DType type() const { return view_.type; }
+  int64_t n_in() const { return view_.n_in; }
+  int64_t n_out() const { return view_.n_out; }
+  size_t packed_bytes() const { return group_bytes_ * n_groups_; }
+
+  // Internal layout (kernels_impl.h).
+  const uint8_t* groups() const { return data_.get(); }
+  size_t group_bytes() const { return group_bytes_; }
+  int64_t n_groups() const { return n_groups_; }
+
+ private:
+  MatrixView view_;
+  std::shared_ptr<uint8_t[]> data_;
+  size_t group_bytes_ = 0;
+  int64_t n_groups_ = 0;
+};
+
 // y[t * n_out + r] = dot(W.row(r), x[t * n_in ...]) for t < n_tokens.
 // Activations are converted to the weight's dot type first, as ggml does
 // (F16 weights -> F16 activations, Q8_0/Q4_0 -> Q8_0 blocks, BF16 -> BF16).
+void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+// Same results from an unpacked view (packs the rows it needs on the fly;
+// prefer PackedMatrix for weights used repeatedly).
 void matmul(const MatrixView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+
+// Several products of the same input in one parallel pass (e.g. Q, K and V):
+// ys[i] = W_i x. All matrices must have the same n_in.
+struct MatmulOutput {
+  const PackedMatrix* w;
+  float* y;
+};
+void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool& pool);
 
 // Dequantizes row r of w into out (n_in floats): embedding lookups.
 void dequantize_row(const MatrixView& w, int64_t r, float* out);
 
+// ---------------------------------------------------------------------------
+// Element-wise and row operations.
+
 // out = x / rms(x) * weight, over n elements (weight may be null: no scale).
+// The sum of squares is accumulated in double, as ggml does.
 void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* out);
 // Standard layer norm with optional weight and bias.
 void layer_norm(const float* x, const float* weight, const float* bias, float eps, int64_t n,
@@ -32,12 +100,30 @@ enum class RopeStyle { Normal, Neox };
 // Rotates the first n_rot dims of each of n_heads heads (head_dim apart) at pos.
 void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, float freq_base,
           float freq_scale, RopeStyle style);
+// The same rotation with precomputed cos/sin (n_rot / 2 each; rope_table).
+void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, float* cos_out, float* sin_out);
+void rope_apply(float* x, int n_heads, int head_dim, int n_rot, const float* cos_v, const float* sin_v,
+                RopeStyle style);
 
 void softmax_inplace(float* x, int64_t n);
 float silu(float x);
 float gelu_tanh(float x);
+// g[i] = silu(g[i]) * u[i] (vectorized; silu uses expf_vec below).
+void silu_mul(float* g, const float* u, int64_t n);
+// g[i] = gelu_tanh(g[i]) * u[i].
+void gelu_mul(float* g, const float* u, int64_t n);
+// y[i] += x[i].
+void add_inplace(float* y, const float* x, int64_t n);
+
+// e^x with ggml's vector expf algorithm (max error ~1.5 ulp), the same bits
+// on every instruction set; used by attention's online softmax and SiLU.
+float expf_vec(float x);
+void expf_vec(const float* x, float* out, int64_t n);
 
 void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
+
+// ---------------------------------------------------------------------------
+// Attention over f16 K/V rows.
 
 // One query head attending to key/value rows [first, end) stored as f16.
 // Numerics follow ggml's CPU flash-attention path (query rounded to f16,
@@ -47,7 +133,29 @@ using RowFetch = const uint16_t* (*)(const void* ctx, int64_t pos);
 void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
                       RowFetch key, RowFetch value, const void* ctx, float* out);
 
-// Scalar dot of two f32 rows with the same summation order as matmul's F32 path.
+// Batched attention for one layer: n_tokens queries of n_head heads
+// (q[(t * n_head + h) * head_dim + d]) attend to positions [first[t], end[t]).
+// key_rows[p] / value_rows[p] point at position p's row (all KV heads, kv
+// head j at offset j * head_dim) for every p below max(end). Same numerics as
+// attend_one_query (ggml flash attention: f16 query, online softmax with
+// expf_vec, f16 accumulator), and each query's result is independent of the
+// batch it is computed in.
+struct AttentionBatch {
+  const float* q = nullptr;
+  int64_t n_tokens = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  const int64_t* first = nullptr;
+  const int64_t* end = nullptr;
+  const uint16_t* const* key_rows = nullptr;
+  const uint16_t* const* value_rows = nullptr;
+  float* out = nullptr;
+};
+void attention(const AttentionBatch& batch, ThreadPool& pool);
+
+// Dot of two f32 rows with the same summation order as matmul's F32 path.
 float dot_f32(const float* a, const float* b, int64_t n);
 
 }  // namespace reprise

@@ -1,0 +1,215 @@
+// AVX2 + FMA + F16C kernels (the x86-64-v3 baseline). A 16-row group is two
+// 8-lane halves; the operations per output are those of the AVX-512 kernels
+// (see kernels_impl.h), so both give the same bits.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "tensor/kernels_impl.h"
+
+namespace reprise::kernels {
+namespace {
+
+#define RP_INLINE inline __attribute__((always_inline))
+
+enum class FType { F32, F16, BF16 };
+
+template <FType W>
+constexpr size_t kElemBytes = W == FType::F32 ? 4 : 2;
+
+// Rows 8h..8h+7 of a group's 16 elements at p.
+template <FType W>
+RP_INLINE __m256 load_row8(const uint8_t* p, int h) {
+  if constexpr (W == FType::F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+  } else if constexpr (W == FType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + h));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+RP_INLINE void store_rows(float* y, int64_t rows_left, __m256 lo, __m256 hi) {
+  if (rows_left >= 16) {
+    _mm256_storeu_ps(y, lo);
+    _mm256_storeu_ps(y + 8, hi);
+    return;
+  }
+  alignas(32) float tmp[16];
+  _mm256_store_ps(tmp, lo);
+  _mm256_store_ps(tmp + 8, hi);
+  for (int64_t r = 0; r < rows_left; ++r) y[r] = tmp[r];
+}
+
+template <FType W, int G, int T>
+void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  constexpr size_t kStep = kGroupRows * kElemBytes<W>;
+  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const float* x = static_cast<const float*>(a.x) + t0 * a.x_stride;
+  const size_t gb = a.group_bytes;
+  const int64_t xs = a.x_stride;
+  __m256 acc[G][T][2];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < a.n_in; ++k) {
+    __m256 wv[G][2];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      wv[g][0] = load_row8<W>(w + g * gb + k * kStep, 0);
+      wv[g][1] = load_row8<W>(w + g * gb + k * kStep, 1);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t * xs + k);
+#pragma GCC unroll 16
+      for (int g = 0; g < G; ++g) {
+        acc[g][t][0] = _mm256_fmadd_ps(wv[g][0], xb, acc[g][t][0]);
+        acc[g][t][1] = _mm256_fmadd_ps(wv[g][1], xb, acc[g][t][1]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t][0], acc[g][t][1]);
+}
+
+// Exact per-row integer dots of 4-byte chunks: 8 rows of unsigned weights
+// (q + 128 for Q8_0, as stored) against one chunk of signed activations.
+RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
+  const __m256i q = _mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+// Nibbles (0..15) against signed activations: no saturation possible.
+RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
+}
+
+template <bool Q4, int G, int T>
+void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  constexpr size_t kBlockBytes = Q4 ? 32 + 256 : 32 + 512;
+  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + t0 * a.x_stride;
+  const size_t gb = a.group_bytes;
+  const int64_t xs = a.x_stride;
+  const int64_t nb = a.n_in / kQK8_0;
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  __m256 acc[G][T][2];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* wb = w + g * gb + b * kBlockBytes;
+      const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
+      const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb) + 1));
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const XBlock& xb = x[t * xs + b];
+        __m256i i0, i1;
+        if constexpr (!Q4) {
+          i0 = i1 = _mm256_setzero_si256();  // the signed path needs no correction
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) {
+            int32_t q;
+            std::memcpy(&q, xb.qs + 4 * c, 4);
+            const __m256i xv = _mm256_set1_epi32(q);
+            const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
+            i0 = _mm256_add_epi32(i0, dot_q8_chunk(_mm256_loadu_si256(wc), xv));
+            i1 = _mm256_add_epi32(i1, dot_q8_chunk(_mm256_loadu_si256(wc + 1), xv));
+          }
+        } else {
+          i0 = i1 = _mm256_set1_epi32(xb.corr_q4);
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            int32_t ql, qh;
+            std::memcpy(&ql, xb.qs + 4 * c, 4);
+            std::memcpy(&qh, xb.qs + 16 + 4 * c, 4);
+            const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+            const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
+            const __m256i v0 = _mm256_loadu_si256(wc), v1 = _mm256_loadu_si256(wc + 1);
+            i0 = _mm256_add_epi32(i0, dot_u8_chunk(_mm256_and_si256(v0, nibble), xl));
+            i1 = _mm256_add_epi32(i1, dot_u8_chunk(_mm256_and_si256(v1, nibble), xl));
+            i0 = _mm256_add_epi32(i0, dot_u8_chunk(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble), xh));
+            i1 = _mm256_add_epi32(i1, dot_u8_chunk(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble), xh));
+          }
+        }
+        const __m256 dx = _mm256_set1_ps(xb.d);
+        acc[g][t][0] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[g][t][0]);
+        acc[g][t][1] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dx), _mm256_cvtepi32_ps(i1), acc[g][t][1]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t][0], acc[g][t][1]);
+}
+
+using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
+
+RP_INLINE void over_groups(const MatmulArgs& a, int64_t t0, int G, TileFn wide, TileFn single) {
+  int64_t g = 0;
+  for (; g + G <= a.n_groups; g += G) wide(a, g, t0);
+  for (; g < a.n_groups; ++g) single(a, g, t0);
+}
+
+template <int GOne, int TMax, template <int, int> class K>
+void run_tiles(const MatmulArgs& a) {
+  int64_t t = 0;
+  for (; t + TMax <= a.n_tokens; t += TMax) over_groups(a, t, 1, &K<1, TMax>::run, &K<1, TMax>::run);
+  const int64_t rest = a.n_tokens - t;
+  auto tail = [&](auto tag) {
+    constexpr int R = decltype(tag)::value;
+    if constexpr (R == 1)
+      over_groups(a, t, GOne, &K<GOne, 1>::run, &K<1, 1>::run);
+    else
+      over_groups(a, t, 1, &K<1, R>::run, &K<1, R>::run);
+  };
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((rest == I + 1 ? (tail(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
+  }(std::make_integer_sequence<int, TMax - 1>{});
+}
+
+template <FType W>
+struct FKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_f<W, G, T>(a, g0, t0); }
+  };
+};
+template <bool Q4>
+struct QKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q4, G, T>(a, g0, t0); }
+  };
+};
+
+void matmul_f32(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::F32>::K>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::F16>::K>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::BF16>::K>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<false>::K>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<true>::K>(a); }
+
+}  // namespace
+
+const IsaKernels& avx2_kernels() {
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, 12};
+  return k;
+}
+
+}  // namespace reprise::kernels

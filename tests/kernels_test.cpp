@@ -1,0 +1,414 @@
+// Kernel tests: the determinism contract of kernels.h (matmul and attention
+// results do not depend on batch size, tiling, thread count, packing or the
+// instruction set), bit-exactness against a scalar statement of the canonical
+// accumulation, and accuracy against double-precision references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tensor/fp16.h"
+#include "tensor/kernels.h"
+#include "tensor/quantize.h"
+
+using namespace reprise;
+
+namespace {
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+
+struct Weights {
+  DType type;
+  int64_t n_in, n_out;
+  std::vector<uint8_t> bytes;
+  MatrixView view() const {
+    MatrixView m;
+    m.type = type;
+    m.data = bytes.data();
+    m.n_in = n_in;
+    m.n_out = n_out;
+    m.row_bytes = dtype_row_bytes(type, n_in);
+    return m;
+  }
+};
+
+Weights make_weights(DType t, int64_t n_in, int64_t n_out, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Weights w{t, n_in, n_out, {}};
+  const size_t rb = dtype_row_bytes(t, n_in);
+  w.bytes.resize(rb * n_out);
+  std::vector<float> row(n_in);
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (auto& v : row) v = dist(rng) * (1.0f + (r % 7));
+    quantize_row(t, row.data(), w.bytes.data() + r * rb, n_in);
+  }
+  return w;
+}
+
+std::vector<float> make_x(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 13 == 0 ? 8.0f : 1.0f);
+  return x;
+}
+
+// ---- The canonical accumulation, stated in scalar code.
+
+float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+struct QuantX {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+// ggml's AVX2 quantize_row_q8_0: d = amax/127 (as f16), q = rne(x * 127/amax).
+QuantX quantize_x(const float* x, int64_t n) {
+  QuantX out;
+  out.q.resize(n);
+  out.d.resize(n / 32);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    out.d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < 32; ++i) out.q[b * 32 + i] = static_cast<int8_t>(std::nearbyint(x[b * 32 + i] * id));
+  }
+  return out;
+}
+
+float canonical(const Weights& w, int64_t r, const float* x) {
+  const uint8_t* row = w.bytes.data() + r * dtype_row_bytes(w.type, w.n_in);
+  float y = 0.0f;
+  switch (w.type) {
+    case DType::F32: {
+      auto* p = reinterpret_cast<const float*>(row);
+      for (int64_t k = 0; k < w.n_in; ++k) y = std::fma(p[k], x[k], y);
+      return y;
+    }
+    case DType::F16: {
+      auto* p = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t k = 0; k < w.n_in; ++k) y = std::fma(f16_to_f32(p[k]), round_f16(x[k]), y);
+      return y;
+    }
+    case DType::BF16: {
+      auto* p = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t k = 0; k < w.n_in; ++k) y = std::fma(bf16_to_f32(p[k]), round_bf16(x[k]), y);
+      return y;
+    }
+    case DType::Q8_0:
+    case DType::Q4_0: {
+      QuantX qx = quantize_x(x, w.n_in);
+      for (int64_t b = 0; b < w.n_in / 32; ++b) {
+        int32_t isum = 0;
+        float dw;
+        if (w.type == DType::Q8_0) {
+          auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+          dw = f16_to_f32(blk.d);
+          for (int i = 0; i < 32; ++i) isum += blk.qs[i] * qx.q[b * 32 + i];
+        } else {
+          auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
+          dw = f16_to_f32(blk.d);
+          for (int i = 0; i < 16; ++i) {
+            isum += ((blk.qs[i] & 0x0f) - 8) * qx.q[b * 32 + i];
+            isum += ((blk.qs[i] >> 4) - 8) * qx.q[b * 32 + 16 + i];
+          }
+        }
+        const float d = dw * qx.d[b];
+        y = std::fma(d, static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    default:
+      return 0;
+  }
+}
+
+std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n_tokens, int threads,
+                       bool packed = true) {
+  ThreadPool pool(threads);
+  std::vector<float> y(n_tokens * w.n_out, -1.0f);
+  if (packed) matmul(PackedMatrix(w.view()), x.data(), n_tokens, y.data(), pool);
+  else matmul(w.view(), x.data(), n_tokens, y.data(), pool);
+  return y;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<KernelIsa> isas() {
+  std::vector<KernelIsa> v{KernelIsa::Avx2};
+  if (kernel_isa_supported(KernelIsa::Avx512)) v.push_back(KernelIsa::Avx512);
+  return v;
+}
+
+struct IsaRestore {
+  KernelIsa saved = kernel_isa();
+  ~IsaRestore() { set_kernel_isa(saved); }
+};
+
+class MatmulTest : public ::testing::TestWithParam<DType> {};
+
+// Shapes with partial row groups and token counts around the tile sizes.
+TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
+  const DType t = GetParam();
+  IsaRestore restore;
+  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}}) {
+    SCOPED_TRACE("n_in " + std::to_string(n_in) + " n_out " + std::to_string(n_out));
+    const Weights w = make_weights(t, n_in, n_out, 11 + static_cast<uint32_t>(n_out));
+    const int64_t n_tokens = 53;
+    const std::vector<float> x = make_x(n_tokens * n_in, 5);
+
+    std::vector<float> want(n_tokens * n_out);
+    for (int64_t tok = 0; tok < n_tokens; ++tok)
+      for (int64_t r = 0; r < n_out; ++r) want[tok * n_out + r] = canonical(w, r, x.data() + tok * n_in);
+
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(kernel_isa_name(isa));
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 1), want)) << "batch, 1 thread";
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch, 2 threads";
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 3), want)) << "batch, 3 threads";
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, false), want)) << "unpacked view";
+      // Token by token (decode) and in uneven pieces.
+      std::vector<float> pieces(n_tokens * n_out);
+      ThreadPool pool(2);
+      PackedMatrix pm(w.view());
+      int64_t tok = 0;
+      for (int64_t len : {1, 1, 2, 3, 5, 7, 11, 13, 10}) {
+        matmul(pm, x.data() + tok * n_in, len, pieces.data() + tok * n_out, pool);
+        tok += len;
+      }
+      ASSERT_EQ(tok, n_tokens);
+      EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches";
+    }
+  }
+}
+
+TEST_P(MatmulTest, CloseToDoublePrecision) {
+  const DType t = GetParam();
+  const int64_t n_in = 512, n_out = 48, n_tokens = 9;
+  const Weights w = make_weights(t, n_in, n_out, 3);
+  const std::vector<float> x = make_x(n_tokens * n_in, 9);
+  const std::vector<float> y = run(w, x, n_tokens, 2);
+  std::vector<float> row(n_in);
+  // Relative to sum |w x|: activation rounding dominates (f16 2^-11, bf16 2^-8,
+  // Q8_0 up to amax/254 per element).
+  const double rel = t == DType::F32 ? 1e-6 : t == DType::F16 ? 2e-3 : t == DType::BF16 ? 1e-2 : 2e-2;
+  for (int64_t r = 0; r < n_out; ++r) {
+    dequantize_row(w.view(), r, row.data());
+    for (int64_t tok = 0; tok < n_tokens; ++tok) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < n_in; ++k) {
+        ref += static_cast<double>(row[k]) * x[tok * n_in + k];
+        mag += std::fabs(static_cast<double>(row[k]) * x[tok * n_in + k]);
+      }
+      EXPECT_NEAR(y[tok * n_out + r], ref, rel * mag + 1e-6) << "row " << r << " token " << tok;
+    }
+  }
+}
+
+TEST_P(MatmulTest, ManyEqualsSingle) {
+  const DType t = GetParam();
+  const int64_t n_in = 128;
+  const Weights a = make_weights(t, n_in, 40, 1), b = make_weights(t, n_in, 17, 2);
+  for (int64_t n_tokens : {1, 30}) {
+    const std::vector<float> x = make_x(n_tokens * n_in, 4);
+    ThreadPool pool(2);
+    PackedMatrix pa(a.view()), pb(b.view());
+    std::vector<float> ya(n_tokens * 40), yb(n_tokens * 17);
+    const MatmulOutput outs[] = {{&pa, ya.data()}, {&pb, yb.data()}};
+    matmul_many(outs, x.data(), n_tokens, pool);
+    EXPECT_TRUE(same_bits(ya, run(a, x, n_tokens, 1)));
+    EXPECT_TRUE(same_bits(yb, run(b, x, n_tokens, 1)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatmulTest, ::testing::ValuesIn(kTypes),
+                         [](const auto& info) { return dtype_name(static_cast<uint32_t>(info.param)); });
+
+// ---- Attention.
+
+struct KvStore {
+  int64_t n_pos, kv_dim;
+  std::vector<uint16_t> k, v;
+  std::vector<const uint16_t*> krows, vrows;
+  KvStore(int64_t n, int64_t dim, uint32_t seed) : n_pos(n), kv_dim(dim), k(n * dim), v(n * dim) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (auto& e : k) e = f32_to_f16(dist(rng));
+    for (auto& e : v) e = f32_to_f16(dist(rng));
+    for (int64_t p = 0; p < n; ++p) {
+      krows.push_back(k.data() + p * dim);
+      vrows.push_back(v.data() + p * dim);
+    }
+  }
+};
+
+std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q, int64_t n_head, int64_t n_head_kv,
+                                 int64_t head_dim, const std::vector<int64_t>& first, const std::vector<int64_t>& end,
+                                 int64_t t0, int64_t n, int threads) {
+  ThreadPool pool(threads);
+  AttentionBatch a;
+  a.q = q.data() + t0 * n_head * head_dim;
+  a.n_tokens = n;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  a.first = first.data() + t0;
+  a.end = end.data() + t0;
+  a.key_rows = kv.krows.data();
+  a.value_rows = kv.vrows.data();
+  std::vector<float> out(n * n_head * head_dim);
+  a.out = out.data();
+  attention(a, pool);
+  return out;
+}
+
+TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
+  IsaRestore restore;
+  for (int64_t head_dim : {64, 40, 16, 128}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const int64_t n_head = 4, n_head_kv = 2, n_pos = 150, n_q = 37;
+    KvStore kv(n_pos, n_head_kv * head_dim, 7);
+    std::vector<float> q = make_x(n_q * n_head * head_dim, 8);
+    for (auto& e : q) e *= 0.5f;
+    std::vector<int64_t> first(n_q), end(n_q);
+    for (int64_t t = 0; t < n_q; ++t) {
+      const int64_t pos = n_pos - n_q + t;
+      first[t] = t % 5 == 0 ? pos / 3 : 0;  // some sliding windows
+      end[t] = t >= 10 && t < 14 ? n_pos - n_q + 14 : pos + 1;  // a bidirectional span
+    }
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      const auto all = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2);
+      EXPECT_TRUE(same_bits(all, run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 1)));
+      EXPECT_TRUE(same_bits(all, run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 3)));
+      for (int64_t t = 0; t < n_q; ++t) {
+        auto one = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2);
+        ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * n_head * head_dim, one.size() * sizeof(float)))
+            << "query " << t << " alone differs from the batch";
+      }
+      // Double-precision softmax(q k^T) v with the f16-rounded inputs.
+      const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      for (int64_t t = 0; t < n_q; ++t)
+        for (int64_t h = 0; h < n_head; ++h) {
+          const int64_t off = (h / (n_head / n_head_kv)) * head_dim;
+          const float* qt = q.data() + (t * n_head + h) * head_dim;
+          std::vector<double> s;
+          double mx = -1e300;
+          for (int64_t p = first[t]; p < end[t]; ++p) {
+            double d = 0;
+            for (int64_t i = 0; i < head_dim; ++i)
+              d += static_cast<double>(round_f16(qt[i])) * f16_to_f32(kv.krows[p][off + i]);
+            s.push_back(d * scale);
+            mx = std::max(mx, s.back());
+          }
+          double sum = 0;
+          for (auto& e : s) sum += (e = std::exp(e - mx));
+          for (int64_t i = 0; i < head_dim; ++i) {
+            double o = 0;
+            for (int64_t p = first[t]; p < end[t]; ++p) o += s[p - first[t]] * f16_to_f32(kv.vrows[p][off + i]);
+            o /= sum;
+            // The f16 accumulator rounds at every key: allow ~1e-2 of the value scale.
+            EXPECT_NEAR(all[(t * n_head + h) * head_dim + i], o, 1.5e-2) << "t " << t << " h " << h << " d " << i;
+          }
+        }
+    }
+  }
+}
+
+TEST(Attention, OneQueryHelperMatchesBatch) {
+  const int64_t head_dim = 64, n_pos = 90;
+  KvStore kv(n_pos, head_dim, 3);
+  std::vector<float> q = make_x(head_dim, 4);
+  std::vector<int64_t> first{0}, end{n_pos};
+  auto batch = run_attention(kv, q, 1, 1, head_dim, first, end, 0, 1, 1);
+  std::vector<float> one(head_dim);
+  struct Ctx {
+    const KvStore* kv;
+    static const uint16_t* k(const void* c, int64_t p) { return static_cast<const Ctx*>(c)->kv->krows[p]; }
+    static const uint16_t* v(const void* c, int64_t p) { return static_cast<const Ctx*>(c)->kv->vrows[p]; }
+  } ctx{&kv};
+  attend_one_query(q.data(), head_dim, 0, n_pos, 1.0f / 8.0f, &Ctx::k, &Ctx::v, &ctx, one.data());
+  EXPECT_TRUE(same_bits(batch, one));
+}
+
+// ---- Element-wise helpers.
+
+TEST(Exp, VectorMatchesScalarAndLibm) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-110.0f, 90.0f);
+  std::vector<float> x(4099);
+  for (auto& v : x) v = dist(rng);
+  x[0] = -INFINITY;
+  x[1] = INFINITY;
+  x[2] = 0.0f;
+  x[3] = -0.0f;
+  x[4] = 88.5f;
+  x[5] = -87.5f;
+  x[6] = -100.0f;
+  std::vector<float> y(x.size());
+  expf_vec(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float s = expf_vec(x[i]);
+    ASSERT_EQ(0, std::memcmp(&s, &y[i], 4)) << "x = " << x[i];
+    const double want = std::exp(static_cast<double>(x[i]));
+    if (want > 1.17549435e-38 && want < 3.4e38) {
+      EXPECT_NEAR(y[i], want, want * 4e-7) << "x = " << x[i];
+    } else if (want < 1e-38) {
+      EXPECT_LE(y[i], 1.2e-38f);
+    }
+  }
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_TRUE(std::isinf(y[1]));
+  EXPECT_EQ(y[2], 1.0f);
+  EXPECT_TRUE(std::isnan(expf_vec(NAN)));
+}
+
+TEST(Rope, TableMatchesDirect) {
+  for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
+    for (int n_rot : {64, 24, 6}) {
+      std::vector<float> a = make_x(4 * 64, 2), b = a;
+      rope(a.data(), 4, 64, n_rot, 37, 10000.0f, 1.0f, style);
+      std::vector<float> c(n_rot / 2), s(n_rot / 2);
+      rope_table(n_rot, 37, 10000.0f, 1.0f, c.data(), s.data());
+      rope_apply(b.data(), 4, 64, n_rot, c.data(), s.data(), style);
+      EXPECT_TRUE(same_bits(a, b));
+      // And against the rotation in double.
+      std::vector<float> orig = make_x(4 * 64, 2);
+      for (int h = 0; h < 4; ++h)
+        for (int i = 0; i < n_rot / 2; ++i) {
+          const int i0 = style == RopeStyle::Normal ? 2 * i : i;
+          const int i1 = style == RopeStyle::Normal ? 2 * i + 1 : i + n_rot / 2;
+          const double th = 37.0 * std::pow(10000.0, -2.0 * i / n_rot);
+          const double x0 = orig[h * 64 + i0], x1 = orig[h * 64 + i1];
+          EXPECT_NEAR(a[h * 64 + i0], x0 * std::cos(th) - x1 * std::sin(th), 1e-3);
+          EXPECT_NEAR(a[h * 64 + i1], x0 * std::sin(th) + x1 * std::cos(th), 1e-3);
+        }
+    }
+  }
+}
+
+TEST(Elementwise, SiluMulAndRmsNorm) {
+  std::vector<float> g = make_x(1003, 1), u = make_x(1003, 2), g2 = g;
+  silu_mul(g.data(), u.data(), 1003);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double s = g2[i] / (1.0 + std::exp(-static_cast<double>(g2[i])));
+    EXPECT_NEAR(g[i], s * u[i], 1e-5 * (1 + std::fabs(s * u[i])));
+    EXPECT_EQ(g[i], silu(g2[i]) * u[i]) << "vector and scalar silu differ at " << i;
+  }
+  std::vector<float> x = make_x(515, 3), w = make_x(515, 4), out(515);
+  rms_norm(x.data(), w.data(), 1e-5f, 515, out.data());
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double sc = 1.0 / std::sqrt(ss / 515 + 1e-5);
+  for (int i = 0; i < 515; ++i) EXPECT_NEAR(out[i], x[i] * sc * w[i], 1e-5 * (1 + std::fabs(x[i] * sc * w[i])));
+}
+
+}  // namespace
