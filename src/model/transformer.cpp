@@ -51,26 +51,26 @@ ArchTraits traits_for(const std::string& arch) {
 struct Layer {
   std::vector<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm;
   std::vector<float> q_norm, k_norm, bq, bk, bv;
-  MatrixView wq, wk, wv, wo, gate, up, down;
+  PackedMatrix wq, wk, wv, wo, gate, up, down;
   int window = 0;
   float rope_base = 10000.0f;
   float rope_scale = 1.0f;
 };
 
-// Adapts SequenceMemory rows of one layer and KV head to the attention kernel.
-struct AttentionRows {
-  SequenceMemory* memory;
-  int layer;
-  int64_t offset;
-  static const uint16_t* key(const void* self, int64_t pos) {
-    auto* r = static_cast<const AttentionRows*>(self);
-    return r->memory->key(r->layer, pos) + r->offset;
+// Runs fn(t) for every token, split across the pool when the batch is large
+// enough to pay for the dispatch.
+template <typename Fn>
+void for_tokens(int64_t n, ThreadPool& pool, Fn&& fn) {
+  constexpr int64_t kChunk = 8;
+  if (n < 2 * kChunk || pool.size() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
   }
-  static const uint16_t* value(const void* self, int64_t pos) {
-    auto* r = static_cast<const AttentionRows*>(self);
-    return r->memory->value(r->layer, pos) + r->offset;
-  }
-};
+  pool.parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
+    const int64_t t1 = std::min(n, (c + 1) * kChunk);
+    for (int64_t t = c * kChunk; t < t1; ++t) fn(t);
+  });
+}
 
 class Transformer final : public Model {
  public:
@@ -89,7 +89,8 @@ class Transformer final : public Model {
   StateSpec spec_;
   int64_t n_embd_ = 0, n_head_ = 0, n_head_kv_ = 0, head_dim_ = 0, n_rot_ = 0, n_ff_ = 0;
   float eps_ = 1e-5f;
-  MatrixView token_embd_, output_;
+  MatrixView token_embd_;
+  PackedMatrix output_;
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
 };
@@ -129,7 +130,7 @@ Transformer::Transformer(const gguf::File& file) {
   if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
   const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
   token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
-  output_ = w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_;
+  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
   output_norm_ = w.vector("output_norm.weight", n_embd_);
 
   int swa_pattern = 0;
@@ -146,10 +147,10 @@ Transformer::Transformer(const gguf::File& file) {
     Layer& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
     L.attn_norm = w.vector(p + "attn_norm.weight", n_embd_);
-    L.wq = w.matrix(p + "attn_q.weight", n_embd_, q_dim);
-    L.wk = w.matrix(p + "attn_k.weight", n_embd_, kv_dim);
-    L.wv = w.matrix(p + "attn_v.weight", n_embd_, kv_dim);
-    L.wo = w.matrix(p + "attn_output.weight", q_dim, n_embd_);
+    L.wq = PackedMatrix(w.matrix(p + "attn_q.weight", n_embd_, q_dim));
+    L.wk = PackedMatrix(w.matrix(p + "attn_k.weight", n_embd_, kv_dim));
+    L.wv = PackedMatrix(w.matrix(p + "attn_v.weight", n_embd_, kv_dim));
+    L.wo = PackedMatrix(w.matrix(p + "attn_output.weight", q_dim, n_embd_));
     if (traits_.qkv_bias) {
       L.bq = w.optional_vector(p + "attn_q.bias", q_dim);
       L.bk = w.optional_vector(p + "attn_k.bias", kv_dim);
@@ -160,9 +161,9 @@ Transformer::Transformer(const gguf::File& file) {
       L.k_norm = w.vector(p + "attn_k_norm.weight", head_dim_);
     }
     L.ffn_norm = w.vector(p + "ffn_norm.weight", n_embd_);
-    L.gate = w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_);
-    L.up = w.matrix(p + "ffn_up.weight", n_embd_, n_ff_);
-    L.down = w.matrix(p + "ffn_down.weight", n_ff_, n_embd_);
+    L.gate = PackedMatrix(w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_));
+    L.up = PackedMatrix(w.matrix(p + "ffn_up.weight", n_embd_, n_ff_));
+    L.down = PackedMatrix(w.matrix(p + "ffn_down.weight", n_ff_, n_embd_));
     if (traits_.post_norms) {
       L.post_attn_norm = w.vector(p + "post_attention_norm.weight", n_embd_);
       L.post_ffn_norm = w.vector(p + "post_ffw_norm.weight", n_embd_);
@@ -207,21 +208,39 @@ Transformer::Transformer(const gguf::File& file) {
 void Transformer::attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory,
                             const float* q, float* out, ThreadPool& pool) const {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  const int64_t group = n_head_ / n_head_kv_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
-  pool.parallel_for(n * n_head_, [&](int64_t task) {
-    const int64_t t = task / n_head_, h = task % n_head_;
+  thread_local std::vector<int64_t> first, end;
+  thread_local std::vector<const uint16_t*> key_rows, value_rows;
+  first.resize(n);
+  end.resize(n);
+  int64_t max_end = 0;
+  for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = batch.pos0 + t;
     int64_t last = pos;
     if (t >= batch.bidir_begin && t < batch.bidir_end) last = batch.pos0 + batch.bidir_end - 1;
-    int64_t first = 0;
-    if (L.window > 0) first = std::max<int64_t>(0, pos - L.window + 1);
-    const int64_t kv_off = (h / group) * head_dim_;
-    AttentionRows rows{&memory, il, kv_off};
-    attend_one_query(q + (t * n_head_ + h) * head_dim_, head_dim_, first, last + 1, scale,
-                     &AttentionRows::key, &AttentionRows::value, &rows,
-                     out + (t * n_head_ + h) * head_dim_);
-  });
+    first[t] = L.window > 0 ? std::max<int64_t>(0, pos - L.window + 1) : 0;
+    end[t] = last + 1;
+    max_end = std::max(max_end, end[t]);
+  }
+  key_rows.resize(max_end);
+  value_rows.resize(max_end);
+  const int64_t lo = *std::min_element(first.begin(), first.end());
+  for (int64_t p = lo; p < max_end; ++p) {
+    key_rows[p] = memory.key(il, p);
+    value_rows[p] = memory.value(il, p);
+  }
+  AttentionBatch a;
+  a.q = q;
+  a.n_tokens = n;
+  a.n_head = n_head_;
+  a.n_head_kv = n_head_kv_;
+  a.head_dim = head_dim_;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  a.first = first.data();
+  a.end = end.data();
+  a.key_rows = key_rows.data();
+  a.value_rows = value_rows.data();
+  a.out = out;
+  reprise::attention(a, pool);
 }
 
 void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
@@ -256,17 +275,36 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
       for (int64_t i = 0; i < dim; ++i) m[r * dim + i] += b[i];
   };
 
+  // RoPE angles per position, once per forward for each (base, scale) in use.
+  struct RopeCache {
+    float base, scale;
+    std::vector<float> cos, sin;
+  };
+  std::vector<RopeCache> rope_caches;
+  const int64_t half_rot = n_rot_ / 2;
+  auto rope_cache = [&](const Layer& L) -> const RopeCache& {
+    for (const auto& c : rope_caches)
+      if (c.base == L.rope_base && c.scale == L.rope_scale) return c;
+    RopeCache c{L.rope_base, L.rope_scale, std::vector<float>(n * half_rot), std::vector<float>(n * half_rot)};
+    for (int64_t t = 0; t < n; ++t)
+      rope_table(static_cast<int>(n_rot_), batch.pos0 + t, L.rope_base, L.rope_scale, c.cos.data() + t * half_rot,
+                 c.sin.data() + t * half_rot);
+    rope_caches.push_back(std::move(c));
+    return rope_caches.back();
+  };
+
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
-    for (int64_t t = 0; t < n; ++t)
+    for_tokens(n, pool, [&](int64_t t) {
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
-    matmul(L.wq, h.data(), n, q.data(), pool);
-    matmul(L.wk, h.data(), n, k.data(), pool);
-    matmul(L.wv, h.data(), n, v.data(), pool);
+    });
+    const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
+    matmul_many(qkv, h.data(), n, pool);
     add_bias(q, L.bq, n);
     add_bias(k, L.bk, n);
     add_bias(v, L.bv, n);
-    for (int64_t t = 0; t < n; ++t) {
+    const RopeCache& rc = rope_cache(L);
+    for_tokens(n, pool, [&](int64_t t) {
       float* qt = q.data() + t * q_dim;
       float* kt = k.data() + t * kv_dim;
       if (traits_.qk_norm) {
@@ -276,34 +314,35 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
           rms_norm(kt + hh * head_dim_, L.k_norm.data(), eps_, head_dim_, kt + hh * head_dim_);
       }
       const int64_t pos = batch.pos0 + t;
-      rope(qt, static_cast<int>(n_head_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), pos,
-           L.rope_base, L.rope_scale, traits_.rope);
-      rope(kt, static_cast<int>(n_head_kv_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), pos,
-           L.rope_base, L.rope_scale, traits_.rope);
+      const float* cs = rc.cos.data() + t * half_rot;
+      const float* sn = rc.sin.data() + t * half_rot;
+      rope_apply(qt, static_cast<int>(n_head_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
+                 traits_.rope);
+      rope_apply(kt, static_cast<int>(n_head_kv_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
+                 traits_.rope);
       convert_f32_to_f16(kt, memory.key(il, pos), kv_dim);
       convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
-    }
+    });
     attention(L, il, batch, memory, q.data(), attn.data(), pool);
     matmul(L.wo, attn.data(), n, tmp.data(), pool);
-    if (traits_.post_norms)
-      for (int64_t t = 0; t < n; ++t)
-        rms_norm(tmp.data() + t * n_embd_, L.post_attn_norm.data(), eps_, n_embd_, tmp.data() + t * n_embd_);
-    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
-
-    for (int64_t t = 0; t < n; ++t)
+    for_tokens(n, pool, [&](int64_t t) {
+      float* tt = tmp.data() + t * n_embd_;
+      if (traits_.post_norms) rms_norm(tt, L.post_attn_norm.data(), eps_, n_embd_, tt);
+      add_inplace(x.data() + t * n_embd_, tt, n_embd_);
       rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
-    matmul(L.gate, h.data(), n, g.data(), pool);
-    matmul(L.up, h.data(), n, u.data(), pool);
-    if (traits_.gelu) {
-      for (int64_t i = 0; i < n * n_ff_; ++i) g[i] = gelu_tanh(g[i]) * u[i];
-    } else {
-      for (int64_t i = 0; i < n * n_ff_; ++i) g[i] = silu(g[i]) * u[i];
-    }
+    });
+    const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
+    matmul_many(gate_up, h.data(), n, pool);
+    for_tokens(n, pool, [&](int64_t t) {
+      if (traits_.gelu) gelu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
+      else silu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
+    });
     matmul(L.down, g.data(), n, tmp.data(), pool);
-    if (traits_.post_norms)
-      for (int64_t t = 0; t < n; ++t)
-        rms_norm(tmp.data() + t * n_embd_, L.post_ffn_norm.data(), eps_, n_embd_, tmp.data() + t * n_embd_);
-    for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += tmp[i];
+    for_tokens(n, pool, [&](int64_t t) {
+      float* tt = tmp.data() + t * n_embd_;
+      if (traits_.post_norms) rms_norm(tt, L.post_ffn_norm.data(), eps_, n_embd_, tt);
+      add_inplace(x.data() + t * n_embd_, tt, n_embd_);
+    });
   }
 
   if (batch.logits_for == LogitsFor::None) return;
