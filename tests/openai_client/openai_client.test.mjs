@@ -1,0 +1,161 @@
+// The official `openai` npm client against `reprise serve` on the real
+// stories260K model from ../shared: chat completions streamed and not,
+// text completions, usage (with cached prompt tokens on a repeated request),
+// model listing and error mapping. Run through run.sh, which installs the
+// client and finds the reprise binary.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import OpenAI from "openai";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repo = resolve(here, "../..");
+const modelPath = resolve(repo, "../shared/fixtures/models/stories260K.gguf");
+const binary = process.env.REPRISE_BIN ? resolve(process.env.REPRISE_BIN) : resolve(repo, "build/reprise");
+const apiKey = "test-key-123";
+const model = "stories260K";
+
+const skip = !existsSync(modelPath)
+  ? `../shared/fixtures/models/stories260K.gguf not found: OpenAI client test skipped`
+  : !existsSync(binary)
+    ? `reprise binary not found at ${binary} (set REPRISE_BIN)`
+    : false;
+if (skip) console.log(`# SKIP: ${skip}`);
+
+let server;
+let serverLog = "";
+let client;
+
+// Starts `reprise serve` on an ephemeral port and resolves with its base URL
+// once it logs "listening on".
+function startServer() {
+  return new Promise((resolvePromise, reject) => {
+    server = spawn(binary, ["serve", "-m", modelPath, "--port", "0", "-t", "1", "--api-key", apiKey,
+                            "--parallel", "2", "--cache-ram", "64"],
+                   { stdio: ["ignore", "ignore", "pipe"] });
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${serverLog}`)), 30000);
+    server.stderr.on("data", (chunk) => {
+      serverLog += chunk.toString();
+      const match = serverLog.match(/listening on (http:\/\/[^\s]+)/);
+      if (match) {
+        clearTimeout(timer);
+        resolvePromise(match[1]);
+      }
+    });
+    server.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${serverLog}`));
+    });
+  });
+}
+
+before(async () => {
+  if (skip) return;
+  const url = await startServer();
+  client = new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 60000 });
+});
+
+after(() => {
+  if (server && server.exitCode === null) server.kill("SIGTERM");
+});
+
+const messages = [
+  { role: "system", content: "You tell short stories." },
+  { role: "user", content: "Once upon a time" },
+];
+
+function checkUsage(usage) {
+  assert.ok(usage, "usage is present");
+  assert.ok(usage.prompt_tokens > 0);
+  assert.ok(usage.completion_tokens > 0);
+  assert.equal(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens);
+  assert.equal(typeof usage.prompt_tokens_details.cached_tokens, "number");
+}
+
+test("chat completion, not streamed", { skip }, async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 32, temperature: 0 });
+  assert.equal(r.object, "chat.completion");
+  assert.equal(r.model, model);
+  const choice = r.choices[0];
+  assert.equal(choice.message.role, "assistant");
+  assert.equal(typeof choice.message.content, "string");
+  assert.ok(choice.message.content.length > 0, "text is non-empty");
+  assert.ok(["stop", "length"].includes(choice.finish_reason), choice.finish_reason);
+  checkUsage(r.usage);
+  assert.ok(r.usage.completion_tokens <= 32);
+});
+
+test("chat completion, streamed, with usage; matches the non-streamed text", { skip }, async () => {
+  const plain = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0 });
+  const stream = await client.chat.completions.create({
+    model, messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  let text = "";
+  let finish = null;
+  let usage = null;
+  let sawRole = false;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, "chat.completion.chunk");
+    if (chunk.usage) usage = chunk.usage;
+    for (const choice of chunk.choices) {
+      if (choice.delta.role === "assistant") sawRole = true;
+      if (choice.delta.content) text += choice.delta.content;
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  }
+  assert.ok(sawRole, "a chunk carries the assistant role");
+  assert.ok(text.length > 0, "streamed text is non-empty");
+  assert.equal(text, plain.choices[0].message.content);
+  assert.equal(finish, plain.choices[0].finish_reason);
+  checkUsage(usage);
+  // The same prompt ran just before: its tokens come from the prefix cache.
+  assert.ok(usage.prompt_tokens_details.cached_tokens > 0, "repeated prompt is served from the cache");
+});
+
+test("repeated chat request reports cached prompt tokens", { skip }, async () => {
+  const body = { model, messages: [{ role: "user", content: "Tom had a red ball." }], max_tokens: 8, temperature: 0 };
+  const first = await client.chat.completions.create(body);
+  const second = await client.chat.completions.create(body);
+  checkUsage(first.usage);
+  checkUsage(second.usage);
+  assert.ok(second.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens - 1,
+            JSON.stringify(second.usage));
+  assert.equal(second.choices[0].message.content, first.choices[0].message.content);
+});
+
+test("text completion continues the story", { skip }, async () => {
+  const r = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 24, temperature: 0 });
+  assert.equal(r.object, "text_completion");
+  assert.match(r.choices[0].text, /little girl named Lily/);
+  assert.equal(r.choices[0].finish_reason, "length");
+  checkUsage(r.usage);
+});
+
+test("stop strings end the text before the match", { skip }, async () => {
+  const r = await client.completions.create({
+    model, prompt: "Once upon a time", max_tokens: 24, temperature: 0, stop: ["Lily"],
+  });
+  assert.equal(r.choices[0].finish_reason, "stop");
+  assert.ok(!r.choices[0].text.includes("Lily"));
+  assert.match(r.choices[0].text, /named $/);
+});
+
+test("models are listed", { skip }, async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.deepEqual(ids, [model]);
+});
+
+test("errors map to the client's exception types", { skip }, async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: "no-such-model", messages, max_tokens: 4 }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === "model_not_found");
+  await assert.rejects(
+    client.chat.completions.create({ model, messages: [], max_tokens: 4 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "messages");
+  const wrongKey = new OpenAI({ baseURL: client.baseURL, apiKey: "wrong", maxRetries: 0 });
+  await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+});
