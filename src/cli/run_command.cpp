@@ -6,6 +6,7 @@
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
+#include "cli/run_vision.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
 
@@ -25,6 +26,8 @@ struct RunOptions {
   std::string cache_salt;
   std::string draft_model;
   int draft_max = 8;
+  std::string mmproj;               // vision projector: prompts may carry --image files
+  std::vector<std::string> images;
 };
 
 void run(const RunOptions& o) {
@@ -36,6 +39,11 @@ void run(const RunOptions& o) {
   PrefixCacheConfig cfg;
   cfg.budget_bytes = static_cast<uint64_t>(o.cache_ram_mib * 1024 * 1024);
   PrefixCache cache(bundle->model->state_spec(), cfg);
+  if (!o.mmproj.empty() || !o.images.empty()) {
+    run_with_images(*bundle, pool, cache,
+                    VisionRunOptions{o.mmproj, o.images, o.prompts, o.n_predict, o.sampling, o.cache_salt, 256, o.verbose});
+    return;
+  }
   SnapshotConfig snap_cfg;
   snap_cfg.budget_bytes = static_cast<uint64_t>(o.snapshot_ram_mib * 1024 * 1024);
   snap_cfg.chunk_tokens = cfg.block_tokens;
@@ -123,6 +131,10 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding (same vocabulary)");
   cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
+  cmd->add_option("--mmproj", o->mmproj, "Vision projector GGUF (mmproj) for --image");
+  cmd->add_option("--image", o->images,
+                  "Image file (PNG, JPEG, WebP); repeat for several. Placed at <__media__> markers in the "
+                  "prompt, else before it");
   cmd->add_flag("-v,--verbose", o->verbose, "Print prefix-cache reuse and totals after each prompt");
   cmd->callback([o] { run(*o); });
 }
