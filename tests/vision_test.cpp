@@ -39,6 +39,7 @@
 #include "vision/multimodal_generate.h"
 #include "vision/multimodal_prompt.h"
 #include "vision/synthetic_mmproj.h"
+#include "vision/vision_pipeline.h"
 
 using namespace reprise;
 using nlohmann::json;
@@ -969,6 +970,30 @@ TEST(MultimodalPromptTest, BatchesHoldWholeImages) {
   MultimodalGenerator gen(*pair.text->model, pool, nullptr);
   generate(gen, p, 1);
   EXPECT_EQ(gen.image_batches(), 2u);
+}
+
+// The facade a server uses: data URL in, prompt with markers, generation.
+TEST(VisionPipelineTest, DataUrlToGeneration) {
+  const VisionPair& pair = synthetic_pair();
+  ThreadPool pool(2);
+  std::mutex forward_mutex;
+  PrefixCache prefix(pair.text->model->state_spec(), PrefixCacheConfig{16, 64 << 20});
+  VisionPipeline vision(temp_dir() + "/mmproj.gguf", *pair.text, pool, &prefix, &forward_mutex);
+  const std::string url = "data:image/png;base64," + base64(encode_png(test_image(50, 20, 3)));
+  const std::vector<ImageEmbeddingPtr> images = {vision.embed_data_url(url)};
+  const MultimodalPrompt prompt = vision.build_prompt("User: <__media__>\nWhat is this?", images);
+  GenerateRequest req;
+  req.sampling.temperature = 0;
+  req.max_tokens = 3;
+  const GenerateResult first = vision.generate(prompt, req);
+  const std::vector<ImageEmbeddingPtr> again = {vision.embed_data_url(url)};
+  const GenerateResult second = vision.generate(vision.build_prompt("User: <__media__>\nWhat is this?", again), req);
+  EXPECT_EQ(first.tokens, second.tokens);
+  EXPECT_EQ(second.cached_tokens, static_cast<int64_t>(prompt.tokens.size()) - 1);
+  EXPECT_EQ(vision.encoder_runs(), 1u);
+  EXPECT_EQ(vision.encoder_cache_stats().hits, 1u);
+  EXPECT_THROW(vision.embed_data_url("data:image/png;base64,AAAA"), Error);
+  EXPECT_THROW(vision.build_prompt("two <__media__> <__media__>", images), Error);
 }
 
 }  // namespace
