@@ -168,6 +168,8 @@ void jpeg_on_progress(j_common_ptr cinfo) {
 
 bool jpeg_read_header_step(JpegJob* job, const uint8_t* data, size_t size) {
   if (setjmp(job->jump)) return false;
+  jpeg_create_decompress(&job->cinfo);  // may fail too (out of memory)
+  job->cinfo.progress = &job->progress;
   jpeg_mem_src(&job->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&job->cinfo, TRUE);
   return true;
@@ -200,13 +202,11 @@ DecodedImage decode_jpeg(std::span<const uint8_t> bytes, const ImageLimits& limi
   job->err.error_exit = jpeg_fail;
   job->err.emit_message = jpeg_message;
   job->cinfo.client_data = job.get();
-  jpeg_create_decompress(&job->cinfo);
+  job->progress.progress_monitor = jpeg_on_progress;
   struct Cleanup {
     JpegJob& j;
-    ~Cleanup() { jpeg_destroy_decompress(&j.cinfo); }
+    ~Cleanup() { jpeg_destroy_decompress(&j.cinfo); }  // safe before creation too (no memory manager yet)
   } cleanup{*job};
-  job->progress.progress_monitor = jpeg_on_progress;
-  job->cinfo.progress = &job->progress;
 
   if (!jpeg_read_header_step(job.get(), bytes.data(), bytes.size()))
     throw Error(std::string("corrupt JPEG image: ") + job->message);
