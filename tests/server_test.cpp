@@ -645,14 +645,21 @@ TEST(PromptBuilder, FallbackTemplateIsChatMLAndAppendStable) {
 TEST(PromptBuilder, DocumentedAppendStabilityOfFixtureTemplates) {
   REPRISE_REQUIRE_SHARED(fixtures);
   const std::set<std::string> documented_prompt_unstable = {
-      "NVIDIA-Nemotron-Nano-v2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "mistralai-Mistral-Nemo-Instruct-2407"};
+      "LFM2.5-Instruct", "NVIDIA-Nemotron-Nano-v2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+      "mistralai-Mistral-Nemo-Instruct-2407"};
   const std::set<std::string> documented_reply_rewritten = {"Qwen-Qwen3-0.6B", "openai-gpt-oss-120b"};
-  const std::string reply = "<think>\nAdd them.\n</think>\n\n4";
-  nlohmann::ordered_json turn1 = nlohmann::ordered_json::array(
+  // Three turns, so templates that treat the latest reply differently from
+  // older ones (keeping only the last one's reasoning) show it.
+  const std::vector<std::string> replies = {"<think>\nAdd them.\n</think>\n\n4", "<think>\nAgain.\n</think>\n\n6"};
+  std::vector<nlohmann::ordered_json> turns(3);
+  turns[0] = nlohmann::ordered_json::array(
       {{{"role", "system"}, {"content", "You are helpful."}}, {{"role", "user"}, {"content", "What is 2+2?"}}});
-  nlohmann::ordered_json turn2 = turn1;
-  turn2.push_back({{"role", "assistant"}, {"content", reply}});
-  turn2.push_back({{"role", "user"}, {"content", "And 3+3?"}});
+  turns[1] = turns[0];
+  turns[1].push_back({{"role", "assistant"}, {"content", replies[0]}});
+  turns[1].push_back({{"role", "user"}, {"content", "And 3+3?"}});
+  turns[2] = turns[1];
+  turns[2].push_back({{"role", "assistant"}, {"content", replies[1]}});
+  turns[2].push_back({{"role", "user"}, {"content", "Thanks"}});
   std::set<std::string> prompt_unstable, reply_rewritten;
   for (const auto& entry : std::filesystem::directory_iterator(fixtures + "/templates")) {
     if (entry.path().extension() != ".jinja") continue;
@@ -666,12 +673,16 @@ TEST(PromptBuilder, DocumentedAppendStabilityOfFixtureTemplates) {
     inputs.eos_token = "</s>";
     jinja::RenderOptions options;
     options.now = [] { return std::time_t{1795219200}; };  // fixed clock
-    inputs.messages = turn1;
-    const std::string first = t.apply(inputs, options);
-    inputs.messages = turn2;
-    const std::string second = t.apply(inputs, options);
-    if (!second.starts_with(first)) prompt_unstable.insert(name);
-    else if (second.compare(first.size(), reply.size(), reply) != 0) reply_rewritten.insert(name);
+    std::vector<std::string> prompts;
+    for (const auto& messages : turns) {
+      inputs.messages = messages;
+      prompts.push_back(t.apply(inputs, options));
+    }
+    for (size_t k = 0; k + 1 < prompts.size(); ++k) {
+      if (!prompts[k + 1].starts_with(prompts[k])) prompt_unstable.insert(name);
+      else if (prompts[k + 1].compare(prompts[k].size(), replies[k].size(), replies[k]) != 0)
+        reply_rewritten.insert(name);
+    }
   }
   EXPECT_EQ(prompt_unstable, documented_prompt_unstable);
   EXPECT_EQ(reply_rewritten, documented_reply_rewritten);
