@@ -36,9 +36,9 @@ std::vector<int64_t> per_layer(const gguf::File& file, const std::string& key, i
 }
 
 struct Ffn {
-  MatrixView gate, up, down;  // dense
-  MatrixView router;          // MoE: ffn_gate_inp [n_embd, n_expert] (empty data = dense)
-  std::vector<MatrixView> gate_exps, up_exps, down_exps;
+  PackedMatrix gate, up, down;  // dense
+  PackedMatrix router;          // MoE: ffn_gate_inp [n_embd, n_expert] (empty = dense FFN)
+  std::vector<PackedMatrix> gate_exps, up_exps, down_exps;
 };
 
 struct Layer {
@@ -46,12 +46,12 @@ struct Layer {
   bool recurrent = false;
   Mamba1Layer ssm;
   int64_t n_head_kv = 0;
-  MatrixView wq, wk, wv, wo;
+  PackedMatrix wq, wk, wv, wo;
   Ffn ffn;
 };
 
 // Slices a 3-D expert tensor [n_in, n_out, n_expert] into per-expert matrices.
-std::vector<MatrixView> expert_matrices(const gguf::File& file, const std::string& name, int64_t n_in,
+std::vector<PackedMatrix> expert_matrices(const gguf::File& file, const std::string& name, int64_t n_in,
                                         int64_t n_out, int64_t n_expert) {
   const gguf::TensorInfo& t = file.require_tensor(name);
   const std::vector<uint64_t> want = {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out),
@@ -61,15 +61,16 @@ std::vector<MatrixView> expert_matrices(const gguf::File& file, const std::strin
               std::to_string(n_out) + ", " + std::to_string(n_expert) + "]");
   if (!dtype_supported(t.type))
     file.fail("tensor '" + name + "' has unsupported type " + dtype_name(t.raw_type));
-  std::vector<MatrixView> out(n_expert);
+  std::vector<PackedMatrix> out;
   const size_t row_bytes = dtype_row_bytes(t.type, n_in);
   for (int64_t e = 0; e < n_expert; ++e) {
-    MatrixView& m = out[e];
+    MatrixView m;
     m.type = t.type;
     m.n_in = n_in;
     m.n_out = n_out;
     m.row_bytes = row_bytes;
     m.data = t.data + static_cast<size_t>(e) * static_cast<size_t>(n_out) * row_bytes;
+    out.emplace_back(m);
   }
   return out;
 }
@@ -106,7 +107,8 @@ class Jamba final : public Model {
   Mamba1Dims d_;
   int64_t n_embd_ = 0, n_head_ = 0, head_dim_ = 0, n_ff_ = 0, n_expert_ = 0, n_expert_used_ = 0;
   float eps_ = 1e-5f;
-  MatrixView token_embd_, output_;
+  MatrixView token_embd_;  // row lookups
+  PackedMatrix output_;
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
 };
@@ -149,7 +151,7 @@ Jamba::Jamba(const gguf::File& file) {
   if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
   const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
   token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
-  output_ = w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_;
+  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
   output_norm_ = w.vector("output_norm.weight", n_embd_);
 
   std::string layout = "jamba/v1/" + std::to_string(n_embd_) + "/" + std::to_string(n_layer) + "/" +
@@ -173,10 +175,10 @@ Jamba::Jamba(const gguf::File& file) {
     } else {
       L.n_head_kv = n_head_kv[il];
       const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
-      L.wq = w.matrix(p + "attn_q.weight", n_embd_, q_dim);
-      L.wk = w.matrix(p + "attn_k.weight", n_embd_, kv_dim);
-      L.wv = w.matrix(p + "attn_v.weight", n_embd_, kv_dim);
-      L.wo = w.matrix(p + "attn_output.weight", q_dim, n_embd_);
+      L.wq = PackedMatrix(w.matrix(p + "attn_q.weight", n_embd_, q_dim));
+      L.wk = PackedMatrix(w.matrix(p + "attn_k.weight", n_embd_, kv_dim));
+      L.wv = PackedMatrix(w.matrix(p + "attn_v.weight", n_embd_, kv_dim));
+      L.wo = PackedMatrix(w.matrix(p + "attn_output.weight", q_dim, n_embd_));
       s.kind = LayerStateKind::Attention;
       s.n_kv_heads = static_cast<int>(L.n_head_kv);
       s.head_dim_k = s.head_dim_v = static_cast<int>(head_dim_);
@@ -188,16 +190,16 @@ Jamba::Jamba(const gguf::File& file) {
       if (n_expert_ <= 0 || n_expert_ > 4096 || n_expert_used_ <= 0 || n_expert_used_ > n_expert_)
         file.fail("layer " + std::to_string(il) + " has experts but expert_count = " + std::to_string(n_expert_) +
                   ", expert_used_count = " + std::to_string(n_expert_used_));
-      L.ffn.router = w.matrix(p + "ffn_gate_inp.weight", n_embd_, n_expert_);
+      L.ffn.router = PackedMatrix(w.matrix(p + "ffn_gate_inp.weight", n_embd_, n_expert_));
       L.ffn.gate_exps = expert_matrices(file, p + "ffn_gate_exps.weight", n_embd_, n_ff_, n_expert_);
       L.ffn.up_exps = expert_matrices(file, p + "ffn_up_exps.weight", n_embd_, n_ff_, n_expert_);
       L.ffn.down_exps = expert_matrices(file, p + "ffn_down_exps.weight", n_ff_, n_embd_, n_expert_);
     } else {
-      L.ffn.gate = w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_);
-      L.ffn.up = w.matrix(p + "ffn_up.weight", n_embd_, n_ff_);
-      L.ffn.down = w.matrix(p + "ffn_down.weight", n_ff_, n_embd_);
+      L.ffn.gate = PackedMatrix(w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_));
+      L.ffn.up = PackedMatrix(w.matrix(p + "ffn_up.weight", n_embd_, n_ff_));
+      L.ffn.down = PackedMatrix(w.matrix(p + "ffn_down.weight", n_ff_, n_embd_));
     }
-    layout += (L.recurrent ? "M" : "A" + std::to_string(L.n_head_kv)) + (L.ffn.router.data ? "e" : "d");
+    layout += (L.recurrent ? "M" : "A" + std::to_string(L.n_head_kv)) + (L.ffn.router.empty() ? "d" : "e");
   }
 
   info_.arch = arch;
@@ -218,9 +220,8 @@ void Jamba::attention(const Layer& L, int il, const ForwardBatch& batch, Sequenc
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
   std::vector<float> q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
-  matmul(L.wq, h, n, q.data(), pool);
-  matmul(L.wk, h, n, k.data(), pool);
-  matmul(L.wv, h, n, v.data(), pool);
+  const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
+  matmul_many(qkv, h, n, pool);
   // No RoPE: positions enter only through the causal mask.
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = batch.pos0 + t;
@@ -240,11 +241,11 @@ void Jamba::attention(const Layer& L, int il, const ForwardBatch& batch, Sequenc
 }
 
 void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const {
-  if (!f.router.data) {
+  if (f.router.empty()) {
     std::vector<float> g(n * n_ff_), u(n * n_ff_);
-    matmul(f.gate, h, n, g.data(), pool);
-    matmul(f.up, h, n, u.data(), pool);
-    for (int64_t i = 0; i < n * n_ff_; ++i) g[i] = silu(g[i]) * u[i];
+    const MatmulOutput gu[] = {{&f.gate, g.data()}, {&f.up, u.data()}};
+    matmul_many(gu, h, n, pool);
+    silu_mul(g.data(), u.data(), n * n_ff_);
     matmul(f.down, g.data(), n, out, pool);
     return;
   }
@@ -284,9 +285,9 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
     d.resize(m * n_embd_);
     for (int64_t r = 0; r < m; ++r)
       std::memcpy(xs.data() + r * n_embd_, h + (slots[r] / k) * n_embd_, n_embd_ * sizeof(float));
-    matmul(f.gate_exps[e], xs.data(), m, g.data(), pool);
-    matmul(f.up_exps[e], xs.data(), m, u.data(), pool);
-    for (int64_t i = 0; i < m * n_ff_; ++i) g[i] = silu(g[i]) * u[i];
+    const MatmulOutput gu[] = {{&f.gate_exps[e], g.data()}, {&f.up_exps[e], u.data()}};
+    matmul_many(gu, xs.data(), m, pool);
+    silu_mul(g.data(), u.data(), m * n_ff_);
     matmul(f.down_exps[e], g.data(), m, d.data(), pool);
     for (int64_t r = 0; r < m; ++r)
       std::memcpy(expert_out.data() + slots[r] * n_embd_, d.data() + r * n_embd_, n_embd_ * sizeof(float));

@@ -64,32 +64,61 @@ inline __m256i tail_mask(int64_t rem) {
 
 // ------------------------------------------------------------ shared steps
 
+// x[i] = silu(x[i]) = x / (1 + e^-x) over a row, e^x by the kernels' expf_vec
+// (ggml's vector expf, as ggml's vectorized SiLU), the same bits as silu().
+void silu_row(float* x, int64_t n) {
+  thread_local std::vector<float> e;
+  e.resize(n);
+  for (int64_t i = 0; i < n; ++i) e[i] = -x[i];
+  expf_vec(e.data(), e.data(), n);
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + e[i]);
+}
+
 // ggml_ssm_conv + bias + SiLU over `channels` channels for n tokens.
-// src: token-major inputs (row stride src_stride); state: (K-1) floats per
-// channel, oldest first, updated to the last K-1 inputs; dst: token-major
-// (row stride dst_stride). Parallel over channel blocks.
+// src: token-major inputs (row stride src_stride); w: K taps per channel;
+// state: (K-1) floats per channel, oldest first, updated to the last K-1
+// inputs; dst: token-major (row stride dst_stride).
+//
+// Each output is ((0 + x[t-K+1] w[0]) + x[t-K+2] w[1]) + ... in fused
+// multiply-adds, the order of ggml's row-wise sum, whatever the batch. Vectors
+// run across channels; blocks of channels run in parallel, tokens in order.
 void conv_silu(const float* src, int64_t src_stride, int64_t channels, int64_t n, int64_t K,
                const float* w, const float* b, float* state, float* dst, int64_t dst_stride,
                ThreadPool& pool) {
-  constexpr int64_t kBlock = 32;
+  constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
   pool.parallel_for(n_blocks, [&](int64_t blk) {
-    thread_local std::vector<float> win;
-    win.resize(K);
-    const int64_t c1 = std::min(channels, (blk + 1) * kBlock);
-    for (int64_t c = blk * kBlock; c < c1; ++c) {
-      float* st = state + c * (K - 1);
-      const float* wc = w + c * K;
-      std::copy(st, st + K - 1, win.begin());
-      for (int64_t t = 0; t < n; ++t) {
-        win[K - 1] = src[t * src_stride + c];
-        float sum = 0.0f;  // sequential, as ggml's row-wise dot (not the double one)
-        for (int64_t i = 0; i < K; ++i) sum += win[i] * wc[i];
-        dst[t * dst_stride + c] = silu(sum + b[c]);
-        for (int64_t i = 0; i + 1 < K; ++i) win[i] = win[i + 1];
+    const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
+    // ring[r] holds one input row (kBlock channels); taps[j] the j-th tap.
+    thread_local std::vector<float> ring, taps;
+    ring.assign(K * kBlock, 0.0f);
+    taps.assign(K * kBlock, 0.0f);
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t j = 0; j < K; ++j) taps[j * kBlock + c] = w[(c0 + c) * K + j];
+    for (int64_t j = 0; j + 1 < K; ++j)
+      for (int64_t c = 0; c < nc; ++c) ring[j * kBlock + c] = state[(c0 + c) * (K - 1) + j];
+    // Input at relative time t + j - (K-1) lives in ring[(t + j) % K].
+    for (int64_t t = 0; t < n; ++t) {
+      float* newest = ring.data() + ((t + K - 1) % K) * kBlock;
+      std::memcpy(newest, src + t * src_stride + c0, nc * sizeof(float));
+      float* out = dst + t * dst_stride + c0;
+      int64_t c = 0;
+      for (; c + 8 <= nc; c += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j < K; ++j)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(ring.data() + ((t + j) % K) * kBlock + c),
+                                _mm256_loadu_ps(taps.data() + j * kBlock + c), acc);
+        _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
       }
-      std::copy(win.begin(), win.begin() + (K - 1), st);
+      for (; c < nc; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j) acc = std::fma(ring[((t + j) % K) * kBlock + c], taps[j * kBlock + c], acc);
+        out[c] = acc + b[c0 + c];
+      }
+      silu_row(out, nc);
     }
+    for (int64_t j = 0; j + 1 < K; ++j)
+      for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = ring[((n + j) % K) * kBlock + c];
   });
 }
 
@@ -157,15 +186,15 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
                               bool with_bc_norms) {
   const std::string p = "blk." + std::to_string(il) + ".";
   Mamba1Layer L;
-  L.in = w.matrix(p + "ssm_in.weight", d.n_embd, 2 * d.d_inner);
+  L.in = PackedMatrix(w.matrix(p + "ssm_in.weight", d.n_embd, 2 * d.d_inner));
   L.conv_w = w.dense(p + "ssm_conv1d.weight", {d.d_conv, d.d_inner});
   L.conv_b = w.vector(p + "ssm_conv1d.bias", d.d_inner);
-  L.x_proj = w.matrix(p + "ssm_x.weight", d.d_inner, d.dt_rank + 2 * d.d_state);
-  L.dt_proj = w.matrix(p + "ssm_dt.weight", d.dt_rank, d.d_inner);
+  L.x_proj = PackedMatrix(w.matrix(p + "ssm_x.weight", d.d_inner, d.dt_rank + 2 * d.d_state));
+  L.dt_proj = PackedMatrix(w.matrix(p + "ssm_dt.weight", d.dt_rank, d.d_inner));
   L.dt_b = w.vector(p + "ssm_dt.bias", d.d_inner);
   L.A = w.dense(p + "ssm_a", {d.d_state, d.d_inner});
   L.D = w.vector(p + "ssm_d", d.d_inner);
-  L.out = w.matrix(p + "ssm_out.weight", d.d_inner, d.n_embd);
+  L.out = PackedMatrix(w.matrix(p + "ssm_out.weight", d.d_inner, d.n_embd));
   if (with_bc_norms) {
     L.dt_norm = w.vector(p + "ssm_dt_norm.weight", d.dt_rank);
     L.b_norm = w.vector(p + "ssm_b_norm.weight", d.d_state);
@@ -203,22 +232,34 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int6
   for (int64_t t = 0; t < n; ++t)
     for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
 
-  // Selective scan: channels in parallel, tokens in order within a channel.
+  // Selective scan: blocks of channels in parallel; within a block, tokens in
+  // order (one cache line of dt, x and y per token) and the block's states
+  // stay in L1.
   constexpr int64_t kBlock = 16;
   pool.parallel_for((di + kBlock - 1) / kBlock, [&](int64_t blk) {
-    const int64_t c1 = std::min(di, (blk + 1) * kBlock);
-    for (int64_t c = blk * kBlock; c < c1; ++c) {
-      float* s = ssm_state + c * ds;
-      const float* A = L.A.data() + c * ds;
-      for (int64_t t = 0; t < n; ++t) {
-        const float sp = softplus(dt[t * di + c]);
+    const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
+    float sp[kBlock];
+    for (int64_t t = 0; t < n; ++t) {
+      // libm calls first, so the scan's vector constants stay in registers.
+      for (int64_t c = c0; c < c1; ++c) sp[c - c0] = softplus(dt[t * di + c]);
+      const float* B = xdb.data() + t * n_xdb + R;
+      for (int64_t c = c0; c < c1; ++c) {
         const float x = xc[t * di + c];
-        const float* B = xdb.data() + t * n_xdb + R;
-        const float yv = scan_row(s, A, sp, 0.0f, B, B + ds, x * sp, ds);
-        // y = (y + x * D) * silu(z)
-        y[t * di + c] = silu(xz[t * 2 * di + di + c]) * (yv + x * L.D[c]);
+        y[t * di + c] =
+            scan_row(ssm_state + c * ds, L.A.data() + c * ds, sp[c - c0], 0.0f, B, B + ds, x * sp[c - c0], ds);
       }
     }
+  });
+  // y = (y + x * D) * silu(z), row by row.
+  pool.parallel_for(n - out_first, [&](int64_t r) {
+    const int64_t t = out_first + r;
+    float* yt = y.data() + t * di;
+    const float* xt = xc.data() + t * di;
+    thread_local std::vector<float> g;
+    g.assign(xz.begin() + t * 2 * di + di, xz.begin() + (t + 1) * 2 * di);
+    for (int64_t c = 0; c < di; ++c) yt[c] += xt[c] * L.D[c];
+    silu_mul(g.data(), yt, di);
+    std::memcpy(yt, g.data(), di * sizeof(float));
   });
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d.n_embd, pool);
 }
@@ -228,7 +269,7 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int6
 namespace {
 
 struct Mamba2Layer {
-  MatrixView in, out;
+  PackedMatrix in, out;
   std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
 };
 
@@ -249,7 +290,8 @@ class Mamba final : public Model {
   StateSpec spec_;
   Mamba1Dims d_;  // Mamba-2 uses n_embd, d_inner, d_state, d_conv, eps
   int64_t n_head_ = 0, n_group_ = 0, head_dim_ = 0;
-  MatrixView token_embd_, output_;
+  MatrixView token_embd_;  // row lookups
+  PackedMatrix output_;
   std::vector<float> output_norm_;
   std::vector<std::vector<float>> attn_norm_;
   std::vector<Mamba1Layer> layers1_;
@@ -281,7 +323,7 @@ Mamba::Mamba(const gguf::File& file) {
   if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
   const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
   token_embd_ = w.matrix("token_embd.weight", n_embd, n_vocab);
-  output_ = w.has("output.weight") ? w.matrix("output.weight", n_embd, n_vocab) : token_embd_;
+  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd, n_vocab) : token_embd_);
   output_norm_ = w.vector("output_norm.weight", n_embd);
 
   const int64_t di = d_.d_inner, ds = d_.d_state;
@@ -291,14 +333,14 @@ Mamba::Mamba(const gguf::File& file) {
     attn_norm_.push_back(w.vector(p + "attn_norm.weight", n_embd));
     if (v2_) {
       Mamba2Layer L;
-      L.in = w.matrix(p + "ssm_in.weight", n_embd, 2 * di + 2 * n_group_ * ds + n_head_);
+      L.in = PackedMatrix(w.matrix(p + "ssm_in.weight", n_embd, 2 * di + 2 * n_group_ * ds + n_head_));
       L.conv_w = w.dense(p + "ssm_conv1d.weight", {d_.d_conv, conv_ch});
       L.conv_b = w.vector(p + "ssm_conv1d.bias", conv_ch);
       L.dt_b = w.vector(p + "ssm_dt.bias", n_head_);
       L.A = w.dense(p + "ssm_a", {1, n_head_});
       L.D = w.dense(p + "ssm_d", {1, n_head_});
       L.norm = w.dense(p + "ssm_norm.weight", {di / n_group_, n_group_});
-      L.out = w.matrix(p + "ssm_out.weight", di, n_embd);
+      L.out = PackedMatrix(w.matrix(p + "ssm_out.weight", di, n_embd));
       layers2_.push_back(std::move(L));
     } else {
       layers1_.push_back(load_mamba1_layer(w, il, d_, false));
@@ -355,19 +397,22 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* 
       const float* C = xt + di + ng * ds + g * ds;
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t ch = h * hd + i;
-        const float yv = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
-        // y = (y + x * D) * silu(z)
-        y[t * di + ch] = silu(zxbcdt[t * n_proj + ch]) * (yv + xt[ch] * L.D[h]);
+        y[t * di + ch] = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
       }
     }
   });
-  // Grouped RMS norm over d_inner / n_group.
+  // y = (y + x * D) * silu(z), then the grouped RMS norm over d_inner / n_group.
   const int64_t gs = di / ng;
-  for (int64_t t = out_first; t < n; ++t)
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      float* row = y.data() + t * di + gi * gs;
-      rms_norm(row, L.norm.data() + gi * gs, d_.eps, gs, row);
-    }
+  pool.parallel_for(n - out_first, [&](int64_t r) {
+    const int64_t t = out_first + r;
+    float* yt = y.data() + t * di;
+    const float* xt = xbc.data() + t * conv_ch;
+    thread_local std::vector<float> g;
+    g.assign(zxbcdt.begin() + t * n_proj, zxbcdt.begin() + t * n_proj + di);
+    for (int64_t c = 0; c < di; ++c) yt[c] += xt[c] * L.D[c / hd];
+    silu_mul(g.data(), yt, di);
+    for (int64_t gi = 0; gi < ng; ++gi) rms_norm(g.data() + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, yt + gi * gs);
+  });
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d_.n_embd, pool);
 }
 

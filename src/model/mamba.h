@@ -21,6 +21,7 @@
 
 #include "model/model.h"
 #include "model/weights.h"
+#include "tensor/kernels.h"
 #include "tensor/matrix.h"
 
 namespace reprise {
@@ -49,7 +50,7 @@ struct Mamba1Dims {
 Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int64_t n_embd);
 
 struct Mamba1Layer {
-  MatrixView in, x_proj, dt_proj, out;
+  PackedMatrix in, x_proj, dt_proj, out;
   std::vector<float> conv_w, conv_b, dt_b, A, D;
   std::vector<float> dt_norm, b_norm, c_norm;  // empty unless weighted dt/B/C norms
 };
