@@ -203,7 +203,7 @@ TEST(OpenAIRequest, ParsesAFullChatRequest) {
     "min_p": 0.1, "repeat_penalty": 1.1, "seed": 42, "stop": ["a", "", "bc"], "n": 1,
     "logprobs": true, "top_logprobs": 3, "cache_salt": "tenant-1", "user": "u",
     "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
-    "chat_template_kwargs": {"enable_thinking": false}, "unknown_field": [1, 2],
+    "chat_template_kwargs": {"enable_thinking": false}, "unknown_field": [1, 2], "ignore_eos": true,
     "messages": [
       {"role": "developer", "content": "sys"},
       {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
@@ -228,6 +228,7 @@ TEST(OpenAIRequest, ParsesAFullChatRequest) {
   EXPECT_TRUE(c.options.logprobs);
   EXPECT_EQ(c.options.top_logprobs, 3);
   EXPECT_EQ(c.options.cache_salt, "tenant-1");
+  EXPECT_TRUE(c.options.ignore_eos);
   EXPECT_EQ(c.template_kwargs["enable_thinking"], false);
   ASSERT_EQ(c.messages.size(), 4u);
   EXPECT_EQ(c.messages[0]["role"], "system");
@@ -970,7 +971,8 @@ TEST(ServeHttp, StalledClientsBlockNobody) {
   RawConnection half(s.port);
   half.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"messa");
   RawConnection never_reads(s.port);
-  json big_stream = {{"prompt", "Once"}, {"max_tokens", 800}, {"temperature", 0}, {"stream", true}, {"logprobs", 5}};
+  json big_stream = {{"prompt", "Once"}, {"max_tokens", 800}, {"temperature", 0},
+                     {"stream", true},   {"logprobs", 5},     {"ignore_eos", true}};
   never_reads.send_post("/v1/completions", big_stream.dump());
   std::this_thread::sleep_for(50ms);
 
@@ -986,6 +988,34 @@ TEST(ServeHttp, StalledClientsBlockNobody) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
+TEST(ServeHttp, RefusesGenerationsBeyondItsConnectionThreadsButStaysHealthy) {
+  ServeOptions o;
+  o.parallel = 1;
+  o.http_threads = 10;  // 8 kept for other requests: 2 generations may wait or run
+  TestServer s(o);
+  std::vector<std::unique_ptr<RawConnection>> streams;
+  for (int i = 0; i < 2; ++i) {
+    streams.push_back(std::make_unique<RawConnection>(s.port));
+    streams.back()->send_post(
+        "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 3000}, {"stream", true}, {"ignore_eos", true}}.dump());
+    // The first one occupies the only slot; the second waits behind it.
+    if (i == 0) ASSERT_NE(streams[0]->read_until("data: ").find("data: "), std::string::npos);
+  }
+  std::this_thread::sleep_for(50ms);
+  Reply busy = post(s, "/v1/chat/completions", chat_body("one more", 2));
+  EXPECT_EQ(busy.status, 503) << busy.body;
+  EXPECT_EQ(busy.doc()["error"]["code"], "server_busy");
+  EXPECT_EQ(get(s, "/health").status, 200);
+  EXPECT_EQ(metric(get(s, "/metrics").body, "reprise_queue_depth"), 1);
+  streams.clear();  // hang up: both generations are cancelled
+  const auto t0 = std::chrono::steady_clock::now();
+  Reply after;
+  while ((after = post(s, "/v1/chat/completions", chat_body("one more", 2))).status != 200 &&
+         std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(after.status, 200);
+}
+
 TEST(ServeHttp, DisconnectCancelsTheGenerationAndFreesItsState) {
   TestServer s;
   auto cancelled_count = [&] {
@@ -995,7 +1025,7 @@ TEST(ServeHttp, DisconnectCancelsTheGenerationAndFreesItsState) {
     const double before = std::max(0.0, cancelled_count());
     {
       RawConnection c(s.port);
-      json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"temperature", 0.5}, {"stream", stream}};
+      json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4000}, {"stream", stream}, {"ignore_eos", true}};
       c.send_post("/v1/completions", body.dump());
       if (stream) {
         std::string got = c.read_until("data: ");
@@ -1094,7 +1124,7 @@ TEST(ServeHttp, ModelsLoadOnDemandAndUnloadLeastRecentlyUsed) {
   // runs on tiny-b, loading tiny-a is refused (503), not done by force.
   RawConnection busy(s.port);
   busy.send_post("/v1/completions",
-                 json{{"model", "tiny-b"}, {"prompt", "Once"}, {"max_tokens", 400}, {"stream", true}}.dump());
+                 json{{"model", "tiny-b"}, {"prompt", "Once"}, {"max_tokens", 400}, {"stream", true}, {"ignore_eos", true}}.dump());
   ASSERT_NE(busy.read_until("data: ").find("data: "), std::string::npos);
   Reply refused = post(s, "/v1/chat/completions", a);
   EXPECT_EQ(refused.status, 503) << refused.body;

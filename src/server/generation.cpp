@@ -66,7 +66,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.prompt = plan.prompt;
   request.sampling = plan.sampling;
   request.max_tokens = plan.max_tokens >= 0 ? plan.max_tokens : model.engine->n_ctx();
-  request.stop_tokens = model.bundle->eog_tokens;
+  if (!plan.ignore_eos) request.stop_tokens = model.bundle->eog_tokens;
   request.cache_salt = plan.cache_salt;
   request.cancelled = channel.cancel_flag();
 

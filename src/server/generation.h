@@ -33,6 +33,7 @@ struct GenerationPlan {
   bool logprobs = false;
   int top_logprobs = 0;
   std::string cache_salt;
+  bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
 };
 
 struct GenerationDelta {

@@ -112,6 +112,19 @@ struct HttpServer::Impl {
   }
 
   void setup();
+
+  // Generation requests hold a connection thread while queued or streaming.
+  // Beyond this many, new ones are refused (503) so a few threads always stay
+  // free for /health, /metrics and quick requests.
+  int max_generation_requests() const { return std::max(1, options.resolved_http_threads() - kReservedHttpThreads); }
+  bool over_capacity() const { return in_flight.load() > max_generation_requests(); }
+  ApiError busy_error() const {
+    return {503,
+            "server is busy: " + std::to_string(max_generation_requests()) +
+                " generation requests are already queued or running; retry later",
+            "server_error", {}, "server_busy"};
+  }
+  static constexpr int kReservedHttpThreads = 8;
   void handle_chat(const httplib::Request& req, httplib::Response& res);
   void handle_completions(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res, const std::string& only_id);
@@ -295,6 +308,7 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   plan.logprobs = o.logprobs;
   plan.top_logprobs = o.top_logprobs;
   plan.cache_salt = o.cache_salt;
+  plan.ignore_eos = o.ignore_eos;
   return plan;
 }
 
@@ -303,6 +317,7 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
 void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Response& res) {
   InFlight guard(in_flight);
   const char* endpoint = endpoint_name(Endpoint::Chat);
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
   Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(req.body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   ChatCompletionRequest& chat = parsed.value();
@@ -327,6 +342,7 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Respons
 void HttpServer::Impl::handle_completions(const httplib::Request& req, httplib::Response& res) {
   InFlight guard(in_flight);
   const char* endpoint = endpoint_name(Endpoint::Completions);
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
   Parsed<CompletionRequest> parsed = parse_completion_request(req.body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   CompletionRequest& completion = parsed.value();

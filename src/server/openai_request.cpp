@@ -200,6 +200,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
       fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
     o.cache_salt = *v;
   }
+  if (auto v = f.boolean("ignore_eos")) o.ignore_eos = *v;
   f.string("user");  // accepted (type-checked) and otherwise unused
   if (auto err = s.validate(); !err.empty()) fail(err, "");
 }
