@@ -561,7 +561,10 @@ TEST(ImageDecode, RandomMutationsNeverCrash) {
   limits.max_side = 4096;
   limits.max_pixels = 1 << 20;
   int ok = 0, rejected = 0;
-  for (int iter = 0; iter < 6000; ++iter) {
+  // REPRISE_FUZZ_ITERATIONS raises the count for longer (e.g. sanitizer) runs.
+  const char* env = std::getenv("REPRISE_FUZZ_ITERATIONS");
+  const int iterations = env ? std::max(1, std::atoi(env)) : 6000;
+  for (int iter = 0; iter < iterations; ++iter) {
     std::vector<uint8_t> bytes = seeds[iter % seeds.size()];
     const int n_mutations = 1 + static_cast<int>(rng() % 8);
     for (int m = 0; m < n_mutations; ++m) {
