@@ -803,6 +803,39 @@ TEST(ImageEmbedderTest, TwoTextModelsGetSeparateEntries) {
   }
 }
 
+// The cached paths against a cold run that uses neither cache: embeddings
+// recomputed from scratch, flat (uncached) sequence memory.
+TEST(Differential, CachedPathsMatchColdRunsBitForBit) {
+  const VisionPair& pair = synthetic_pair();
+  ThreadPool pool(2);
+  const DecodedImage a = test_image(32, 32, 21), b = test_image(40, 24, 22);
+  const std::string text = "Compare <__media__> with <__media__>, please.";
+
+  ImageEmbedder cold_embedder(*pair.encoder, pair.text->model->info(), nullptr, pool);
+  MultimodalGenerator cold(*pair.text->model, pool, nullptr);
+  const std::vector<ImageEmbeddingPtr> cold_images = {cold_embedder.embed(a), cold_embedder.embed(b)};
+  const PromptRun reference = generate(
+      cold, build_multimodal_prompt(*pair.text->tokenizer, split_at_media_markers(text, cold_images), options_for(pair)),
+      6);
+
+  EncoderCache encoder_cache(64 << 20);
+  ImageEmbedder embedder(*pair.encoder, pair.text->model->info(), &encoder_cache, pool);
+  PrefixCache prefix(pair.text->model->state_spec(), PrefixCacheConfig{16, 64 << 20});
+  MultimodalGenerator warm(*pair.text->model, pool, &prefix);
+  embedder.embed(a);
+  embedder.embed(b);
+  const std::vector<ImageEmbeddingPtr> hits = {embedder.embed(a), embedder.embed(b)};  // encoder-cache hits
+  EXPECT_EQ(embedder.encoder_runs(), 2u);
+  EXPECT_EQ(encoder_cache.stats().hits, 2u);
+  const MultimodalPrompt p =
+      build_multimodal_prompt(*pair.text->tokenizer, split_at_media_markers(text, hits), options_for(pair));
+  const PromptRun first = generate(warm, p, 6);   // prefix miss
+  const PromptRun second = generate(warm, p, 6);  // prefix hit across both images
+  EXPECT_EQ(second.reuse.reused_tokens, static_cast<int64_t>(p.tokens.size()) - 1);
+  EXPECT_TRUE(bit_identical(reference, first));
+  EXPECT_TRUE(bit_identical(reference, second));
+}
+
 // ---------------------------------------------------------------------------
 // Image-aware prefix reuse (synthetic gemma3 + projector, 16-token blocks)
 
