@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@ namespace reprise {
 
 using kernels::IsaKernels;
 using kernels::kGroupRows;
+using kernels::kTokenTile;
 using kernels::MatmulArgs;
 using kernels::XBlock;
 
@@ -270,10 +272,6 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
   }
 }
 
-size_t act_row_bytes(ActKind kind, int64_t n_in) {
-  return kind == ActKind::Q8 ? static_cast<size_t>(n_in / kQK8_0) * sizeof(XBlock) : static_cast<size_t>(n_in) * 4;
-}
-
 struct ActBuffer {
   std::vector<uint8_t> bytes;
   void* ensure(size_t n) {
@@ -283,25 +281,51 @@ struct ActBuffer {
   }
 };
 
-// Converts x (n_tokens rows of n_in) to the weight's dot type. F32 input is
-// used in place.
-const void* pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_tokens, ActBuffer& buf,
-                             ThreadPool& pool) {
-  if (kind == ActKind::F32) return x;
-  const size_t row = act_row_bytes(kind, n_in);
-  auto* out = static_cast<uint8_t*>(buf.ensure(row * n_tokens));
-  constexpr int64_t kChunk = 16;
-  const int64_t n_chunks = (n_tokens + kChunk - 1) / kChunk;
-  auto run = [&](int64_t c) {
-    const int64_t t1 = std::min(n_tokens, (c + 1) * kChunk);
-    for (int64_t t = c * kChunk; t < t1; ++t) convert_row(kind, x + t * n_in, n_in, out + t * row);
-  };
-  if (n_chunks > 1 && pool.size() > 1) pool.parallel_for(n_chunks, run);
-  else for (int64_t c = 0; c < n_chunks; ++c) run(c);
-  return out;
-}
+// Activations converted to the weight's dot type, in the token-tiled layout
+// of kernels_impl.h.
+struct PackedX {
+  const void* data = nullptr;
+  int64_t tile = 0;  // tokens per tile
+  int64_t k = 0;     // elements per token (floats, or blocks)
+};
 
-int64_t act_stride(ActKind kind, int64_t n_in) { return kind == ActKind::Q8 ? n_in / kQK8_0 : n_in; }
+PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_tokens, ActBuffer& buf,
+                         ThreadPool& pool) {
+  PackedX px;
+  px.tile = std::min<int64_t>(kTokenTile, n_tokens);
+  px.k = kind == ActKind::Q8 ? n_in / kQK8_0 : n_in;
+  const size_t elem = kind == ActKind::Q8 ? sizeof(XBlock) : sizeof(float);
+  const int64_t n_tiles = (n_tokens + px.tile - 1) / px.tile;
+  auto* out = static_cast<uint8_t*>(buf.ensure(elem * px.k * px.tile * n_tiles));
+  px.data = out;
+  auto run = [&](int64_t tile) {
+    thread_local std::vector<uint8_t> row;
+    row.resize(elem * px.k);
+    const int64_t t0 = tile * px.tile, t1 = std::min(n_tokens, t0 + px.tile);
+    uint8_t* base = out + tile * px.tile * px.k * elem;
+    if (t1 - t0 < px.tile) std::memset(base, 0, px.tile * px.k * elem);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t j = t - t0;
+      if (px.tile == 1) {
+        convert_row(kind, x + t * n_in, n_in, base);
+        continue;
+      }
+      convert_row(kind, x + t * n_in, n_in, row.data());
+      if (kind == ActKind::Q8) {
+        auto* src = reinterpret_cast<const XBlock*>(row.data());
+        auto* dst = reinterpret_cast<XBlock*>(base);
+        for (int64_t b = 0; b < px.k; ++b) dst[b * px.tile + j] = src[b];
+      } else {
+        auto* src = reinterpret_cast<const float*>(row.data());
+        auto* dst = reinterpret_cast<float*>(base);
+        for (int64_t k = 0; k < px.k; ++k) dst[k * px.tile + j] = src[k];
+      }
+    }
+  };
+  if (n_tiles > 1 && pool.size() > 1) pool.parallel_for(n_tiles, run);
+  else for (int64_t i = 0; i < n_tiles; ++i) run(i);
+  return px;
+}
 
 using MatmulFn = void (*)(const MatmulArgs&);
 MatmulFn matmul_fn(const IsaKernels& k, DType t) {
@@ -323,9 +347,7 @@ struct Job {
   size_t group_bytes;
   int64_t n_groups;
   int64_t n_out;
-  const void* x;
-  int64_t x_stride;
-  size_t x_elem_bytes;
+  PackedX x;
   float* y;
   int64_t groups_per_task;
   int64_t tokens_per_task;
@@ -356,8 +378,10 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   a.group_bytes = j.group_bytes;
   a.n_groups = g1 - g0;
   a.n_rows = j.n_out - g0 * kGroupRows;
-  a.x = static_cast<const uint8_t*>(j.x) + t0 * j.x_stride * j.x_elem_bytes;
-  a.x_stride = j.x_stride;
+  a.x = j.x.data;
+  a.x_tile = j.x.tile;
+  a.x_k = j.x.k;
+  a.t0 = t0;
   a.n_tokens = t1 - t0;
   a.n_in = n_in;
   a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
@@ -376,7 +400,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
   const IsaKernels& isa = isa_kernels();
   const int64_t n_in = mats[0].view->n_in;
   thread_local ActBuffer bufs[4];
-  const void* packed[4] = {nullptr, nullptr, nullptr, nullptr};
+  PackedX packed[4];
   std::vector<Job> jobs;
   jobs.reserve(mats.size());
   const int threads = pool.size();
@@ -390,7 +414,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     if (v.n_in != n_in) throw Error("matmul_many: matrices differ in n_in");
     const ActKind kind = act_kind(v.type);
     const int ki = static_cast<int>(kind);
-    if (!packed[ki]) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
+    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
     Job j{};
     j.fn = matmul_fn(isa, v.type);
     j.groups = m.groups;
@@ -399,16 +423,14 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     j.n_groups = (v.n_out + kGroupRows - 1) / kGroupRows;
     j.n_out = v.n_out;
     j.x = packed[ki];
-    j.x_stride = act_stride(kind, n_in);
-    j.x_elem_bytes = kind == ActKind::Q8 ? sizeof(XBlock) : sizeof(float);
     j.y = m.y;
-    if (n_tokens < isa.token_tile) {
+    if (n_tokens < kTokenTile) {
       j.tokens_per_task = n_tokens;
       // About 4 tasks per thread over all matrices, at least 4 groups each.
       const int64_t target = std::max<int64_t>(1, total_groups / (threads * 4));
       j.groups_per_task = std::clamp<int64_t>(target, 4, 256);
     } else {
-      j.tokens_per_task = 4 * isa.token_tile;
+      j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;
     }
     j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;
@@ -447,6 +469,29 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
   }
   for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y};
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
+}
+
+double measure_read_bandwidth(size_t bytes, ThreadPool& pool, int passes) {
+  const IsaKernels& isa = isa_kernels();
+  // Chunks claimed dynamically keep every thread streaming to the end.
+  constexpr size_t kChunk = 1 << 20;
+  const size_t n_chunks = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
+  const size_t total = n_chunks * kChunk;
+  auto* buf = static_cast<uint8_t*>(::operator new[](total, std::align_val_t(64)));
+  std::unique_ptr<uint8_t[], AlignedDelete> owner(buf);
+  pool.parallel_for(static_cast<int64_t>(n_chunks),
+                    [&](int64_t c) { std::memset(buf + c * kChunk, static_cast<int>(c & 0xff), kChunk); });
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int pass = 0; pass < passes + 1; ++pass) {  // the first pass warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(static_cast<int64_t>(n_chunks), [&](int64_t c) {
+      sink.fetch_add(isa.read_sum(buf + c * kChunk, kChunk), std::memory_order_relaxed);
+    });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pass > 0) best = std::max(best, total / dt);
+  }
+  return best;
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -572,6 +617,7 @@ inline __m256 exp8(__m256 x) {
 }  // namespace
 
 float expf_vec(float x) { return exp_scalar(x); }
+float kernels::exp_ref(float x) { return exp_scalar(x); }
 
 void expf_vec(const float* x, float* out, int64_t n) {
   int64_t i = 0;
@@ -852,16 +898,83 @@ void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t e
 }
 
 void attention(const AttentionBatch& b, ThreadPool& pool) {
+  if (b.n_tokens <= 0) return;
   const int64_t group = b.n_head / b.n_head_kv;
-  const int64_t kv_dim = b.n_head_kv * b.head_dim;
-  (void)kv_dim;
-  pool.parallel_for(b.n_tokens * b.n_head, [&](int64_t task) {
-    const int64_t t = task / b.n_head, h = task % b.n_head;
-    const int64_t off = (h / group) * b.head_dim;
-    attend_query(
-        b.q + (t * b.n_head + h) * b.head_dim, b.head_dim, b.first[t], b.end[t], b.scale,
-        [&](int64_t p) { return b.key_rows[p] + off; }, [&](int64_t p) { return b.value_rows[p] + off; },
-        b.out + (t * b.n_head + h) * b.head_dim);
+  const int64_t D = b.head_dim;
+  const IsaKernels& isa = isa_kernels();
+  // Batches (prefill) go through the ISA's batched kernel with K transposed
+  // and V widened once per layer; single queries (decode) read f16 rows.
+  if (!isa.attention || !isa.attention_supports(D) || b.n_tokens < 4) {
+    pool.parallel_for(b.n_tokens * b.n_head, [&](int64_t task) {
+      const int64_t t = task / b.n_head, h = task % b.n_head;
+      const int64_t off = (h / group) * D;
+      attend_query(
+          b.q + (t * b.n_head + h) * D, D, b.first[t], b.end[t], b.scale,
+          [&](int64_t p) { return b.key_rows[p] + off; }, [&](int64_t p) { return b.value_rows[p] + off; },
+          b.out + (t * b.n_head + h) * D);
+    });
+    return;
+  }
+  int64_t lo = b.first[0], hi = b.end[0];
+  for (int64_t t = 1; t < b.n_tokens; ++t) {
+    lo = std::min(lo, b.first[t]);
+    hi = std::max(hi, b.end[t]);
+  }
+  hi = std::max(hi, lo);
+  const int64_t base = lo & ~int64_t(15);
+  const int64_t n_blocks = (hi - base + 15) / 16 + 1;  // one spare block for 32-key steps
+  const int64_t n_pos = n_blocks * 16;
+  thread_local std::vector<float> kt_buf, v_buf;
+  kt_buf.resize(static_cast<size_t>(b.n_head_kv * n_blocks * D * 16));
+  v_buf.resize(static_cast<size_t>(b.n_head_kv * n_pos * D));
+  float* kt = kt_buf.data();
+  float* vf = v_buf.data();
+  // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
+  pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
+    const int64_t j = task / n_blocks, blk = task % n_blocks;
+    float* ktb = kt + (j * n_blocks + blk) * D * 16;
+    alignas(32) float rows[16][256];
+    for (int i = 0; i < 16; ++i) {
+      const int64_t p = base + blk * 16 + i;
+      float* vr = vf + (j * n_pos + (p - base)) * D;
+      if (p >= lo && p < hi) {
+        const uint16_t* kr = b.key_rows[p] + j * D;
+        const uint16_t* vrow = b.value_rows[p] + j * D;
+        for (int64_t d = 0; d < D; d += 8) {
+          _mm256_store_ps(rows[i] + d, load_h8(kr + d));
+          _mm256_storeu_ps(vr + d, load_h8(vrow + d));
+        }
+      } else {
+        std::fill(rows[i], rows[i] + D, 0.0f);
+        std::fill(vr, vr + D, 0.0f);
+      }
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int i = 0; i < 16; ++i) ktb[d * 16 + i] = rows[i][d];
+  });
+  // Pass 2: per head and run of queries.
+  constexpr int64_t kQueries = 16;
+  const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
+  pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
+    const int64_t h = task / n_runs, run = task % n_runs;
+    const int64_t t0 = run * kQueries, nq = std::min(kQueries, b.n_tokens - t0);
+    alignas(64) float qh[kQueries * 256];
+    for (int64_t i = 0; i < nq; ++i) convert_row(ActKind::F16, b.q + ((t0 + i) * b.n_head + h) * D, D, qh + i * D);
+    kernels::AttnArgs a;
+    a.q = qh;
+    a.q_stride = D;
+    a.n_q = nq;
+    a.first = b.first + t0;
+    a.end = b.end + t0;
+    a.d = D;
+    a.scale = b.scale;
+    const int64_t j = h / group;
+    a.kt = kt + j * n_blocks * D * 16;
+    a.v = vf + j * n_pos * D;
+    a.base = base;
+    a.out = b.out + (t0 * b.n_head + h) * D;
+    a.out_stride = b.n_head * D;
+    isa.attention(a);
   });
 }
 

@@ -49,9 +49,9 @@ template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
   const uint8_t* w = a.w + g0 * a.group_bytes;
-  const float* x = static_cast<const float*>(a.x) + t0 * a.x_stride;
+  const float* x = static_cast<const float*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
-  const int64_t xs = a.x_stride;
+  const int64_t xs = a.x_tile;
   __m256 acc[G][T][2];
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g)
@@ -66,7 +66,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const __m256 xb = _mm256_broadcast_ss(x + t * xs + k);
+      const __m256 xb = _mm256_broadcast_ss(x + k * xs + t);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) {
         acc[g][t][0] = _mm256_fmadd_ps(wv[g][0], xb, acc[g][t][0]);
@@ -98,9 +98,9 @@ template <bool Q4, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBlockBytes = Q4 ? 32 + 256 : 32 + 512;
   const uint8_t* w = a.w + g0 * a.group_bytes;
-  const XBlock* x = static_cast<const XBlock*>(a.x) + t0 * a.x_stride;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
-  const int64_t xs = a.x_stride;
+  const int64_t xs = a.x_tile;
   const int64_t nb = a.n_in / kQK8_0;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256 acc[G][T][2];
@@ -116,7 +116,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb) + 1));
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {
-        const XBlock& xb = x[t * xs + b];
+        const XBlock& xb = x[b * xs + t];
         __m256i i0, i1;
         if constexpr (!Q4) {
           i0 = i1 = _mm256_setzero_si256();  // the signed path needs no correction
@@ -205,10 +205,28 @@ void matmul_bf16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::BF16>::K>
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<false>::K>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<true>::K>(a); }
 
+uint64_t read_sum(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 256) {
+    a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32))));
+    a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96))));
+    a2 = _mm256_add_epi64(a2, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 128)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 160))));
+    a3 = _mm256_add_epi64(a3, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 192)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 224))));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, 12};
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, nullptr};
   return k;
 }
 

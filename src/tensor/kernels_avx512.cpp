@@ -12,6 +12,10 @@
 #include "tensor/kernels_impl.h"
 
 #pragma GCC push_options
+// GCC 12 warns about _mm512_undefined_ps inside its own intrinsics headers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")
 
 namespace reprise::kernels {
@@ -49,9 +53,9 @@ template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
   const uint8_t* w = a.w + g0 * a.group_bytes;
-  const float* x = static_cast<const float*>(a.x) + t0 * a.x_stride;
+  const float* x = static_cast<const float*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
-  const int64_t xs = a.x_stride;
+  const int64_t xs = a.x_tile;
   __m512 acc[G][T];
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g)
@@ -64,7 +68,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * kStep);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const __m512 xb = _mm512_set1_ps(x[t * xs + k]);
+      const __m512 xb = _mm512_set1_ps(x[k * xs + t]);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) acc[g][t] = _mm512_fmadd_ps(wv[g], xb, acc[g][t]);
     }
@@ -82,9 +86,9 @@ template <bool Q4, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBlockBytes = Q4 ? 32 + 256 : 32 + 512;
   const uint8_t* w = a.w + g0 * a.group_bytes;
-  const XBlock* x = static_cast<const XBlock*>(a.x) + t0 * a.x_stride;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
-  const int64_t xs = a.x_stride;
+  const int64_t xs = a.x_tile;
   const int64_t nb = a.n_in / kQK8_0;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 acc[G][T];
@@ -97,7 +101,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     __m512i ia[G][T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const XBlock& xb = x[t * xs + b];
+      const XBlock& xb = x[b * xs + t];
       const __m512i c = _mm512_set1_epi32(Q4 ? xb.corr_q4 : xb.corr_q8);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) ia[g][t] = c;
@@ -111,7 +115,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           int32_t q;
-          std::memcpy(&q, x[t * xs + b].qs + 4 * c, 4);
+          std::memcpy(&q, x[b * xs + t].qs + 4 * c, 4);
           const __m512i xv = _mm512_set1_epi32(q);
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
@@ -126,7 +130,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           int32_t q;
-          std::memcpy(&q, x[t * xs + b].qs + 4 * c, 4);
+          std::memcpy(&q, x[b * xs + t].qs + 4 * c, 4);
           const __m512i xv = _mm512_set1_epi32(q);
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
@@ -137,7 +141,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           int32_t q;
-          std::memcpy(&q, x[t * xs + b].qs + 16 + 4 * c, 4);
+          std::memcpy(&q, x[b * xs + t].qs + 16 + 4 * c, 4);
           const __m512i xv = _mm512_set1_epi32(q);
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
@@ -150,7 +154,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + g * gb)));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const __m512 dx = _mm512_set1_ps(x[t * xs + b].d);
+      const __m512 dx = _mm512_set1_ps(x[b * xs + t].d);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g)
         acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
@@ -218,13 +222,281 @@ void matmul_bf16(const MatmulArgs& a) { run_tiles<2, kTileF, FKernel<FType::BF16
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<false>::K>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<true>::K>(a); }
 
+// ---------------------------------------------------------------------------
+// Batched attention (see AttnArgs). Scores run with keys across lanes, but
+// each (query, key) score is the same operation tree as score_f16 in
+// kernels.cpp: four 8-lane accumulator chains over 32-element steps, then
+// ((c0 + c1) + (c2 + c3)), lanes l + l+4, then (w0 + w1) + (w2 + w3).
+
+constexpr float kExpShift = 0x1.8p23f;
+constexpr float kLog2e = 0x1.715476p+0f;
+constexpr float kLn2Hi = 0x1.62e4p-1f;
+constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
+                kC1 = 0x1.ffffecp-1f;
+
+// Same operations as exp8 / exp_scalar in kernels.cpp.
+RP_INLINE __m512 exp16(__m512 x) {
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kExpShift));
+  const __m512 n = _mm512_sub_ps(z, _mm512_set1_ps(kExpShift));
+  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 j = _mm512_fmadd_ps(
+      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kC5), b, _mm512_set1_ps(kC4)), u,
+                      _mm512_fmadd_ps(_mm512_set1_ps(kC3), b, _mm512_set1_ps(kC2))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(kC1), b, _mm512_set1_ps(1.0f)));
+  const __mmask16 ok = _mm512_cmp_ps_mask(n, _mm512_set1_ps(-126.0f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(n, _mm512_set1_ps(127.0f), _CMP_LE_OQ);
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 r = _mm512_mul_ps(j, _mm512_castsi512_ps(e));
+  if (ok != 0xffff) {
+    alignas(64) float xs[16], rs[16];
+    _mm512_store_ps(xs, x);
+    _mm512_store_ps(rs, r);
+    for (int i = 0; i < 16; ++i)
+      if (!(ok >> i & 1)) rs[i] = exp_ref(xs[i]);
+    r = _mm512_load_ps(rs);
+  }
+  return r;
+}
+
+RP_INLINE __m512 round_h16(__m512 v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+// Chains at dims 32 s + off for R queries x C key blocks.
+template <int R, int C, int S>
+RP_INLINE void score_chains(const float* const* q, const float* const* kt, int off, __m512 (&acc)[R][C]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) {
+    const int64_t dim = 32 * s + off;
+    __m512 kv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) kv[c] = _mm512_loadu_ps(kt[c] + dim * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 qb = _mm512_set1_ps(q[r][dim]);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(qb, kv[c], acc[r][c]);
+    }
+  }
+}
+
+// u_l = (chain(l) + chain(8 + l)) + (chain(16 + l) + chain(24 + l))
+template <int R, int C, int S>
+RP_INLINE void score_u(const float* const* q, const float* const* kt, int l, __m512 (&u)[R][C]) {
+  __m512 a[R][C], b[R][C];
+  score_chains<R, C, S>(q, kt, l, a);
+  score_chains<R, C, S>(q, kt, 8 + l, b);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_add_ps(a[r][c], b[r][c]);
+  __m512 x[R][C], y[R][C];
+  score_chains<R, C, S>(q, kt, 16 + l, x);
+  score_chains<R, C, S>(q, kt, 24 + l, y);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) u[r][c] = _mm512_add_ps(a[r][c], _mm512_add_ps(x[r][c], y[r][c]));
+}
+
+template <int R, int C, int S>
+RP_INLINE void score_w(const float* const* q, const float* const* kt, int l, __m512 (&w)[R][C]) {
+  __m512 lo[R][C], hi[R][C];
+  score_u<R, C, S>(q, kt, l, lo);
+  score_u<R, C, S>(q, kt, l + 4, hi);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) w[r][c] = _mm512_add_ps(lo[r][c], hi[r][c]);
+}
+
+// Not inlined: the caller keeps its value accumulators in registers around
+// the call rather than interleaving them with the score chains. The loop over
+// l is kept rolled so the compiler schedules 8 chains per (query, block) at a
+// time instead of all 32 (which spills).
+template <int R, int C, int S>
+__attribute__((noinline)) void score_tile(const float* const* q, const float* const* kt, float scale,
+                                          float (*out)[32]) {
+  __m512 w[4][R][C];
+#pragma GCC unroll 1
+  for (int l = 0; l < 4; ++l) score_w<R, C, S>(q, kt, l, w[l]);
+  const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c)
+      _mm512_storeu_ps(out[r] + 16 * c,
+                       _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(w[0][r][c], w[1][r][c]),
+                                                   _mm512_add_ps(w[2][r][c], w[3][r][c])),
+                                     sc));
+}
+
+// Per query and 32-key step: which keys count, which set a new running
+// maximum, and the exponential each needs. The sequential rule ("s > m: new
+// maximum") is evaluated with an exclusive prefix maximum, which selects the
+// same values, and the exponentials are the same function of the same
+// arguments as in the per-query path.
+struct KeyPlan {
+  alignas(64) float e[32];
+  uint32_t valid;
+  uint32_t is_new;
+};
+
+template <int K>
+RP_INLINE __m512 shift_lanes(__m512 v, __m512 fill) {
+  return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(fill), 16 - K));
+}
+
+// One vector of 16 keys at p0 (lanes < nk counted); m is the running maximum
+// before them and is updated.
+RP_INLINE void plan16(const float* sc, int nk, int64_t p0, int64_t first, int64_t end, float& m, float* e,
+                      uint32_t& valid_out, uint32_t& new_out) {
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // Positions relative to p0 fit in 32 bits.
+  const __m512i rel_first = _mm512_set1_epi32(static_cast<int>(first - p0 < -1 ? -1 : (first - p0 > 16 ? 16 : first - p0)));
+  const __m512i rel_end = _mm512_set1_epi32(static_cast<int>(end - p0 > 16 ? 16 : (end - p0 < 0 ? 0 : end - p0)));
+  __mmask16 valid = _mm512_cmpge_epi32_mask(lane, rel_first) & _mm512_cmplt_epi32_mask(lane, rel_end) &
+                    _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nk));
+  valid_out = valid;
+  new_out = 0;
+  if (!valid) {
+    _mm512_store_ps(e, _mm512_setzero_ps());
+    return;
+  }
+  const __m512 s = _mm512_loadu_ps(sc);
+  __m512 incl = _mm512_mask_blend_ps(valid, ninf, s);
+  incl = _mm512_max_ps(incl, shift_lanes<1>(incl, ninf));
+  incl = _mm512_max_ps(incl, shift_lanes<2>(incl, ninf));
+  incl = _mm512_max_ps(incl, shift_lanes<4>(incl, ninf));
+  incl = _mm512_max_ps(incl, shift_lanes<8>(incl, ninf));
+  const __m512 mv = _mm512_set1_ps(m);
+  const __m512 excl = _mm512_max_ps(shift_lanes<1>(incl, ninf), mv);
+  const __mmask16 is_new = _mm512_cmp_ps_mask(s, excl, _CMP_GT_OQ) & valid;
+  new_out = is_new;
+  const __m512 arg = _mm512_maskz_mov_ps(
+      valid, _mm512_mask_blend_ps(is_new, _mm512_sub_ps(s, excl), _mm512_sub_ps(excl, s)));
+  _mm512_store_ps(e, exp16(arg));
+  // Running maximum after these keys: max(m, valid scores).
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, incl);
+  m = tmp[15] > m ? tmp[15] : m;
+}
+
+RP_INLINE void plan_keys(KeyPlan& kp, float& m, const float* sc, int nk, int64_t p0, int64_t first, int64_t end) {
+  uint32_t v0, n0, v1 = 0, n1 = 0;
+  plan16(sc, nk, p0, first, end, m, kp.e, v0, n0);
+  if (nk > 16) plan16(sc + 16, nk - 16, p0 + 16, first, end, m, kp.e + 16, v1, n1);
+  kp.valid = v0 | (v1 << 16);
+  kp.is_new = n0 | (n1 << 16);
+}
+
+// QG queries of head size 16 * DC, processed together so their serial f16
+// accumulator chains overlap.
+template <int DC, int QG>
+void attention_group(const AttnArgs& a, int64_t i, int R) {
+  constexpr int64_t d = 16 * DC;
+  alignas(64) float sc[QG][32];
+  KeyPlan plan[QG];
+  float m[QG], s[QG];
+  __m512 acc[QG][DC];
+#pragma GCC unroll 4
+  for (int r = 0; r < QG; ++r) {
+    m[r] = -__builtin_inff();
+    s[r] = 0.0f;
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  int64_t lo = a.first[i], hi = a.end[i];
+  for (int r = 1; r < R; ++r) {
+    lo = lo < a.first[i + r] ? lo : a.first[i + r];
+    hi = hi > a.end[i + r] ? hi : a.end[i + r];
+  }
+  const float* q[QG];
+  for (int r = 0; r < QG; ++r) q[r] = a.q + (i + (r < R ? r : R - 1)) * a.q_stride;
+  for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
+    const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
+    const float* kt[2] = {a.kt + ((p0 - a.base) / 16) * d * 16, a.kt + ((p0 - a.base) / 16 + 1) * d * 16};
+    for (int r = 0; r < R; ++r) {
+      if (nk > 16) score_tile<1, 2, DC / 2>(q + r, kt, a.scale, sc + r);
+      else score_tile<1, 1, DC / 2>(q + r, kt, a.scale, sc + r);
+    }
+    for (int r = 0; r < R; ++r) plan_keys(plan[r], m[r], sc[r], nk, p0, a.first[i + r], a.end[i + r]);
+    for (int j = 0; j < nk; ++j) {
+      const float* vr = a.v + (p0 + j - a.base) * d;
+#pragma GCC unroll 4
+      for (int r = 0; r < QG; ++r) {
+        if (r >= R || !(plan[r].valid >> j & 1)) continue;
+        float ms = 1.0f, vs = 1.0f;
+        if (plan[r].is_new >> j & 1) {
+          ms = plan[r].e[j];
+          const __m512 mv = _mm512_set1_ps(ms);
+#pragma GCC unroll 16
+          for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_mul_ps(acc[r][c], mv));
+        } else {
+          vs = plan[r].e[j];
+        }
+        const __m512 vv = _mm512_set1_ps(vs);
+#pragma GCC unroll 16
+        for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(_mm512_loadu_ps(vr + 16 * c), vv, acc[r][c]));
+        s[r] = __builtin_fmaf(s[r], ms, vs);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < QG; ++r) {
+    if (r >= R) continue;
+    const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
+    float* o = a.out + (i + r) * a.out_stride;
+    const __m512 iv = _mm512_set1_ps(inv);
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[r][c], iv));
+  }
+}
+
+template <int DC>
+void attention_dc(const AttnArgs& a) {
+  constexpr int QG = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
+  for (int64_t i = 0; i < a.n_q; i += QG) {
+    const int R = static_cast<int>(a.n_q - i < QG ? a.n_q - i : QG);
+    attention_group<DC, QG>(a, i, R);
+  }
+}
+
+bool attention_supports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+void attention(const AttnArgs& a) {
+  switch (a.d) {
+    case 64: attention_dc<4>(a); return;
+    case 128: attention_dc<8>(a); return;
+    case 256: attention_dc<16>(a); return;
+    default: return;
+  }
+}
+
+uint64_t read_sum(const uint8_t* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+  }
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+}
+
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, kTileF};
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &attention, &attention_supports};
   return k;
 }
 
 }  // namespace reprise::kernels
 
+#pragma GCC diagnostic pop
 #pragma GCC pop_options

@@ -40,23 +40,61 @@ struct XBlock {
 };
 static_assert(sizeof(XBlock) == 44);
 
-// Computes y[t * y_stride + row0 + r] for tokens [0, n_tokens) and the rows
-// of groups [0, n_groups) starting at w (groups group_bytes apart); rows at or
-// beyond n_rows (relative to the first group) are not written.
-// x: F-types read floats (n_in per token, x_stride floats apart); Q types
-// read XBlocks (x_stride blocks apart).
+// Activations are stored in token tiles of x_tile tokens: element k (a float
+// for F-types, an XBlock per block for Q types) of token t is at
+//   (t / x_tile) * x_tile * x_k + k * x_tile + t % x_tile
+// so a kernel reads one pointer for all tokens of a tile. x_k is n_in for
+// F-types and n_in / 32 for Q types. Full tiles are allocated (the last is
+// padded).
+constexpr int kTokenTile = 12;
+
+inline int64_t x_offset(int64_t t, int64_t k, int64_t x_tile, int64_t x_k) {
+  return (t / x_tile) * x_tile * x_k + k * x_tile + t % x_tile;
+}
+
+// Computes y[(t0 + t) * y_stride + r] for tokens t in [0, n_tokens) and the
+// rows of groups [0, n_groups) starting at w (groups group_bytes apart); rows
+// at or beyond n_rows (relative to the first group) are not written. t0 must
+// be a multiple of the kernels' tile sizes (multiples of kTokenTile are).
 struct MatmulArgs {
   const uint8_t* w;
   size_t group_bytes;
   int64_t n_groups;
   int64_t n_rows;
   const void* x;
-  int64_t x_stride;
+  int64_t x_tile;
+  int64_t x_k;
+  int64_t t0;
   int64_t n_tokens;
   int64_t n_in;
   float* y;
   int64_t y_stride;
 };
+
+// Attention for a run of queries of one head against keys whose K rows are
+// stored transposed in blocks of 16 (kt: [block][d][16] floats, block 0
+// starting at position `base`) and V rows as floats (v: [pos - base][d]).
+// q rows (n_q of them, q_stride apart) are f16-rounded. Query i attends to
+// [first[i], end[i]). The arithmetic per (query, key) is that of the
+// per-query path in kernels.cpp (attend_query), so results are identical.
+struct AttnArgs {
+  const float* q;
+  int64_t q_stride;
+  int64_t n_q;
+  const int64_t* first;
+  const int64_t* end;
+  int64_t d;
+  float scale;
+  const float* kt;
+  const float* v;
+  int64_t base;
+  float* out;
+  int64_t out_stride;
+};
+
+// The scalar exponential of kernels.cpp (ggml's algorithm), for lanes outside
+// the vector fast range.
+float exp_ref(float x);
 
 struct IsaKernels {
   const char* name;
@@ -65,9 +103,13 @@ struct IsaKernels {
   void (*matmul_bf16)(const MatmulArgs&);
   void (*matmul_q8_0)(const MatmulArgs&);
   void (*matmul_q4_0)(const MatmulArgs&);
-  // Largest token tile the matmul kernels use (drivers split tokens in
-  // multiples of it).
-  int token_tile;
+  // Sums bytes [0, n) of p (n a multiple of 256) with the widest loads; the
+  // result only defeats dead-code elimination.
+  uint64_t (*read_sum)(const uint8_t* p, size_t n);
+  // Null when the ISA has no batched attention kernel, or for head sizes it
+  // does not handle (attention_supports).
+  void (*attention)(const AttnArgs&);
+  bool (*attention_supports)(int64_t head_dim);
 };
 
 const IsaKernels& avx2_kernels();

@@ -1,0 +1,213 @@
+// Google Benchmark micro-benchmarks for the CPU kernels (kernels.h) and the
+// thread pool. Shapes are those of the 60M llama (dim 512, ff 1536, head dim
+// 64, vocab 32000). REPRISE_ISA=avx2 benchmarks the baseline kernels.
+//
+//   build-perf/kernels_bench --benchmark_filter=Matmul
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tensor/fp16.h"
+#include "tensor/kernels.h"
+#include "tensor/quantize.h"
+
+using namespace reprise;
+
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+Weights make_weights(DType t, int64_t n_in, int64_t n_out) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  Weights w;
+  const size_t rb = dtype_row_bytes(t, n_in);
+  w.bytes.resize(rb * n_out);
+  std::vector<float> row(n_in);
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (auto& v : row) v = dist(rng);
+    quantize_row(t, row.data(), w.bytes.data() + r * rb, n_in);
+  }
+  w.view = MatrixView{t, w.bytes.data(), n_in, n_out, rb};
+  return w;
+}
+
+std::vector<float> make_x(int64_t n) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+
+// Args: dtype index, n_in, n_out, n_tokens, threads.
+void BM_Matmul(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
+  ThreadPool pool(static_cast<int>(state.range(4)));
+  Weights w = make_weights(t, n_in, n_out);
+  PackedMatrix pm(w.view);
+  std::vector<float> x = make_x(n_in * n_tokens), y(n_out * n_tokens);
+  for (auto _ : state) {
+    matmul(pm, x.data(), n_tokens, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)) + " " + kernel_isa_name(kernel_isa()));
+  state.counters["GFLOPS"] = benchmark::Counter(2.0 * n_in * n_out * n_tokens, benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1000);
+  state.counters["weight_GBps"] =
+      benchmark::Counter(static_cast<double>(pm.packed_bytes()), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+}
+
+void MatmulArgs(benchmark::internal::Benchmark* b) {
+  for (int t = 0; t < 5; ++t) {
+    for (int threads : {1, 2}) {
+      b->Args({t, 512, 1536, 1, threads});      // decode, gate/up shape
+      b->Args({t, 512, 32000, 1, threads});     // decode, output projection
+      b->Args({t, 512, 512, 512, threads});     // prefill, attention projection
+      b->Args({t, 1536, 512, 512, threads});    // prefill, FFN down
+    }
+  }
+}
+BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Unpacked views pack the rows they need per call (other model families).
+void BM_MatmulUnpacked(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  ThreadPool pool(2);
+  Weights w = make_weights(t, 512, 1536);
+  std::vector<float> x = make_x(512 * state.range(1)), y(1536 * state.range(1));
+  for (auto _ : state) {
+    matmul(w.view, x.data(), state.range(1), y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)));
+}
+BENCHMARK(BM_MatmulUnpacked)->ArgsProduct({{1, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Args: n_queries, context length, threads. 8 heads of 64, 8 KV heads.
+void BM_Attention(benchmark::State& state) {
+  const int64_t n_q = state.range(0), n_ctx = state.range(1), n_head = 8, hd = 64;
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  std::vector<uint16_t> k(n_ctx * n_head * hd), v(n_ctx * n_head * hd);
+  std::vector<float> kf = make_x(k.size());
+  for (size_t i = 0; i < k.size(); ++i) k[i] = v[k.size() - 1 - i] = f32_to_f16(kf[i]);
+  std::vector<const uint16_t*> kr(n_ctx), vr(n_ctx);
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    kr[p] = k.data() + p * n_head * hd;
+    vr[p] = v.data() + p * n_head * hd;
+  }
+  std::vector<float> q = make_x(n_q * n_head * hd), out(q.size());
+  std::vector<int64_t> first(n_q, 0), end(n_q);
+  for (int64_t t = 0; t < n_q; ++t) end[t] = n_ctx - n_q + t + 1;
+  AttentionBatch a;
+  a.q = q.data();
+  a.n_tokens = n_q;
+  a.n_head = n_head;
+  a.n_head_kv = n_head;
+  a.head_dim = hd;
+  a.scale = 0.125f;
+  a.first = first.data();
+  a.end = end.data();
+  a.key_rows = kr.data();
+  a.value_rows = vr.data();
+  a.out = out.data();
+  int64_t pairs = 0;
+  for (int64_t t = 0; t < n_q; ++t) pairs += end[t] * n_head;
+  for (auto _ : state) {
+    attention(a, pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["query_key_pairs_per_s"] =
+      benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Attention)
+    ->Args({512, 512, 1})
+    ->Args({512, 512, 2})
+    ->Args({1, 128, 1})
+    ->Args({1, 2048, 1})
+    ->Args({1, 2048, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_RmsNorm(benchmark::State& state) {
+  std::vector<float> x = make_x(512), w = make_x(512), out(512);
+  for (auto _ : state) {
+    rms_norm(x.data(), w.data(), 1e-5f, 512, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_RmsNorm);
+
+void BM_Rope(benchmark::State& state) {
+  std::vector<float> x = make_x(512), c(32), s(32);
+  rope_table(64, 100, 10000.0f, 1.0f, c.data(), s.data());
+  for (auto _ : state) {
+    rope_apply(x.data(), 8, 64, 64, c.data(), s.data(), RopeStyle::Normal);
+    benchmark::DoNotOptimize(x.data());
+  }
+}
+BENCHMARK(BM_Rope);
+
+void BM_RopeTable(benchmark::State& state) {
+  std::vector<float> c(32), s(32);
+  int64_t pos = 0;
+  for (auto _ : state) {
+    rope_table(64, pos++, 10000.0f, 1.0f, c.data(), s.data());
+    benchmark::DoNotOptimize(c.data());
+  }
+}
+BENCHMARK(BM_RopeTable);
+
+void BM_SiluMul(benchmark::State& state) {
+  std::vector<float> g0 = make_x(1536), g = g0, u = make_x(1536);
+  for (auto _ : state) {
+    g = g0;
+    silu_mul(g.data(), u.data(), 1536);
+    benchmark::DoNotOptimize(g.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 1536);
+}
+BENCHMARK(BM_SiluMul);
+
+void BM_Exp(benchmark::State& state) {
+  std::vector<float> x = make_x(1024), y(1024);
+  for (auto _ : state) {
+    expf_vec(x.data(), y.data(), 1024);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 1024);
+}
+BENCHMARK(BM_Exp);
+
+// Dispatch cost of one parallel_for with one trivial task per thread.
+void BM_ParallelFor(benchmark::State& state) {
+  ThreadPool pool(static_cast<int>(state.range(0)));
+  std::vector<int64_t> sink(64);
+  for (auto _ : state) {
+    pool.parallel_for(pool.size(), [&](int64_t t) { sink[t * 8] += 1; });
+  }
+  benchmark::DoNotOptimize(sink.data());
+}
+BENCHMARK(BM_ParallelFor)->Arg(1)->Arg(2)->UseRealTime();
+
+}  // namespace
+
+namespace {
+// Machine read bandwidth for working sets around the 60M model sizes.
+void BM_ReadBandwidth(benchmark::State& state) {
+  ThreadPool pool(static_cast<int>(state.range(1)));
+  double bw = 0;
+  for (auto _ : state) bw = measure_read_bandwidth(static_cast<size_t>(state.range(0)) << 20, pool, 3);
+  state.counters["GBps"] = bw / 1e9;
+}
+BENCHMARK(BM_ReadBandwidth)->ArgsProduct({{4, 36, 64, 120, 512}, {1, 2}})->Iterations(1)->UseRealTime();
+}  // namespace
