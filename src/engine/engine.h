@@ -89,6 +89,9 @@ class Engine {
   bool has_draft() const { return draft_ != nullptr; }
 
   const EngineCounters& counters() const { return counters_; }
+  // The lock held around every forward pass on this engine's thread pool.
+  // Other users of the same pool (the vision pipeline) must hold it too.
+  std::mutex& forward_mutex() { return forward_mutex_; }
   Model& model() { return model_; }
   PrefixCache* cache() { return cache_; }
   SnapshotStore* snapshots() { return snapshots_; }
