@@ -6,16 +6,18 @@
 // b10587 with these fixtures (all F16 weights, logits around +-4) and set a
 // little above the largest difference seen anywhere (printed by the test):
 // llama.cpp rounds activations to F16 for the F16 matmuls exactly as reprise
-// does, but sums in a different order (tinyBLAS tiles vs. row dots), and its
+// does, but sums in a different order (tinyBLAS tiles vs. one fma chain), and its
 // scan uses libm expf where reprise uses a vectorized exp (<= 2 ulp apart).
 // Those float-level differences pass through F16 rounding of the next
 // activations, which is what bounds the tolerance.
 //
-// Measured (max |diff| over last-position logits / golden top-8 at every
-// prompt position / greedy top-4 at every step):
-//   mamba-spm-f16   7.4e-4 / 1.04e-3 / 7.4e-4  -> tol 2e-3
-//   mamba2-spm-f16  1.4e-4 / 1.00e-3 / 9.9e-4  -> tol 2e-3
-//   jamba-spm-f16   2.9e-3 / 3.71e-3 / 2.0e-3  -> tol 5e-3
+// Measured with the packed-weight kernels (canonical sequential-k fma sums;
+// max |diff| over last-position logits / golden top-8 at every prompt
+// position / greedy top-4 at every step):
+//   mamba-spm-f16   9.8e-4 / 1.04e-3 / 1.22e-3  -> tol 2e-3
+//   mamba2-spm-f16  1.4e-4 / 6.9e-4  / 7.3e-4   -> tol 2e-3
+//   jamba-spm-f16   2.4e-3 / 4.66e-3 / 2.3e-3   -> tol 6e-3
+// (the earlier row-dot kernels gave 1.0e-3, 1.0e-3 and 3.7e-3 at most),
 // and reprise's argmax equals llama.cpp's at all 120 greedy steps of each.
 // jamba's attention must follow llama.cpp's flash-attention numerics (f16
 // value accumulator, as the shared attend_one_query does): with an exact f32
@@ -150,7 +152,7 @@ TEST_P(SsmOracleTest, MatchesLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Recurrent, SsmOracleTest,
                          ::testing::Values(OracleCase{"mamba-spm-f16", 2e-3f}, OracleCase{"mamba2-spm-f16", 2e-3f},
-                                           OracleCase{"jamba-spm-f16", 5e-3f}),
+                                           OracleCase{"jamba-spm-f16", 6e-3f}),
                          [](const auto& info) {
                            std::string n = info.param.golden;
                            std::replace(n.begin(), n.end(), '-', '_');
