@@ -13,6 +13,8 @@
 #include "engine/engine.h"
 #include "engine/flat_memory.h"
 #include "engine/model_bundle.h"
+#include "gguf/gguf_file.h"
+#include "tensor/kernels.h"
 #include "util/error.h"
 
 namespace reprise::cli {
@@ -58,16 +60,51 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint64_t seed) {
   return v;
 }
 
-void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads) {
-  const double gbps = test.rfind("tg", 0) == 0 ? s.mean * b.model->info().weight_bytes / 1e9 : 0;
+// Bytes of weights a forward pass streams per decoded token: every tensor but
+// the token embedding, of which only one row is read (unless it doubles as
+// the output projection).
+uint64_t streamed_weight_bytes(const ModelBundle& b) {
+  uint64_t total = 0;
+  const bool tied = b.file->tensor("output.weight") == nullptr;
+  for (const auto& t : b.file->tensors()) {
+    if (t.name == "token_embd.weight" && !tied) {
+      total += t.shape.size() > 1 && t.shape[1] > 0 ? t.n_bytes / t.shape[1] : 0;
+      continue;
+    }
+    total += t.n_bytes;
+  }
+  return total;
+}
+
+struct Roofline {
+  uint64_t weight_bytes = 0;    // all tensors (llama.cpp's convention for "model size")
+  uint64_t streamed_bytes = 0;  // what decode reads per token
+  double read_bw = 0;           // measured, bytes/s, working set = streamed_bytes
+};
+
+// Decode tests (tgN) stream the weights once per token, so tokens/s times
+// the streamed bytes is compared with the measured read bandwidth; prompt
+// tests (ppN) process N tokens per pass over the weights.
+void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
+            const Roofline& roof) {
+  const bool decode = test.rfind("tg", 0) == 0;
+  const double passes_per_s = decode ? s.mean : s.mean / std::max(1, o.n_prompt);
+  const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
+  const double streamed_gbps = passes_per_s * roof.streamed_bytes / 1e9;
+  const double read_gbps = roof.read_bw / 1e9;
+  const double fraction = read_gbps > 0 ? streamed_gbps / read_gbps : 0;
   if (o.json) {
     std::printf("{\"test\":\"%s\",\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
-                "\"weight_bytes\":%llu,\"effective_weight_gbps\":%.2f}\n",
-                test.c_str(), s.mean, s.stddev, threads, b.path.c_str(),
-                static_cast<unsigned long long>(b.model->info().weight_bytes), gbps);
+                "\"isa\":\"%s\",\"weight_bytes\":%llu,\"streamed_weight_bytes\":%llu,"
+                "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,"
+                "\"roofline_fraction\":%.3f}\n",
+                test.c_str(), s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
+                static_cast<unsigned long long>(roof.weight_bytes), static_cast<unsigned long long>(roof.streamed_bytes),
+                eff_gbps, streamed_gbps, read_gbps, fraction);
   } else {
-    std::printf("| %-40s | %6s | %7d | %10.2f ± %-8.2f |\n", b.path.substr(b.path.find_last_of('/') + 1).c_str(),
-                test.c_str(), threads, s.mean, s.stddev);
+    std::printf("| %-40s | %6s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %5.1f%% |\n",
+                b.path.substr(b.path.find_last_of('/') + 1).c_str(), test.c_str(), threads, s.mean, s.stddev, eff_gbps,
+                streamed_gbps, 100 * fraction);
   }
   std::fflush(stdout);
 }
@@ -77,9 +114,20 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   ThreadPool pool(threads);
   Model& model = *b.model;
   const int64_t n_vocab = model.info().n_vocab;
+  Roofline roof;
+  roof.weight_bytes = model.info().weight_bytes;
+  roof.streamed_bytes = streamed_weight_bytes(b);
+  roof.read_bw = measure_read_bandwidth(roof.streamed_bytes, pool);
   if (!o.json) {
-    std::printf("| %-40s | %6s | %7s | %21s |\n", "model", "test", "threads", "tokens/s");
-    std::printf("|------------------------------------------|--------|---------|-----------------------|\n");
+    std::printf("measured read bandwidth: %.2f GB/s (%d threads, %.1f MB working set = weights streamed per token); "
+                "kernels: %s\n",
+                roof.read_bw / 1e9, threads, roof.streamed_bytes / 1e6, kernel_isa_name(kernel_isa()));
+    // weights GB/s: all tensors per pass (llama.cpp's model size); streamed
+    // GB/s: what a pass reads; of BW: streamed / measured read bandwidth.
+    std::printf("| %-40s | %6s | %7s | %21s | %12s | %13s | %6s |\n", "model", "test", "threads", "tokens/s",
+                "weights GB/s", "streamed GB/s", "of BW");
+    std::printf("|------------------------------------------|--------|---------|-----------------------|--------------|"
+                "---------------|--------|\n");
   }
   std::vector<float> logits;
   if (o.n_prompt > 0) {
@@ -94,7 +142,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       const double dt = now_seconds() - t0;
       if (r >= 0) rates.push_back(o.n_prompt / dt);
     }
-    report(o, b, "pp" + std::to_string(o.n_prompt), spread(rates), threads);
+    report(o, b, "pp" + std::to_string(o.n_prompt), spread(rates), threads, roof);
   }
   if (o.n_gen > 0) {
     std::vector<double> rates;
@@ -112,7 +160,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       const double dt = now_seconds() - t0;
       if (r >= 0) rates.push_back(o.n_gen / dt);
     }
-    report(o, b, "tg" + std::to_string(o.n_gen), spread(rates), threads);
+    report(o, b, "tg" + std::to_string(o.n_gen), spread(rates), threads, roof);
   }
 }
 
