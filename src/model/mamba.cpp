@@ -65,7 +65,8 @@ inline __m256i tail_mask(int64_t rem) {
 // ------------------------------------------------------------ shared steps
 
 // x[i] = silu(x[i]) = x / (1 + e^-x) over a row, e^x by the kernels' expf_vec
-// (ggml's vector expf, as ggml's vectorized SiLU), the same bits as silu().
+// (ggml's vector expf, as ggml's vectorized SiLU). Rows are whole channel
+// blocks, so which lanes run vectorized never depends on the batch.
 void silu_row(float* x, int64_t n) {
   thread_local std::vector<float> e;
   e.resize(n);
