@@ -78,7 +78,7 @@ std::string model_label(const std::string& model) { return "model=\"" + promethe
 }  // namespace
 
 std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const SchedulerSnapshot& scheduler,
-                                int http_in_flight) const {
+                                int generation_requests) const {
   Writer w;
   std::lock_guard<std::mutex> lock(mutex_);
 
@@ -122,8 +122,9 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
   w.sample("reprise_sequences_active", "", static_cast<double>(scheduler.running));
   w.family("reprise_sequence_slots", "gauge", "Sequence slots (--parallel).");
   w.sample("reprise_sequence_slots", "", scheduler.slots);
-  w.family("reprise_http_requests_in_flight", "gauge", "HTTP requests being handled.");
-  w.sample("reprise_http_requests_in_flight", "", http_in_flight);
+  w.family("reprise_generation_requests_in_flight", "gauge",
+           "Chat and completion requests queued, generating or streaming their response.");
+  w.sample("reprise_generation_requests_in_flight", "", generation_requests);
 
   struct ModelGauge {
     const char* name;

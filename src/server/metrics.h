@@ -30,7 +30,7 @@ class Metrics {
   void record_timing(const std::string& model, double queue_seconds, double prefill_seconds, double decode_seconds);
 
   std::string prometheus(const std::vector<ModelStatus>& models, const SchedulerSnapshot& scheduler,
-                         int http_in_flight) const;
+                         int generation_requests) const;
 
  private:
   struct ModelCounters {
