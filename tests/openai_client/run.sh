@@ -19,6 +19,7 @@ if [ ! -x "$bin" ]; then
   echo "reprise binary not found at $bin (build it, or pass its path)" >&2
   exit 1
 fi
+bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"  # absolute: the test runs from here
 cd "$here"
 npm ci --no-audit --no-fund --loglevel=error
 REPRISE_BIN="$bin" node --test --test-concurrency=1 openai_client.test.mjs
