@@ -802,7 +802,11 @@ TEST(JinjaErrors, ContextMustBeAnObject) {
   auto t = jinja::Template::parse("x");
   EXPECT_THROW(t.render(json::array({1, 2})), Error);
   EXPECT_EQ(t.render(json(nullptr)), "x");
-  EXPECT_EQ(t.render(nlohmann::json{{"a", 1}}), "x");  // plain json works too
+  EXPECT_EQ(t.render(nlohmann::json{{"a", 1}}), "x");  // plain json converts
+  auto greet = jinja::Template::parse("{{ who }}!");
+  EXPECT_EQ(greet.render({{"who", "world"}}), "world!");  // braced init is not ambiguous
+  nlohmann::json plain = {{"who", "json"}};
+  EXPECT_EQ(greet.render(plain), "json!");
 }
 
 // ------------------------------------------------------------------ limits

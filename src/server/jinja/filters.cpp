@@ -1,6 +1,8 @@
 #include "server/jinja/filters.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

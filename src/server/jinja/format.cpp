@@ -411,7 +411,10 @@ std::string percent(std::string_view fmt, const Value& args) {
     }
     check_size(out.size());
   }
-  if (!used_mapping && next_arg < positional.size() && !mapping) {
+  // Python only complains about unused arguments for tuples and scalars:
+  // anything with __getitem__ (dicts, lists) may go unused.
+  bool indexable = args.is_dict() || (args.is_list() && !args.as_list().is_tuple);
+  if (!used_mapping && next_arg < positional.size() && !indexable) {
     throw Error("not all arguments converted during string formatting");
   }
   return out;

@@ -30,10 +30,10 @@ class Template {
   static Template parse(std::string_view source, const ParseOptions& options = {});
 
   // Top-level keys of `context` become template variables. ordered_json keeps
-  // dict key order for tojson/items() (Python dicts are ordered);
-  // nlohmann::json arrives with keys already sorted.
+  // dict key order for tojson/items() (Python dicts are ordered); a plain
+  // nlohmann::json converts implicitly, with its keys already sorted. One
+  // overload only, so `render({{"messages", m}})` is not ambiguous.
   std::string render(const nlohmann::ordered_json& context, const RenderOptions& options = {}) const;
-  std::string render(const nlohmann::json& context, const RenderOptions& options = {}) const;
 
   // The source after Jinja's newline normalization.
   const std::string& source() const;

@@ -98,10 +98,8 @@ class Value {
   static Value list(std::vector<Value> items = {}, bool tuple = false);
   static Value dict(DictData::Flavor flavor = DictData::Flavor::Dict);
   static Value callable(std::shared_ptr<Callable> c);
-  // Input context conversion. ordered_json keeps key order (HF/Python do);
-  // nlohmann::json arrives already sorted by key.
+  // Input context conversion; ordered_json keeps key order as Python does.
   static Value from_json(const nlohmann::ordered_json& j);
-  static Value from_json(const nlohmann::json& j);
 
   Kind kind() const { return static_cast<Kind>(data_.index()); }
   bool is_undefined() const { return kind() == Kind::Undefined; }
