@@ -11,6 +11,8 @@
 #include <map>
 #include <fstream>
 #include <random>
+#include <thread>
+#include <atomic>
 #include <sstream>
 
 #include "server/chat_template.h"
@@ -80,6 +82,10 @@ std::vector<fs::path> fixture_templates(const std::string& fixtures) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string fixture_template(const std::string& fixtures, const std::string& name) {
+  return read_file(fs::path(fixtures) / "templates" / (name + ".jinja"));
 }
 
 // ------------------------------------------------------------------ fixtures
@@ -1022,11 +1028,26 @@ TEST(JinjaRobustness, MutatedTemplatesRenderOrThrow) {
   EXPECT_GT(rendered, 100);  // the mutations must not all be trivially broken
 }
 
-// ------------------------------------------------------------ chat template
-
-std::string fixture_template(const std::string& fixtures, const std::string& name) {
-  return read_file(fs::path(fixtures) / "templates" / (name + ".jinja"));
+TEST(JinjaRobustness, OneTemplateRendersFromSeveralThreads) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  ChatTemplate chat(fixture_template(fixtures, "openai-gpt-oss-120b"));
+  ChatTemplateInputs inputs;
+  inputs.messages = json::parse(read_file(fs::path(fixtures) / "templates" / "convs.json"))[1]["messages"];
+  const std::string expected = chat.apply(inputs, fixed_clock());
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        if (chat.apply(inputs, fixed_clock()) != expected) ++mismatches;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
+
+// ------------------------------------------------------------ chat template
 
 TEST(ChatTemplate, PassesToolsWithTheirKeyOrder) {
   REPRISE_REQUIRE_SHARED(fixtures);
