@@ -1,14 +1,41 @@
 #include "tensor/thread_pool.h"
 
 #include <immintrin.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#include <climits>
+#include <cstdlib>
 
 namespace reprise {
 
 namespace {
-// Spin iterations before a worker sleeps on the futex. Short on purpose: when
-// the machine is oversubscribed, a spinning worker steals the core the
-// dispatching thread needs.
-constexpr int kSpinBeforeSleep = 2000;
+
+// Spin budgets in TSC ticks (the TSC runs at a few GHz): a worker spins this
+// long for the next job before sleeping; the caller spins this long for
+// stragglers before yielding its core between checks. REPRISE_SPIN_US
+// overrides the worker budget (0: always sleep).
+uint64_t spin_ticks() {
+  static const uint64_t ticks = [] {
+    double us = 30.0;
+    if (const char* env = std::getenv("REPRISE_SPIN_US")) us = std::atof(env);
+    return static_cast<uint64_t>(us * 3000.0);  // ~3 ticks per ns on current x86
+  }();
+  return ticks;
+}
+constexpr uint64_t kCallerSpinTicks = 150000;  // ~50 us
+
+constexpr uint32_t kIndexMask = 0xffffffffu;
+
+void futex_wait(std::atomic<uint32_t>* addr, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
@@ -16,68 +43,68 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads
 }
 
 ThreadPool::~ThreadPool() {
-  stop_.store(true);
-  state_.fetch_add(uint64_t(1) << 32, std::memory_order_release);
-  state_.notify_all();
+  stop_.store(true, std::memory_order_seq_cst);
+  job_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&job_seq_);
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_tasks(uint32_t gen) {
-  uint64_t s = state_.load(std::memory_order_acquire);
+int64_t ThreadPool::run_tasks(uint32_t job) {
+  int64_t ran = 0;
+  uint64_t cur = claim_.load(std::memory_order_acquire);
   for (;;) {
-    if (static_cast<uint32_t>(s >> 32) != gen) return;  // a newer dispatch began
-    const int64_t task = static_cast<int64_t>(s & 0xffffffffu);
-    // n_tasks_ may already belong to a newer generation; the CAS below then
-    // fails (the generation changed) and we return at the check above.
-    if (task >= n_tasks_.load(std::memory_order_acquire)) return;
-    if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-    // The task is ours and its generation is current until it completes, so
-    // fn_ still holds this generation's function.
-    (*fn_.load(std::memory_order_acquire))(task);
-    completed_.fetch_add(1, std::memory_order_release);
-    s = state_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(cur >> 32) != job) break;
+    const int64_t index = static_cast<int64_t>(cur & kIndexMask);
+    if (index >= n_tasks_.load(std::memory_order_acquire)) break;
+    // A successful claim proves the job is still open, so fn_/ctx_ are its.
+    if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    fn_(ctx_, index);
+    ++ran;
+    cur = claim_.load(std::memory_order_acquire);
   }
+  return ran;
 }
 
-void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
-  if (n_tasks <= 0) return;
-  if (workers_.empty() || n_tasks == 1) {
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t);
-    return;
+void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
+  const uint32_t job = job_seq_.load(std::memory_order_relaxed) + 1;
+  fn_ = fn;
+  ctx_ = ctx;
+  n_tasks_.store(n_tasks, std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store(static_cast<uint64_t>(job) << 32, std::memory_order_release);
+  job_seq_.store(job, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&job_seq_);
+
+  const int64_t mine = run_tasks(job);
+  if (mine < n_tasks) {
+    const uint64_t t0 = __rdtsc();
+    while (mine + done_.load(std::memory_order_acquire) < n_tasks) {
+      if (__rdtsc() - t0 < kCallerSpinTicks) _mm_pause();
+      else std::this_thread::yield();
+    }
   }
-  // Close the previous generation first (an exhausted index under a new
-  // generation), so no straggler can claim against the new task count with
-  // the old generation; then publish the new work under the next generation.
-  state_.store((static_cast<uint64_t>(++generation_) << 32) | 0xffffffffu, std::memory_order_seq_cst);
-  fn_.store(&fn, std::memory_order_relaxed);
-  n_tasks_.store(n_tasks, std::memory_order_relaxed);
-  completed_.store(0, std::memory_order_relaxed);
-  state_.store(static_cast<uint64_t>(++generation_) << 32, std::memory_order_release);
-  state_.notify_all();
-  run_tasks(generation_);
-  // Only tasks already claimed by a worker can still be running.
-  for (int spins = 0; completed_.load(std::memory_order_acquire) != n_tasks; ++spins) {
-    if (spins < kSpinBeforeSleep) _mm_pause();
-    else std::this_thread::yield();
-  }
+  // Close the job: a worker still holding its claim word can no longer
+  // claim, whatever the next job's task count.
+  claim_.store((static_cast<uint64_t>(job) << 32) | kIndexMask, std::memory_order_release);
 }
 
 void ThreadPool::worker_loop() {
   uint32_t seen = 0;
   for (;;) {
-    uint64_t s;
-    int spins = 0;
-    while (static_cast<uint32_t>((s = state_.load(std::memory_order_acquire)) >> 32) == seen) {
-      if (++spins < kSpinBeforeSleep) {
-        _mm_pause();
-      } else {
-        state_.wait(s, std::memory_order_acquire);
-        spins = 0;
+    uint32_t job = job_seq_.load(std::memory_order_acquire);
+    if (job == seen) {
+      const uint64_t t0 = __rdtsc(), budget = spin_ticks();
+      while ((job = job_seq_.load(std::memory_order_acquire)) == seen && __rdtsc() - t0 < budget) _mm_pause();
+      if (job == seen) {
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        while ((job = job_seq_.load(std::memory_order_seq_cst)) == seen) futex_wait(&job_seq_, seen);
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       }
     }
-    if (stop_.load()) return;
-    seen = static_cast<uint32_t>(s >> 32);
-    run_tasks(seen);
+    seen = job;
+    if (stop_.load(std::memory_order_acquire)) return;
+    const int64_t ran = run_tasks(job);
+    if (ran > 0) done_.fetch_add(ran, std::memory_order_release);
   }
 }
 

@@ -1,15 +1,24 @@
 // A fixed set of worker threads for data-parallel kernels.
 //
-// parallel_for is called many times per token (every matmul of every layer).
-// Tasks are claimed from one atomic word holding (generation, next task), so
-// the caller never waits for a worker to wake up: if the workers are asleep or
-// descheduled (an oversubscribed machine), the caller simply runs every task
-// itself and returns. Workers spin briefly, then sleep on a futex.
+// parallel_for is called dozens of times per decoded token (every matmul and
+// attention of every layer), so a dispatch is one atomic store that spinning
+// workers see within a few hundred nanoseconds. Workers that find nothing to
+// do spin for a bounded time (about 30 us, enough to stay awake across the
+// serial steps between the products of one forward pass) and then sleep on a
+// futex, so an idle pool costs nothing and an oversubscribed machine is not
+// made worse by long PAUSE loops.
+//
+// Completion is counted per task, not per worker: a worker that was
+// descheduled while a job ran never holds up the caller, and a worker that
+// wakes late cannot claim tasks of a later job (job id and task index are
+// claimed together with one compare-and-swap).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace reprise {
@@ -25,24 +34,42 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(task) for task in [0, n_tasks) across the pool and returns when
-  // all are done. Not reentrant; one caller at a time (callers serialise
-  // through the engine's forward lock).
-  void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn);
+  // all are done. Tasks are claimed dynamically. Not reentrant; one caller at
+  // a time (callers serialise through the model's forward pass).
+  template <typename Fn>
+  void parallel_for(int64_t n_tasks, Fn&& fn) {
+    if (n_tasks <= 0) return;
+    if (workers_.empty() || n_tasks == 1) {
+      for (int64_t t = 0; t < n_tasks; ++t) fn(t);
+      return;
+    }
+    using F = std::remove_reference_t<Fn>;
+    run(n_tasks, [](void* ctx, int64_t t) { (*static_cast<F*>(ctx))(t); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
 
  private:
+  using TaskFn = void (*)(void*, int64_t);
+  void run(int64_t n_tasks, TaskFn fn, void* ctx);
   void worker_loop();
-  // Claims and runs tasks of generation `gen` until none are left.
-  void run_tasks(uint32_t gen);
+  // Claims and runs tasks of job `job` until none are left; returns the
+  // number run.
+  int64_t run_tasks(uint32_t job);
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  // High 32 bits: generation; low 32 bits: next unclaimed task.
-  std::atomic<uint64_t> state_{0};
-  std::atomic<int64_t> n_tasks_{0};
-  std::atomic<const std::function<void(int64_t)>*> fn_{nullptr};
-  std::atomic<int64_t> completed_{0};
+  // Job id (high 32 bits) and next task index (low 32 bits).
+  alignas(64) std::atomic<uint64_t> claim_{0};
+  alignas(64) std::atomic<int64_t> done_{0};
+  // Futex word: the current job id; sleepers_ counts workers blocked on it.
+  alignas(64) std::atomic<uint32_t> job_seq_{0};
+  std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
-  uint32_t generation_ = 0;  // caller-side copy
+  // Published by the release store of claim_/job_seq_; stable while the job
+  // has unclaimed or running tasks.
+  std::atomic<int64_t> n_tasks_{0};
+  TaskFn fn_ = nullptr;
+  void* ctx_ = nullptr;
 };
 
 }  // namespace reprise
