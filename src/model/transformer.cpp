@@ -250,8 +250,29 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   memory.prepare(batch.pos0, batch.pos0 + n);
 
-  std::vector<float> x(n * n_embd_), h(n * n_embd_), q(n * q_dim), k(n * kv_dim), v(n * kv_dim);
-  std::vector<float> attn(n * q_dim), tmp(n * n_embd_), g(n * n_ff_), u(n * n_ff_);
+  // Activation buffers are reused across calls (per thread): a prompt's
+  // buffers run to megabytes, and fresh pages would be faulted in each time.
+  // (Bound to local references: lambdas run on pool threads must see these,
+  // not their own thread's instances.)
+  thread_local std::vector<float> bufs[9];
+  std::vector<float>& x = bufs[0];
+  std::vector<float>& h = bufs[1];
+  std::vector<float>& q = bufs[2];
+  std::vector<float>& k = bufs[3];
+  std::vector<float>& v = bufs[4];
+  std::vector<float>& attn = bufs[5];
+  std::vector<float>& tmp = bufs[6];
+  std::vector<float>& g = bufs[7];
+  std::vector<float>& u = bufs[8];
+  x.resize(n * n_embd_);
+  h.resize(n * n_embd_);
+  q.resize(n * q_dim);
+  k.resize(n * kv_dim);
+  v.resize(n * kv_dim);
+  attn.resize(n * q_dim);
+  tmp.resize(n * n_embd_);
+  g.resize(n * n_ff_);
+  u.resize(n * n_ff_);
 
   for (int64_t t = 0; t < n; ++t) {
     float* xt = x.data() + t * n_embd_;
