@@ -301,6 +301,7 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"cache_salt":5})", "cache_salt"},
       {R"({"messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":[]}})", "chat_template_kwargs"},
   };
   for (const Case& c : cases) {
     auto r = parse_chat_completion_request(c.body);

@@ -343,6 +343,10 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
     }
     if (const ordered_json* kwargs = f.get("chat_template_kwargs")) {
       if (!kwargs->is_object()) fail("chat_template_kwargs must be an object", "chat_template_kwargs");
+      // The conversation itself only comes through the validated fields.
+      for (const char* reserved : {"messages", "tools", "bos_token", "eos_token"})
+        if (kwargs->contains(reserved))
+          fail(std::string("chat_template_kwargs must not set '") + reserved + "'", "chat_template_kwargs");
       req.template_kwargs = *kwargs;
     }
     if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
