@@ -53,12 +53,21 @@ void ActiveSequence::truncate(int64_t n) {
 }
 
 void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
-                          std::vector<float>& logits) {
+                          std::vector<float>& logits, const float* embeddings, bool bidirectional) {
   if (tokens.empty()) return;
   ForwardBatch batch;
   batch.tokens = tokens;
   batch.pos0 = position_;
   batch.logits_for = logits_for;
+  if (embeddings) {
+    batch.embeddings = embeddings;
+    batch.embd_begin = 0;
+    batch.embd_end = static_cast<int64_t>(tokens.size());
+    if (bidirectional) {
+      batch.bidir_begin = 0;
+      batch.bidir_end = batch.embd_end;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     model_.forward(batch, *memory_, logits, pool_);

@@ -33,8 +33,10 @@ class ActiveSequence {
   void truncate(int64_t n);
 
   // Runs `tokens` at the current position and appends them. Logits as asked.
+  // With `embeddings` (tokens.size() x n_embd floats) the batch is fed as
+  // input embeddings, attending bidirectionally within itself if asked.
   void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
-            std::vector<float>& logits);
+            std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false);
 
   // Stores a recurrent snapshot of the state after `prefix` (== everything fed
   // so far) when this sequence keeps snapshots.

@@ -16,7 +16,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineOptions& options,
                SnapshotStore* snapshots)
-    : model_(model), pool_(pool), cache_(cache), snapshots_(snapshots), options_(options) {
+    : model_(model), pool_(pool), cache_(cache), snapshots_(snapshots), options_(options),
+      forward_mutex_(options.forward_mutex ? options.forward_mutex : &own_forward_mutex_) {
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
 }
@@ -53,23 +54,44 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   if (!req.prompt_keys.empty() && req.prompt_keys.size() != req.prompt.size())
     throw Error("prompt_keys must match the prompt length");
   if (req.max_tokens < 0) throw Error("max_tokens must be >= 0");
-  const int draft_max = req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
+  for (size_t i = 0; i < req.embedded.size(); ++i) {
+    const EmbeddedSpan& e = req.embedded[i];
+    if (e.begin < 0 || e.end <= e.begin || e.end > n_prompt || !e.values ||
+        (i > 0 && e.begin < req.embedded[i - 1].end))
+      throw Error("embedded spans must be ordered, non-overlapping ranges inside the prompt");
+  }
+  if (!req.embedded.empty() && model_.state_spec().has_recurrent())
+    throw Error("inputs with embeddings (images) need an attention-only model; '" + model_.info().arch +
+                "' has recurrent layers");
+  auto span_at = [&](int64_t pos) -> const EmbeddedSpan* {
+    for (const auto& e : req.embedded)
+      if (e.begin <= pos && pos < e.end) return &e;
+    return nullptr;
+  };
+  const int draft_max = !req.embedded.empty() ? 0 : req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
   const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
 
   GenerateResult result;
   result.prompt_tokens = n_prompt;
   const auto t0 = std::chrono::steady_clock::now();
   const bool use_cache = cache_ && req.use_cache;
-  ActiveSequence target(model_, pool_, forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
+  ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
                         namespace_for(req.cache_salt));
   result.reuse = target.attach(req.prompt, req.prompt_keys);
+  if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
+    // The cached prefix ends inside an image: recompute the whole image.
+    target.truncate(e->begin);
+    result.reuse.reused_tokens = e->begin;
+    result.reuse.stop_reason = "image-boundary";
+    result.reuse.stop_position = e->begin;
+  }
 
   std::unique_ptr<ActiveSequence> draft;
   if (speculative) {
     NamespaceKey dns;
     dns.model_fingerprint = draft_->info().fingerprint;
     dns.cache_salt = req.cache_salt;
-    draft = std::make_unique<ActiveSequence>(*draft_, pool_, forward_mutex_, use_cache ? draft_cache_ : nullptr,
+    draft = std::make_unique<ActiveSequence>(*draft_, pool_, *forward_mutex_, use_cache ? draft_cache_ : nullptr,
                                              nullptr, dns);
     draft->attach(req.prompt, req.prompt_keys);
     // Both models continue from the same prefix length, so a partial restore
@@ -102,8 +124,20 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     int64_t n = std::min(options_.n_batch, n_prompt - pos);
     auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
     if (next != checkpoints.end()) n = std::min(n, *next - pos);
+    const EmbeddedSpan* span = span_at(pos);
+    if (span) {
+      n = span->end - pos;  // one span, whole, in its own batch
+      counters_.embedded_batches++;
+    } else {
+      for (const auto& e : req.embedded)
+        if (e.begin > pos) {
+          n = std::min(n, e.begin - pos);
+          break;
+        }
+    }
     target.feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n),
-                pos + n == n_prompt ? LogitsFor::Last : LogitsFor::None, logits);
+                pos + n == n_prompt ? LogitsFor::Last : LogitsFor::None, logits,
+                span ? span->values : nullptr, span && span->bidirectional);
     const int64_t end = target.position();
     if (end == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), end))
       target.snapshot(std::span<const int32_t>(req.prompt).subspan(0, end), keys_of(0, end));

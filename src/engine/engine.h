@@ -25,6 +25,20 @@ namespace reprise {
 struct EngineOptions {
   int64_t n_ctx = 0;        // 0: the model's training context
   int64_t n_batch = 512;    // prefill chunk size
+  // Lock held around forward passes; null: the engine's own. Share one lock
+  // between everything that runs on the same thread pool.
+  std::mutex* forward_mutex = nullptr;
+};
+
+// Prompt positions [begin, end) fed as input embeddings instead of token
+// embeddings (image soft tokens). The span is always computed as one batch,
+// optionally attending bidirectionally within itself; a cached prefix that
+// ends inside a span is cut back to its start.
+struct EmbeddedSpan {
+  int64_t begin = 0;
+  int64_t end = 0;
+  const float* values = nullptr;  // (end - begin) x n_embd floats
+  bool bidirectional = true;
 };
 
 struct GenerateRequest {
@@ -36,8 +50,10 @@ struct GenerateRequest {
   std::string cache_salt;
   bool use_cache = true;
   // Speculative decoding: tokens the draft proposes per step; -1 uses the
-  // engine's default, 0 disables it for this request.
+  // engine's default, 0 disables it for this request (and requests with
+  // embedded spans never use it).
   int draft_max = -1;
+  std::vector<EmbeddedSpan> embedded;  // in position order, non-overlapping
   const std::atomic<bool>* cancelled = nullptr;
 };
 
@@ -61,6 +77,7 @@ struct EngineCounters {
   std::atomic<uint64_t> generated_tokens{0};
   std::atomic<uint64_t> drafted_tokens{0};
   std::atomic<uint64_t> accepted_tokens{0};
+  std::atomic<uint64_t> embedded_batches{0};  // prefill batches of embedded spans
 };
 
 // Called with each sampled token and the logits it was sampled from; return
@@ -91,7 +108,7 @@ class Engine {
   const EngineCounters& counters() const { return counters_; }
   // The lock held around every forward pass on this engine's thread pool.
   // Other users of the same pool (the vision pipeline) must hold it too.
-  std::mutex& forward_mutex() { return forward_mutex_; }
+  std::mutex& forward_mutex() { return *forward_mutex_; }
   Model& model() { return model_; }
   PrefixCache* cache() { return cache_; }
   SnapshotStore* snapshots() { return snapshots_; }
@@ -105,7 +122,8 @@ class Engine {
   SnapshotStore* snapshots_;
   EngineOptions options_;
   int64_t n_ctx_;
-  std::mutex forward_mutex_;
+  std::mutex own_forward_mutex_;
+  std::mutex* forward_mutex_;
   Model* draft_ = nullptr;
   PrefixCache* draft_cache_ = nullptr;
   int draft_max_ = 0;

@@ -1,18 +1,12 @@
-// Generation for prompts with images: prefix-cache lookup with image-aware
-// keys, prefill of the uncached rest (text in chunks, each image as one
-// bidirectional batch), then the same decode loop as Engine::generate.
+// Generation for prompts with images, through the one Engine path: the
+// prompt's images become embedded spans (each computed as one bidirectional
+// batch), their digests the per-position prefix-cache keys.
 //
-// Reuse rule: the cache may hold a prefix that ends inside an image (a tail
-// block evicted, a partial block). Such a prefix is cut back to the image's
-// first token, so an image is always computed as one whole batch, the way
-// llama.cpp's mtmd decodes it.
-//
-// Kept beside the engine rather than inside it so vision can evolve without
-// touching the text path; the request and result types are the engine's.
-// Attention-only models (what has vision encoders today); models with
-// recurrent state are refused.
+// Reuse rule (the engine's): a cached prefix that ends inside an image is
+// cut back to the image's first token, so an image is always computed as one
+// whole batch, the way llama.cpp's mtmd decodes it. Attention-only models
+// (what has vision encoders today); models with recurrent state are refused.
 #pragma once
-#include <atomic>
 #include <mutex>
 
 #include "cache/prefix_cache.h"
@@ -38,23 +32,16 @@ class MultimodalGenerator {
   GenerateResult generate(const MultimodalPrompt& prompt, const GenerateRequest& request,
                           const TokenCallback& on_token = {});
 
-  NamespaceKey namespace_for(const std::string& cache_salt) const;
-  int64_t n_ctx() const { return n_ctx_; }
-  // Forward passes run so far, and how many of them were image batches.
-  uint64_t forward_passes() const { return forward_passes_; }
-  uint64_t image_batches() const { return image_batches_; }
+  NamespaceKey namespace_for(const std::string& cache_salt) const { return engine_.namespace_for(cache_salt); }
+  int64_t n_ctx() const { return engine_.n_ctx(); }
+  // Image batches prefilled so far.
+  uint64_t image_batches() const { return engine_.counters().embedded_batches; }
 
  private:
-  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits);
+  static EngineOptions with_mutex(EngineOptions options, std::mutex* forward_mutex);
 
   Model& model_;
-  ThreadPool& pool_;
-  PrefixCache* cache_;
-  std::mutex* forward_mutex_;
-  EngineOptions options_;
-  int64_t n_ctx_;
-  std::atomic<uint64_t> forward_passes_{0};
-  std::atomic<uint64_t> image_batches_{0};
+  Engine engine_;
 };
 
 }  // namespace reprise
