@@ -157,7 +157,8 @@ class MatmulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   const DType t = GetParam();
   IsaRestore restore;
-  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}}) {
+  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}, {72, 50}}) {
+    if (n_in % 32 != 0 && (t == DType::Q8_0 || t == DType::Q4_0)) continue;
     SCOPED_TRACE("n_in " + std::to_string(n_in) + " n_out " + std::to_string(n_out));
     const Weights w = make_weights(t, n_in, n_out, 11 + static_cast<uint32_t>(n_out));
     const int64_t n_tokens = 53;

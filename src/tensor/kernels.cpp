@@ -298,28 +298,34 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
   const int64_t n_tiles = (n_tokens + px.tile - 1) / px.tile;
   auto* out = static_cast<uint8_t*>(buf.ensure(elem * px.k * px.tile * n_tiles));
   px.data = out;
+  const IsaKernels& isa = isa_kernels();
   auto run = [&](int64_t tile) {
-    thread_local std::vector<uint8_t> row;
-    row.resize(elem * px.k);
     const int64_t t0 = tile * px.tile, t1 = std::min(n_tokens, t0 + px.tile);
+    const int nt = static_cast<int>(t1 - t0);
     uint8_t* base = out + tile * px.tile * px.k * elem;
-    if (t1 - t0 < px.tile) std::memset(base, 0, px.tile * px.k * elem);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t j = t - t0;
-      if (px.tile == 1) {
-        convert_row(kind, x + t * n_in, n_in, base);
-        continue;
-      }
-      convert_row(kind, x + t * n_in, n_in, row.data());
-      if (kind == ActKind::Q8) {
-        auto* src = reinterpret_cast<const XBlock*>(row.data());
-        auto* dst = reinterpret_cast<XBlock*>(base);
-        for (int64_t b = 0; b < px.k; ++b) dst[b * px.tile + j] = src[b];
-      } else {
-        auto* src = reinterpret_cast<const float*>(row.data());
-        auto* dst = reinterpret_cast<float*>(base);
-        for (int64_t k = 0; k < px.k; ++k) dst[k * px.tile + j] = src[k];
-      }
+    if (px.tile == 1) {
+      convert_row(kind, x + t0 * n_in, n_in, base);
+      return;
+    }
+    if (kind == ActKind::Q8) {
+      auto* dst = reinterpret_cast<XBlock*>(base);
+      if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
+      for (int64_t j = 0; j < nt; ++j)
+        for (int64_t b = 0; b < px.k; ++b) quantize_block(x + (t0 + j) * n_in + b * kQK8_0, dst[b * px.tile + j]);
+      return;
+    }
+    auto* dst = reinterpret_cast<float*>(base);
+    if (isa.pack_f_tile) {
+      const int round = kind == ActKind::F16 ? 1 : kind == ActKind::BF16 ? 2 : 0;
+      isa.pack_f_tile(x + t0 * n_in, n_in, nt, static_cast<int>(px.tile), round, dst);
+      return;
+    }
+    thread_local std::vector<float> row;
+    row.resize(n_in);
+    if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
+    for (int64_t j = 0; j < nt; ++j) {
+      convert_row(kind, x + (t0 + j) * n_in, n_in, row.data());
+      for (int64_t k = 0; k < n_in; ++k) dst[k * px.tile + j] = row[k];
     }
   };
   if (n_tiles > 1 && pool.size() > 1) pool.parallel_for(n_tiles, run);
@@ -342,6 +348,9 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
 // One matrix of a (possibly multi-matrix) product.
 struct Job {
   MatmulFn fn;
+  MatmulFn fn_f32;
+  bool widen;
+  int64_t k_block;  // 0: all of n_in at once
   const uint8_t* groups;       // packed data, or null to pack on the fly from view
   const MatrixView* view;
   size_t group_bytes;
@@ -356,7 +365,33 @@ struct Job {
   int64_t first_task;
 };
 
-thread_local std::vector<uint8_t> t_pack_scratch;
+thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
+
+inline __m256 load_h8_any(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+uint8_t* aligned_scratch(std::vector<uint8_t>& v, size_t bytes) {
+  if (v.size() < bytes + 64) v.resize(bytes + 64);
+  auto p = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+}
+
+// F16/BF16 groups to the F32 group layout (exact conversion).
+void widen_groups(DType type, const uint8_t* src, int64_t n_groups, int64_t n_in, float* dst) {
+  const int64_t n = n_groups * n_in * kGroupRows;
+  auto* h = reinterpret_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  if (type == DType::F16) {
+    for (; i + 8 <= n; i += 8) _mm256_store_ps(dst + i, load_h8_any(h + i));
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+      _mm256_store_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+  }
+  for (; i < n; ++i) dst[i] = type == DType::F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+}
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
@@ -366,16 +401,24 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   if (j.groups) {
     w = j.groups + g0 * j.group_bytes;
   } else {
-    const size_t need = (g1 - g0) * j.group_bytes + 64;
-    if (t_pack_scratch.size() < need) t_pack_scratch.resize(need);
-    auto p = reinterpret_cast<uintptr_t>(t_pack_scratch.data());
-    auto* aligned = reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
-    pack_groups(*j.view, g0, g1, aligned);
-    w = aligned;
+    uint8_t* packed = aligned_scratch(t_pack_scratch, (g1 - g0) * j.group_bytes);
+    pack_groups(*j.view, g0, g1, packed);
+    w = packed;
+  }
+  MatmulFn fn = j.fn;
+  size_t group_bytes = j.group_bytes;
+  if (j.widen) {
+    // Same values, same FMA order as the F16/BF16 kernels: identical bits,
+    // without a conversion per weight per token tile.
+    group_bytes = static_cast<size_t>(n_in) * kGroupRows * sizeof(float);
+    auto* wide = reinterpret_cast<float*>(aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes));
+    widen_groups(j.view->type, w, g1 - g0, n_in, wide);
+    w = reinterpret_cast<const uint8_t*>(wide);
+    fn = j.fn_f32;
   }
   MatmulArgs a;
   a.w = w;
-  a.group_bytes = j.group_bytes;
+  a.group_bytes = group_bytes;
   a.n_groups = g1 - g0;
   a.n_rows = j.n_out - g0 * kGroupRows;
   a.x = j.x.data;
@@ -386,7 +429,13 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   a.n_in = n_in;
   a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
   a.y_stride = j.n_out;
-  j.fn(a);
+  // k blocks keep a task's weight panel and token tile in L1 together.
+  const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
+  for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
+    a.k_begin = k0;
+    a.k_end = std::min(n_in, k0 + kb);
+    fn(a);
+  }
 }
 
 struct MatrixRef {
@@ -432,6 +481,15 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     } else {
       j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;
+      // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
+      // and reuse them over up to 16 token tiles.
+      if ((v.type == DType::F16 || v.type == DType::BF16) && n_tokens >= 4 * kTokenTile) {
+        j.widen = true;
+        j.fn_f32 = isa.matmul_f32;
+        j.groups_per_task = 4;
+        j.tokens_per_task = 16 * kTokenTile;
+        j.k_block = 128;
+      }
     }
     j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;
     j.n_token_tasks = (n_tokens + j.tokens_per_task - 1) / j.tokens_per_task;

@@ -45,6 +45,26 @@ RP_INLINE void store_rows(float* y, int64_t rows_left, __m256 lo, __m256 hi) {
   for (int64_t r = 0; r < rows_left; ++r) y[r] = tmp[r];
 }
 
+// Accumulators start at +0, or at y's values when continuing a k range.
+template <int G, int T>
+RP_INLINE void init_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m256 (&acc)[G][T][2]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      if (a.k_begin == 0) {
+        acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
+      } else {
+        const int64_t rows = a.n_rows - (g0 + g) * kGroupRows;
+        const float* y = a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows;
+        alignas(32) float tmp[16] = {};
+        for (int64_t r = 0; r < (rows < 16 ? rows : 16); ++r) tmp[r] = y[r];
+        acc[g][t][0] = _mm256_load_ps(tmp);
+        acc[g][t][1] = _mm256_load_ps(tmp + 8);
+      }
+    }
+}
+
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
@@ -53,11 +73,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const size_t gb = a.group_bytes;
   const int64_t xs = a.x_tile;
   __m256 acc[G][T][2];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < a.n_in; ++k) {
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -101,14 +118,10 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
   const int64_t xs = a.x_tile;
-  const int64_t nb = a.n_in / kQK8_0;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256 acc[G][T][2];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t][0] = acc[g][t][1] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
       const uint8_t* wb = w + g * gb + b * kBlockBytes;
@@ -226,7 +239,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, nullptr};
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, nullptr, nullptr};
   return k;
 }
 

@@ -48,6 +48,24 @@ RP_INLINE void store_rows(float* y, int64_t rows_left, __m512 v) {
   }
 }
 
+// Accumulators start at +0, or at y's values when continuing a k range.
+template <int G, int T>
+RP_INLINE void init_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m512 (&acc)[G][T]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      if (a.k_begin == 0) {
+        acc[g][t] = _mm512_setzero_ps();
+      } else {
+        const int64_t rows = a.n_rows - (g0 + g) * kGroupRows;
+        const float* y = a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows;
+        acc[g][t] = rows >= kGroupRows ? _mm512_loadu_ps(y)
+                                       : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << rows) - 1), y);
+      }
+    }
+}
+
 // G groups x T tokens; every output is one sequential FMA chain over k.
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
@@ -57,12 +75,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const size_t gb = a.group_bytes;
   const int64_t xs = a.x_tile;
   __m512 acc[G][T];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
-  const int64_t n = a.n_in;
-  for (int64_t k = 0; k < n; ++k) {
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * kStep);
@@ -89,14 +103,10 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
   const int64_t xs = a.x_tile;
-  const int64_t nb = a.n_in / kQK8_0;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 acc[G][T];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBlockBytes;
     __m512i ia[G][T];
 #pragma GCC unroll 16
@@ -478,6 +488,72 @@ void attention(const AttnArgs& a) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Activation tiles: 16 token rows x 16 inputs transposed in registers.
+
+RP_INLINE void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+}
+
+// Same rounding as the AVX2 conversions in kernels.cpp.
+RP_INLINE __m512 round_bf16_16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 is_nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i nan = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0xffff0000u))),
+                                      _mm512_set1_epi32(64 << 16));
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_nan, r, nan));
+}
+
+void pack_f_tile(const float* x, int64_t n_in, int nt, int tile, int round, float* out) {
+  const __mmask16 out_mask = static_cast<__mmask16>((1u << tile) - 1);
+  for (int64_t k0 = 0; k0 < n_in; k0 += 16) {
+    const int kn = static_cast<int>(n_in - k0 < 16 ? n_in - k0 : 16);
+    const __mmask16 in_mask = static_cast<__mmask16>((1u << kn) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+      __m512 v = t < nt ? _mm512_maskz_loadu_ps(in_mask, x + t * n_in + k0) : _mm512_setzero_ps();
+      if (round == 1) v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+      else if (round == 2) v = round_bf16_16(v);
+      r[t] = v;
+    }
+    transpose16(r);
+#pragma GCC unroll 16
+    for (int kk = 0; kk < 16; ++kk)
+      if (kk < kn) _mm512_mask_storeu_ps(out + (k0 + kk) * tile, out_mask, r[kk]);
+  }
+}
+
 uint64_t read_sum(const uint8_t* p, size_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i < n; i += 256) {
@@ -492,7 +568,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &attention, &attention_supports};
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &attention, &attention_supports};
   return k;
 }
 

@@ -56,6 +56,9 @@ inline int64_t x_offset(int64_t t, int64_t k, int64_t x_tile, int64_t x_k) {
 // rows of groups [0, n_groups) starting at w (groups group_bytes apart); rows
 // at or beyond n_rows (relative to the first group) are not written. t0 must
 // be a multiple of the kernels' tile sizes (multiples of kTokenTile are).
+// Only inputs [k_begin, k_end) are accumulated (multiples of 32 for Q types):
+// when k_begin > 0 the accumulators start from the values in y, so running
+// consecutive k ranges gives the same bits as one pass over all of k.
 struct MatmulArgs {
   const uint8_t* w;
   size_t group_bytes;
@@ -67,6 +70,8 @@ struct MatmulArgs {
   int64_t t0;
   int64_t n_tokens;
   int64_t n_in;
+  int64_t k_begin;
+  int64_t k_end;
   float* y;
   int64_t y_stride;
 };
@@ -106,6 +111,11 @@ struct IsaKernels {
   // Sums bytes [0, n) of p (n a multiple of 256) with the widest loads; the
   // result only defeats dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n);
+  // Packs nt <= tile token rows of x (n_in floats each) into one activation
+  // tile ([k][tile] floats; tokens nt..tile-1 zero), rounding each value to
+  // f16 (round = 1), bf16 (round = 2) or not at all (round = 0). Null: the
+  // driver's generic path.
+  void (*pack_f_tile)(const float* x, int64_t n_in, int nt, int tile, int round, float* out);
   // Null when the ISA has no batched attention kernel, or for head sizes it
   // does not handle (attention_supports).
   void (*attention)(const AttnArgs&);
