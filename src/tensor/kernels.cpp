@@ -488,7 +488,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
         j.fn_f32 = isa.matmul_f32;
         j.groups_per_task = 4;
         j.tokens_per_task = 16 * kTokenTile;
-        j.k_block = 128;
+        j.k_block = 512;
       }
     }
     j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;

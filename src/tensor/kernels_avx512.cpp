@@ -223,12 +223,12 @@ struct QKernel {
   };
 };
 
-constexpr int kTileF = 12;  // 2 groups x 12 tokens = 24 accumulators
+constexpr int kTileF = 6;   // 4 groups x 6 tokens = 24 accumulators
 constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumulators
 
-void matmul_f32(const MatmulArgs& a) { run_tiles<2, kTileF, FKernel<FType::F32>::K>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<2, kTileF, FKernel<FType::F16>::K>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<2, kTileF, FKernel<FType::BF16>::K>(a); }
+void matmul_f32(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::F32>::K>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::F16>::K>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::BF16>::K>(a); }
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<false>::K>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<true>::K>(a); }
 
