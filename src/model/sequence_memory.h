@@ -20,6 +20,15 @@ class SequenceMemory {
   // holds, and half the bytes of f32 for the same cached prefix).
   virtual uint16_t* key(int layer, int64_t pos) = 0;
   virtual uint16_t* value(int layer, int64_t pos) = 0;
+  // Bulk form for attention: keys[i] = key(layer, first + i) and values[i] =
+  // value(layer, first + i) for positions [first, end). Implementations
+  // override it to avoid a virtual call per position.
+  virtual void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) {
+    for (int64_t p = first; p < end; ++p) {
+      keys[p - first] = key(layer, p);
+      values[p - first] = value(layer, p);
+    }
+  }
   // Recurrent layers: the state after the last processed position.
   virtual float* conv_state(int layer) { return nullptr; }
   virtual float* ssm_state(int layer) { return nullptr; }
