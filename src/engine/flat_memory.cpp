@@ -41,6 +41,15 @@ uint16_t* FlatMemory::key(int layer, int64_t pos) {
 uint16_t* FlatMemory::value(int layer, int64_t pos) {
   return values_[layer].data() + pos * spec_.layers[layer].value_floats();
 }
+void FlatMemory::kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) {
+  const int64_t ks = spec_.layers[layer].key_floats(), vs = spec_.layers[layer].value_floats();
+  const uint16_t* k = keys_[layer].data() + first * ks;
+  const uint16_t* v = values_[layer].data() + first * vs;
+  for (int64_t i = 0; i < end - first; ++i) {
+    keys[i] = k + i * ks;
+    values[i] = v + i * vs;
+  }
+}
 float* FlatMemory::conv_state(int layer) { return conv_[layer].data(); }
 float* FlatMemory::ssm_state(int layer) { return ssm_[layer].data(); }
 

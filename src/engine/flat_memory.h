@@ -14,6 +14,7 @@ class FlatMemory final : public SequenceMemory {
   void prepare(int64_t first_write, int64_t end) override;
   uint16_t* key(int layer, int64_t pos) override;
   uint16_t* value(int layer, int64_t pos) override;
+  void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) override;
   float* conv_state(int layer) override;
   float* ssm_state(int layer) override;
   int64_t capacity() const { return capacity_; }
