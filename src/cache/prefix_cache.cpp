@@ -477,4 +477,20 @@ uint16_t* CachedSequence::value(int layer, int64_t pos) {
          (pos % B) * cache_.spec_.layers[layer].value_floats();
 }
 
+void CachedSequence::kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys,
+                             const uint16_t** values) {
+  const int B = cache_.block_tokens_;
+  const int64_t ks = cache_.spec_.layers[layer].key_floats(), vs = cache_.spec_.layers[layer].value_floats();
+  for (int64_t p = first; p < end;) {
+    const uint16_t* data = table_[p / B]->data.get();
+    const uint16_t* k = data + cache_.key_offset_[layer];
+    const uint16_t* v = data + cache_.value_offset_[layer];
+    const int64_t block_end = std::min(end, (p / B + 1) * B);
+    for (; p < block_end; ++p) {
+      keys[p - first] = k + (p % B) * ks;
+      values[p - first] = v + (p % B) * vs;
+    }
+  }
+}
+
 }  // namespace reprise
