@@ -224,10 +224,7 @@ void Transformer::attention(const Layer& L, int il, const ForwardBatch& batch, S
   key_rows.resize(max_end);
   value_rows.resize(max_end);
   const int64_t lo = *std::min_element(first.begin(), first.end());
-  for (int64_t p = lo; p < max_end; ++p) {
-    key_rows[p] = memory.key(il, p);
-    value_rows[p] = memory.value(il, p);
-  }
+  if (lo < max_end) memory.kv_rows(il, lo, max_end, key_rows.data() + lo, value_rows.data() + lo);
   AttentionBatch a;
   a.q = q;
   a.n_tokens = n;
