@@ -304,9 +304,10 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
     for (const auto& c : rope_caches)
       if (c.base == L.rope_base && c.scale == L.rope_scale) return c;
     RopeCache c{L.rope_base, L.rope_scale, std::vector<float>(n * half_rot), std::vector<float>(n * half_rot)};
-    for (int64_t t = 0; t < n; ++t)
+    for_tokens(n, pool, [&](int64_t t) {
       rope_table(static_cast<int>(n_rot_), batch.pos0 + t, L.rope_base, L.rope_scale, c.cos.data() + t * half_rot,
                  c.sin.data() + t * half_rot);
+    });
     rope_caches.push_back(std::move(c));
     return rope_caches.back();
   };
