@@ -134,6 +134,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::vector<double> rates;
     for (int r = -1; r < o.reps; ++r) {  // r = -1 warms up
       FlatMemory memory(model.state_spec());
+      memory.prepare(0, o.n_prompt);  // KV allocated up front, as llama.cpp does at context creation
       auto toks = random_tokens(o.n_prompt, n_vocab, 1 + r);
       ForwardBatch batch;
       batch.tokens = toks;
@@ -148,6 +149,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::vector<double> rates;
     for (int r = -1; r < o.reps; ++r) {
       FlatMemory memory(model.state_spec());
+      memory.prepare(0, o.n_gen);
       int32_t tok = 1;
       const double t0 = now_seconds();
       for (int i = 0; i < o.n_gen; ++i) {
