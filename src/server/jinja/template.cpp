@@ -18,7 +18,10 @@ Template Template::parse(std::string_view source, const ParseOptions& options) {
   }
 }
 
-std::string Template::render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
+namespace {
+
+template <typename Json>
+std::string render_json(const ast::Program& program, const Json& context, const RenderOptions& options) {
   Value root;
   try {
     root = Value::from_json(context);
@@ -26,7 +29,17 @@ std::string Template::render(const nlohmann::ordered_json& context, const Render
     throw Error(std::string("template context could not be converted: ") + e.what());
   }
   if (!root.is_dict() && !context.is_null()) throw Error("template context must be a JSON object");
-  return Renderer(*program_, options).render(root);
+  return Renderer(program, options).render(root);
+}
+
+}  // namespace
+
+std::string Template::render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
+  return render_json(*program_, context, options);
+}
+
+std::string Template::render_plain(const nlohmann::json& context, const RenderOptions& options) const {
+  return render_json(*program_, context, options);
 }
 
 const std::string& Template::source() const { return program_->source; }

@@ -11,6 +11,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <concepts>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,15 +32,24 @@ class Template {
 
   // Top-level keys of `context` become template variables. ordered_json keeps
   // dict key order for tojson/items() (Python dicts are ordered); a plain
-  // nlohmann::json converts implicitly, with its keys already sorted. One
-  // overload only, so `render({{"messages", m}})` is not ambiguous.
+  // nlohmann::json is read directly (its keys arrive sorted). The second
+  // overload is a constrained template so that `render({{"messages", m}})`
+  // still picks the first, and so a plain json is not first copied through
+  // nlohmann's recursive json -> ordered_json conversion, which can exhaust
+  // the stack on hostile nesting.
   std::string render(const nlohmann::ordered_json& context, const RenderOptions& options = {}) const;
+  template <typename Json>
+    requires std::same_as<Json, nlohmann::json>
+  std::string render(const Json& context, const RenderOptions& options = {}) const {
+    return render_plain(context, options);
+  }
 
   // The source after Jinja's newline normalization.
   const std::string& source() const;
 
  private:
   explicit Template(std::shared_ptr<const ast::Program> program);
+  std::string render_plain(const nlohmann::json& context, const RenderOptions& options) const;
   std::shared_ptr<const ast::Program> program_;
 };
 

@@ -203,6 +203,7 @@ Value convert_json(const Json& j) {
 }  // namespace
 
 Value Value::from_json(const nlohmann::ordered_json& j) { return convert_json(j); }
+Value Value::from_json(const nlohmann::json& j) { return convert_json(j); }
 
 int64_t Value::as_int() const {
   if (is_bool()) return as_bool() ? 1 : 0;

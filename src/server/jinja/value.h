@@ -99,7 +99,9 @@ class Value {
   static Value dict(DictData::Flavor flavor = DictData::Flavor::Dict);
   static Value callable(std::shared_ptr<Callable> c);
   // Input context conversion; ordered_json keeps key order as Python does.
+  // Nesting deeper than the value limit is a reprise::Error.
   static Value from_json(const nlohmann::ordered_json& j);
+  static Value from_json(const nlohmann::json& j);
 
   Kind kind() const { return static_cast<Kind>(data_.index()); }
   bool is_undefined() const { return kind() == Kind::Undefined; }
