@@ -95,6 +95,14 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--parallel", o->parallel, "Sequences generated concurrently; more requests queue")
       ->capture_default_str();
+  cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,
+                  "Recurrent-state snapshot budget per SSM/hybrid model in MiB (0 disables)")
+      ->capture_default_str();
+  cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding of the default model");
+  cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
+  cmd->add_option("--mmproj", o->mmproj, "Vision projector (mmproj GGUF) for the default model: image inputs");
+  cmd->add_option("--mm-cache-mib", o->mm_cache_mib, "Vision encoder-output cache budget in MiB (0 stores nothing)")
+      ->capture_default_str();
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget per model in MiB (0 disables)")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context length (0 = the model's training context)")

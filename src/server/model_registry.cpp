@@ -165,7 +165,30 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
   m->cache = std::make_unique<PrefixCache>(m->bundle->model->state_spec(), cache_config);
   EngineOptions engine_options;
   engine_options.n_ctx = options_.n_ctx;
-  m->engine = std::make_unique<Engine>(*m->bundle->model, *m->pool, m->cache.get(), engine_options);
+  if (m->bundle->model->state_spec().has_recurrent()) {
+    SnapshotConfig snapshot_config;
+    snapshot_config.budget_bytes = options_.snapshot_budget_bytes;
+    snapshot_config.chunk_tokens = m->cache->block_tokens();
+    m->snapshots = std::make_unique<SnapshotStore>(m->bundle->model->state_spec(), snapshot_config);
+  }
+  m->engine = std::make_unique<Engine>(*m->bundle->model, *m->pool, m->cache.get(), engine_options,
+                                       m->snapshots.get());
+  const bool is_default = source.id == entries_.front().source.id;
+  if (is_default && !options_.draft_model_path.empty()) {
+    m->draft = load_model_bundle(options_.draft_model_path,
+                                 [&](const std::string& step) { say("[" + source.id + " draft] " + step); });
+    check_draft_compatible(*m->bundle, *m->draft);
+    m->draft_cache = std::make_unique<PrefixCache>(m->draft->model->state_spec(), cache_config);
+    m->engine->set_draft(*m->draft->model, m->draft_cache.get(), options_.draft_max);
+  }
+  if (is_default && !options_.mmproj_path.empty()) {
+    VisionOptions vision_options;
+    vision_options.encoder_cache_bytes = options_.mm_cache_bytes;
+    vision_options.engine = engine_options;
+    m->vision = std::make_unique<VisionPipeline>(options_.mmproj_path, *m->bundle, *m->pool, m->cache.get(),
+                                                 &m->engine->forward_mutex(), vision_options);
+    say("[" + source.id + "] vision projector " + options_.mmproj_path + " loaded");
+  }
   m->chat = load_model_chat_template(*m->bundle, options_.chat_template_override);
   if (!m->chat.chat_template)
     say("[" + source.id + "] warning: chat template (" + m->chat.origin + ") does not parse: " + m->chat.error +
@@ -194,6 +217,10 @@ std::vector<ModelStatus> ModelRegistry::status() const {
     s.unloads = e.unloads;
     if (e.loaded) {
       s.cache = e.loaded->cache->stats();
+      if (e.loaded->snapshots) s.snapshots = e.loaded->snapshots->stats();
+      if (e.loaded->vision) s.encoder = e.loaded->vision->encoder_cache_stats();
+      s.drafted_tokens = e.loaded->engine->counters().drafted_tokens;
+      s.accepted_tokens = e.loaded->engine->counters().accepted_tokens;
       s.n_ctx = e.loaded->engine->n_ctx();
       s.block_tokens = e.loaded->cache->block_tokens();
       s.fingerprint_hex = e.loaded->fingerprint_hex;

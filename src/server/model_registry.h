@@ -26,6 +26,7 @@
 #include "server/api_error.h"
 #include "server/model_chat_template.h"
 #include "tensor/thread_pool.h"
+#include "vision/vision_pipeline.h"
 
 namespace reprise {
 
@@ -37,6 +38,13 @@ struct ModelSource {
 struct RegistryOptions {
   int threads = 1;                          // per model's thread pool
   uint64_t cache_budget_bytes = 256ull << 20;  // per model's prefix cache
+  uint64_t snapshot_budget_bytes = 256ull << 20;  // per SSM/hybrid model's snapshot store
+  // For the default (first) model only: a speculative-decoding draft and a
+  // vision projector.
+  std::string draft_model_path;
+  int draft_max = 8;
+  std::string mmproj_path;
+  uint64_t mm_cache_bytes = 256ull << 20;
   int64_t n_ctx = 0;                        // 0: each model's training context
   uint64_t max_ram_bytes = 0;               // 0: no limit
   std::optional<std::string> chat_template_override;
@@ -49,7 +57,11 @@ struct LoadedModel {
   std::unique_ptr<ModelBundle> bundle;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<SnapshotStore> snapshots;  // models with recurrent layers
+  std::unique_ptr<ModelBundle> draft;        // speculative decoding (default model, optional)
+  std::unique_ptr<PrefixCache> draft_cache;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<VisionPipeline> vision;    // image inputs (default model, optional)
   ModelChatTemplate chat;
   std::string fingerprint_hex;  // short, for system_fingerprint
 };
@@ -92,6 +104,9 @@ struct ModelStatus {
   // Counters include earlier loads of the model; gauges describe the
   // current load (zero when unloaded).
   CacheStats cache;
+  SnapshotStats snapshots;        // current load only
+  EncoderCacheStats encoder;      // current load only
+  uint64_t drafted_tokens = 0, accepted_tokens = 0;  // current load only
 };
 
 class ModelRegistry {

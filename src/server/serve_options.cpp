@@ -15,6 +15,9 @@ std::string ServeOptions::validate() const {
   if (parallel < 1 || parallel > 1024) return "--parallel must be between 1 and 1024";
   if (threads < 0) return "--threads must be >= 0";
   if (cache_ram_mib < 0) return "--cache-ram must be >= 0";
+  if (snapshot_ram_mib < 0) return "--snapshot-ram must be >= 0";
+  if (mm_cache_mib < 0) return "--mm-cache-bytes must be >= 0";
+  if (draft_max < 1 || draft_max > 64) return "--draft-max must be between 1 and 64";
   if (ctx_size < 0) return "--ctx-size must be >= 0";
   if (max_body_bytes < 1024) return "--max-body-bytes must be at least 1024";
   if (models_max_ram_mib < 0) return "--models-max-ram must be >= 0";
@@ -77,6 +80,11 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   RegistryOptions r;
   r.threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   r.cache_budget_bytes = static_cast<uint64_t>(options.cache_ram_mib * 1024 * 1024);
+  r.snapshot_budget_bytes = static_cast<uint64_t>(options.snapshot_ram_mib * 1024 * 1024);
+  r.draft_model_path = options.draft_model;
+  r.draft_max = options.draft_max;
+  r.mmproj_path = options.mmproj;
+  r.mm_cache_bytes = static_cast<uint64_t>(options.mm_cache_mib * 1024 * 1024);
   r.n_ctx = options.ctx_size;
   r.max_ram_bytes = static_cast<uint64_t>(options.models_max_ram_mib * 1024 * 1024);
   if (!options.chat_template_file.empty()) {

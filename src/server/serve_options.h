@@ -24,6 +24,11 @@ struct ServeOptions {
   std::string api_key;             // "": no authentication
   int parallel = 4;                // concurrent sequences across all models
   double cache_ram_mib = 256;      // prefix cache budget per model; 0 disables caching
+  double snapshot_ram_mib = 256;   // recurrent-state snapshots per SSM/hybrid model; 0 disables
+  std::string draft_model;         // speculative decoding draft for the default model
+  int draft_max = 8;               // tokens drafted per step (requests may lower it)
+  std::string mmproj;              // vision projector for the default model
+  double mm_cache_mib = 256;       // vision encoder-output cache; 0 stores nothing
   int64_t ctx_size = 0;            // 0: each model's training context
   size_t max_body_bytes = 8u << 20;
   std::string chat_template_file;  // overrides every model's template
