@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache_key.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "server/api_error.h"
 #include "server/openai_response.h"
@@ -34,6 +36,11 @@ struct GenerationPlan {
   int top_logprobs = 0;
   std::string cache_salt;
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
+  // Images: per-position cache keys (image digests), the embedded spans and
+  // the embeddings they point into (kept alive by the plan).
+  std::vector<Hash128> prompt_keys;
+  std::vector<EmbeddedSpan> embedded;
+  std::vector<std::shared_ptr<const void>> keep_alive;
 };
 
 struct GenerationDelta {

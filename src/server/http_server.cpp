@@ -312,6 +312,43 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   return plan;
 }
 
+// A chat with images: each image is decoded and encoded (the encoder cache
+// makes repeats free), the template is rendered with a marker per image, and
+// the image soft tokens are spliced in with their digests as cache keys.
+Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionRequest& chat) {
+  std::vector<ImageEmbeddingPtr> images;
+  for (const ImageRef& ref : chat.images) {
+    try {
+      images.push_back(model.vision->embed_data_url(ref.url));
+    } catch (const std::exception& e) {
+      return ApiError::invalid(std::string("invalid image: ") + e.what(), ref.param, "invalid_image");
+    }
+  }
+  Parsed<std::string> text = render_chat_prompt(model.chat, *model.bundle->tokenizer, chat);
+  if (!text.ok()) return text.error();
+  MultimodalPrompt prompt;
+  try {
+    prompt = model.vision->build_prompt(text.value(), images);
+  } catch (const std::exception& e) {
+    return ApiError::invalid(std::string("cannot build the prompt: ") + e.what(), "messages");
+  }
+  const int64_t n = static_cast<int64_t>(prompt.tokens.size());
+  if (n >= model.engine->n_ctx())
+    return ApiError::invalid("This model's maximum context length is " + std::to_string(model.engine->n_ctx()) +
+                                 " tokens. However, your messages resulted in " + std::to_string(n) + " tokens.",
+                             "messages", "context_length_exceeded");
+  BuiltPrompt built;
+  built.tokens = prompt.tokens;
+  built.implicit_stops = model.chat.implicit_stops;
+  GenerationPlan plan = make_plan(chat.options, std::move(built));
+  plan.prompt_keys = prompt.keys;
+  for (const PromptImage& img : prompt.images) {
+    plan.embedded.push_back({img.begin, img.end, img.embedding->values.data(), prompt.bidirectional_images});
+    plan.keep_alive.push_back(img.embedding);
+  }
+  return plan;
+}
+
 }  // namespace
 
 void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Response& res) {
@@ -326,16 +363,21 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Respons
   if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
   auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
   LoadedModel& model = **lease;
-  if (chat.first_image_message) {
+  if (chat.first_image_message && !model.vision) {
     const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
     return reply_error(res, ApiError::invalid("this model does not accept images", param, "images_not_supported"),
                        model_id, endpoint);
   }
-  Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
-  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       chat.options};
+  if (chat.first_image_message) {
+    Parsed<GenerationPlan> plan = make_image_plan(model, chat);
+    if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+    return start_generation(req, res, std::move(lease), std::move(plan.value()), std::move(ctx));
+  }
+  Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
+  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   start_generation(req, res, std::move(lease), make_plan(chat.options, std::move(prompt.value())), std::move(ctx));
 }
 

@@ -206,7 +206,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
 }
 
 // One chat message -> the normalised form the template sees.
-ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image) {
+ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image, std::vector<ImageRef>& images) {
   const std::string where = "messages[" + std::to_string(index) + "]";
   if (!m.is_object()) fail(where + " must be an object, not " + type_name(m), where);
   Fields f(m, where + ".");
@@ -244,6 +244,19 @@ ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image)
         first = false;
       } else if (*type == "image_url" || *type == "input_image") {
         has_image = true;
+        // OpenAI: {"type":"image_url","image_url":{"url":...}}; Responses-style
+        // input_image: {"type":"input_image","image_url":"..."}.
+        std::string url;
+        const auto it = part.find("image_url");
+        if (it != part.end() && it->is_string()) url = it->get<std::string>();
+        else if (it != part.end() && it->is_object() && it->contains("url") && (*it)["url"].is_string())
+          url = (*it)["url"].get<std::string>();
+        else fail(pwhere + ".image_url.url is required", pwhere + ".image_url");
+        images.push_back({std::move(url), pwhere + ".image_url"});
+        // The image's place in the rendered prompt (see ChatCompletionRequest::images).
+        if (!first) text += "\n";
+        text += "<__media__>";
+        first = false;
       } else {
         fail(pwhere + ": content parts of type '" + *type + "' are not supported", pwhere + ".type",
              "unsupported_content");
@@ -325,7 +338,7 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
     if (messages->empty()) fail("messages must not be empty", "messages");
     for (size_t i = 0; i < messages->size(); ++i) {
       bool has_image = false;
-      req.messages.push_back(parse_message((*messages)[i], i, has_image));
+      req.messages.push_back(parse_message((*messages)[i], i, has_image, req.images));
       if (has_image && !req.first_image_message) req.first_image_message = i;
     }
 

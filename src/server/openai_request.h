@@ -40,6 +40,13 @@ struct GenerationOptions {
   bool ignore_eos = false;              // keep generating past end-of-generation tokens (benchmarks)
 };
 
+// An image content part: its URL (data: URLs are decoded by the vision
+// pipeline) and where it was in the request, for error messages.
+struct ImageRef {
+  std::string url;
+  std::string param;
+};
+
 struct ChatCompletionRequest {
   GenerationOptions options;
   // Normalised for the chat template: role in {system, user, assistant,
@@ -52,6 +59,9 @@ struct ChatCompletionRequest {
   // Index of the first message with an image part, if any (the model decides
   // whether it can take images).
   std::optional<size_t> first_image_message;
+  // Image parts in order; each left the marker "<__media__>" in its
+  // message's text where the image goes.
+  std::vector<ImageRef> images;
 };
 
 struct CompletionRequest {

@@ -1,0 +1,197 @@
+// Server features that combine the caches: image inputs (encoder cache +
+// image-keyed prefix reuse), recurrent-state snapshots and speculative
+// decoding, through the HTTP API.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "model_fixtures.h"
+#include "server/http_server.h"
+#include "server/model_registry.h"
+#include "server/serve_options.h"
+#include "test_support.h"
+
+using namespace reprise;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Server {
+  explicit Server(ServeOptions options) {
+    options.port = 0;
+    options.log_requests = false;
+    RegistryOptions ro = make_registry_options(options);
+    ro.threads = 1;
+    registry = std::make_unique<ModelRegistry>(resolve_model_sources(options), ro);
+    server = std::make_unique<HttpServer>(options, *registry);
+    port = server->bind();
+    thread = std::thread([this] { server->serve(); });
+    for (int i = 0; i < 500; ++i) {
+      httplib::Client c("127.0.0.1", port);
+      if (auto r = c.Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "server did not come up";
+  }
+  ~Server() {
+    server->stop();
+    thread.join();
+  }
+  std::pair<int, json> post(const std::string& path, const json& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post(path, body.dump(), "application/json");
+    if (!r) return {-1, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  // The value of a Prometheus sample line starting with `prefix`.
+  double metric(const std::string& prefix) const {
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/metrics");
+    std::istringstream in(r ? r->body : "");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(line.find_last_of(' ') + 1));
+    return -1;
+  }
+
+  std::unique_ptr<ModelRegistry> registry;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = -1;
+};
+
+std::string base64(const std::string& bytes) {
+  static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
+    for (int k = 18; k >= 0; k -= 6) out += tbl[(v >> k) & 63];
+  }
+  if (i < bytes.size()) {
+    uint32_t v = uint8_t(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) v |= uint8_t(bytes[i + 1]) << 8;
+    out += tbl[(v >> 18) & 63];
+    out += tbl[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? tbl[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json image_chat(const std::string& data_url, const std::string& question) {
+  return {{"messages",
+           {{{"role", "user"},
+             {"content",
+              {{{"type", "text"}, {"text", "Here is an image:"}},
+               {{"type", "image_url"}, {"image_url", {{"url", data_url}}}},
+               {{"type", "text"}, {"text", question}}}}}}},
+          {"max_tokens", 6},
+          {"temperature", 0}};
+}
+
+TEST(ServerImages, EncoderCacheAndImageKeyedPrefixReuse) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  ServeOptions o;
+  o.model_path = fixtures + "/models/gemma3-spm-f16.gguf";
+  o.mmproj = fixtures + "/models/mmproj-tinygemma3.gguf";
+  Server s(o);
+  const std::string checker = "data:image/png;base64," + base64(read_file(fixtures + "/images/checker-32.png"));
+  const std::string gradient = "data:image/png;base64," + base64(read_file(fixtures + "/images/gradient-32.png"));
+
+  auto [st1, first] = s.post("/v1/chat/completions", image_chat(checker, "Describe it."));
+  ASSERT_EQ(st1, 200) << first.dump();
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const int64_t prompt_tokens = first["usage"]["prompt_tokens"];
+  EXPECT_GT(prompt_tokens, 256);  // 256 image soft tokens plus text
+
+  // Exact repeat: the encoder does not run again and everything but the last
+  // prompt token is reused; the answer is the same.
+  auto [st2, again] = s.post("/v1/chat/completions", image_chat(checker, "Describe it."));
+  ASSERT_EQ(st2, 200);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 1);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_hits_total"), 1);
+
+  // A different image at the same place: only the text before it is reused.
+  auto [st3, other] = s.post("/v1/chat/completions", image_chat(gradient, "Describe it."));
+  ASSERT_EQ(st3, 200);
+  const int64_t reused = other["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(reused, 0);
+  EXPECT_LT(reused, 32);  // the text before the image, never image tokens
+  EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 2);
+
+  // A corrupt image is a clear 400 naming the content part.
+  auto [st4, bad] = s.post("/v1/chat/completions", image_chat("data:image/png;base64,iVBORw0KGgoAAAA", "?"));
+  EXPECT_EQ(st4, 400);
+  EXPECT_EQ(bad["error"]["code"], "invalid_image");
+  EXPECT_EQ(bad["error"]["param"], "messages[0].content[1].image_url");
+}
+
+TEST(ServerSnapshots, HybridModelReusesTurnOneThroughSnapshots) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-jamba");
+  spec.n_vocab = 400;
+  ServeOptions o;
+  o.model_path = test::synthetic_model("server-jamba", spec).path;
+  Server s(o);
+  json turn1 = {{"prompt", "once upon a time there was a small model that kept its state"},
+                {"max_tokens", 4},
+                {"temperature", 0}};
+  auto [st1, a] = s.post("/v1/completions", turn1);
+  ASSERT_EQ(st1, 200) << a.dump();
+  json turn2 = turn1;
+  turn2["prompt"] = turn1["prompt"].get<std::string>() + a["choices"][0]["text"].get<std::string>() + " and more";
+  auto [st2, b] = s.post("/v1/completions", turn2);
+  ASSERT_EQ(st2, 200);
+  EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+  EXPECT_GE(s.metric("reprise_snapshot_hits_total"), 1);
+  EXPECT_GT(s.metric("reprise_snapshot_tokens_saved_total"), 0);
+}
+
+TEST(ServerSpeculative, DraftGivesTheSameGreedyTextAndCountsTokens) {
+  SyntheticModelSpec target = synthetic_preset("tiny-qwen3");
+  target.n_vocab = 400;
+  SyntheticModelSpec draft = target;
+  draft.seed = 99;
+  draft.n_layer = 1;
+  const std::string target_path = test::synthetic_model("server-spec-target", target).path;
+  ServeOptions plain_options;
+  plain_options.model_path = target_path;
+  ServeOptions draft_options = plain_options;
+  draft_options.draft_model = test::synthetic_model("server-spec-draft", draft).path;
+  draft_options.draft_max = 4;
+  json req = {{"prompt", "the quick brown fox"}, {"max_tokens", 24}, {"temperature", 0}};
+  std::string plain_text, draft_text;
+  {
+    Server s(plain_options);
+    auto [st, r] = s.post("/v1/completions", req);
+    ASSERT_EQ(st, 200);
+    plain_text = r["choices"][0]["text"];
+  }
+  {
+    Server s(draft_options);
+    auto [st, r] = s.post("/v1/completions", req);
+    ASSERT_EQ(st, 200);
+    draft_text = r["choices"][0]["text"];
+    EXPECT_GT(s.metric("reprise_draft_tokens_total"), 0);
+    EXPECT_GE(s.metric("reprise_draft_accepted_tokens_total"), 0);
+  }
+  EXPECT_EQ(plain_text, draft_text);
+}
+
+}  // namespace
