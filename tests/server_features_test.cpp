@@ -188,8 +188,19 @@ TEST(ServerSpeculative, DraftGivesTheSameGreedyTextAndCountsTokens) {
     auto [st, r] = s.post("/v1/completions", req);
     ASSERT_EQ(st, 200);
     draft_text = r["choices"][0]["text"];
-    EXPECT_GT(s.metric("reprise_draft_tokens_total"), 0);
+    const double drafted = s.metric("reprise_draft_tokens_total");
+    EXPECT_GT(drafted, 0);
     EXPECT_GE(s.metric("reprise_draft_accepted_tokens_total"), 0);
+    // Per-request override: draft_max 0 turns drafting off for that request.
+    json off = req;
+    off["draft_max"] = 0;
+    auto [st2, r2] = s.post("/v1/completions", off);
+    ASSERT_EQ(st2, 200);
+    EXPECT_EQ(r2["choices"][0]["text"], draft_text);
+    EXPECT_EQ(s.metric("reprise_draft_tokens_total"), drafted);
+    json bad = req;
+    bad["draft_max"] = 1000;
+    EXPECT_EQ(s.post("/v1/completions", bad).first, 400);
   }
   EXPECT_EQ(plain_text, draft_text);
 }

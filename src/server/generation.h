@@ -35,6 +35,7 @@ struct GenerationPlan {
   bool logprobs = false;
   int top_logprobs = 0;
   std::string cache_salt;
+  int draft_max = -1;       // -1: the engine's default; 0: no speculative decoding
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
   // Images: per-position cache keys (image digests), the embedded spans and
   // the embeddings they point into (kept alive by the plan).

@@ -308,6 +308,7 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   plan.logprobs = o.logprobs;
   plan.top_logprobs = o.top_logprobs;
   plan.cache_salt = o.cache_salt;
+  plan.draft_max = o.draft_max;
   plan.ignore_eos = o.ignore_eos;
   return plan;
 }

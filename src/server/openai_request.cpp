@@ -201,6 +201,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
     o.cache_salt = *v;
   }
   if (auto v = f.boolean("ignore_eos")) o.ignore_eos = *v;
+  if (auto v = f.integer("draft_max", 0, 64)) o.draft_max = static_cast<int>(*v);
   f.string("user");  // accepted (type-checked) and otherwise unused
   if (auto err = s.validate(); !err.empty()) fail(err, "");
 }

@@ -37,6 +37,7 @@ struct GenerationOptions {
   bool logprobs = false;
   int top_logprobs = 0;
   std::string cache_salt;               // goes into the prefix cache namespace
+  int draft_max = -1;                   // speculative decoding per request: 0 off, -1 the server's --draft-max
   bool ignore_eos = false;              // keep generating past end-of-generation tokens (benchmarks)
 };
 
