@@ -372,6 +372,28 @@ TEST(Exp, VectorMatchesScalarAndLibm) {
   EXPECT_TRUE(std::isnan(expf_vec(NAN)));
 }
 
+// Attention's softmax uses the C library's expf, vectorized: same bits.
+TEST(Exp, ExactMatchesLibm) {
+  std::vector<float> x;
+  for (uint32_t b = 0; b < 0xffffffffu - 9973; b += 9973) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, 88.72f, 88.73f, -103.97f, -103.98f, -87.33f, 1e-30f, -1e-30f})
+    x.push_back(f);
+  std::vector<float> y(x.size());
+  expf_exact(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(y[i]));
+      continue;
+    }
+    ASSERT_EQ(0, std::memcmp(&want, &y[i], 4)) << "x = " << x[i] << " got " << y[i] << " want " << want;
+  }
+}
+
 TEST(Rope, TableMatchesDirect) {
   for (RopeStyle style : {RopeStyle::Normal, RopeStyle::Neox}) {
     for (int n_rot : {64, 24, 6}) {

@@ -674,6 +674,61 @@ inline __m256 exp8(__m256 x) {
 
 }  // namespace
 
+const uint64_t kernels::glibc_expf::kTable[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+namespace {
+
+// 4 lanes of the glibc expf core in double precision.
+inline __m128 expf_exact4(__m128 x) {
+  namespace g = kernels::glibc_expf;
+  const __m256d xd = _mm256_cvtps_pd(x);
+  const __m256d z = _mm256_mul_pd(xd, _mm256_set1_pd(g::kInvLn2N));
+  __m256d kd = _mm256_add_pd(z, _mm256_set1_pd(g::kShift));
+  const __m256i ki = _mm256_castpd_si256(kd);
+  kd = _mm256_sub_pd(kd, _mm256_set1_pd(g::kShift));
+  const __m256d r = _mm256_sub_pd(z, kd);
+  const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+  __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(g::kTable), idx, 8);
+  t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+  const __m256d s = _mm256_castsi256_pd(t);
+  const __m256d zz = _mm256_fmadd_pd(_mm256_set1_pd(g::kC0), r, _mm256_set1_pd(g::kC1));
+  const __m256d r2 = _mm256_mul_pd(r, r);
+  __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(g::kC2), r, _mm256_set1_pd(1.0));
+  y = _mm256_fmadd_pd(zz, r2, y);
+  y = _mm256_mul_pd(y, s);
+  return _mm256_cvtpd_ps(y);
+}
+
+// 8 lanes, with glibc's special cases (overflow, underflow, NaN).
+inline __m256 expf_exact8(__m256 x) {
+  namespace g = kernels::glibc_expf;
+  __m256 y = _mm256_set_m128(expf_exact4(_mm256_extractf128_ps(x, 1)), expf_exact4(_mm256_castps256_ps128(x)));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(g::kOverflow), _CMP_GT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(g::kUnderflow), _CMP_LT_OQ));
+  return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+}  // namespace
+
+void expf_exact(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact8(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float in[8] = {}, res[8];
+    for (int64_t j = i; j < n; ++j) in[j - i] = x[j];
+    _mm256_store_ps(res, expf_exact8(_mm256_load_ps(in)));
+    for (int64_t j = i; j < n; ++j) out[j] = res[j - i];
+  }
+}
+
 float expf_vec(float x) { return exp_scalar(x); }
 float kernels::exp_ref(float x) { return exp_scalar(x); }
 
@@ -844,8 +899,9 @@ void add_inplace(float* y, const float* x, int64_t n) {
 //   s > M:  ms = exp(M - s), M = s, acc = f16(acc * ms), vs = 1
 //   else:   vs = exp(s - M)
 //   acc = f16(fma(v, vs, acc)); S = fma(S, ms, vs)
-// out = acc / S. Keys are handled in blocks of 8 so the exponentials are
-// computed 8 at a time; the arithmetic per key is unchanged.
+// out = acc / S, with exp the C library's expf (computed 8 at a time by
+// expf_exact8, which gives its bits). Keys are handled in blocks of 8; the
+// arithmetic per key is unchanged.
 
 namespace {
 
@@ -925,7 +981,7 @@ void attend_query(const float* q, int64_t d, int64_t first, int64_t end, float s
       if (is_new[j]) m = s[j];
     }
     for (int j = nb; j < kBlock; ++j) arg[j] = 0.0f;
-    _mm256_store_ps(e, exp8(_mm256_load_ps(arg)));
+    _mm256_store_ps(e, expf_exact8(_mm256_load_ps(arg)));
     for (int j = 0; j < nb; ++j) {
       float ms = 1.0f, vs = 1.0f;
       if (is_new[j]) {

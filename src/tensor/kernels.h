@@ -116,9 +116,13 @@ void gelu_mul(float* g, const float* u, int64_t n);
 void add_inplace(float* y, const float* x, int64_t n);
 
 // e^x with ggml's vector expf algorithm (max error ~1.5 ulp), the same bits
-// on every instruction set; used by attention's online softmax and SiLU.
+// on every instruction set; used by SiLU, as ggml's vector SiLU does.
 float expf_vec(float x);
 void expf_vec(const float* x, float* out, int64_t n);
+// The C library's expf (glibc >= 2.28 algorithm) vectorized with identical
+// results; attention's online softmax uses it, as ggml's flash attention
+// calls expf.
+void expf_exact(const float* x, float* out, int64_t n);
 
 void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 
@@ -138,7 +142,7 @@ void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t e
 // key_rows[p] / value_rows[p] point at position p's row (all KV heads, kv
 // head j at offset j * head_dim) for every p below max(end). Same numerics as
 // attend_one_query (ggml flash attention: f16 query, online softmax with
-// expf_vec, f16 accumulator), and each query's result is independent of the
+// expf, f16 accumulator), and each query's result is independent of the
 // batch it is computed in.
 struct AttentionBatch {
   const float* q = nullptr;

@@ -270,6 +270,39 @@ RP_INLINE __m512 exp16(__m512 x) {
   return r;
 }
 
+// glibc's expf, 8 lanes in double precision (same operations as expf_exact4
+// in kernels.cpp).
+RP_INLINE __m256 expf_exact_half(__m256 x) {
+  namespace g = glibc_expf;
+  const __m512d xd = _mm512_cvtps_pd(x);
+  const __m512d z = _mm512_mul_pd(xd, _mm512_set1_pd(g::kInvLn2N));
+  __m512d kd = _mm512_add_pd(z, _mm512_set1_pd(g::kShift));
+  const __m512i ki = _mm512_castpd_si512(kd);
+  kd = _mm512_sub_pd(kd, _mm512_set1_pd(g::kShift));
+  const __m512d r = _mm512_sub_pd(z, kd);
+  const __m512i* tab = reinterpret_cast<const __m512i*>(g::kTable);
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab), ki, _mm512_loadu_si512(tab + 1));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab + 2), ki, _mm512_loadu_si512(tab + 3));
+  __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+  t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+  const __m512d s = _mm512_castsi512_pd(t);
+  const __m512d zz = _mm512_fmadd_pd(_mm512_set1_pd(g::kC0), r, _mm512_set1_pd(g::kC1));
+  const __m512d r2 = _mm512_mul_pd(r, r);
+  __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(g::kC2), r, _mm512_set1_pd(1.0));
+  y = _mm512_fmadd_pd(zz, r2, y);
+  y = _mm512_mul_pd(y, s);
+  return _mm512_cvtpd_ps(y);
+}
+
+RP_INLINE __m512 expf_exact16(__m512 x) {
+  namespace g = glibc_expf;
+  __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(expf_exact_half(_mm512_castps512_ps256(x))),
+                                expf_exact_half(_mm512_extractf32x8_ps(x, 1)), 1);
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(g::kOverflow), _CMP_GT_OQ), _mm512_set1_ps(__builtin_inff()));
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(g::kUnderflow), _CMP_LT_OQ), _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_add_ps(x, x));
+}
+
 RP_INLINE __m512 round_h16(__m512 v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
 // Chains at dims 32 s + off for R queries x C key blocks.
@@ -390,7 +423,7 @@ RP_INLINE void plan16(const float* sc, int nk, int64_t p0, int64_t first, int64_
   new_out = is_new;
   const __m512 arg = _mm512_maskz_mov_ps(
       valid, _mm512_mask_blend_ps(is_new, _mm512_sub_ps(s, excl), _mm512_sub_ps(excl, s)));
-  _mm512_store_ps(e, exp16(arg));
+  _mm512_store_ps(e, expf_exact16(arg));
   // Running maximum after these keys: max(m, valid scores).
   alignas(64) float tmp[16];
   _mm512_store_ps(tmp, incl);

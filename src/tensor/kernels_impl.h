@@ -101,6 +101,21 @@ struct AttnArgs {
 // the vector fast range.
 float exp_ref(float x);
 
+// glibc's expf (Arm optimized-routines: 32-entry 2^(i/32) table, cubic in
+// double precision), used by attention's online softmax exactly as ggml's
+// flash attention calls expf. Vector versions reproduce it bit for bit.
+namespace glibc_expf {
+extern const uint64_t kTable[32];
+constexpr double kN = 32;
+constexpr double kInvLn2N = 0x1.71547652b82fep+0 * kN;
+constexpr double kShift = 0x1.8p+52;
+constexpr double kC0 = 0x1.c6af84b912394p-5 / kN / kN / kN;
+constexpr double kC1 = 0x1.ebfce50fac4f3p-3 / kN / kN;
+constexpr double kC2 = 0x1.62e42ff0c52d6p-1 / kN;
+constexpr float kOverflow = 0x1.62e42ep6f;    // above: +inf
+constexpr float kUnderflow = -0x1.9fe368p6f;  // below: +0
+}  // namespace glibc_expf
+
 struct IsaKernels {
   const char* name;
   void (*matmul_f32)(const MatmulArgs&);
