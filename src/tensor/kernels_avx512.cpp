@@ -438,75 +438,99 @@ RP_INLINE void plan_keys(KeyPlan& kp, float& m, const float* sc, int nk, int64_t
   kp.is_new = n0 | (n1 << 16);
 }
 
-// QG queries of head size 16 * DC, processed together so their serial f16
-// accumulator chains overlap.
+// Up to kMaxQ queries of head size 16 * DC. Each 32-key step scores every
+// query while the step's K block is in L1, then updates the f16 value
+// accumulators QG queries at a time (their serial rounding chains overlap);
+// between steps the accumulators live in L1.
+constexpr int kMaxQ = 16;
+
 template <int DC, int QG>
-void attention_group(const AttnArgs& a, int64_t i, int R) {
+RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs& a, const float (*sc)[32],
+                             const KeyPlan* plan, float* s, float (*acc_mem)[16 * DC]) {
   constexpr int64_t d = 16 * DC;
-  alignas(64) float sc[QG][32];
-  KeyPlan plan[QG];
-  float m[QG], s[QG];
   __m512 acc[QG][DC];
 #pragma GCC unroll 4
-  for (int r = 0; r < QG; ++r) {
-    m[r] = -__builtin_inff();
-    s[r] = 0.0f;
+  for (int r = 0; r < QG; ++r)
 #pragma GCC unroll 16
-    for (int c = 0; c < DC; ++c) acc[r][c] = _mm512_setzero_ps();
-  }
-  int64_t lo = a.first[i], hi = a.end[i];
-  for (int r = 1; r < R; ++r) {
-    lo = lo < a.first[i + r] ? lo : a.first[i + r];
-    hi = hi > a.end[i + r] ? hi : a.end[i + r];
-  }
-  const float* q[QG];
-  for (int r = 0; r < QG; ++r) q[r] = a.q + (i + (r < R ? r : R - 1)) * a.q_stride;
-  for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
-    const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
-    const float* kt[2] = {a.kt + ((p0 - a.base) / 16) * d * 16, a.kt + ((p0 - a.base) / 16 + 1) * d * 16};
-    for (int r = 0; r < R; ++r) {
-      if (nk > 16) score_tile<1, 2, DC / 2>(q + r, kt, a.scale, sc + r);
-      else score_tile<1, 1, DC / 2>(q + r, kt, a.scale, sc + r);
-    }
-    for (int r = 0; r < R; ++r) plan_keys(plan[r], m[r], sc[r], nk, p0, a.first[i + r], a.end[i + r]);
-    for (int j = 0; j < nk; ++j) {
-      const float* vr = a.v + (p0 + j - a.base) * d;
+    for (int c = 0; c < DC; ++c)
+      acc[r][c] = r < nr ? _mm512_load_ps(acc_mem[r0 + r] + 16 * c) : _mm512_setzero_ps();
+  float sr[QG];
 #pragma GCC unroll 4
-      for (int r = 0; r < QG; ++r) {
-        if (r >= R || !(plan[r].valid >> j & 1)) continue;
-        float ms = 1.0f, vs = 1.0f;
-        if (plan[r].is_new >> j & 1) {
-          ms = plan[r].e[j];
-          const __m512 mv = _mm512_set1_ps(ms);
+  for (int r = 0; r < QG; ++r) sr[r] = r < nr ? s[r0 + r] : 0.0f;
+  for (int j = 0; j < nk; ++j) {
+    const float* vr = a.v + (p0 + j - a.base) * d;
+#pragma GCC unroll 4
+    for (int r = 0; r < QG; ++r) {
+      if (r >= nr || !(plan[r0 + r].valid >> j & 1)) continue;
+      float ms = 1.0f, vs = 1.0f;
+      if (plan[r0 + r].is_new >> j & 1) {
+        ms = plan[r0 + r].e[j];
+        const __m512 mv = _mm512_set1_ps(ms);
 #pragma GCC unroll 16
-          for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_mul_ps(acc[r][c], mv));
-        } else {
-          vs = plan[r].e[j];
-        }
-        const __m512 vv = _mm512_set1_ps(vs);
-#pragma GCC unroll 16
-        for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(_mm512_loadu_ps(vr + 16 * c), vv, acc[r][c]));
-        s[r] = __builtin_fmaf(s[r], ms, vs);
+        for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_mul_ps(acc[r][c], mv));
+      } else {
+        vs = plan[r0 + r].e[j];
       }
+      const __m512 vv = _mm512_set1_ps(vs);
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(_mm512_loadu_ps(vr + 16 * c), vv, acc[r][c]));
+      sr[r] = __builtin_fmaf(sr[r], ms, vs);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < QG; ++r) {
-    if (r >= R) continue;
-    const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
-    float* o = a.out + (i + r) * a.out_stride;
-    const __m512 iv = _mm512_set1_ps(inv);
+    if (r >= nr) continue;
+    s[r0 + r] = sr[r];
 #pragma GCC unroll 16
-    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[r][c], iv));
+    for (int c = 0; c < DC; ++c) _mm512_store_ps(acc_mem[r0 + r] + 16 * c, acc[r][c]);
   }
 }
 
 template <int DC>
 void attention_dc(const AttnArgs& a) {
+  constexpr int64_t d = 16 * DC;
   constexpr int QG = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
-  for (int64_t i = 0; i < a.n_q; i += QG) {
-    const int R = static_cast<int>(a.n_q - i < QG ? a.n_q - i : QG);
-    attention_group<DC, QG>(a, i, R);
+  alignas(64) float acc[kMaxQ][d];
+  alignas(64) float sc[kMaxQ][32];
+  KeyPlan plan[kMaxQ];
+  float m[kMaxQ], s[kMaxQ];
+  for (int64_t i0 = 0; i0 < a.n_q; i0 += kMaxQ) {
+    const int nq = static_cast<int>(a.n_q - i0 < kMaxQ ? a.n_q - i0 : kMaxQ);
+    const int64_t* first = a.first + i0;
+    const int64_t* end = a.end + i0;
+    int64_t lo = first[0], hi = end[0];
+    for (int r = 0; r < nq; ++r) {
+      m[r] = -__builtin_inff();
+      s[r] = 0.0f;
+      for (int64_t k = 0; k < d; k += 16) _mm512_store_ps(acc[r] + k, _mm512_setzero_ps());
+      lo = lo < first[r] ? lo : first[r];
+      hi = hi > end[r] ? hi : end[r];
+    }
+    for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
+      const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
+      const float* kt[2] = {a.kt + ((p0 - a.base) / 16) * d * 16, a.kt + ((p0 - a.base) / 16 + 1) * d * 16};
+      for (int r = 0; r < nq; ++r) {
+        // Queries whose range misses this step skip the scores.
+        if (end[r] <= p0 || first[r] >= p0 + nk) {
+          plan[r].valid = 0;
+          plan[r].is_new = 0;
+          continue;
+        }
+        const float* q = a.q + (i0 + r) * a.q_stride;
+        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
+        if (kn > 16) score_tile<1, 2, DC / 2>(&q, kt, a.scale, sc + r);
+        else score_tile<1, 1, DC / 2>(&q, kt, a.scale, sc + r);
+        plan_keys(plan[r], m[r], sc[r], kn, p0, first[r], end[r]);
+      }
+      for (int r0 = 0; r0 < nq; r0 += QG)
+        update_values<DC, QG>(r0, nq - r0 < QG ? nq - r0 : QG, nk, p0, a, sc, plan, s, acc);
+    }
+    for (int r = 0; r < nq; ++r) {
+      const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
+      float* o = a.out + (i0 + r) * a.out_stride;
+      const __m512 iv = _mm512_set1_ps(inv);
+      for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_load_ps(acc[r] + c), iv));
+    }
   }
 }
 
