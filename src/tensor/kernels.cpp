@@ -429,6 +429,8 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   a.n_in = n_in;
   a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
   a.y_stride = j.n_out;
+  static const int64_t prefetch = std::getenv("REPRISE_PREFETCH") ? std::atoll(std::getenv("REPRISE_PREFETCH")) : 0;
+  a.prefetch = prefetch;
   // k blocks keep a task's weight panel and token tile in L1 together.
   const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
   for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
@@ -1069,8 +1071,10 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
   // Pass 2: per head and run of queries.
   constexpr int64_t kQueries = 16;
   const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
+  // Later runs attend to more keys (causal): hand them out first so the
+  // pool's tail is short.
   pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
-    const int64_t h = task / n_runs, run = task % n_runs;
+    const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
     const int64_t t0 = run * kQueries, nq = std::min(kQueries, b.n_tokens - t0);
     alignas(64) float qh[kQueries * 256];
     for (int64_t i = 0; i < nq; ++i) convert_row(ActKind::F16, b.q + ((t0 + i) * b.n_head + h) * D, D, qh + i * D);

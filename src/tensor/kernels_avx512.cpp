@@ -77,6 +77,14 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
+    if constexpr (T == 1) {
+      // Decode streams the weights once: prefetch ahead (one line per 2 k).
+      if (a.prefetch > 0 && !(k & 1)) {
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g)
+          _mm_prefetch(reinterpret_cast<const char*>(w + g * gb + k * kStep + a.prefetch), _MM_HINT_T0);
+      }
+    }
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * kStep);

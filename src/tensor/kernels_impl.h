@@ -74,6 +74,8 @@ struct MatmulArgs {
   int64_t k_end;
   float* y;
   int64_t y_stride;
+  // Decode tiles prefetch this many bytes ahead in each weight stream (0: off).
+  int64_t prefetch;
 };
 
 // Attention for a run of queries of one head against keys whose K rows are
