@@ -1000,7 +1000,9 @@ TEST(ServeHttp, RefusesGenerationsBeyondItsConnectionThreadsButStaysHealthy) {
     streams.back()->send_post(
         "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 3000}, {"stream", true}, {"ignore_eos", true}}.dump());
     // The first one occupies the only slot; the second waits behind it.
-    if (i == 0) ASSERT_NE(streams[0]->read_until("data: ").find("data: "), std::string::npos);
+    if (i == 0) {
+      ASSERT_NE(streams[0]->read_until("data: ").find("data: "), std::string::npos);
+    }
   }
   std::this_thread::sleep_for(50ms);
   Reply busy = post(s, "/v1/chat/completions", chat_body("one more", 2));
