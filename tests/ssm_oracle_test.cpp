@@ -45,17 +45,8 @@ struct OracleCase {
   float tol;
 };
 
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(0, std::ios::end);
-  size_t n = static_cast<size_t>(in.tellg()) / 4;
-  in.seekg(0);
-  std::vector<float> v(n);
-  in.read(reinterpret_cast<char*>(v.data()), n * 4);
-  return v;
-}
-
-int argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+using test::argmax;
+using test::read_f32;
 
 class SsmOracleTest : public ::testing::TestWithParam<OracleCase> {};
 

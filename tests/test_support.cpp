@@ -1,9 +1,24 @@
 #include "test_support.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <filesystem>
 
 namespace reprise::test {
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  const size_t n = size > 0 ? static_cast<size_t>(size) / 4 : 0;
+  in.seekg(0);
+  std::vector<float> v(n);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+  return v;
+}
+
+int argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
 
 std::optional<std::string> shared_fixtures() {
   namespace fs = std::filesystem;

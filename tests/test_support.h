@@ -1,9 +1,16 @@
 // Helpers shared by the test executables: locating ../shared fixtures.
 #pragma once
 #include <optional>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace reprise::test {
+
+// Raw little-endian float32 values of a golden logits/embedding file.
+std::vector<float> read_f32(const std::string& path);
+// Index of the largest of n values (first on ties).
+int argmax(const float* x, int64_t n);
 
 // Absolute path of ../shared/fixtures beside the source tree, or nullopt when
 // the oracle data is absent (a user's fresh clone). REPRISE_SHARED overrides.

@@ -101,15 +101,7 @@ const VisionPair& synthetic_pair(uint64_t seed = 1) {
   return *slot;
 }
 
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(0, std::ios::end);
-  const size_t n = static_cast<size_t>(in.tellg()) / 4;
-  in.seekg(0);
-  std::vector<float> v(n);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
-  return v;
-}
+using test::read_f32;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
