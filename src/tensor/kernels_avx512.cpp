@@ -116,6 +116,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBlockBytes;
+
     __m512i ia[G][T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
