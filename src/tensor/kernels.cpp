@@ -736,7 +736,6 @@ void expf_exact(const float* x, float* out, int64_t n) {
 }
 
 float expf_vec(float x) { return exp_scalar(x); }
-float kernels::exp_ref(float x) { return exp_scalar(x); }
 
 void expf_vec(const float* x, float* out, int64_t n) {
   int64_t i = 0;

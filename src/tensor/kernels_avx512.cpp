@@ -247,38 +247,6 @@ void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<true>::K>(a
 // kernels.cpp: four 8-lane accumulator chains over 32-element steps, then
 // ((c0 + c1) + (c2 + c3)), lanes l + l+4, then (w0 + w1) + (w2 + w3).
 
-constexpr float kExpShift = 0x1.8p23f;
-constexpr float kLog2e = 0x1.715476p+0f;
-constexpr float kLn2Hi = 0x1.62e4p-1f;
-constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
-constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
-                kC1 = 0x1.ffffecp-1f;
-
-// Same operations as exp8 / exp_scalar in kernels.cpp.
-RP_INLINE __m512 exp16(__m512 x) {
-  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(kExpShift));
-  const __m512 n = _mm512_sub_ps(z, _mm512_set1_ps(kExpShift));
-  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  const __m512 u = _mm512_mul_ps(b, b);
-  const __m512 j = _mm512_fmadd_ps(
-      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kC5), b, _mm512_set1_ps(kC4)), u,
-                      _mm512_fmadd_ps(_mm512_set1_ps(kC3), b, _mm512_set1_ps(kC2))),
-      u, _mm512_fmadd_ps(_mm512_set1_ps(kC1), b, _mm512_set1_ps(1.0f)));
-  const __mmask16 ok = _mm512_cmp_ps_mask(n, _mm512_set1_ps(-126.0f), _CMP_GE_OQ) &
-                       _mm512_cmp_ps_mask(n, _mm512_set1_ps(127.0f), _CMP_LE_OQ);
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 r = _mm512_mul_ps(j, _mm512_castsi512_ps(e));
-  if (ok != 0xffff) {
-    alignas(64) float xs[16], rs[16];
-    _mm512_store_ps(xs, x);
-    _mm512_store_ps(rs, r);
-    for (int i = 0; i < 16; ++i)
-      if (!(ok >> i & 1)) rs[i] = exp_ref(xs[i]);
-    r = _mm512_load_ps(rs);
-  }
-  return r;
-}
-
 // glibc's expf, 8 lanes in double precision (same operations as expf_exact4
 // in kernels.cpp).
 RP_INLINE __m256 expf_exact_half(__m256 x) {

@@ -99,10 +99,6 @@ struct AttnArgs {
   int64_t out_stride;
 };
 
-// The scalar exponential of kernels.cpp (ggml's algorithm), for lanes outside
-// the vector fast range.
-float exp_ref(float x);
-
 // glibc's expf (Arm optimized-routines: 32-entry 2^(i/32) table, cubic in
 // double precision), used by attention's online softmax exactly as ggml's
 // flash attention calls expf. Vector versions reproduce it bit for bit.
