@@ -11,12 +11,16 @@
 
 #include "tensor/kernels_impl.h"
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2"))), apply_to = function)
+#else
 #pragma GCC push_options
 // GCC 12 warns about _mm512_undefined_ps inside its own intrinsics headers.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")
+#endif
 
 namespace reprise::kernels {
 namespace {
@@ -631,5 +635,9 @@ const IsaKernels& avx512_kernels() {
 
 }  // namespace reprise::kernels
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
