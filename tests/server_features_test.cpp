@@ -127,6 +127,9 @@ TEST(ServerImages, EncoderCacheAndImageKeyedPrefixReuse) {
   EXPECT_EQ(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
   EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 1);
   EXPECT_EQ(s.metric("reprise_encoder_cache_hits_total"), 1);
+  // One memory view: KV blocks and encoder outputs both counted.
+  EXPECT_GT(s.metric("reprise_memory_bytes{model=\"gemma3-spm-f16\",kind=\"encoder\"}"), 0);
+  EXPECT_GT(s.metric("reprise_memory_bytes{model=\"gemma3-spm-f16\",kind=\"kv\"}"), 0);
 
   // A different image at the same place: only the text before it is reused.
   auto [st3, other] = s.post("/v1/chat/completions", image_chat(gradient, "Describe it."));
@@ -161,6 +164,7 @@ TEST(ServerSnapshots, HybridModelReusesTurnOneThroughSnapshots) {
   EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
   EXPECT_GE(s.metric("reprise_snapshot_hits_total"), 1);
   EXPECT_GT(s.metric("reprise_snapshot_tokens_saved_total"), 0);
+  EXPECT_GT(s.metric("reprise_memory_bytes{model=\"server-jamba\",kind=\"snapshots\"}"), 0);
 }
 
 TEST(ServerSpeculative, DraftGivesTheSameGreedyTextAndCountsTokens) {

@@ -23,6 +23,8 @@ struct RunOptions {
   bool verbose = false;
   double cache_ram_mib = 256;
   double snapshot_ram_mib = 256;
+  size_t snapshot_max_entries = 4096;
+  double snapshot_ttl_seconds = 0;
   std::string cache_salt;
   std::string draft_model;
   int draft_max = 8;
@@ -47,6 +49,8 @@ void run(const RunOptions& o) {
   SnapshotConfig snap_cfg;
   snap_cfg.budget_bytes = static_cast<uint64_t>(o.snapshot_ram_mib * 1024 * 1024);
   snap_cfg.chunk_tokens = cfg.block_tokens;
+  snap_cfg.max_entries = o.snapshot_max_entries;
+  snap_cfg.ttl_seconds = o.snapshot_ttl_seconds;
   SnapshotStore snapshots(bundle->model->state_spec(), snap_cfg);
   Engine engine(*bundle->model, pool, &cache, {}, &snapshots);
   std::unique_ptr<ModelBundle> draft;
@@ -128,6 +132,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--cache-salt", o->cache_salt, "Cache namespace salt (tenant isolation)");
   cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,
                   "Recurrent-state snapshot budget in MiB for SSM/hybrid models (0 disables)")
+      ->capture_default_str();
+  cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept")->capture_default_str();
+  cmd->add_option("--snapshot-ttl", o->snapshot_ttl_seconds, "Seconds a snapshot stays usable (0 = no limit)")
       ->capture_default_str();
   cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding (same vocabulary)");
   cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();

@@ -101,7 +101,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding of the default model");
   cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
   cmd->add_option("--mmproj", o->mmproj, "Vision projector (mmproj GGUF) for the default model: image inputs");
-  cmd->add_option("--mm-cache-mib", o->mm_cache_mib, "Vision encoder-output cache budget in MiB (0 stores nothing)")
+  cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept per SSM/hybrid model")
+      ->capture_default_str();
+  cmd->add_option("--snapshot-ttl", o->snapshot_ttl_seconds, "Seconds a snapshot stays usable (0 = no limit)")
+      ->capture_default_str();
+  cmd->add_option("--mm-cache-bytes", o->mm_cache_bytes, "Vision encoder-output cache budget in bytes (0 stores nothing)")
       ->capture_default_str();
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget per model in MiB (0 disables)")
       ->capture_default_str();

@@ -184,6 +184,15 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
     w.family(g.name, g.type, g.help);
     for (const ModelStatus& s : models) w.sample(g.name, model_label(s.id), g.value(s));
   }
+  w.family("reprise_memory_bytes", "gauge",
+           "Bytes held per cache kind (kv = prefix cache blocks, snapshots = recurrent state, encoder = image "
+           "embeddings), all within --models-max-ram accounting.");
+  for (const ModelStatus& s : models) {
+    const std::pair<const char*, uint64_t> kinds[] = {
+        {"kv", s.cache.bytes}, {"snapshots", s.snapshots.bytes}, {"encoder", s.encoder.bytes}};
+    for (const auto& [kind, n] : kinds)
+      w.sample("reprise_memory_bytes", model_label(s.id) + ",kind=\"" + kind + "\"", static_cast<double>(n));
+  }
   w.family("reprise_cache_blocks", "gauge", "Cache blocks by state (all, in_use, cached = evictable, shared).");
   for (const ModelStatus& s : models) {
     const std::pair<const char*, uint64_t> states[] = {{"all", s.cache.blocks},

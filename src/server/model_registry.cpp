@@ -36,6 +36,19 @@ ModelLease::~ModelLease() {
   if (registry_) registry_->release(entry_);
 }
 
+namespace {
+uint64_t e_extra_bytes(const LoadedModel& m) {
+  uint64_t extra = 0;
+  if (m.snapshots) extra += m.snapshots->config().budget_bytes;
+  if (m.vision) extra += m.vision->encoder_cache_stats().budget_bytes;
+  if (m.draft) {
+    std::error_code ec;
+    extra += std::filesystem::file_size(m.draft->path, ec) + m.draft_cache->stats().budget_bytes;
+  }
+  return extra;
+}
+}  // namespace
+
 ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions options)
     : options_(std::move(options)) {
   if (sources.empty()) throw Error("no models to serve");
@@ -110,11 +123,14 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
     say("failed to load model '" + id + "': " + error);
     return ApiError::server("failed to load model '" + id + "': " + error, "model_load_failed");
   }
+  // Once loaded, what the model may hold besides its file and KV budget
+  // counts too: snapshot and encoder-cache budgets and a draft model's file.
+  e.footprint = footprint + e_extra_bytes(*model);
   e.loaded = std::move(model);
   ++e.loads;
   ++e.in_flight;
   e.last_used = ++clock_;
-  say("model '" + id + "' ready (" + mib(footprint) + " counted against --models-max-ram)");
+  say("model '" + id + "' ready (" + mib(e.footprint) + " counted against --models-max-ram)");
   return ModelLease(this, index, e.loaded);
 }
 
@@ -168,6 +184,8 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
   if (m->bundle->model->state_spec().has_recurrent()) {
     SnapshotConfig snapshot_config;
     snapshot_config.budget_bytes = options_.snapshot_budget_bytes;
+    snapshot_config.max_entries = options_.snapshot_max_entries;
+    snapshot_config.ttl_seconds = options_.snapshot_ttl_seconds;
     snapshot_config.chunk_tokens = m->cache->block_tokens();
     m->snapshots = std::make_unique<SnapshotStore>(m->bundle->model->state_spec(), snapshot_config);
   }

@@ -39,6 +39,8 @@ struct RegistryOptions {
   int threads = 1;                          // per model's thread pool
   uint64_t cache_budget_bytes = 256ull << 20;  // per model's prefix cache
   uint64_t snapshot_budget_bytes = 256ull << 20;  // per SSM/hybrid model's snapshot store
+  size_t snapshot_max_entries = 4096;
+  double snapshot_ttl_seconds = 0;
   // For the default (first) model only: a speculative-decoding draft and a
   // vision projector.
   std::string draft_model_path;

@@ -16,7 +16,7 @@ std::string ServeOptions::validate() const {
   if (threads < 0) return "--threads must be >= 0";
   if (cache_ram_mib < 0) return "--cache-ram must be >= 0";
   if (snapshot_ram_mib < 0) return "--snapshot-ram must be >= 0";
-  if (mm_cache_mib < 0) return "--mm-cache-bytes must be >= 0";
+  if (snapshot_ttl_seconds < 0) return "--snapshot-ttl must be >= 0";
   if (draft_max < 1 || draft_max > 64) return "--draft-max must be between 1 and 64";
   if (ctx_size < 0) return "--ctx-size must be >= 0";
   if (max_body_bytes < 1024) return "--max-body-bytes must be at least 1024";
@@ -84,7 +84,9 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.draft_model_path = options.draft_model;
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;
-  r.mm_cache_bytes = static_cast<uint64_t>(options.mm_cache_mib * 1024 * 1024);
+  r.mm_cache_bytes = options.mm_cache_bytes;
+  r.snapshot_max_entries = options.snapshot_max_entries;
+  r.snapshot_ttl_seconds = options.snapshot_ttl_seconds;
   r.n_ctx = options.ctx_size;
   r.max_ram_bytes = static_cast<uint64_t>(options.models_max_ram_mib * 1024 * 1024);
   if (!options.chat_template_file.empty()) {

@@ -28,7 +28,9 @@ struct ServeOptions {
   std::string draft_model;         // speculative decoding draft for the default model
   int draft_max = 8;               // tokens drafted per step (requests may lower it)
   std::string mmproj;              // vision projector for the default model
-  double mm_cache_mib = 256;       // vision encoder-output cache; 0 stores nothing
+  uint64_t mm_cache_bytes = 256ull << 20;  // vision encoder-output cache; 0 stores nothing
+  size_t snapshot_max_entries = 4096;  // per SSM/hybrid model
+  double snapshot_ttl_seconds = 0;     // 0: snapshots never expire by age
   int64_t ctx_size = 0;            // 0: each model's training context
   size_t max_body_bytes = 8u << 20;
   std::string chat_template_file;  // overrides every model's template
