@@ -84,6 +84,76 @@ size_t group_bytes_for(DType type, int64_t n_in) {
   }
 }
 
+// 8x8 transposes (AVX2) for packing full groups: rows r0..r0+7 of `src`
+// (row stride `stride` bytes) at byte offset `off`.
+inline void transpose8x8_epi32(__m256i (&v)[8]) {
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+  const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+  v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+  v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+  v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+  v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+  v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+  v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+  v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+  v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// 8 rows x 8 16-bit elements -> 8 outputs of the 8 rows' element k.
+inline void transpose8x8_epi16(__m128i (&v)[8]) {
+  const __m128i a0 = _mm_unpacklo_epi16(v[0], v[1]), a1 = _mm_unpackhi_epi16(v[0], v[1]);
+  const __m128i a2 = _mm_unpacklo_epi16(v[2], v[3]), a3 = _mm_unpackhi_epi16(v[2], v[3]);
+  const __m128i a4 = _mm_unpacklo_epi16(v[4], v[5]), a5 = _mm_unpackhi_epi16(v[4], v[5]);
+  const __m128i a6 = _mm_unpacklo_epi16(v[6], v[7]), a7 = _mm_unpackhi_epi16(v[6], v[7]);
+  const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+  const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+  const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+  const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+  v[0] = _mm_unpacklo_epi64(b0, b4);
+  v[1] = _mm_unpackhi_epi64(b0, b4);
+  v[2] = _mm_unpacklo_epi64(b1, b5);
+  v[3] = _mm_unpackhi_epi64(b1, b5);
+  v[4] = _mm_unpacklo_epi64(b2, b6);
+  v[5] = _mm_unpackhi_epi64(b2, b6);
+  v[6] = _mm_unpacklo_epi64(b3, b7);
+  v[7] = _mm_unpackhi_epi64(b3, b7);
+}
+
+// Full 16-row groups of 16-bit or 32-bit elements, 8 inputs at a time;
+// returns the first k not packed (the caller finishes in scalar code).
+int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
+  const int64_t k8 = w.n_in / 8 * 8;
+  if (w.type == DType::F32) {
+    auto* o = reinterpret_cast<uint32_t*>(out);
+    for (int64_t k = 0; k < k8; k += 8)
+      for (int h = 0; h < 2; ++h) {
+        __m256i v[8];
+        for (int i = 0; i < 8; ++i)
+          v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.row(r0 + 8 * h + i) + k * 4));
+        transpose8x8_epi32(v);
+        for (int i = 0; i < 8; ++i)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
+      }
+    return k8;
+  }
+  auto* o = reinterpret_cast<uint16_t*>(out);
+  for (int64_t k = 0; k < k8; k += 8)
+    for (int h = 0; h < 2; ++h) {
+      __m128i v[8];
+      for (int i = 0; i < 8; ++i)
+        v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.row(r0 + 8 * h + i) + k * 2));
+      transpose8x8_epi16(v);
+      for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
+    }
+  return k8;
+}
+
 // Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
   const size_t gb = group_bytes_for(w.type, w.n_in);
@@ -96,23 +166,45 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       case DType::F16:
       case DType::BF16: {
         const size_t es = w.type == DType::F32 ? 4 : 2;
-        std::memset(out, 0, gb);
+        int64_t k_done = 0;
+        if (rows == kGroupRows) k_done = pack_full_group_f(w, r0, out);
+        else std::memset(out, 0, gb);
         for (int r = 0; r < rows; ++r) {
           const uint8_t* src = w.row(r0 + r);
           if (es == 4) {
             auto* o = reinterpret_cast<uint32_t*>(out);
             auto* s = reinterpret_cast<const uint32_t*>(src);
-            for (int64_t k = 0; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
+            for (int64_t k = k_done; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
           } else {
             auto* o = reinterpret_cast<uint16_t*>(out);
             auto* s = reinterpret_cast<const uint16_t*>(src);
-            for (int64_t k = 0; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
+            for (int64_t k = k_done; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
           }
         }
         break;
       }
       case DType::Q8_0: {
         const int64_t nb = w.n_in / kQK8_0;
+        if (rows == kGroupRows) {
+          // 16 rows x 8 dword chunks per block: two 8x8 dword transposes.
+          const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+          for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* ob = out + b * 544;
+            auto* d = reinterpret_cast<uint16_t*>(ob);
+            for (int h = 0; h < 2; ++h) {
+              __m256i v[8];
+              for (int i = 0; i < 8; ++i) {
+                const auto& blk = reinterpret_cast<const BlockQ8_0*>(w.row(r0 + 8 * h + i))[b];
+                d[8 * h + i] = blk.d;
+                v[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs)), bias);
+              }
+              transpose8x8_epi32(v);
+              for (int c = 0; c < 8; ++c)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(ob + 32 + c * 64 + h * 32), v[c]);
+            }
+          }
+          break;
+        }
         for (int64_t b = 0; b < nb; ++b) {
           uint8_t* ob = out + b * 544;
           auto* d = reinterpret_cast<uint16_t*>(ob);
