@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "model/output_head.h"
 #include "tensor/kernels.h"
 #include "util/error.h"
 
@@ -451,13 +452,7 @@ void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
     for (int64_t i = r0 * n_embd; i < n * n_embd; ++i) x[i] += mix[i];
   }
 
-  if (batch.logits_for == LogitsFor::None) return;
-  const int64_t first = batch.logits_for == LogitsFor::All ? 0 : n - 1;
-  const int64_t rows = n - first;
-  for (int64_t t = 0; t < rows; ++t)
-    rms_norm(x.data() + (first + t) * n_embd, output_norm_.data(), d_.eps, n_embd, h.data() + t * n_embd);
-  logits.resize(rows * info_.n_vocab);
-  matmul(output_, h.data(), rows, logits.data(), pool);
+  output_logits(x.data(), n, n_embd, batch.logits_for, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), logits, pool);
 }
 
 }  // namespace

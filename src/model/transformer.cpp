@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "model/output_head.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -364,13 +365,7 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
     });
   }
 
-  if (batch.logits_for == LogitsFor::None) return;
-  const int64_t first = batch.logits_for == LogitsFor::All ? 0 : n - 1;
-  const int64_t rows = n - first;
-  for (int64_t t = 0; t < rows; ++t)
-    rms_norm(x.data() + (first + t) * n_embd_, output_norm_.data(), eps_, n_embd_, h.data() + t * n_embd_);
-  logits.resize(rows * info_.n_vocab);
-  matmul(output_, h.data(), rows, logits.data(), pool);
+  output_logits(x.data(), n, n_embd_, batch.logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
 }
 
 }  // namespace
