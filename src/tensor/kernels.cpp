@@ -1135,11 +1135,11 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t base = lo & ~int64_t(15);
   const int64_t n_blocks = (hi - base + 15) / 16 + 1;  // one spare block for 32-key steps
   const int64_t n_pos = n_blocks * 16;
-  thread_local std::vector<float> kt_buf, v_buf;
-  kt_buf.resize(static_cast<size_t>(b.n_head_kv * n_blocks * D * 16));
-  v_buf.resize(static_cast<size_t>(b.n_head_kv * n_pos * D));
-  float* kt = kt_buf.data();
-  float* vf = v_buf.data();
+  // 64-byte aligned: the kernel's full-vector loads must not split cache lines.
+  thread_local std::vector<uint8_t> kt_buf, v_buf;
+  float* kt = reinterpret_cast<float*>(
+      aligned_scratch(kt_buf, static_cast<size_t>(b.n_head_kv * n_blocks * D * 16) * sizeof(float)));
+  float* vf = reinterpret_cast<float*>(aligned_scratch(v_buf, static_cast<size_t>(b.n_head_kv * n_pos * D) * sizeof(float)));
   // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
   pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
     const int64_t j = task / n_blocks, blk = task % n_blocks;
