@@ -573,9 +573,10 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     j.y = m.y;
     if (n_tokens < kTokenTile) {
       j.tokens_per_task = n_tokens;
-      // About 4 tasks per thread over all matrices, at least 4 groups each.
+      // About 4 tasks per thread over all matrices, in whole 8-group decode
+      // tiles (8 concurrent weight streams; see the ISA kernels).
       const int64_t target = std::max<int64_t>(1, total_groups / (threads * 4));
-      j.groups_per_task = std::clamp<int64_t>(target, 4, 256);
+      j.groups_per_task = std::clamp<int64_t>((target + 7) / 8 * 8, 8, 256);
     } else {
       j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;

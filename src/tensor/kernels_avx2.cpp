@@ -218,21 +218,24 @@ void matmul_bf16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::BF16>::K>
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<false>::K>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<true>::K>(a); }
 
+// Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 256) {
-    a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)),
-                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32))));
-    a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)),
-                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96))));
-    a2 = _mm256_add_epi64(a2, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 128)),
-                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 160))));
-    a3 = _mm256_add_epi64(a3, _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 192)),
-                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 224))));
+  constexpr int kStreams = 8;
+  const size_t len = n / kStreams;
+  __m256i acc[kStreams];
+  for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_setzero_si256();
+  for (size_t i = 0; i < len; i += 64) {
+    for (int s = 0; s < kStreams; ++s) {
+      const uint8_t* q = p + s * len + i;
+      _mm_prefetch(reinterpret_cast<const char*>(q + 1024), _MM_HINT_T0);
+      acc[s] = _mm256_add_epi64(acc[s], _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
+                                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))));
+    }
   }
+  __m256i t = acc[0];
+  for (int s = 1; s < kStreams; ++s) t = _mm256_add_epi64(t, acc[s]);
   alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
   return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 

@@ -120,6 +120,16 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBlockBytes;
+    if constexpr (T == 1) {
+      // Decode streams the weights once: prefetch each group's stream ahead.
+      if (a.prefetch > 0) {
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+          for (size_t off = 0; off < kBlockBytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(wb + g * gb + off + a.prefetch), _MM_HINT_T0);
+      }
+    }
 
     __m512i ia[G][T];
 #pragma GCC unroll 16
@@ -211,8 +221,14 @@ void run_tiles(const MatmulArgs& a) {
   const int64_t rest = a.n_tokens - t;
   auto tail = [&](auto tag) {
     constexpr int R = decltype(tag)::value;
-    if constexpr (R == 1)
-      over_groups<TileFn>(a, t, 4, &K<4, 1>::run, &K<1, 1>::run);
+    if constexpr (R == 1) {
+      // Decode is bound by memory: 8 concurrent weight streams per thread
+      // read ~40% faster than 4 on the 2-vCPU VM (bench/stream probe).
+      int64_t g = 0;
+      for (; g + 8 <= a.n_groups; g += 8) K<8, 1>::run(a, g, t);
+      for (; g + 4 <= a.n_groups; g += 4) K<4, 1>::run(a, g, t);
+      for (; g < a.n_groups; ++g) K<1, 1>::run(a, g, t);
+    }
     else
       over_groups<TileFn>(a, t, GWide, &K<GWide, R>::run, &K<1, R>::run);
   };
@@ -614,15 +630,26 @@ void pack_f_tile(const float* x, int64_t n_in, int nt, int tile, int round, floa
   }
 }
 
+// Reads n bytes (a multiple of 8 KiB) as 8 interleaved streams with a
+// software prefetch 1 KiB ahead: the access pattern of the decode tiles,
+// which reads ~1.5x faster on the 2-vCPU VM than one sequential stream.
 uint64_t read_sum(const uint8_t* p, size_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 256) {
-    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
-    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
-    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
-    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+  constexpr int kStreams = 8;
+  const size_t len = n / kStreams;
+  __m512i acc[kStreams];
+#pragma GCC unroll 8
+  for (int s = 0; s < kStreams; ++s) acc[s] = _mm512_setzero_si512();
+  for (size_t i = 0; i < len; i += 64) {
+#pragma GCC unroll 8
+    for (int s = 0; s < kStreams; ++s) {
+      const uint8_t* q = p + s * len + i;
+      _mm_prefetch(reinterpret_cast<const char*>(q + 1024), _MM_HINT_T0);
+      acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(q));
+    }
   }
-  return static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+  __m512i t = acc[0];
+  for (int s = 1; s < kStreams; ++s) t = _mm512_add_epi64(t, acc[s]);
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(t));
 }
 
 }  // namespace
