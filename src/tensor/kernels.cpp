@@ -1116,6 +1116,35 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
   const IsaKernels& isa = isa_kernels();
   // Batches (prefill) go through the ISA's batched kernel with K transposed
   // and V widened once per layer; single queries (decode) read f16 rows.
+  if (b.n_tokens < 4 && isa.attend_rows && isa.attention_supports(D)) {
+    // Decode: tasks of up to 4 heads of one token, f16 K/V rows read in place.
+    constexpr int64_t kHeadsPerTask = 4;
+    const int64_t chunks = (b.n_head + kHeadsPerTask - 1) / kHeadsPerTask;
+    pool.parallel_for(b.n_tokens * chunks, [&](int64_t task) {
+      const int64_t t = task / chunks, h0 = (task % chunks) * kHeadsPerTask;
+      const int64_t nh = std::min(kHeadsPerTask, b.n_head - h0);
+      alignas(64) float qh[kHeadsPerTask * 256];
+      int64_t off[kHeadsPerTask];
+      for (int64_t i = 0; i < nh; ++i) {
+        convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
+        off[i] = ((h0 + i) / group) * D;
+      }
+      kernels::AttnRowsArgs a;
+      a.q = qh;
+      a.n_heads = nh;
+      a.k_off = off;
+      a.v_off = off;
+      a.key_rows = b.key_rows;
+      a.value_rows = b.value_rows;
+      a.first = b.first[t];
+      a.end = b.end[t];
+      a.d = D;
+      a.scale = b.scale;
+      a.out = b.out + (t * b.n_head + h0) * D;
+      isa.attend_rows(a);
+    });
+    return;
+  }
   if (!isa.attention || !isa.attention_supports(D) || b.n_tokens < 4) {
     pool.parallel_for(b.n_tokens * b.n_head, [&](int64_t task) {
       const int64_t t = task / b.n_head, h = task % b.n_head;

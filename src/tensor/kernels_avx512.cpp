@@ -553,6 +553,125 @@ void attention_dc(const AttnArgs& a) {
   }
 }
 
+// ggml's AVX2 f16 dot tree for one (query, key): acc0..acc3 (8 lanes each)
+// over 32-element steps are the two halves of A and B here; then
+// (acc0 + acc1) + (acc2 + acc3) and the 8-lane tree of hsum8 in kernels.cpp.
+template <int DC>
+RP_INLINE float score_row(const float* q, const uint16_t* k) {
+  __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int s = 0; s < DC / 2; ++s) {
+    A = _mm512_fmadd_ps(_mm512_loadu_ps(q + 32 * s),
+                        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * s))), A);
+    B = _mm512_fmadd_ps(_mm512_loadu_ps(q + 32 * s + 16),
+                        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * s + 16))), B);
+  }
+  const __m256 c01 = _mm256_add_ps(_mm512_castps512_ps256(A), _mm512_extractf32x8_ps(A, 1));
+  const __m256 c23 = _mm256_add_ps(_mm512_castps512_ps256(B), _mm512_extractf32x8_ps(B, 1));
+  const __m256 v = _mm256_add_ps(c01, c23);
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 t = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, t);
+  t = _mm_add_ss(t, sh);
+  return _mm_cvtss_f32(t);
+}
+
+// H heads of one query, keys in blocks of 16: scores, the sequential
+// new-maximum rule, 16 exponentials per head, then the value updates with
+// the heads' accumulators interleaved.
+template <int DC, int H>
+void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
+  __m512 acc[H][DC];
+  float M[H], S[H];
+  const float* q[H];
+  int64_t koff[H], voff[H];
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h) {
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) acc[h][c] = _mm512_setzero_ps();
+    M[h] = -__builtin_inff();
+    S[h] = 0.0f;
+    q[h] = a.q + (h0 + h) * 16 * DC;
+    koff[h] = a.k_off[h0 + h];
+    voff[h] = a.v_off[h0 + h];
+  }
+  alignas(64) float sc[H][16], arg[H][16], e[H][16];
+  uint32_t is_new[H];
+  for (int64_t p0 = a.first; p0 < a.end; p0 += 16) {
+    const int nb = static_cast<int>(a.end - p0 < 16 ? a.end - p0 : 16);
+    for (int j = 0; j < nb; ++j) {
+      const uint16_t* kr = a.key_rows[p0 + j];
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], kr + koff[h]) * a.scale;
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      float m = M[h];
+      uint32_t mask = 0;
+      for (int j = 0; j < nb; ++j) {
+        const float s = sc[h][j];
+        const bool nw = s > m;
+        arg[h][j] = nw ? m - s : s - m;
+        if (nw) {
+          m = s;
+          mask |= 1u << j;
+        }
+      }
+      for (int j = nb; j < 16; ++j) arg[h][j] = 0.0f;
+      is_new[h] = mask;
+      _mm512_store_ps(e[h], expf_exact16(_mm512_load_ps(arg[h])));
+    }
+    for (int j = 0; j < nb; ++j) {
+      const uint16_t* vr = a.value_rows[p0 + j];
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) {
+        float ms = 1.0f, vs = 1.0f;
+        if (is_new[h] >> j & 1) {
+          M[h] = sc[h][j];
+          ms = e[h][j];
+          const __m512 mv = _mm512_set1_ps(ms);
+#pragma GCC unroll 16
+          for (int c = 0; c < DC; ++c) acc[h][c] = round_h16(_mm512_mul_ps(acc[h][c], mv));
+        } else {
+          vs = e[h][j];
+        }
+        const __m512 vv = _mm512_set1_ps(vs);
+        const uint16_t* v = vr + voff[h];
+#pragma GCC unroll 16
+        for (int c = 0; c < DC; ++c)
+          acc[h][c] = round_h16(_mm512_fmadd_ps(
+              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c))), vv, acc[h][c]));
+        S[h] = __builtin_fmaf(S[h], ms, vs);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h) {
+    const __m512 iv = _mm512_set1_ps(S[h] == 0.0f ? 0.0f : 1.0f / S[h]);
+    float* o = a.out + (h0 + h) * 16 * DC;
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[h][c], iv));
+  }
+}
+
+// Up to 16 accumulator registers: 4 heads of 64, 2 of 128, 1 of 256.
+template <int DC>
+void attend_rows_dc(const AttnRowsArgs& a) {
+  constexpr int H = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
+  int64_t h = 0;
+  for (; h + H <= a.n_heads; h += H) attend_rows_heads<DC, H>(a, h);
+  for (; h < a.n_heads; ++h) attend_rows_heads<DC, 1>(a, h);
+}
+
+void attend_rows(const AttnRowsArgs& a) {
+  switch (a.d) {
+    case 64: attend_rows_dc<4>(a); return;
+    case 128: attend_rows_dc<8>(a); return;
+    case 256: attend_rows_dc<16>(a); return;
+  }
+}
+
 bool attention_supports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 void attention(const AttnArgs& a) {
@@ -655,7 +774,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &attention, &attention_supports};
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &attention, &attention_supports, &attend_rows};
   return k;
 }
 

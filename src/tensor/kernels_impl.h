@@ -99,6 +99,26 @@ struct AttnArgs {
   int64_t out_stride;
 };
 
+// Single-query attention (decode): H = n_heads query rows of one token (q,
+// d floats each, f16-rounded) against positions [first, end) whose K and V
+// rows are read as f16 straight from the KV rows (head h's part starts at
+// k_off[h] / v_off[h] elements). The arithmetic per (query, key) is that of
+// attend_query in kernels.cpp, so results are identical; the kernel
+// interleaves the heads so their serial f16 accumulator chains overlap.
+struct AttnRowsArgs {
+  const float* q;
+  int64_t n_heads;
+  const int64_t* k_off;
+  const int64_t* v_off;
+  const uint16_t* const* key_rows;
+  const uint16_t* const* value_rows;
+  int64_t first;
+  int64_t end;
+  int64_t d;
+  float scale;
+  float* out;  // n_heads rows of d floats
+};
+
 // glibc's expf (Arm optimized-routines: 32-entry 2^(i/32) table, cubic in
 // double precision), used by attention's online softmax exactly as ggml's
 // flash attention calls expf. Vector versions reproduce it bit for bit.
@@ -121,7 +141,7 @@ struct IsaKernels {
   void (*matmul_bf16)(const MatmulArgs&);
   void (*matmul_q8_0)(const MatmulArgs&);
   void (*matmul_q4_0)(const MatmulArgs&);
-  // Sums bytes [0, n) of p (n a multiple of 256) with the widest loads; the
+  // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads; the
   // result only defeats dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n);
   // Packs nt <= tile token rows of x (n_in floats each) into one activation
@@ -133,6 +153,8 @@ struct IsaKernels {
   // does not handle (attention_supports).
   void (*attention)(const AttnArgs&);
   bool (*attention_supports)(int64_t head_dim);
+  // Null when the ISA has no decode attention kernel; head sizes as above.
+  void (*attend_rows)(const AttnRowsArgs&);
 };
 
 const IsaKernels& avx2_kernels();
