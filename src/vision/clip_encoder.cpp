@@ -13,7 +13,9 @@ namespace reprise {
 
 struct ClipEncoder::Layer {
   std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
-  MatrixView wq, wk, wv, wo, up, down;
+  // Packed once at load, as the language models do (an unpacked view would
+  // be repacked on every product).
+  PackedMatrix wq, wk, wv, wo, up, down;
   std::vector<float> bq, bk, bv, bo, b_up, b_down;
 };
 
@@ -112,7 +114,7 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
     if (!dtype_supported(t.type)) file.fail("tensor 'v.patch_embd.weight' has an unsupported type");
     if ((3 * P * P) % static_cast<int64_t>(dtype_info(t.raw_type)->block_elems) != 0)
       file.fail("tensor 'v.patch_embd.weight' rows do not fill whole blocks");
-    patch_embd_ = MatrixView{t.type, t.data, 3 * P * P, D, dtype_row_bytes(t.type, 3 * P * P)};
+    patch_embd_ = PackedMatrix(MatrixView{t.type, t.data, 3 * P * P, D, dtype_row_bytes(t.type, 3 * P * P)});
   }
   patch_bias_ = w.optional_vector("v.patch_embd.bias", D);
   position_embd_ = w.dense("v.position_embd.weight", {D, n_patches});
@@ -127,16 +129,16 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
     L.ln1_b = w.optional_vector(p + "ln1.bias", D);
     L.ln2_w = w.vector(p + "ln2.weight", D);
     L.ln2_b = w.optional_vector(p + "ln2.bias", D);
-    L.wq = w.matrix(p + "attn_q.weight", D, D);
-    L.wk = w.matrix(p + "attn_k.weight", D, D);
-    L.wv = w.matrix(p + "attn_v.weight", D, D);
-    L.wo = w.matrix(p + "attn_out.weight", D, D);
+    L.wq = PackedMatrix(w.matrix(p + "attn_q.weight", D, D));
+    L.wk = PackedMatrix(w.matrix(p + "attn_k.weight", D, D));
+    L.wv = PackedMatrix(w.matrix(p + "attn_v.weight", D, D));
+    L.wo = PackedMatrix(w.matrix(p + "attn_out.weight", D, D));
     L.bq = w.optional_vector(p + "attn_q.bias", D);
     L.bk = w.optional_vector(p + "attn_k.bias", D);
     L.bv = w.optional_vector(p + "attn_v.bias", D);
     L.bo = w.optional_vector(p + "attn_out.bias", D);
-    L.up = w.matrix(p + "ffn_up.weight", D, info_.n_ff);
-    L.down = w.matrix(p + "ffn_down.weight", info_.n_ff, D);
+    L.up = PackedMatrix(w.matrix(p + "ffn_up.weight", D, info_.n_ff));
+    L.down = PackedMatrix(w.matrix(p + "ffn_down.weight", info_.n_ff, D));
     L.b_up = w.optional_vector(p + "ffn_up.bias", info_.n_ff);
     L.b_down = w.optional_vector(p + "ffn_down.bias", D);
     if (w.has(p + "ffn_gate.weight")) file.fail("gated vision MLPs are not supported");
@@ -158,7 +160,7 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
     for (int64_t r = 0; r < D; ++r)      // source row: one ViT feature
       for (int64_t c = 0; c < out; ++c)  // source column: one output feature
         std::memcpy(projection_storage_.data() + (c * D + r) * elem, t.data + (r * out + c) * elem, elem);
-    projection_ = MatrixView{t.type, projection_storage_.data(), D, out, static_cast<size_t>(D) * elem};
+    projection_ = PackedMatrix(MatrixView{t.type, projection_storage_.data(), D, out, static_cast<size_t>(D) * elem});
   }
 
   const std::string layout = "clip/v1/" + info_.projector + "/" + std::to_string(info_.image_size) + "/" +

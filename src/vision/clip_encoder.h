@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/kernels.h"
 #include "tensor/matrix.h"
 #include "tensor/thread_pool.h"
 #include "vision/image_preprocess.h"
@@ -83,7 +84,7 @@ class ClipEncoder {
 
   VisionEncoderInfo info_;
   PreprocessParams preprocess_;
-  MatrixView patch_embd_;             // [3 * patch * patch, n_embd]
+  PackedMatrix patch_embd_;           // [3 * patch * patch, n_embd]
   std::vector<float> patch_bias_;     // optional
   std::vector<float> position_embd_;  // n_patches * n_embd
   std::vector<float> pre_ln_w_, pre_ln_b_;    // optional
@@ -91,7 +92,7 @@ class ClipEncoder {
   std::vector<Layer> layers_;
   std::vector<float> soft_emb_norm_;
   std::vector<uint8_t> projection_storage_;  // the input projection, transposed
-  MatrixView projection_;             // [n_embd, n_embd_out]
+  PackedMatrix projection_;           // [n_embd, n_embd_out] (packed from the transposed copy)
 };
 
 }  // namespace reprise
