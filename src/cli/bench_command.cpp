@@ -25,6 +25,7 @@ struct BenchOptions {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int n_depth = 0;  // tokens already in the context before each test (llama-bench -d)
   int threads = 0;
   int reps = 3;
   bool json = false;
@@ -94,19 +95,34 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
   const double read_gbps = roof.read_bw / 1e9;
   const double fraction = read_gbps > 0 ? streamed_gbps / read_gbps : 0;
   if (o.json) {
-    std::printf("{\"test\":\"%s\",\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
+    std::printf("{\"test\":\"%s\",\"n_depth\":%d,\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
                 "\"isa\":\"%s\",\"weight_bytes\":%llu,\"streamed_weight_bytes\":%llu,"
                 "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,"
                 "\"roofline_fraction\":%.3f}\n",
-                test.c_str(), s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
+                test.c_str(), o.n_depth, s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
                 static_cast<unsigned long long>(roof.weight_bytes), static_cast<unsigned long long>(roof.streamed_bytes),
                 eff_gbps, streamed_gbps, read_gbps, fraction);
   } else {
-    std::printf("| %-40s | %6s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %5.1f%% |\n",
+    std::printf("| %-40s | %12s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %5.1f%% |\n",
                 b.path.substr(b.path.find_last_of('/') + 1).c_str(), test.c_str(), threads, s.mean, s.stddev, eff_gbps,
                 streamed_gbps, 100 * fraction);
   }
   std::fflush(stdout);
+}
+
+// Fills positions [0, depth) of `memory` (untimed), as llama-bench -d does,
+// so the timed test runs against a context of that length.
+void prefill_depth(Model& model, FlatMemory& memory, int depth, int64_t n_vocab, ThreadPool& pool,
+                   std::vector<float>& logits) {
+  if (depth <= 0) return;
+  const auto toks = random_tokens(depth, n_vocab, 12345);
+  constexpr int kChunk = 512;
+  for (int p = 0; p < depth; p += kChunk) {
+    ForwardBatch batch;
+    batch.tokens = std::span<const int32_t>(toks.data() + p, std::min(kChunk, depth - p));
+    batch.pos0 = p;
+    model.forward(batch, memory, logits, pool);
+  }
 }
 
 void throughput(const BenchOptions& o, ModelBundle& b) {
@@ -125,26 +141,31 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
                 roof.read_bw / 1e9, threads, roof.streamed_bytes / 1e6, kernel_isa_name(kernel_isa()));
     // weights GB/s: all tensors per pass (llama.cpp's model size); streamed
     // GB/s: what a pass reads; of BW: streamed / measured read bandwidth.
-    std::printf("| %-40s | %6s | %7s | %21s | %12s | %13s | %6s |\n", "model", "test", "threads", "tokens/s",
+    std::printf("| %-40s | %12s | %7s | %21s | %12s | %13s | %6s |\n", "model", "test", "threads", "tokens/s",
                 "weights GB/s", "streamed GB/s", "of BW");
-    std::printf("|------------------------------------------|--------|---------|-----------------------|--------------|"
+    std::printf("|------------------------------------------|--------------|---------|-----------------------|--------------|"
                 "---------------|--------|\n");
   }
   std::vector<float> logits;
+  // llama-bench names tests at depth "pp512 @ d4096"; one token keeps the
+  // table's columns and the JSON field simple.
+  const std::string depth_suffix = o.n_depth > 0 ? "@d" + std::to_string(o.n_depth) : "";
   if (o.n_prompt > 0) {
     std::vector<double> rates;
     for (int r = -1; r < o.reps; ++r) {  // r = -1 warms up
       FlatMemory memory(model.state_spec());
-      memory.prepare(0, o.n_prompt);  // KV allocated up front, as llama.cpp does at context creation
+      memory.prepare(0, o.n_depth + o.n_prompt);  // KV allocated up front, as llama.cpp does at context creation
+      prefill_depth(model, memory, o.n_depth, n_vocab, pool, logits);
       auto toks = random_tokens(o.n_prompt, n_vocab, 1 + r);
       ForwardBatch batch;
       batch.tokens = toks;
+      batch.pos0 = o.n_depth;
       const double t0 = now_seconds();
       model.forward(batch, memory, logits, pool);
       const double dt = now_seconds() - t0;
       if (r >= 0) rates.push_back(o.n_prompt / dt);
     }
-    report(o, b, "pp" + std::to_string(o.n_prompt), spread(rates), threads, roof);
+    report(o, b, "pp" + std::to_string(o.n_prompt) + depth_suffix, spread(rates), threads, roof);
   }
   if (o.n_gen > 0) {
     std::vector<double> rates;
@@ -153,20 +174,21 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       // repetitions and compare against the best the machine gave meanwhile.
       roof.read_bw = std::max(roof.read_bw, measure_read_bandwidth(roof.streamed_bytes, pool, 2));
       FlatMemory memory(model.state_spec());
-      memory.prepare(0, o.n_gen);
+      memory.prepare(0, o.n_depth + o.n_gen);
+      prefill_depth(model, memory, o.n_depth, n_vocab, pool, logits);
       int32_t tok = 1;
       const double t0 = now_seconds();
       for (int i = 0; i < o.n_gen; ++i) {
         ForwardBatch batch;
         batch.tokens = std::span<const int32_t>(&tok, 1);
-        batch.pos0 = i;
+        batch.pos0 = o.n_depth + i;
         model.forward(batch, memory, logits, pool);
         tok = static_cast<int32_t>(3 + (i * 7919) % (n_vocab - 3));
       }
       const double dt = now_seconds() - t0;
       if (r >= 0) rates.push_back(o.n_gen / dt);
     }
-    report(o, b, "tg" + std::to_string(o.n_gen), spread(rates), threads, roof);
+    report(o, b, "tg" + std::to_string(o.n_gen) + depth_suffix, spread(rates), threads, roof);
   }
 }
 
@@ -178,6 +200,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "GGUF model (default: the built-in synthetic model)");
   cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 skips)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 skips)")->capture_default_str();
+  cmd->add_option("-d,--n-depth", o->n_depth, "Context tokens already present before each test (untimed prefill)")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per line per test");
@@ -190,6 +214,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--answer-tokens", o->answer_tokens, "Replay: generated tokens per turn")->capture_default_str();
   cmd->callback([o] {
     if (o->reps < 1) throw Error("--repetitions must be at least 1");
+    if (o->n_depth < 0 || o->n_prompt < 0 || o->n_gen < 0) throw Error("-p, -n and -d must not be negative");
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,
