@@ -75,6 +75,14 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
+    if constexpr (T == 1) {
+      // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
+      if (a.prefetch > 0 && !(k & 1)) {
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g)
+          _mm_prefetch(reinterpret_cast<const char*>(w + g * gb + k * kStep + a.prefetch), _MM_HINT_T0);
+      }
+    }
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -212,9 +220,12 @@ struct QKernel {
   };
 };
 
-void matmul_f32(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::F32>::K>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::F16>::K>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<3, 6, FKernel<FType::BF16>::K>(a); }
+// Decode reads 4 weight streams per F-type tile (8 accumulators; 4 divide the
+// driver's 8-group decode tasks): ~8% faster than 3 on the 2-vCPU VM.
+constexpr int kDecodeGroupsF = 4;
+void matmul_f32(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::F32>::K>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::F16>::K>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::BF16>::K>(a); }
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<false>::K>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<true>::K>(a); }
 
