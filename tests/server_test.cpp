@@ -1154,6 +1154,8 @@ TEST(ServeHttp, ChatTemplateFileOverridesAndTemplateErrorsAreReported) {
         << "{% for m in messages %}{% if 'forbidden' in m['content'] %}{{ raise_exception('no forbidden words here') }}"
            "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]";
     std::ofstream(dir / "broken.jinja") << "{% for m in messages %}{{ m['content'] }";
+    // Parses, but fails while rendering any conversation: the template's fault.
+    std::ofstream(dir / "fails.jinja") << "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ no_such_function() }}";
   }
   {
     ServeOptions o;
@@ -1175,6 +1177,16 @@ TEST(ServeHttp, ChatTemplateFileOverridesAndTemplateErrorsAreReported) {
     EXPECT_EQ(broken.doc()["error"]["code"], "chat_template_error");
     // Completions do not need the template.
     EXPECT_EQ(post(s, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+  }
+  {
+    ServeOptions o;
+    o.chat_template_file = (dir / "fails.jinja").string();
+    TestServer s(o);
+    Reply failed = post(s, "/v1/chat/completions", chat_body("x", 2));
+    EXPECT_EQ(failed.status, 500) << failed.body;
+    EXPECT_EQ(failed.doc()["error"]["code"], "chat_template_error");
+    EXPECT_NE(failed.doc()["error"]["message"].get<std::string>().find("template render error"), std::string::npos)
+        << failed.body;
   }
   fs::remove_all(dir);
 }

@@ -1,5 +1,6 @@
 #include "server/prompt_builder.h"
 
+#include "server/jinja/raise.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -39,13 +40,17 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
   inputs.eos_token = chat.eos_token;
   inputs.tokenizer_adds_bos = tokenizer.add_bos();
   inputs.extra_context = request.template_kwargs;
+  // The template's own raise_exception() rejects this conversation: the
+  // client's to fix (400). Any other render failure is the template's fault
+  // on input the request parser accepted: a server-side problem (500).
   try {
     return chat.chat_template->apply(inputs);
-  } catch (const Error& e) {
+  } catch (const jinja::TemplateRaised& e) {
     return ApiError{400, std::string("chat template error: ") + e.what(), "invalid_request_error", "messages",
                     "chat_template_error"};
   } catch (const std::exception& e) {
-    return ApiError::server(std::string("chat template failed: ") + e.what(), "chat_template_error");
+    return ApiError::server(std::string("the model's chat template (" + chat.origin + ") failed: ") + e.what(),
+                            "chat_template_error");
   }
 }
 

@@ -116,7 +116,7 @@ std::string Renderer::render(const Value& context) {
   try {
     render_body(program_.body, *root);
   } catch (const TemplateRaised& raised) {
-    throw Error("template raised an exception: " + raised.template_message());
+    throw TemplateRaised("template raised an exception: " + raised.template_message(), raised.template_message());
   } catch (const std::exception& e) {
     // Includes std::bad_alloc and friends: callers only ever see reprise::Error.
     throw Error("template render error at " + describe_position(program_.source, current_offset_) + ": " +
