@@ -1082,6 +1082,43 @@ TEST(ServeHttp, TwoModelsHaveSeparateCachesAndSaltsIsolateTenants) {
   EXPECT_NE(stats["models"][0]["fingerprint"], stats["models"][1]["fingerprint"]);
 }
 
+TEST(ServeHttp, OneCacheBudgetAcrossModelsEvictsTheOldestConversation) {
+  json a = chat_body("Question one about the weather today and tomorrow, at some length so it fills blocks", 4);
+  double one_conversation = 0;  // cache bytes a conversation like these leaves behind
+  {
+    TestServer probe;
+    ASSERT_EQ(post(probe, "/v1/chat/completions", a).status, 200);
+    one_conversation = metric(get(probe, "/metrics").body, R"(reprise_cache_bytes{model="tiny-a"})");
+    ASSERT_GT(one_conversation, 0);
+  }
+  ServeOptions o;
+  o.cache_total_ram_mib = 4 * one_conversation / (1024 * 1024);  // both models together hold ~4
+  TestServer s(o);
+  const double limit = static_cast<double>(static_cast<uint64_t>(o.cache_total_ram_mib * 1024 * 1024));
+  json first = post(s, "/v1/chat/completions", a).doc();
+  ASSERT_TRUE(first.contains("usage")) << first.dump();
+  EXPECT_GE(post(s, "/v1/chat/completions", a).doc()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            first["usage"]["prompt_tokens"].get<int>() - 1);
+  const std::string metrics0 = get(s, "/metrics").body;
+  EXPECT_EQ(metric(metrics0, "reprise_cache_shared_budget_bytes"), limit);
+  // Many other conversations on the second model push tiny-a's out.
+  for (int i = 0; i < 40; ++i) {
+    json b = chat_body("Conversation " + std::to_string(i) + " on the other model with enough words to fill a block",
+                       4);
+    b["model"] = "tiny-b";
+    ASSERT_EQ(post(s, "/v1/chat/completions", b).status, 200);
+  }
+  const std::string metrics = get(s, "/metrics").body;
+  EXPECT_LE(metric(metrics, "reprise_cache_shared_bytes"), limit);
+  EXPECT_GT(metric(metrics, "reprise_cache_shared_evictions_total"), 0);
+  EXPECT_GT(metric(metrics, R"(reprise_cache_evictions_total{model="tiny-a"})"), 0)
+      << "the other model's newer conversations must take the budget from the oldest one";
+  json again = post(s, "/v1/chat/completions", a).doc();
+  EXPECT_LT(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            first["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+}
+
 TEST(ServeHttp, RepeatedMultiTurnChatReusesTheConversationSoFar) {
   TestServer s;
   json body = chat_body("Let us talk about caches.", 12);

@@ -67,7 +67,7 @@ PrefixCache::PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config)
   stats_.budget_bytes = config_.budget_bytes;
 }
 
-PrefixCache::~PrefixCache() = default;
+PrefixCache::~PrefixCache() { budget_link_.share(nullptr); }
 
 std::unique_ptr<CachedSequence> PrefixCache::open(const NamespaceKey& ns) {
   std::unique_ptr<CachedSequence> seq(new CachedSequence(*this, ns.hash()));
@@ -81,6 +81,24 @@ void PrefixCache::set_budget(uint64_t bytes) {
   config_.budget_bytes = bytes;
   stats_.budget_bytes = bytes;
   enforce_budget_locked();
+}
+
+uint64_t PrefixCache::charged_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_.bytes;
+}
+
+uint64_t PrefixCache::oldest_evictable_stamp() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evictable_.empty() ? 0 : evictable_.begin()->first;
+}
+
+uint64_t PrefixCache::evict_oldest() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (evictable_.empty()) return 0;
+  evict_locked(blocks_.at(evictable_.begin()->second).get());
+  std::erase_if(roots_, [](const auto& kv) { return !kv.second->has_children(); });
+  return block_cost_;
 }
 
 void PrefixCache::clear() {
@@ -112,7 +130,7 @@ PrefixCache::Block* PrefixCache::allocate_locked() {
 }
 
 void PrefixCache::touch_locked(Block* b) {
-  b->last_used = ++clock_;
+  b->last_used = next_use_stamp();
   update_evictable_locked(b);
 }
 
@@ -122,7 +140,7 @@ void PrefixCache::update_evictable_locked(Block* b) {
     b->evict_stamp = 0;
   }
   if (b->indexed && b->refs == 0 && !b->has_children()) {
-    b->evict_stamp = b->last_used ? b->last_used : ++clock_;
+    b->evict_stamp = b->last_used ? b->last_used : next_use_stamp();
     evictable_.insert({b->evict_stamp, b->id});
   }
 }
@@ -236,6 +254,12 @@ CachedSequence::CachedSequence(PrefixCache& cache, const Hash128& ns) : cache_(c
 }
 
 CachedSequence::~CachedSequence() {
+  release_all();
+  // Released blocks may now be evicted for another tier's growth.
+  cache_.budget_link_.enforce();
+}
+
+void CachedSequence::release_all() {
   std::lock_guard<std::mutex> lock(cache_.mutex_);
   const int B = cache_.block_tokens_;
   // The partial tail becomes a cached partial block, so a continuation of this
@@ -366,6 +390,12 @@ ReuseReport CachedSequence::attach_prefix(std::span<const int32_t> tokens, std::
 }
 
 void CachedSequence::prepare(int64_t first_write, int64_t end) {
+  prepare_blocks(first_write, end);
+  // New blocks count against a shared budget: make room in the other tiers.
+  cache_.budget_link_.enforce();
+}
+
+void CachedSequence::prepare_blocks(int64_t first_write, int64_t end) {
   std::lock_guard<std::mutex> lock(cache_.mutex_);
   const int B = cache_.block_tokens_;
   const size_t need = static_cast<size_t>((end + B - 1) / B);
@@ -441,7 +471,7 @@ void CachedSequence::index_full_block_locked(size_t bi) {
   b->indexed = true;
   b->partial = false;
   parent->full_children.emplace(h, b);
-  b->last_used = ++cache_.clock_;
+  b->last_used = next_use_stamp();
   if (!parent->is_root) cache_.update_evictable_locked(static_cast<PrefixCache::Block*>(parent));
 }
 

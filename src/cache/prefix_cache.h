@@ -13,6 +13,10 @@
 // unreferenced leaf blocks are evicted least-recently-used first. A budget of
 // 0 disables caching (nothing is indexed, lookups never hit).
 //
+// A cache may also share one MemoryBudget with other cache tiers
+// (share_budget): its evictable blocks then compete with their entries by
+// last use, and growth of any tier can evict them.
+//
 // Thread safety: all methods lock the cache; key()/value() of a sequence are
 // lock-free reads of its own table.
 #pragma once
@@ -28,6 +32,7 @@
 
 #include "cache/cache_key.h"
 #include "cache/cache_stats.h"
+#include "cache/memory_budget.h"
 #include "model/sequence_memory.h"
 #include "model/state_spec.h"
 
@@ -40,7 +45,7 @@ struct PrefixCacheConfig {
 
 class CachedSequence;
 
-class PrefixCache {
+class PrefixCache final : private MemoryBudget::Tier {
  public:
   PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config);
   ~PrefixCache();
@@ -57,6 +62,9 @@ class PrefixCache {
   uint64_t block_bytes() const { return block_cost_; }
   bool enabled() const { return config_.budget_bytes > 0; }
   void set_budget(uint64_t bytes);
+  // Joins (or with null, leaves) a budget shared with other tiers; the
+  // budget must outlive the cache or be unshared first.
+  void share_budget(MemoryBudget* budget) { budget_link_.share(budget); }
   // Drops every unreferenced block.
   void clear();
   // Verifies reference counts, the index and byte accounting against the
@@ -77,6 +85,11 @@ class PrefixCache {
   void free_block_locked(Block* b);
   Node* root_locked(const Hash128& ns, bool create);
 
+  // MemoryBudget::Tier
+  uint64_t charged_bytes() const override;
+  uint64_t oldest_evictable_stamp() const override;
+  uint64_t evict_oldest() override;
+
   const StateSpec spec_;
   const int block_tokens_;
   PrefixCacheConfig config_;
@@ -92,8 +105,8 @@ class PrefixCache {
   std::unordered_set<Hash128, Hash128Hasher> evicted_hashes_;  // recent, for miss reasons
   std::unordered_set<const CachedSequence*> live_;
   uint64_t next_id_ = 1;
-  uint64_t clock_ = 0;
   CacheStats stats_;
+  BudgetLink budget_link_{this};  // last: leaves the shared budget first
 };
 
 // Per-request outcome of prefix reuse.
@@ -140,6 +153,8 @@ class CachedSequence final : public SequenceMemory {
   friend class PrefixCache;
   CachedSequence(PrefixCache& cache, const Hash128& ns);
   void index_full_block_locked(size_t block_index);
+  void prepare_blocks(int64_t first_write, int64_t end);
+  void release_all();
   Hash128 parent_hash_locked(size_t block_index) const;
 
   PrefixCache& cache_;

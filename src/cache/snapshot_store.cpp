@@ -28,6 +28,8 @@ SnapshotStore::SnapshotStore(const StateSpec& spec, const SnapshotConfig& config
   stats_.budget_bytes = config_.budget_bytes;
 }
 
+SnapshotStore::~SnapshotStore() { budget_link_.share(nullptr); }
+
 Hash128 SnapshotStore::position_key(const Hash128& ns, std::span<const int32_t> tokens,
                                     std::span<const Hash128> keys, int64_t n,
                                     std::vector<Hash128>& prefix_hashes) const {
@@ -75,15 +77,19 @@ void SnapshotStore::put(const Hash128& ns, std::span<const int32_t> prefix, std:
   }
   e.created = std::chrono::steady_clock::now();
   const uint64_t cost = entry_cost(e);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (cost > config_.budget_bytes) return;  // larger than the whole budget: not stored
-  if (entries_.count(key)) evict_locked(key);  // same prefix: replace (identical state)
-  lru_.push_front(key);
-  e.lru = lru_.begin();
-  stats_.bytes += cost;
-  entries_.emplace(key, std::move(e));
-  stats_.stores++;
-  enforce_limits_locked();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cost > config_.budget_bytes) return;  // larger than the whole budget: not stored
+    if (entries_.count(key)) evict_locked(key);  // same prefix: replace (identical state)
+    lru_.push_front(key);
+    e.lru = lru_.begin();
+    e.used = next_use_stamp();
+    stats_.bytes += cost;
+    entries_.emplace(key, std::move(e));
+    stats_.stores++;
+    enforce_limits_locked();
+  }
+  budget_link_.enforce();
 }
 
 int64_t SnapshotStore::restore_longest(const Hash128& ns, std::span<const int32_t> tokens,
@@ -121,6 +127,7 @@ int64_t SnapshotStore::restore_longest(const Hash128& ns, std::span<const int32_
       src += s.ssm_state_floats;
     }
     lru_.splice(lru_.begin(), lru_, e.lru);
+    e.used = next_use_stamp();
     stats_.hits++;
     stats_.tokens_saved += p;
     return p;
@@ -150,6 +157,25 @@ void SnapshotStore::enforce_limits_locked() {
     evict_locked(lru_.back());
     stats_.evictions++;
   }
+}
+
+uint64_t SnapshotStore::charged_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_.bytes;
+}
+
+uint64_t SnapshotStore::oldest_evictable_stamp() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lru_.empty() ? 0 : entries_.at(lru_.back()).used;
+}
+
+uint64_t SnapshotStore::evict_oldest() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (lru_.empty()) return 0;
+  const uint64_t bytes = stats_.bytes;
+  evict_locked(lru_.back());
+  stats_.evictions++;
+  return bytes - stats_.bytes;
 }
 
 SnapshotStats SnapshotStore::stats() const {

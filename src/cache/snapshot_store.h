@@ -8,6 +8,8 @@
 // snapshotted position the caller allows; the caller replays the rest.
 //
 // Limits: a byte budget, an entry count and an optional TTL; LRU eviction.
+// The store may also share a MemoryBudget with other cache tiers
+// (share_budget), where its entries compete with theirs by last use.
 // Thread-safe.
 #pragma once
 #include <chrono>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "cache/cache_key.h"
+#include "cache/memory_budget.h"
 #include "model/sequence_memory.h"
 #include "model/state_spec.h"
 
@@ -45,9 +48,16 @@ struct SnapshotStats {
   uint64_t budget_bytes = 0;
 };
 
-class SnapshotStore {
+class SnapshotStore final : private MemoryBudget::Tier {
  public:
   SnapshotStore(const StateSpec& spec, const SnapshotConfig& config);
+  ~SnapshotStore() override;
+  SnapshotStore(const SnapshotStore&) = delete;
+  SnapshotStore& operator=(const SnapshotStore&) = delete;
+
+  // Joins (or with null, leaves) a budget shared with other tiers; the
+  // budget must outlive the store or be unshared first.
+  void share_budget(MemoryBudget* budget) { budget_link_.share(budget); }
 
   // Stores the recurrent state `memory` holds after processing `prefix`.
   void put(const Hash128& ns, std::span<const int32_t> prefix, std::span<const Hash128> keys,
@@ -73,6 +83,7 @@ class SnapshotStore {
     std::vector<float> state;
     std::chrono::steady_clock::time_point created;
     std::list<Hash128>::iterator lru;
+    uint64_t used = 0;  // next_use_stamp() of the last store or restore
   };
   // Chain hash of tokens[0:n] in chunk_tokens chunks; prefix_hashes[k] is the
   // hash after k full chunks.
@@ -83,6 +94,11 @@ class SnapshotStore {
   void enforce_limits_locked();
   bool expired(const Entry& e) const;
 
+  // MemoryBudget::Tier
+  uint64_t charged_bytes() const override;
+  uint64_t oldest_evictable_stamp() const override;
+  uint64_t evict_oldest() override;
+
   const StateSpec spec_;
   SnapshotConfig config_;
   uint64_t state_bytes_ = 0;
@@ -90,6 +106,7 @@ class SnapshotStore {
   std::unordered_map<Hash128, Entry, Hash128Hasher> entries_;
   std::list<Hash128> lru_;  // front = most recent
   SnapshotStats stats_;
+  BudgetLink budget_link_{this};  // last: leaves the shared budget first
 };
 
 }  // namespace reprise

@@ -109,6 +109,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget per model in MiB (0 disables)")
       ->capture_default_str();
+  cmd->add_option("--cache-total-ram", o->cache_total_ram_mib,
+                  "One budget in MiB over every cache tier (KV blocks, snapshots, image embeddings) of every "
+                  "loaded model, evicting the least recently used entry of any tier (0 = per-tier budgets only)")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size, "Context length (0 = the model's training context)")
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted")->capture_default_str();

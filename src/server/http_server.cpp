@@ -210,7 +210,7 @@ void HttpServer::Impl::setup() {
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     SchedulerSnapshot s{scheduler.slots(), scheduler.queued(), scheduler.running()};
     metrics.record_request("", "metrics", 200);
-    res.set_content(metrics.prometheus(registry.status(), s, in_flight.load()), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics.prometheus(registry.status(), s, in_flight.load(), registry.shared_cache_budget()), "text/plain; version=0.0.4; charset=utf-8");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });
   http.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });

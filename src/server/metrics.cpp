@@ -78,7 +78,7 @@ std::string model_label(const std::string& model) { return "model=\"" + promethe
 }  // namespace
 
 std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const SchedulerSnapshot& scheduler,
-                                int generation_requests) const {
+                                int generation_requests, const MemoryBudget* shared_budget) const {
   Writer w;
   std::lock_guard<std::mutex> lock(mutex_);
 
@@ -192,6 +192,15 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
         {"kv", s.cache.bytes}, {"snapshots", s.snapshots.bytes}, {"encoder", s.encoder.bytes}};
     for (const auto& [kind, n] : kinds)
       w.sample("reprise_memory_bytes", model_label(s.id) + ",kind=\"" + kind + "\"", static_cast<double>(n));
+  }
+  if (shared_budget) {
+    w.family("reprise_cache_shared_budget_bytes", "gauge", "The budget over all cache tiers of all models (--cache-total-ram).");
+    w.sample("reprise_cache_shared_budget_bytes", "", static_cast<double>(shared_budget->limit_bytes()));
+    w.family("reprise_cache_shared_bytes", "gauge", "Bytes held by all cache tiers of all loaded models.");
+    w.sample("reprise_cache_shared_bytes", "", static_cast<double>(shared_budget->used_bytes()));
+    w.family("reprise_cache_shared_evictions_total", "counter",
+             "Entries of any tier evicted to keep all tiers within --cache-total-ram.");
+    w.sample("reprise_cache_shared_evictions_total", "", static_cast<double>(shared_budget->evictions()));
   }
   w.family("reprise_cache_blocks", "gauge", "Cache blocks by state (all, in_use, cached = evictable, shared).");
   for (const ModelStatus& s : models) {

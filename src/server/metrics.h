@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cache/memory_budget.h"
 #include "server/model_registry.h"
 
 namespace reprise {
@@ -29,8 +30,9 @@ class Metrics {
   void record_cancelled(const std::string& model);
   void record_timing(const std::string& model, double queue_seconds, double prefill_seconds, double decode_seconds);
 
+  // shared_budget: the registry's budget over all cache tiers, or null.
   std::string prometheus(const std::vector<ModelStatus>& models, const SchedulerSnapshot& scheduler,
-                         int generation_requests) const;
+                         int generation_requests, const MemoryBudget* shared_budget = nullptr) const;
 
  private:
   struct ModelCounters {

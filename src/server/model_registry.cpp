@@ -52,6 +52,8 @@ uint64_t e_extra_bytes(const LoadedModel& m) {
 ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions options)
     : options_(std::move(options)) {
   if (sources.empty()) throw Error("no models to serve");
+  if (options_.shared_cache_budget_bytes > 0)
+    shared_budget_ = std::make_unique<MemoryBudget>(options_.shared_cache_budget_bytes);
   std::set<std::string> seen;
   for (ModelSource& s : sources) {
     if (s.id.empty()) throw Error("model id must not be empty (" + s.path + ")");
@@ -206,6 +208,12 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
     m->vision = std::make_unique<VisionPipeline>(options_.mmproj_path, *m->bundle, *m->pool, m->cache.get(),
                                                  &m->engine->forward_mutex(), vision_options);
     say("[" + source.id + "] vision projector " + options_.mmproj_path + " loaded");
+  }
+  if (MemoryBudget* shared = shared_budget_.get()) {
+    m->cache->share_budget(shared);
+    if (m->snapshots) m->snapshots->share_budget(shared);
+    if (m->draft_cache) m->draft_cache->share_budget(shared);
+    if (m->vision) m->vision->share_encoder_cache_budget(shared);
   }
   m->chat = load_model_chat_template(*m->bundle, options_.chat_template_override);
   if (!m->chat.chat_template)

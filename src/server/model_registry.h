@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/memory_budget.h"
 #include "cache/prefix_cache.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
@@ -49,6 +50,10 @@ struct RegistryOptions {
   uint64_t mm_cache_bytes = 256ull << 20;
   int64_t n_ctx = 0;                        // 0: each model's training context
   uint64_t max_ram_bytes = 0;               // 0: no limit
+  // One budget over every cache tier (KV blocks, snapshots, encoder outputs)
+  // of every loaded model, evicting least-recently-used entries across them;
+  // 0: only the per-tier budgets above apply.
+  uint64_t shared_cache_budget_bytes = 0;
   std::optional<std::string> chat_template_override;
   std::function<void(const std::string&)> log;  // progress and load/unload events
 };
@@ -130,6 +135,9 @@ class ModelRegistry {
 
   std::vector<ModelStatus> status() const;
 
+  // The shared cache budget (null when not configured).
+  const MemoryBudget* shared_cache_budget() const { return shared_budget_.get(); }
+
  private:
   friend class ModelLease;
   struct Entry {
@@ -152,6 +160,9 @@ class ModelRegistry {
   void say(const std::string& message) const;
 
   RegistryOptions options_;
+  // Declared before entries_: outlives every model's stores, which leave it
+  // when they are destroyed.
+  std::unique_ptr<MemoryBudget> shared_budget_;
   mutable std::mutex mutex_;
   std::condition_variable load_done_;
   std::vector<Entry> entries_;

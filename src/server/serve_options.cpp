@@ -21,6 +21,7 @@ std::string ServeOptions::validate() const {
   if (ctx_size < 0) return "--ctx-size must be >= 0";
   if (max_body_bytes < 1024) return "--max-body-bytes must be at least 1024";
   if (models_max_ram_mib < 0) return "--models-max-ram must be >= 0";
+  if (cache_total_ram_mib < 0) return "--cache-total-ram must be >= 0";
   if (http_threads < 0) return "--http-threads must be >= 0";
   if (http_threads > 0 && http_threads <= parallel) return "--http-threads must exceed --parallel";
   if (read_timeout_seconds < 1 || write_timeout_seconds < 1) return "timeouts must be at least 1 second";
@@ -85,6 +86,7 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;
   r.mm_cache_bytes = options.mm_cache_bytes;
+  r.shared_cache_budget_bytes = static_cast<uint64_t>(options.cache_total_ram_mib * 1024 * 1024);
   r.snapshot_max_entries = options.snapshot_max_entries;
   r.snapshot_ttl_seconds = options.snapshot_ttl_seconds;
   r.n_ctx = options.ctx_size;

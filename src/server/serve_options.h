@@ -35,6 +35,7 @@ struct ServeOptions {
   size_t max_body_bytes = 8u << 20;
   std::string chat_template_file;  // overrides every model's template
   double models_max_ram_mib = 0;   // 0: no limit
+  double cache_total_ram_mib = 0;  // one budget over all cache tiers of all models; 0: per-tier budgets only
   int http_threads = 0;            // connection threads; 0: max(32, 4 * parallel + 16)
   int read_timeout_seconds = 10;   // a client that stalls mid-request is dropped after this
   int write_timeout_seconds = 10;  // ... or one that stops reading its response

@@ -38,12 +38,15 @@ Hash128 encoder_cache_key(const EncoderKeyHeader& h, std::span<const float> pixe
 
 EncoderCache::EncoderCache(uint64_t budget_bytes) : budget_(budget_bytes) { stats_.budget_bytes = budget_bytes; }
 
+EncoderCache::~EncoderCache() { budget_link_.share(nullptr); }
+
 ImageEmbeddingPtr EncoderCache::find(const Hash128& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.lookups++;
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
+  it->second.used = next_use_stamp();
   return it->second.embedding;
 }
 
@@ -56,6 +59,7 @@ ImageEmbeddingPtr EncoderCache::get_or_encode(const Hash128& key, int64_t n_toke
     if (auto it = entries_.find(key); it != entries_.end()) {
       stats_.hits++;
       lru_.splice(lru_.begin(), lru_, it->second.lru);
+      it->second.used = next_use_stamp();
       return it->second.embedding;
     }
     if (auto it = in_flight_.find(key); it != in_flight_.end()) {
@@ -97,6 +101,7 @@ ImageEmbeddingPtr EncoderCache::get_or_encode(const Hash128& key, int64_t n_toke
     throw;
   }
   promise.set_value(result);
+  budget_link_.enforce();  // outside the lock: may evict from other tiers
   return result;
 }
 
@@ -108,7 +113,7 @@ void EncoderCache::store_locked(const ImageEmbeddingPtr& e) {
   }
   if (entries_.count(e->digest)) return;
   lru_.push_front(e->digest);
-  entries_.emplace(e->digest, Entry{e, lru_.begin()});
+  entries_.emplace(e->digest, Entry{e, lru_.begin(), next_use_stamp()});
   stats_.bytes += e->bytes();
   enforce_budget_locked();
 }
@@ -121,6 +126,28 @@ void EncoderCache::enforce_budget_locked() {
     lru_.pop_back();
     stats_.evictions++;
   }
+}
+
+uint64_t EncoderCache::charged_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_.bytes;
+}
+
+uint64_t EncoderCache::oldest_evictable_stamp() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lru_.empty() ? 0 : entries_.at(lru_.back()).used;
+}
+
+uint64_t EncoderCache::evict_oldest() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (lru_.empty()) return 0;
+  auto it = entries_.find(lru_.back());
+  const uint64_t bytes = it->second.embedding->bytes();
+  stats_.bytes -= bytes;
+  entries_.erase(it);
+  lru_.pop_back();
+  stats_.evictions++;
+  return bytes;
 }
 
 EncoderCacheStats EncoderCache::stats() const {

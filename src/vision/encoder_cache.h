@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cache/cache_key.h"
+#include "cache/memory_budget.h"
 
 namespace reprise {
 
@@ -83,11 +84,17 @@ struct EncoderCacheStats {
   double saved_seconds() const { return misses ? encode_seconds / misses * hits : 0.0; }
 };
 
-class EncoderCache {
+class EncoderCache final : private MemoryBudget::Tier {
  public:
   explicit EncoderCache(uint64_t budget_bytes);
+  ~EncoderCache() override;
   EncoderCache(const EncoderCache&) = delete;
   EncoderCache& operator=(const EncoderCache&) = delete;
+
+  // Joins (or with null, leaves) a budget shared with other cache tiers,
+  // where entries compete by last use; the budget must outlive the cache or
+  // be unshared first.
+  void share_budget(MemoryBudget* budget) { budget_link_.share(budget); }
 
   using EncodeFn = std::function<std::vector<float>()>;
 
@@ -108,9 +115,15 @@ class EncoderCache {
   struct Entry {
     ImageEmbeddingPtr embedding;
     std::list<Hash128>::iterator lru;  // position in lru_ (front = most recent)
+    uint64_t used = 0;                  // next_use_stamp() of the last store or hit
   };
   void store_locked(const ImageEmbeddingPtr& e);
   void enforce_budget_locked();
+
+  // MemoryBudget::Tier
+  uint64_t charged_bytes() const override;
+  uint64_t oldest_evictable_stamp() const override;
+  uint64_t evict_oldest() override;
 
   mutable std::mutex mutex_;
   uint64_t budget_;
@@ -118,6 +131,7 @@ class EncoderCache {
   std::list<Hash128> lru_;
   std::unordered_map<Hash128, std::shared_future<ImageEmbeddingPtr>, Hash128Hasher> in_flight_;
   EncoderCacheStats stats_;
+  BudgetLink budget_link_{this};  // last: leaves the shared budget first
 };
 
 }  // namespace reprise

@@ -63,6 +63,8 @@ class VisionPipeline {
 
   // For /metrics and the server's memory budget (stats().bytes).
   EncoderCacheStats encoder_cache_stats() const { return cache_.stats(); }
+  // Lets the encoder-output cache compete in a budget shared with other tiers.
+  void share_encoder_cache_budget(MemoryBudget* budget) { cache_.share_budget(budget); }
   uint64_t encoder_runs() const { return embedder_.encoder_runs(); }
   const VisionEncoderInfo& encoder_info() const { return encoder_.info(); }
 
