@@ -11,40 +11,17 @@
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
 #include "engine/engine.h"
+#include "greedy_run.h"
 #include "toy_hybrid.h"
 #include "vision/encoder_cache.h"
 
 using namespace reprise;
+using reprise::testing_support::bit_identical;
+using reprise::testing_support::run;
+using reprise::testing_support::StepOutput;
 using reprise::testing_support::ToyHybrid;
 
 namespace {
-
-struct Out {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  GenerateResult result;
-};
-
-Out run(Engine& e, const std::vector<int32_t>& prompt, int n_gen) {
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.sampling.temperature = 0;
-  req.max_tokens = n_gen;
-  Out o;
-  o.result = e.generate(req, [&](int32_t t, std::span<const float> l) {
-    o.tokens.push_back(t);
-    o.logits.emplace_back(l.begin(), l.end());
-    return true;
-  });
-  return o;
-}
-
-bool same(const Out& a, const Out& b) {
-  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
-  for (size_t i = 0; i < a.logits.size(); ++i)
-    if (std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * 4) != 0) return false;
-  return true;
-}
 
 // Stores an embedding of n floats under key k (the encoder "runs" once).
 void add_image(EncoderCache& cache, uint64_t k, int64_t n) {
@@ -152,22 +129,15 @@ TEST(SharedBudget, RandomizedCachedEqualsColdUnderCrossTierEviction) {
     snaps.share_budget(&budget);
     images.share_budget(&budget);
     Engine cached(model, pool, &kv, {}, &snaps);
-    std::vector<std::vector<int32_t>> convs;
+    testing_support::ConversationScript traffic(rng, 40, 63);
     for (int step = 0; step < 8; ++step) {
       if (rnd(0, 2) == 0) add_image(images, static_cast<uint64_t>(rnd(0, 5)), rnd(10, 400));
-      std::vector<int32_t> prompt;
-      if (!convs.empty() && rnd(0, 3) > 0) {
-        prompt = convs[rnd(0, static_cast<int>(convs.size()) - 1)];
-        if (rnd(0, 2) == 0) prompt.resize(rnd(1, static_cast<int>(prompt.size())));  // edit
-      }
-      for (int i = rnd(1, 40); i > 0; --i) prompt.push_back(rnd(1, 63));
+      const std::vector<int32_t> prompt = traffic.next_prompt();
       const int n_gen = rnd(1, 5);
-      Out want = run(cold, prompt, n_gen), got = run(cached, prompt, n_gen);
-      ASSERT_TRUE(same(want, got)) << "script " << script << " step " << step << ": " << got.result.reuse.describe();
+      StepOutput want = run(cold, prompt, n_gen), got = run(cached, prompt, n_gen);
+      ASSERT_TRUE(bit_identical(want, got)) << "script " << script << " step " << step << ": " << got.result.reuse.describe();
       reused += got.result.cached_tokens;
-      auto next = prompt;
-      next.insert(next.end(), got.tokens.begin(), got.tokens.end());
-      convs.push_back(next);
+      traffic.record(prompt, got.tokens);
       ASSERT_EQ(kv.check_invariants(), "");
       // No sequence is live between turns: everything is evictable.
       ASSERT_LE(budget.used_bytes(), budget.limit_bytes()) << "script " << script << " step " << step;

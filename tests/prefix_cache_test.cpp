@@ -7,10 +7,14 @@
 
 #include "cache/prefix_cache.h"
 #include "engine/engine.h"
+#include "greedy_run.h"
 #include "model_fixtures.h"
 #include "test_support.h"
 
 using namespace reprise;
+using reprise::testing_support::bit_identical;
+using reprise::testing_support::run;
+using reprise::testing_support::StepOutput;
 
 namespace {
 
@@ -35,36 +39,6 @@ SyntheticModelSpec spec_for(const std::string& arch) {
 }
 
 Model& model_for(const std::string& arch) { return *test::synthetic_model("cache-" + arch, spec_for(arch)).model; }
-
-struct StepOutput {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  GenerateResult result;
-};
-
-StepOutput run(Engine& engine, const std::vector<int32_t>& prompt, int n_gen, const std::string& salt = "") {
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.sampling.temperature = 0;
-  req.max_tokens = n_gen;
-  req.cache_salt = salt;
-  StepOutput out;
-  out.result = engine.generate(req, [&](int32_t tok, std::span<const float> logits) {
-    out.tokens.push_back(tok);
-    out.logits.emplace_back(logits.begin(), logits.end());
-    return true;
-  });
-  return out;
-}
-
-bool bit_identical(const StepOutput& a, const StepOutput& b) {
-  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
-  for (size_t i = 0; i < a.logits.size(); ++i)
-    if (a.logits[i].size() != b.logits[i].size() ||
-        std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
 
 class PrefixCacheDifferential : public ::testing::TestWithParam<std::string> {};
 

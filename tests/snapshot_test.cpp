@@ -11,39 +11,16 @@
 #include "cache/snapshot_store.h"
 #include "engine/engine.h"
 #include "tensor/fp16.h"
+#include "greedy_run.h"
 #include "toy_hybrid.h"
 
 using namespace reprise;
+using reprise::testing_support::bit_identical;
+using reprise::testing_support::run;
+using reprise::testing_support::StepOutput;
 using reprise::testing_support::ToyHybrid;
 
 namespace {
-
-struct Out {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  GenerateResult result;
-};
-
-Out run(Engine& e, const std::vector<int32_t>& prompt, int n_gen) {
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.sampling.temperature = 0;
-  req.max_tokens = n_gen;
-  Out o;
-  o.result = e.generate(req, [&](int32_t t, std::span<const float> l) {
-    o.tokens.push_back(t);
-    o.logits.emplace_back(l.begin(), l.end());
-    return true;
-  });
-  return o;
-}
-
-bool same(const Out& a, const Out& b) {
-  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
-  for (size_t i = 0; i < a.logits.size(); ++i)
-    if (std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * 4) != 0) return false;
-  return true;
-}
 
 class SnapshotDifferential : public ::testing::TestWithParam<bool> {};
 
@@ -64,21 +41,14 @@ TEST_P(SnapshotDifferential, CachedEqualsColdAcrossEditsAndTurns) {
     sc.max_entries = static_cast<size_t>(rnd(1, 20));
     SnapshotStore snaps(model.state_spec(), sc);
     Engine cached(model, pool, &cache, {}, &snaps);
-    std::vector<std::vector<int32_t>> convs;
+    testing_support::ConversationScript traffic(rng, 30, 63);
     for (int step = 0; step < 6; ++step) {
-      std::vector<int32_t> prompt;
-      if (!convs.empty() && rnd(0, 3) > 0) {
-        prompt = convs[rnd(0, static_cast<int>(convs.size()) - 1)];
-        if (rnd(0, 2) == 0) prompt.resize(rnd(1, static_cast<int>(prompt.size())));  // edit
-      }
-      for (int i = rnd(1, 30); i > 0; --i) prompt.push_back(rnd(1, 63));
+      const std::vector<int32_t> prompt = traffic.next_prompt();
       const int n_gen = rnd(1, 5);
-      Out want = run(cold, prompt, n_gen), got = run(cached, prompt, n_gen);
-      ASSERT_TRUE(same(want, got)) << "script " << script << " step " << step << ": " << got.result.reuse.describe();
+      StepOutput want = run(cold, prompt, n_gen), got = run(cached, prompt, n_gen);
+      ASSERT_TRUE(bit_identical(want, got)) << "script " << script << " step " << step << ": " << got.result.reuse.describe();
       reused += got.result.cached_tokens;
-      auto next = prompt;
-      next.insert(next.end(), got.tokens.begin(), got.tokens.end());
-      convs.push_back(next);
+      traffic.record(prompt, got.tokens);
       ASSERT_EQ(cache.check_invariants(), "");
     }
   }
@@ -97,15 +67,15 @@ TEST(Snapshots, TurnTwoRestoresAtEndOfTurnOne) {
   Engine cached(model, pool, &cache, {}, &snaps);
   std::vector<int32_t> turn1(37);
   for (size_t i = 0; i < turn1.size(); ++i) turn1[i] = static_cast<int32_t>(1 + i % 60);
-  Out a = run(cached, turn1, 5);
+  StepOutput a = run(cached, turn1, 5);
   auto turn2 = turn1;
   turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
   turn2.insert(turn2.end(), {7, 8, 9});
-  Out b = run(cached, turn2, 3);
+  StepOutput b = run(cached, turn2, 3);
   // Snapshot at the end of turn 1's fed text: prompt + all answers but the last.
   EXPECT_EQ(b.result.cached_tokens, static_cast<int64_t>(turn1.size() + a.tokens.size() - 1));
   Engine cold(model, pool, nullptr);
-  EXPECT_TRUE(same(run(cold, turn2, 3), b));
+  EXPECT_TRUE(bit_identical(run(cold, turn2, 3), b));
   EXPECT_GT(snaps.stats().hits, 0u);
   EXPECT_GT(snaps.stats().tokens_saved, 0u);
 }
@@ -126,10 +96,10 @@ TEST(Snapshots, EditRestoresFromNearestEarlierCheckpoint) {
   run(cached, p, 1);
   auto edited = p;
   edited[21] = 63;  // divergence at 21: nearest earlier checkpoint is 16, not 24
-  Out r = run(cached, edited, 2);
+  StepOutput r = run(cached, edited, 2);
   EXPECT_EQ(r.result.cached_tokens, 16);
   Engine cold(model, pool, nullptr);
-  EXPECT_TRUE(same(run(cold, edited, 2), r));
+  EXPECT_TRUE(bit_identical(run(cold, edited, 2), r));
 }
 
 TEST(Snapshots, WithoutSnapshotsRecurrentModelsNeverReuse) {
@@ -139,7 +109,7 @@ TEST(Snapshots, WithoutSnapshotsRecurrentModelsNeverReuse) {
   Engine cached(model, pool, &cache);  // no SnapshotStore
   std::vector<int32_t> p(50, 3);
   run(cached, p, 2);
-  Out r = run(cached, p, 2);
+  StepOutput r = run(cached, p, 2);
   EXPECT_EQ(r.result.cached_tokens, 0);
   EXPECT_EQ(r.result.reuse.stop_reason, "recurrent-state-not-cached");
 }

@@ -40,8 +40,10 @@
 #include "vision/multimodal_prompt.h"
 #include "vision/synthetic_mmproj.h"
 #include "vision/vision_pipeline.h"
+#include "greedy_run.h"
 
 using namespace reprise;
+using reprise::testing_support::bit_identical;
 using nlohmann::json;
 
 namespace {
@@ -236,15 +238,6 @@ PromptRun generate(MultimodalGenerator& gen, const MultimodalPrompt& prompt, int
   run.tokens = r.tokens;
   run.reuse = r.reuse;
   return run;
-}
-
-bool bit_identical(const PromptRun& a, const PromptRun& b) {
-  if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
-  for (size_t i = 0; i < a.logits.size(); ++i)
-    if (a.logits[i].size() != b.logits[i].size() ||
-        std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0)
-      return false;
-  return true;
 }
 
 MultimodalPromptOptions options_for(const VisionPair& pair) {
