@@ -85,6 +85,25 @@ TEST(SharedBudget, LeastRecentlyUsedTierLosesFirst) {
   EXPECT_LE(budget.used_bytes(), budget.limit_bytes());
 }
 
+TEST(SharedBudget, BudgetAndStoresMayBeDestroyedInAnyOrder) {
+  ToyHybrid model(true);
+  PrefixCache kv(model.state_spec(), PrefixCacheConfig{});
+  EncoderCache images(1 << 20);
+  {
+    MemoryBudget budget(1 << 20);
+    kv.share_budget(&budget);
+    images.share_budget(&budget);
+    add_image(images, 1, 10);
+    EXPECT_GT(budget.used_bytes(), 0u);
+  }
+  // The budget is gone: the stores keep working under their own limits.
+  add_image(images, 2, 10);
+  EXPECT_EQ(images.stats().entries, 2u);
+  auto seq = kv.open(NamespaceKey{});
+  seq->prepare(0, 64);
+  EXPECT_GT(kv.stats().blocks, 0u);
+}
+
 TEST(SharedBudget, LiveBlocksAreNeverEvictedAndTiersLeaveOnDestruction) {
   ToyHybrid model(true);
   ThreadPool pool(1);

@@ -10,17 +10,22 @@ uint64_t next_use_stamp() {
   return clock.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
-void MemoryBudget::attach(Tier* tier) {
+MemoryBudget::~MemoryBudget() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (BudgetLink* link : links_) link->budget_ = nullptr;
+}
+
+void MemoryBudget::attach(BudgetLink* link) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (std::find(tiers_.begin(), tiers_.end(), tier) == tiers_.end()) tiers_.push_back(tier);
+    if (std::find(links_.begin(), links_.end(), link) == links_.end()) links_.push_back(link);
   }
   enforce();
 }
 
-void MemoryBudget::detach(Tier* tier) {
+void MemoryBudget::detach(BudgetLink* link) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::erase(tiers_, tier);
+  std::erase(links_, link);
 }
 
 void MemoryBudget::enforce() {
@@ -30,11 +35,12 @@ void MemoryBudget::enforce() {
   // turns out to have nothing evictable ends this call (the next one retries).
   for (;;) {
     uint64_t total = 0;
-    for (const Tier* t : tiers_) total += t->charged_bytes();
+    for (const BudgetLink* l : links_) total += l->tier_->charged_bytes();
     if (total <= limit_) return;
     Tier* victim = nullptr;
     uint64_t oldest = 0;
-    for (Tier* t : tiers_) {
+    for (const BudgetLink* l : links_) {
+      Tier* t = l->tier_;
       const uint64_t s = t->oldest_evictable_stamp();
       if (s != 0 && (victim == nullptr || s < oldest)) victim = t, oldest = s;
     }
@@ -46,7 +52,7 @@ void MemoryBudget::enforce() {
 uint64_t MemoryBudget::used_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   uint64_t total = 0;
-  for (const Tier* t : tiers_) total += t->charged_bytes();
+  for (const BudgetLink* l : links_) total += l->tier_->charged_bytes();
   return total;
 }
 
@@ -57,9 +63,9 @@ uint64_t MemoryBudget::evictions() const {
 
 void BudgetLink::share(MemoryBudget* budget) {
   if (budget == budget_) return;
-  if (budget_) budget_->detach(tier_);
+  if (budget_) budget_->detach(this);
   budget_ = budget;
-  if (budget_) budget_->attach(tier_);
+  if (budget_) budget_->attach(this);
 }
 
 }  // namespace reprise

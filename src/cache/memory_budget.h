@@ -21,6 +21,8 @@ namespace reprise {
 // Monotonic across all tiers and threads; never returns 0.
 uint64_t next_use_stamp();
 
+class BudgetLink;
+
 class MemoryBudget {
  public:
   // Implemented by each cache store; every method takes the store's own lock.
@@ -36,11 +38,12 @@ class MemoryBudget {
   };
 
   explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
+  // Unlinks every store still attached (they keep working on their own
+  // per-tier limits), so the budget and its stores may die in any order.
+  ~MemoryBudget();
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
 
-  void attach(Tier* tier);
-  void detach(Tier* tier);
   // Evicts globally least-recently-used entries until the attached tiers'
   // total is within the limit or nothing more is evictable.
   void enforce();
@@ -50,16 +53,20 @@ class MemoryBudget {
   uint64_t evictions() const;
 
  private:
+  friend class BudgetLink;
+  void attach(BudgetLink* link);
+  void detach(BudgetLink* link);
+
   const uint64_t limit_;
   mutable std::mutex mutex_;
-  std::vector<Tier*> tiers_;
+  std::vector<BudgetLink*> links_;
   uint64_t evictions_ = 0;
 };
 
 // A store's membership in a shared budget (none by default). Stores hold one
-// as a member, call share() during set-up and enforce() after growing, and
-// leave (share(nullptr)) first thing in their destructor, so the budget
-// never calls into a store being torn down.
+// as a member, call share() during set-up (not concurrently with their own
+// use) and enforce() after growing, and leave (share(nullptr)) first thing in
+// their destructor, so the budget never calls into a store being torn down.
 class BudgetLink {
  public:
   explicit BudgetLink(MemoryBudget::Tier* tier) : tier_(tier) {}
@@ -74,8 +81,9 @@ class BudgetLink {
   bool shared() const { return budget_ != nullptr; }
 
  private:
+  friend class MemoryBudget;
   MemoryBudget::Tier* const tier_;
-  MemoryBudget* budget_ = nullptr;
+  MemoryBudget* budget_ = nullptr;  // cleared by the budget's destructor
 };
 
 }  // namespace reprise
