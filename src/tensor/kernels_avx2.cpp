@@ -130,6 +130,16 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
+    if constexpr (T == 1) {
+      // Decode streams the weights once: prefetch each group's stream ahead.
+      if (a.prefetch > 0) {
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+          for (size_t off = 0; off < kBlockBytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(w + g * gb + b * kBlockBytes + off + a.prefetch), _MM_HINT_T0);
+      }
+    }
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
       const uint8_t* wb = w + g * gb + b * kBlockBytes;
