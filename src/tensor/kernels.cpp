@@ -1100,6 +1100,80 @@ void attend_query(const float* q, int64_t d, int64_t first, int64_t end, float s
   for (; i < d; ++i) out[i] = acc[i] * inv;
 }
 
+// Up to kInterleave (query, head) items at once, each with exactly
+// attend_query's operations per key, so the same bits: per 8-key block every
+// item's scores, new-maximum plan and exponentials, then the value updates
+// key by key with the items interleaved, so their serial f16 accumulator
+// chains overlap (the AVX2 path's batched and multi-head attention).
+constexpr int kInterleave = 4;
+
+struct AttendItem {
+  const float* q;
+  const uint16_t* const* key_rows;
+  const uint16_t* const* value_rows;
+  int64_t offset;  // of the head within a row
+  int64_t first, end;
+  float* out;
+};
+
+void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) {
+  constexpr int kBlock = 8;
+  alignas(32) float qh[kInterleave][1024], acc[kInterleave][1024];
+  float M[kInterleave], S[kInterleave];
+  int64_t lo = items[0].first, hi = items[0].end;
+  for (int r = 0; r < n; ++r) {
+    convert_row(ActKind::F16, items[r].q, d, qh[r]);
+    std::fill(acc[r], acc[r] + d, 0.0f);
+    M[r] = -INFINITY;
+    S[r] = 0.0f;
+    lo = std::min(lo, items[r].first);
+    hi = std::max(hi, items[r].end);
+  }
+  alignas(32) float s[kInterleave][kBlock], e[kInterleave][kBlock];
+  bool takes[kInterleave][kBlock], is_new[kInterleave][kBlock];
+  for (int64_t p0 = lo; p0 < hi; p0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, hi - p0));
+    for (int r = 0; r < n; ++r) {
+      const AttendItem& it = items[r];
+      alignas(32) float arg[kBlock] = {};
+      float m = M[r];
+      for (int j = 0; j < kBlock; ++j) {
+        const int64_t p = p0 + j;
+        takes[r][j] = j < nb && p >= it.first && p < it.end;
+        is_new[r][j] = false;
+        if (!takes[r][j]) continue;
+        s[r][j] = score_f16(qh[r], it.key_rows[p] + it.offset, d) * scale;
+        is_new[r][j] = s[r][j] > m;
+        arg[j] = is_new[r][j] ? m - s[r][j] : s[r][j] - m;
+        if (is_new[r][j]) m = s[r][j];
+      }
+      _mm256_store_ps(e[r], expf_exact8(_mm256_load_ps(arg)));
+    }
+    for (int j = 0; j < nb; ++j) {
+      for (int r = 0; r < n; ++r) {
+        if (!takes[r][j]) continue;
+        float ms = 1.0f, vs = 1.0f;
+        if (is_new[r][j]) {
+          M[r] = s[r][j];
+          ms = e[r][j];
+          scale_h(acc[r], ms, d);
+        } else {
+          vs = e[r][j];
+        }
+        mad_h(acc[r], items[r].value_rows[p0 + j] + items[r].offset, vs, d);
+        S[r] = std::fma(S[r], ms, vs);
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
+    const __m256 iv = _mm256_set1_ps(inv);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(items[r].out + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), iv));
+    for (; i < d; ++i) items[r].out[i] = acc[r][i] * inv;
+  }
+}
+
 }  // namespace
 
 void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
@@ -1146,13 +1220,21 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     return;
   }
   if (!isa.attention || !isa.attention_supports(D) || b.n_tokens < 4) {
-    pool.parallel_for(b.n_tokens * b.n_head, [&](int64_t task) {
-      const int64_t t = task / b.n_head, h = task % b.n_head;
-      const int64_t off = (h / group) * D;
-      attend_query(
-          b.q + (t * b.n_head + h) * D, D, b.first[t], b.end[t], b.scale,
-          [&](int64_t p) { return b.key_rows[p] + off; }, [&](int64_t p) { return b.value_rows[p] + off; },
-          b.out + (t * b.n_head + h) * D);
+    // Items of kInterleave (token, head) pairs: for prompts, consecutive
+    // tokens of one head (they share K/V rows); for decode, the heads of one
+    // token.
+    const bool by_head = b.n_tokens >= kInterleave;
+    const int64_t n_items = b.n_tokens * b.n_head;
+    pool.parallel_for((n_items + kInterleave - 1) / kInterleave, [&](int64_t task) {
+      AttendItem items[kInterleave];
+      int n = 0;
+      for (int64_t i = task * kInterleave; i < std::min(n_items, (task + 1) * kInterleave); ++i) {
+        const int64_t t = by_head ? i % b.n_tokens : i / b.n_head;
+        const int64_t h = by_head ? i / b.n_tokens : i % b.n_head;
+        items[n++] = {b.q + (t * b.n_head + h) * D, b.key_rows, b.value_rows, (h / group) * D,
+                      b.first[t], b.end[t], b.out + (t * b.n_head + h) * D};
+      }
+      attend_interleaved(items, n, D, b.scale);
     });
     return;
   }
