@@ -324,22 +324,6 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   }
 }
 
-TEST(Attention, OneQueryHelperMatchesBatch) {
-  const int64_t head_dim = 64, n_pos = 90;
-  KvStore kv(n_pos, head_dim, 3);
-  std::vector<float> q = make_x(head_dim, 4);
-  std::vector<int64_t> first{0}, end{n_pos};
-  auto batch = run_attention(kv, q, 1, 1, head_dim, first, end, 0, 1, 1);
-  std::vector<float> one(head_dim);
-  struct Ctx {
-    const KvStore* kv;
-    static const uint16_t* k(const void* c, int64_t p) { return static_cast<const Ctx*>(c)->kv->krows[p]; }
-    static const uint16_t* v(const void* c, int64_t p) { return static_cast<const Ctx*>(c)->kv->vrows[p]; }
-  } ctx{&kv};
-  attend_one_query(q.data(), head_dim, 0, n_pos, 1.0f / 8.0f, &Ctx::k, &Ctx::v, &ctx, one.data());
-  EXPECT_TRUE(same_bits(batch, one));
-}
-
 // ---- Element-wise helpers.
 
 TEST(Exp, VectorMatchesScalarAndLibm) {

@@ -20,7 +20,7 @@
 // (the earlier row-dot kernels gave 1.0e-3, 1.0e-3 and 3.7e-3 at most),
 // and reprise's argmax equals llama.cpp's at all 120 greedy steps of each.
 // jamba's attention must follow llama.cpp's flash-attention numerics (f16
-// value accumulator, as the shared attend_one_query does): with an exact f32
+// value accumulator, as the shared attention kernels do): with an exact f32
 // softmax instead, one greedy step routes a token to a different expert and
 // the logits move by 0.35.
 #include <gtest/gtest.h>

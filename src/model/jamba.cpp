@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "gguf/gguf_file.h"
+#include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/mamba.h"
 #include "model/weights.h"
@@ -75,20 +76,6 @@ std::vector<PackedMatrix> expert_matrices(const gguf::File& file, const std::str
   }
   return out;
 }
-
-struct AttentionRows {
-  SequenceMemory* memory;
-  int layer;
-  int64_t offset;
-  static const uint16_t* key(const void* self, int64_t pos) {
-    auto* r = static_cast<const AttentionRows*>(self);
-    return r->memory->key(r->layer, pos) + r->offset;
-  }
-  static const uint16_t* value(const void* self, int64_t pos) {
-    auto* r = static_cast<const AttentionRows*>(self);
-    return r->memory->value(r->layer, pos) + r->offset;
-  }
-};
 
 class Jamba final : public Model {
  public:
@@ -229,15 +216,8 @@ void Jamba::attention(const Layer& L, int il, const ForwardBatch& batch, Sequenc
     convert_f32_to_f16(k.data() + t * kv_dim, memory.key(il, pos), kv_dim);
     convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
   }
-  const int64_t group = n_head_ / L.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
-  pool.parallel_for(n * n_head_, [&](int64_t task) {
-    const int64_t t = task / n_head_, hh = task % n_head_;
-    AttentionRows rows{&memory, il, (hh / group) * head_dim_};
-    attend_one_query(q.data() + (t * n_head_ + hh) * head_dim_, head_dim_, 0, batch.pos0 + t + 1, scale,
-                     &AttentionRows::key, &AttentionRows::value, &rows,
-                     attn.data() + (t * n_head_ + hh) * head_dim_);
-  });
+  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
+  attend_layer(batch, memory, il, shape, q.data(), attn.data(), pool);
   matmul(L.wo, attn.data(), n, out, pool);
 }
 

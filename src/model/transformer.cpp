@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
@@ -82,8 +83,6 @@ class Transformer final : public Model {
                ThreadPool& pool) override;
 
  private:
-  void attention(const Layer& layer, int il, const ForwardBatch& batch, SequenceMemory& memory,
-                 const float* q, float* out, ThreadPool& pool) const;
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -206,41 +205,6 @@ Transformer::Transformer(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
-void Transformer::attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory,
-                            const float* q, float* out, ThreadPool& pool) const {
-  const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  thread_local std::vector<int64_t> first, end;
-  thread_local std::vector<const uint16_t*> key_rows, value_rows;
-  first.resize(n);
-  end.resize(n);
-  int64_t max_end = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t pos = batch.pos0 + t;
-    int64_t last = pos;
-    if (t >= batch.bidir_begin && t < batch.bidir_end) last = batch.pos0 + batch.bidir_end - 1;
-    first[t] = L.window > 0 ? std::max<int64_t>(0, pos - L.window + 1) : 0;
-    end[t] = last + 1;
-    max_end = std::max(max_end, end[t]);
-  }
-  key_rows.resize(max_end);
-  value_rows.resize(max_end);
-  const int64_t lo = *std::min_element(first.begin(), first.end());
-  if (lo < max_end) memory.kv_rows(il, lo, max_end, key_rows.data() + lo, value_rows.data() + lo);
-  AttentionBatch a;
-  a.q = q;
-  a.n_tokens = n;
-  a.n_head = n_head_;
-  a.n_head_kv = n_head_kv_;
-  a.head_dim = head_dim_;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
-  a.first = first.data();
-  a.end = end.data();
-  a.key_rows = key_rows.data();
-  a.value_rows = value_rows.data();
-  a.out = out;
-  reprise::attention(a, pool);
-}
-
 void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                           ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
@@ -343,7 +307,9 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
       convert_f32_to_f16(kt, memory.key(il, pos), kv_dim);
       convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
     });
-    attention(L, il, batch, memory, q.data(), attn.data(), pool);
+    const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
+                                    1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    attend_layer(batch, memory, il, shape, q.data(), attn.data(), pool);
     matmul(L.wo, attn.data(), n, tmp.data(), pool);
     for_tokens(n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;

@@ -1056,55 +1056,13 @@ inline void mad_h(float* acc, const uint16_t* v, float s, int64_t n) {
   for (; i < n; ++i) acc[i] = f16_to_f32(f32_to_f16(std::fma(f16_to_f32(v[i]), s, acc[i])));
 }
 
-// One query against rows [first, end); rows fetched by index into k/v tables
-// (already offset to the KV head).
-template <typename RowK, typename RowV>
-void attend_query(const float* q, int64_t d, int64_t first, int64_t end, float scale, RowK key, RowV value,
-                  float* out) {
-  alignas(32) float qh[1024], acc[1024];
-  convert_row(ActKind::F16, q, d, qh);
-  std::fill(acc, acc + d, 0.0f);
-  float M = -INFINITY, S = 0.0f;
-  constexpr int kBlock = 8;
-  alignas(32) float s[kBlock], arg[kBlock], e[kBlock];
-  bool is_new[kBlock];
-  for (int64_t p0 = first; p0 < end; p0 += kBlock) {
-    const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - p0));
-    for (int j = 0; j < nb; ++j) s[j] = score_f16(qh, key(p0 + j), d) * scale;
-    // Running maxima decide which exponential each key needs.
-    float m = M;
-    for (int j = 0; j < nb; ++j) {
-      is_new[j] = s[j] > m;
-      arg[j] = is_new[j] ? m - s[j] : s[j] - m;
-      if (is_new[j]) m = s[j];
-    }
-    for (int j = nb; j < kBlock; ++j) arg[j] = 0.0f;
-    _mm256_store_ps(e, expf_exact8(_mm256_load_ps(arg)));
-    for (int j = 0; j < nb; ++j) {
-      float ms = 1.0f, vs = 1.0f;
-      if (is_new[j]) {
-        M = s[j];
-        ms = e[j];
-        scale_h(acc, ms, d);
-      } else {
-        vs = e[j];
-      }
-      mad_h(acc, value(p0 + j), vs, d);
-      S = std::fma(S, ms, vs);
-    }
-  }
-  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-  const __m256 iv = _mm256_set1_ps(inv);
-  int64_t i = 0;
-  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), iv));
-  for (; i < d; ++i) out[i] = acc[i] * inv;
-}
-
-// Up to kInterleave (query, head) items at once, each with exactly
-// attend_query's operations per key, so the same bits: per 8-key block every
-// item's scores, new-maximum plan and exponentials, then the value updates
-// key by key with the items interleaved, so their serial f16 accumulator
-// chains overlap (the AVX2 path's batched and multi-head attention).
+// The per-query path: up to kInterleave (query, head) items at once, keys in
+// blocks of 8: every item's scores, its new-maximum plan (running maxima
+// decide which exponential each key needs) and 8 exponentials, then the value
+// updates key by key with the items interleaved, so their serial f16
+// accumulator chains overlap. The operations per (query, key) do not depend
+// on which items share a task (AVX2, and head sizes the AVX-512 kernels do
+// not cover).
 constexpr int kInterleave = 4;
 
 struct AttendItem {
@@ -1175,13 +1133,6 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
 }
 
 }  // namespace
-
-void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
-                      RowFetch key, RowFetch value, const void* ctx, float* out) {
-  attend_query(
-      q, head_dim, first, end, scale, [&](int64_t p) { return key(ctx, p); }, [&](int64_t p) { return value(ctx, p); },
-      out);
-}
 
 void attention(const AttentionBatch& b, ThreadPool& pool) {
   if (b.n_tokens <= 0) return;

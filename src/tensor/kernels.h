@@ -129,21 +129,13 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 // ---------------------------------------------------------------------------
 // Attention over f16 K/V rows.
 
-// One query head attending to key/value rows [first, end) stored as f16.
-// Numerics follow ggml's CPU flash-attention path (query rounded to f16,
-// online softmax, f16 value accumulator) so logits track llama.cpp closely.
-// Rows are fetched through callbacks so paged storage needs no copy.
-using RowFetch = const uint16_t* (*)(const void* ctx, int64_t pos);
-void attend_one_query(const float* q, int64_t head_dim, int64_t first, int64_t end, float scale,
-                      RowFetch key, RowFetch value, const void* ctx, float* out);
-
 // Batched attention for one layer: n_tokens queries of n_head heads
 // (q[(t * n_head + h) * head_dim + d]) attend to positions [first[t], end[t]).
 // key_rows[p] / value_rows[p] point at position p's row (all KV heads, kv
-// head j at offset j * head_dim) for every p below max(end). Same numerics as
-// attend_one_query (ggml flash attention: f16 query, online softmax with
-// expf, f16 accumulator), and each query's result is independent of the
-// batch it is computed in.
+// head j at offset j * head_dim) for every p below max(end). Numerics follow
+// ggml's CPU flash-attention path (f16 query, online softmax with expf, f16
+// value accumulator) so logits track llama.cpp closely, and each query's
+// result is independent of the batch it is computed in.
 struct AttentionBatch {
   const float* q = nullptr;
   int64_t n_tokens = 0;

@@ -83,7 +83,7 @@ struct MatmulArgs {
 // starting at position `base`) and V rows as floats (v: [pos - base][d]).
 // q rows (n_q of them, q_stride apart) are f16-rounded. Query i attends to
 // [first[i], end[i]). The arithmetic per (query, key) is that of the
-// per-query path in kernels.cpp (attend_query), so results are identical.
+// per-query path in kernels.cpp (attend_interleaved), so results are identical.
 struct AttnArgs {
   const float* q;
   int64_t q_stride;
@@ -103,7 +103,7 @@ struct AttnArgs {
 // d floats each, f16-rounded) against positions [first, end) whose K and V
 // rows are read as f16 straight from the KV rows (head h's part starts at
 // k_off[h] / v_off[h] elements). The arithmetic per (query, key) is that of
-// attend_query in kernels.cpp, so results are identical; the kernel
+// attend_interleaved in kernels.cpp, so results are identical; the kernel
 // interleaves the heads so their serial f16 accumulator chains overlap.
 struct AttnRowsArgs {
   const float* q;

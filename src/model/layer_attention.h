@@ -1,0 +1,27 @@
+// Attention of a batch's queries against one attention layer's K/V rows in a
+// SequenceMemory (the batch's own rows already written): causal, optionally
+// limited to a sliding window, and with the batch's bidirectional span (image
+// tokens) attending to each other both ways. Shared by every architecture
+// with attention layers, so they all get the same kernels and numerics.
+#pragma once
+#include <cstdint>
+
+#include "model/model.h"
+#include "model/sequence_memory.h"
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+struct LayerAttentionShape {
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t window = 0;  // > 0: a query sees only the last `window` positions
+  float scale = 1.0f;
+};
+
+// q: n_tokens x n_head x head_dim; out: the same shape.
+void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
+                  const float* q, float* out, ThreadPool& pool);
+
+}  // namespace reprise
