@@ -98,10 +98,12 @@ TEST_P(SsmOracleTest, MatchesLlamaCpp) {
         EXPECT_LE(d, c.tol) << "position " << p << " token " << id;
       }
       const float eighth = top8[p].back()[1].get<float>();
-      for (int64_t id = 0; id < n_vocab; ++id)
-        if (row[id] > eighth + 2 * c.tol)
+      for (int64_t id = 0; id < n_vocab; ++id) {
+        if (row[id] > eighth + 2 * c.tol) {
           EXPECT_NE(std::find(golden_ids.begin(), golden_ids.end(), id), golden_ids.end())
               << "token " << id << " at position " << p << " is not in llama.cpp's top-8";
+        }
+      }
     }
 
     // Greedy continuation, one token per forward as llama.cpp decodes. The

@@ -105,11 +105,6 @@ const VisionPair& synthetic_pair(uint64_t seed = 1) {
 
 using test::read_f32;
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // A deterministic test picture: smooth gradients plus a seed-dependent pattern.
 DecodedImage test_image(int64_t w, int64_t h, uint32_t seed) {
   DecodedImage img;
