@@ -1141,7 +1141,7 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
   const IsaKernels& isa = isa_kernels();
   // Batches (prefill) go through the ISA's batched kernel with K transposed
   // and V widened once per layer; single queries (decode) read f16 rows.
-  if (b.n_tokens < 4 && isa.attend_rows && isa.attention_supports(D)) {
+  if (b.n_tokens < 4 && isa.attend_rows && isa.attend_rows_supports(D)) {
     // Decode: tasks of up to 4 heads of one token, f16 K/V rows read in place.
     constexpr int64_t kHeadsPerTask = 4;
     const int64_t chunks = (b.n_head + kHeadsPerTask - 1) / kHeadsPerTask;
@@ -1214,9 +1214,14 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
       if (p >= lo && p < hi) {
         const uint16_t* kr = b.key_rows[p] + j * D;
         const uint16_t* vrow = b.value_rows[p] + j * D;
-        for (int64_t d = 0; d < D; d += 8) {
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
           _mm256_store_ps(rows[i] + d, load_h8(kr + d));
           _mm256_storeu_ps(vr + d, load_h8(vrow + d));
+        }
+        for (; d < D; ++d) {
+          rows[i][d] = f16_to_f32(kr[d]);
+          vr[d] = f16_to_f32(vrow[d]);
         }
       } else {
         std::fill(rows[i], rows[i] + D, 0.0f);

@@ -441,10 +441,20 @@ RP_INLINE void plan_keys(KeyPlan& kp, float& m, const float* sc, int nk, int64_t
 // between steps the accumulators live in L1.
 constexpr int kMaxQ = 16;
 
-template <int DC, int QG>
+// Masked: head sizes below 16 (DC = 1); value rows are a.d floats apart and
+// are read with a lane mask, so the accumulator's unused lanes stay zero.
+template <bool Masked>
+RP_INLINE __m512 load_value(const float* p, __mmask16 lanes) {
+  if constexpr (Masked) return _mm512_maskz_loadu_ps(lanes, p);
+  else return _mm512_loadu_ps(p);
+}
+
+template <int DC, int QG, bool Masked = false>
 RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs& a, const float (*sc)[32],
                              const KeyPlan* plan, float* s, float (*acc_mem)[16 * DC]) {
-  constexpr int64_t d = 16 * DC;
+  static_assert(!Masked || DC == 1);
+  const int64_t d = Masked ? a.d : 16 * DC;
+  const __mmask16 lanes = Masked ? static_cast<__mmask16>((1u << a.d) - 1) : static_cast<__mmask16>(0xffff);
   __m512 acc[QG][DC];
 #pragma GCC unroll 4
   for (int r = 0; r < QG; ++r)
@@ -466,7 +476,7 @@ RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs&
     const float* vr = a.v + (p0 + j - a.base) * d;
     __m512 vv[DC];
 #pragma GCC unroll 16
-    for (int c = 0; c < DC; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+    for (int c = 0; c < DC; ++c) vv[c] = load_value<Masked>(vr + 16 * c, lanes);
 #pragma GCC unroll 4
     for (int r = 0; r < QG; ++r) {
       const float e = plan[r0 + r].e[j];
@@ -492,7 +502,8 @@ RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs&
       }
       const __m512 vv = _mm512_set1_ps(vs);
 #pragma GCC unroll 16
-      for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(_mm512_loadu_ps(vr + 16 * c), vv, acc[r][c]));
+      for (int c = 0; c < DC; ++c)
+        acc[r][c] = round_h16(_mm512_fmadd_ps(load_value<Masked>(vr + 16 * c, lanes), vv, acc[r][c]));
       sr[r] = __builtin_fmaf(sr[r], ms, vs);
     }
   }
@@ -549,6 +560,109 @@ void attention_dc(const AttnArgs& a) {
       float* o = a.out + (i0 + r) * a.out_stride;
       const __m512 iv = _mm512_set1_ps(inv);
       for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_load_ps(acc[r] + c), iv));
+    }
+  }
+}
+
+// Head sizes up to 16. ggml's f16 dot has no full 32-element step at these
+// sizes and sums every product in double (as score_f16 in kernels.cpp does),
+// so each step's 32 keys are widened to double once and every query's scores
+// run as 4 chains of 8 keys, two queries at a time; value rows are one masked
+// vector.
+struct SmallStep {
+  __m512d k[16][4];  // [dim][keys 8 c .. 8 c + 7]
+};
+
+RP_INLINE void widen_step(const float* kt0, const float* kt1, int64_t d, SmallStep& st) {
+  for (int64_t i = 0; i < d; ++i) {
+    const __m512 a = _mm512_loadu_ps(kt0 + i * 16), b = _mm512_loadu_ps(kt1 + i * 16);
+    st.k[i][0] = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
+    st.k[i][1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1));
+    st.k[i][2] = _mm512_cvtps_pd(_mm512_castps512_ps256(b));
+    st.k[i][3] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(b, 1));
+  }
+}
+
+// Scores (times scale, in float) of R queries against a step's 32 keys.
+template <int R>
+RP_INLINE void score_small(const float* const* q, const SmallStep& st, int64_t d, float scale, float (*const* out)) {
+  __m512d acc[R][4];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_pd();
+  for (int64_t i = 0; i < d; ++i) {
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const __m512d qd = _mm512_set1_pd(q[r][i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_pd(qd, st.k[i][c], acc[r][c]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out[r] + 8 * c, _mm256_mul_ps(_mm512_cvtpd_ps(acc[r][c]), sc));
+}
+
+void attention_small(const AttnArgs& a) {
+  const int64_t d = a.d;
+  const __mmask16 lanes = static_cast<__mmask16>((1u << d) - 1);
+  constexpr int QG = 4;
+  alignas(64) float acc[kMaxQ][16];
+  alignas(64) float sc[kMaxQ][32];
+  KeyPlan plan[kMaxQ];
+  float m[kMaxQ], s[kMaxQ];
+  SmallStep st;
+  for (int64_t i0 = 0; i0 < a.n_q; i0 += kMaxQ) {
+    const int nq = static_cast<int>(a.n_q - i0 < kMaxQ ? a.n_q - i0 : kMaxQ);
+    const int64_t* first = a.first + i0;
+    const int64_t* end = a.end + i0;
+    int64_t lo = first[0], hi = end[0];
+    for (int r = 0; r < nq; ++r) {
+      m[r] = -__builtin_inff();
+      s[r] = 0.0f;
+      _mm512_store_ps(acc[r], _mm512_setzero_ps());
+      lo = lo < first[r] ? lo : first[r];
+      hi = hi > end[r] ? hi : end[r];
+    }
+    for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
+      const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
+      const float* kt0 = a.kt + ((p0 - a.base) / 16) * d * 16;
+      widen_step(kt0, kt0 + d * 16, d, st);
+      // Queries whose range meets this step, scored in pairs.
+      int live[kMaxQ], n_live = 0;
+      for (int r = 0; r < nq; ++r) {
+        if (end[r] <= p0 || first[r] >= p0 + nk) {
+          plan[r].valid = 0;
+          plan[r].is_new = 0;
+        } else {
+          live[n_live++] = r;
+        }
+      }
+      int j = 0;
+      for (; j + 2 <= n_live; j += 2) {
+        const float* q[2] = {a.q + (i0 + live[j]) * a.q_stride, a.q + (i0 + live[j + 1]) * a.q_stride};
+        float* out[2] = {sc[live[j]], sc[live[j + 1]]};
+        score_small<2>(q, st, d, a.scale, out);
+      }
+      if (j < n_live) {
+        const float* q[1] = {a.q + (i0 + live[j]) * a.q_stride};
+        float* out[1] = {sc[live[j]]};
+        score_small<1>(q, st, d, a.scale, out);
+      }
+      for (int l = 0; l < n_live; ++l) {
+        const int r = live[l];
+        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
+        plan_keys(plan[r], m[r], sc[r], kn, p0, first[r], end[r]);
+      }
+      for (int r0 = 0; r0 < nq; r0 += QG)
+        update_values<1, QG, true>(r0, nq - r0 < QG ? nq - r0 : QG, nk, p0, a, sc, plan, s, acc);
+    }
+    for (int r = 0; r < nq; ++r) {
+      const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
+      _mm512_mask_storeu_ps(a.out + (i0 + r) * a.out_stride, lanes, _mm512_mul_ps(_mm512_load_ps(acc[r]), _mm512_set1_ps(inv)));
     }
   }
 }
@@ -666,16 +780,28 @@ void attend_rows_dc(const AttnRowsArgs& a) {
 
 void attend_rows(const AttnRowsArgs& a) {
   switch (a.d) {
+    case 32: attend_rows_dc<2>(a); return;
     case 64: attend_rows_dc<4>(a); return;
+    case 96: attend_rows_dc<6>(a); return;
     case 128: attend_rows_dc<8>(a); return;
     case 256: attend_rows_dc<16>(a); return;
   }
 }
 
-bool attention_supports(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+bool attend_rows_supports(int64_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+}
+
+bool attention_supports(int64_t head_dim) { return (head_dim >= 1 && head_dim <= 16) || attend_rows_supports(head_dim); }
 
 void attention(const AttnArgs& a) {
+  if (a.d <= 16) {
+    attention_small(a);
+    return;
+  }
   switch (a.d) {
+    case 32: attention_dc<2>(a); return;
+    case 96: attention_dc<6>(a); return;
     case 64: attention_dc<4>(a); return;
     case 128: attention_dc<8>(a); return;
     case 256: attention_dc<16>(a); return;
@@ -774,7 +900,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &attention, &attention_supports, &attend_rows};
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &attention, &attention_supports, &attend_rows, &attend_rows_supports};
   return k;
 }
 

@@ -153,8 +153,10 @@ struct IsaKernels {
   // does not handle (attention_supports).
   void (*attention)(const AttnArgs&);
   bool (*attention_supports)(int64_t head_dim);
-  // Null when the ISA has no decode attention kernel; head sizes as above.
+  // Null when the ISA has no decode attention kernel, or for head sizes it
+  // does not handle (attend_rows_supports).
   void (*attend_rows)(const AttnRowsArgs&);
+  bool (*attend_rows_supports)(int64_t head_dim);
 };
 
 const IsaKernels& avx2_kernels();
