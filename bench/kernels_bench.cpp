@@ -93,9 +93,9 @@ void BM_MatmulUnpacked(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulUnpacked)->ArgsProduct({{1, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
-// Args: n_queries, context length, threads. 8 heads of 64, 8 KV heads.
+// Args: n_queries, context length, threads, head size. 8 heads, 8 KV heads.
 void BM_Attention(benchmark::State& state) {
-  const int64_t n_q = state.range(0), n_ctx = state.range(1), n_head = 8, hd = 64;
+  const int64_t n_q = state.range(0), n_ctx = state.range(1), n_head = 8, hd = state.range(3);
   ThreadPool pool(static_cast<int>(state.range(2)));
   std::vector<uint16_t> k(n_ctx * n_head * hd), v(n_ctx * n_head * hd);
   std::vector<float> kf = make_x(k.size());
@@ -114,7 +114,7 @@ void BM_Attention(benchmark::State& state) {
   a.n_head = n_head;
   a.n_head_kv = n_head;
   a.head_dim = hd;
-  a.scale = 0.125f;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.first = first.data();
   a.end = end.data();
   a.key_rows = kr.data();
@@ -130,11 +130,14 @@ void BM_Attention(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Attention)
-    ->Args({512, 512, 1})
-    ->Args({512, 512, 2})
-    ->Args({1, 128, 1})
-    ->Args({1, 2048, 1})
-    ->Args({1, 2048, 2})
+    ->Args({512, 512, 1, 64})
+    ->Args({512, 512, 2, 64})
+    ->Args({512, 512, 1, 128})
+    ->Args({512, 512, 1, 16})  // the small fixtures' head sizes (double-precision scores)
+    ->Args({512, 512, 1, 8})
+    ->Args({1, 128, 1, 64})
+    ->Args({1, 2048, 1, 64})
+    ->Args({1, 2048, 2, 64})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

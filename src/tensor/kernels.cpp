@@ -1017,6 +1017,26 @@ inline float hsum8(__m256 v) {
 inline __m256 load_h8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// r[i][j] <- r[j][i] for an 8 x 8 block.
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+
 inline __m256 round_h8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
 // q: head_dim floats already rounded to f16 values.
@@ -1228,7 +1248,15 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
         std::fill(vr, vr + D, 0.0f);
       }
     }
-    for (int64_t d = 0; d < D; ++d)
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+      for (int half = 0; half < 2; ++half) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(rows[8 * half + i] + d);
+        transpose8(r);
+        for (int i = 0; i < 8; ++i) _mm256_store_ps(ktb + (d + i) * 16 + 8 * half, r[i]);
+      }
+    for (; d < D; ++d)
       for (int i = 0; i < 16; ++i) ktb[d * 16 + i] = rows[i][d];
   });
   // Pass 2: per head and run of queries.
