@@ -609,7 +609,7 @@ RP_INLINE void score_small(const float* const* q, const SmallStep& st, int64_t d
 void attention_small(const AttnArgs& a) {
   const int64_t d = a.d;
   const __mmask16 lanes = static_cast<__mmask16>((1u << d) - 1);
-  constexpr int QG = 16;
+  constexpr int QG = 4;
   alignas(64) float acc[kMaxQ][16];
   alignas(64) float sc[kMaxQ][32];
   KeyPlan plan[kMaxQ];
