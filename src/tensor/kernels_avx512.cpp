@@ -516,54 +516,6 @@ RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs&
   }
 }
 
-template <int DC>
-void attention_dc(const AttnArgs& a) {
-  constexpr int64_t d = 16 * DC;
-  constexpr int QG = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
-  alignas(64) float acc[kMaxQ][d];
-  alignas(64) float sc[kMaxQ][32];
-  KeyPlan plan[kMaxQ];
-  float m[kMaxQ], s[kMaxQ];
-  for (int64_t i0 = 0; i0 < a.n_q; i0 += kMaxQ) {
-    const int nq = static_cast<int>(a.n_q - i0 < kMaxQ ? a.n_q - i0 : kMaxQ);
-    const int64_t* first = a.first + i0;
-    const int64_t* end = a.end + i0;
-    int64_t lo = first[0], hi = end[0];
-    for (int r = 0; r < nq; ++r) {
-      m[r] = -__builtin_inff();
-      s[r] = 0.0f;
-      for (int64_t k = 0; k < d; k += 16) _mm512_store_ps(acc[r] + k, _mm512_setzero_ps());
-      lo = lo < first[r] ? lo : first[r];
-      hi = hi > end[r] ? hi : end[r];
-    }
-    for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
-      const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
-      const float* kt[2] = {a.kt + ((p0 - a.base) / 16) * d * 16, a.kt + ((p0 - a.base) / 16 + 1) * d * 16};
-      for (int r = 0; r < nq; ++r) {
-        // Queries whose range misses this step skip the scores.
-        if (end[r] <= p0 || first[r] >= p0 + nk) {
-          plan[r].valid = 0;
-          plan[r].is_new = 0;
-          continue;
-        }
-        const float* q = a.q + (i0 + r) * a.q_stride;
-        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
-        if (kn > 16) score_tile<1, 2, DC / 2>(&q, kt, a.scale, sc + r);
-        else score_tile<1, 1, DC / 2>(&q, kt, a.scale, sc + r);
-        plan_keys(plan[r], m[r], sc[r], kn, p0, first[r], end[r]);
-      }
-      for (int r0 = 0; r0 < nq; r0 += QG)
-        update_values<DC, QG>(r0, nq - r0 < QG ? nq - r0 : QG, nk, p0, a, sc, plan, s, acc);
-    }
-    for (int r = 0; r < nq; ++r) {
-      const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
-      float* o = a.out + (i0 + r) * a.out_stride;
-      const __m512 iv = _mm512_set1_ps(inv);
-      for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_load_ps(acc[r] + c), iv));
-    }
-  }
-}
-
 // Head sizes up to 16. ggml's f16 dot has no full 32-element step at these
 // sizes and sums every product in double (as score_f16 in kernels.cpp does),
 // so each step's 32 keys are widened to double once and every query's scores
@@ -606,15 +558,18 @@ RP_INLINE void score_small(const float* const* q, const SmallStep& st, int64_t d
     for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out[r] + 8 * c, _mm256_mul_ps(_mm512_cvtpd_ps(acc[r][c]), sc));
 }
 
-void attention_small(const AttnArgs& a) {
-  const int64_t d = a.d;
-  const __mmask16 lanes = static_cast<__mmask16>((1u << d) - 1);
-  constexpr int QG = 4;
-  alignas(64) float acc[kMaxQ][16];
+// The batched driver: runs of up to kMaxQ queries; per 32-key step the scores
+// of the queries whose range meets the step (score_step(p0, nk, i0, live, n,
+// sc) scores some of the n queries r in live, at least one, into sc[r] and
+// says how many), their key plans, then the value updates, QG queries at a
+// time. Masked: head sizes below 16 (see update_values).
+template <int DC, int QG, bool Masked, typename ScoreStep>
+RP_INLINE void attention_runs(const AttnArgs& a, ScoreStep&& score_step) {
+  const __mmask16 lanes = Masked ? static_cast<__mmask16>((1u << a.d) - 1) : static_cast<__mmask16>(0xffff);
+  alignas(64) float acc[kMaxQ][16 * DC];
   alignas(64) float sc[kMaxQ][32];
   KeyPlan plan[kMaxQ];
   float m[kMaxQ], s[kMaxQ];
-  SmallStep st;
   for (int64_t i0 = 0; i0 < a.n_q; i0 += kMaxQ) {
     const int nq = static_cast<int>(a.n_q - i0 < kMaxQ ? a.n_q - i0 : kMaxQ);
     const int64_t* first = a.first + i0;
@@ -623,15 +578,13 @@ void attention_small(const AttnArgs& a) {
     for (int r = 0; r < nq; ++r) {
       m[r] = -__builtin_inff();
       s[r] = 0.0f;
-      _mm512_store_ps(acc[r], _mm512_setzero_ps());
+      for (int c = 0; c < DC; ++c) _mm512_store_ps(acc[r] + 16 * c, _mm512_setzero_ps());
       lo = lo < first[r] ? lo : first[r];
       hi = hi > end[r] ? hi : end[r];
     }
     for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 32) {
       const int nk = static_cast<int>(hi - p0 < 32 ? hi - p0 : 32);
-      const float* kt0 = a.kt + ((p0 - a.base) / 16) * d * 16;
-      widen_step(kt0, kt0 + d * 16, d, st);
-      // Queries whose range meets this step, scored in pairs.
+      // Queries whose range misses this step skip the scores.
       int live[kMaxQ], n_live = 0;
       for (int r = 0; r < nq; ++r) {
         if (end[r] <= p0 || first[r] >= p0 + nk) {
@@ -641,30 +594,65 @@ void attention_small(const AttnArgs& a) {
           live[n_live++] = r;
         }
       }
-      int j = 0;
-      for (; j + 2 <= n_live; j += 2) {
-        const float* q[2] = {a.q + (i0 + live[j]) * a.q_stride, a.q + (i0 + live[j + 1]) * a.q_stride};
-        float* out[2] = {sc[live[j]], sc[live[j + 1]]};
-        score_small<2>(q, st, d, a.scale, out);
-      }
-      if (j < n_live) {
-        const float* q[1] = {a.q + (i0 + live[j]) * a.q_stride};
-        float* out[1] = {sc[live[j]]};
-        score_small<1>(q, st, d, a.scale, out);
-      }
-      for (int l = 0; l < n_live; ++l) {
-        const int r = live[l];
-        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
-        plan_keys(plan[r], m[r], sc[r], kn, p0, first[r], end[r]);
+      // Each query's plan follows its scores, so one query's plan overlaps
+      // the next one's scores (measured faster than all scores first).
+      for (int l = 0; l < n_live;) {
+        const int n = score_step(p0, nk, i0, live + l, n_live - l, sc);
+        for (int j = l; j < l + n; ++j) {
+          const int r = live[j];
+          const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
+          plan_keys(plan[r], m[r], sc[r], kn, p0, first[r], end[r]);
+        }
+        l += n;
       }
       for (int r0 = 0; r0 < nq; r0 += QG)
-        update_values<1, QG, true>(r0, nq - r0 < QG ? nq - r0 : QG, nk, p0, a, sc, plan, s, acc);
+        update_values<DC, QG, Masked>(r0, nq - r0 < QG ? nq - r0 : QG, nk, p0, a, sc, plan, s, acc);
     }
     for (int r = 0; r < nq; ++r) {
-      const float inv = s[r] == 0.0f ? 0.0f : 1.0f / s[r];
-      _mm512_mask_storeu_ps(a.out + (i0 + r) * a.out_stride, lanes, _mm512_mul_ps(_mm512_load_ps(acc[r]), _mm512_set1_ps(inv)));
+      const __m512 inv = _mm512_set1_ps(s[r] == 0.0f ? 0.0f : 1.0f / s[r]);
+      float* o = a.out + (i0 + r) * a.out_stride;
+      for (int c = 0; c < DC; ++c)
+        _mm512_mask_storeu_ps(o + 16 * c, lanes, _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * c), inv));
     }
   }
+}
+
+// Head size 16 * DC (DC even): scores from score_tile, one query at a time.
+template <int DC>
+void attention_dc(const AttnArgs& a) {
+  constexpr int64_t d = 16 * DC;
+  constexpr int QG = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
+  attention_runs<DC, QG, false>(a, [&](int64_t p0, int nk, int64_t i0, const int* live, int, float (*sc)[32]) {
+    const float* kt[2] = {a.kt + ((p0 - a.base) / 16) * d * 16, a.kt + ((p0 - a.base) / 16 + 1) * d * 16};
+    const int r = live[0];
+    const float* q = a.q + (i0 + r) * a.q_stride;
+    const int kn = static_cast<int>(a.end[i0 + r] - p0 < nk ? a.end[i0 + r] - p0 : nk);
+    if (kn > 16) score_tile<1, 2, DC / 2>(&q, kt, a.scale, sc + r);
+    else score_tile<1, 1, DC / 2>(&q, kt, a.scale, sc + r);
+    return 1;
+  });
+}
+
+void attention_small(const AttnArgs& a) {
+  SmallStep st;
+  int64_t widened = -1;  // the step st holds
+  attention_runs<1, 4, true>(a, [&](int64_t p0, int, int64_t i0, const int* live, int n, float (*sc)[32]) {
+    if (widened != p0) {
+      const float* kt0 = a.kt + ((p0 - a.base) / 16) * a.d * 16;
+      widen_step(kt0, kt0 + a.d * 16, a.d, st);
+      widened = p0;
+    }
+    if (n >= 2) {
+      const float* q[2] = {a.q + (i0 + live[0]) * a.q_stride, a.q + (i0 + live[1]) * a.q_stride};
+      float* out[2] = {sc[live[0]], sc[live[1]]};
+      score_small<2>(q, st, a.d, a.scale, out);
+      return 2;
+    }
+    const float* q[1] = {a.q + (i0 + live[0]) * a.q_stride};
+    float* out[1] = {sc[live[0]]};
+    score_small<1>(q, st, a.d, a.scale, out);
+    return 1;
+  });
 }
 
 // ggml's AVX2 f16 dot tree for one (query, key): acc0..acc3 (8 lanes each)
