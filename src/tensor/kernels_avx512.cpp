@@ -465,29 +465,28 @@ RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs&
 #pragma GCC unroll 4
   for (int r = 0; r < QG; ++r) sr[r] = r < nr ? s[r0 + r] : 0.0f;
   // Keys where every query of the group takes the key and none sets a new
-  // maximum (ms = 1, so S = fma(S, 1, vs) = S + vs) need no per-key checks:
-  // the longest such prefix of the step runs branch-free.
+  // maximum (ms = 1, so S = fma(S, 1, vs) = S + vs), the common case, run
+  // branch-free; the others check each query.
   uint32_t common = nr == QG ? (nk == 32 ? 0xffffffffu : (1u << nk) - 1) : 0;
 #pragma GCC unroll 4
   for (int r = 0; r < QG; ++r)
     if (r < nr) common &= plan[r0 + r].valid & ~plan[r0 + r].is_new;
-  const int plain = common == 0xffffffffu ? 32 : __builtin_ctz(~common);
-  for (int j = 0; j < plain; ++j) {
+  for (int j = 0; j < nk; ++j) {
     const float* vr = a.v + (p0 + j - a.base) * d;
-    __m512 vv[DC];
+    if (common >> j & 1) {
+      __m512 vv[DC];
 #pragma GCC unroll 16
-    for (int c = 0; c < DC; ++c) vv[c] = load_value<Masked>(vr + 16 * c, lanes);
+      for (int c = 0; c < DC; ++c) vv[c] = load_value<Masked>(vr + 16 * c, lanes);
 #pragma GCC unroll 4
-    for (int r = 0; r < QG; ++r) {
-      const float e = plan[r0 + r].e[j];
-      const __m512 ev = _mm512_set1_ps(e);
+      for (int r = 0; r < QG; ++r) {
+        const float e = plan[r0 + r].e[j];
+        const __m512 ev = _mm512_set1_ps(e);
 #pragma GCC unroll 16
-      for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(vv[c], ev, acc[r][c]));
-      sr[r] = __builtin_fmaf(sr[r], 1.0f, e);
+        for (int c = 0; c < DC; ++c) acc[r][c] = round_h16(_mm512_fmadd_ps(vv[c], ev, acc[r][c]));
+        sr[r] = __builtin_fmaf(sr[r], 1.0f, e);
+      }
+      continue;
     }
-  }
-  for (int j = plain; j < nk; ++j) {
-    const float* vr = a.v + (p0 + j - a.base) * d;
 #pragma GCC unroll 4
     for (int r = 0; r < QG; ++r) {
       if (r >= nr || !(plan[r0 + r].valid >> j & 1)) continue;
