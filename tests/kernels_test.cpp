@@ -273,7 +273,7 @@ std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q,
 
 TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   IsaRestore restore;
-  for (int64_t head_dim : {64, 40, 16, 128, 8, 4, 12, 32, 96}) {
+  for (int64_t head_dim : {64, 40, 16, 128, 8, 4, 12, 32, 96, 44, 80}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
     const int64_t n_head = 4, n_head_kv = 2, n_pos = 150, n_q = 37;
     KvStore kv(n_pos, n_head_kv * head_dim, 7);

@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "tensor/avx2_math.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
@@ -23,6 +24,10 @@ using kernels::kGroupRows;
 using kernels::kTokenTile;
 using kernels::MatmulArgs;
 using kernels::XBlock;
+using kernels::avx2::expf_exact8;
+using kernels::avx2::hsum8;
+using kernels::avx2::load_h8;
+using kernels::avx2::round_h8;
 
 // ---------------------------------------------------------------------------
 // Instruction set selection.
@@ -783,40 +788,6 @@ const uint64_t kernels::glibc_expf::kTable[32] = {
     0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
 };
 
-namespace {
-
-// 4 lanes of the glibc expf core in double precision.
-inline __m128 expf_exact4(__m128 x) {
-  namespace g = kernels::glibc_expf;
-  const __m256d xd = _mm256_cvtps_pd(x);
-  const __m256d z = _mm256_mul_pd(xd, _mm256_set1_pd(g::kInvLn2N));
-  __m256d kd = _mm256_add_pd(z, _mm256_set1_pd(g::kShift));
-  const __m256i ki = _mm256_castpd_si256(kd);
-  kd = _mm256_sub_pd(kd, _mm256_set1_pd(g::kShift));
-  const __m256d r = _mm256_sub_pd(z, kd);
-  const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
-  __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(g::kTable), idx, 8);
-  t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
-  const __m256d s = _mm256_castsi256_pd(t);
-  const __m256d zz = _mm256_fmadd_pd(_mm256_set1_pd(g::kC0), r, _mm256_set1_pd(g::kC1));
-  const __m256d r2 = _mm256_mul_pd(r, r);
-  __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(g::kC2), r, _mm256_set1_pd(1.0));
-  y = _mm256_fmadd_pd(zz, r2, y);
-  y = _mm256_mul_pd(y, s);
-  return _mm256_cvtpd_ps(y);
-}
-
-// 8 lanes, with glibc's special cases (overflow, underflow, NaN).
-inline __m256 expf_exact8(__m256 x) {
-  namespace g = kernels::glibc_expf;
-  __m256 y = _mm256_set_m128(expf_exact4(_mm256_extractf128_ps(x, 1)), expf_exact4(_mm256_castps256_ps128(x)));
-  y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(g::kOverflow), _CMP_GT_OQ));
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(g::kUnderflow), _CMP_LT_OQ));
-  return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
-}  // namespace
-
 void expf_exact(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact8(_mm256_loadu_ps(x + i)));
@@ -1003,20 +974,6 @@ void add_inplace(float* y, const float* x, int64_t n) {
 
 namespace {
 
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
-
-inline __m256 load_h8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 // r[i][j] <- r[j][i] for an 8 x 8 block.
 inline void transpose8(__m256 (&r)[8]) {
   __m256 t[8];
@@ -1036,8 +993,6 @@ inline void transpose8(__m256 (&r)[8]) {
     r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
   }
 }
-
-inline __m256 round_h8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
 // q: head_dim floats already rounded to f16 values.
 inline float score_f16(const float* q, const uint16_t* k, int64_t n) {
@@ -1190,7 +1145,12 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     });
     return;
   }
-  if (!isa.attention || !isa.attention_supports(D) || b.n_tokens < 4) {
+  // Prompts use the ISA's batched kernel, or the AVX2 one for head sizes the
+  // ISA's does not take.
+  auto* batched = isa.attention && isa.attention_supports(D) ? isa.attention
+                  : kernels::attention_avx2_supports(D)       ? &kernels::attention_avx2
+                                                               : nullptr;
+  if (!batched || b.n_tokens < 4) {
     // Items of kInterleave (token, head) pairs: for prompts, consecutive
     // tokens of one head (they share K/V rows); for decode, the heads of one
     // token.
@@ -1283,7 +1243,7 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     a.base = base;
     a.out = b.out + (t0 * b.n_head + h) * D;
     a.out_stride = b.n_head * D;
-    isa.attention(a);
+    batched(a);
   });
 }
 

@@ -159,6 +159,11 @@ struct IsaKernels {
   bool (*attend_rows_supports)(int64_t head_dim);
 };
 
+// The AVX2 batched attention (attention_avx2.cpp): the AVX2 table's kernel,
+// and the fallback for head sizes another ISA's kernel does not take.
+void attention_avx2(const AttnArgs& a);
+bool attention_avx2_supports(int64_t head_dim);
+
 const IsaKernels& avx2_kernels();
 // Only valid when the CPU supports AVX-512 F/BW/VL/DQ and VNNI.
 const IsaKernels& avx512_kernels();
