@@ -688,6 +688,50 @@ TEST(GgufWriter, RewritesEveryFixtureByteForByte) {
   EXPECT_GE(rewritten, 10);
 }
 
+// Resident set size of this process in bytes (/proc/self/statm).
+uint64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// After load the weights live in packed copies: release_resident() takes the
+// mapping's pages out of the process's memory, and reading the tensors again
+// still gives the file's bytes.
+TEST(GgufReader, ReleaseResidentDropsMappedPagesAndKeepsTheData) {
+  constexpr uint64_t kRows = 4096, kCols = 1024;  // 16 MiB of F32
+  std::vector<float> values(kRows * kCols);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 9973) * 0.25f;
+  Writer w;
+  w.add_tensor("big", {kCols, kRows}, DType::F32,
+               Bytes(reinterpret_cast<const uint8_t*>(values.data()),
+                     reinterpret_cast<const uint8_t*>(values.data()) + values.size() * sizeof(float)));
+  TempDir dir;
+  const std::string path = dir.file("big.gguf");
+  w.write(path);
+
+  auto f = File::open(path);
+  const auto& t = f->require_tensor("big");
+  auto checksum = [&] {
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < t.n_bytes; i += 512) sum = sum * 31 + t.data[i];
+    return sum;
+  };
+  const uint64_t first = checksum();  // touches every page
+  const uint64_t touched = resident_bytes();
+  f->release_resident();
+  const uint64_t released = resident_bytes();
+  EXPECT_GE(touched - std::min(touched, released), t.n_bytes * 9 / 10)
+      << "resident " << touched << " -> " << released << " bytes";
+  EXPECT_EQ(checksum(), first);
+  EXPECT_TRUE(std::memcmp(t.data, values.data(), t.n_bytes) == 0);
+  // In-memory images own their bytes: nothing to release, nothing lost.
+  auto mem = File::from_bytes(read_file(path), "big.gguf");
+  mem->release_resident();
+  EXPECT_TRUE(std::memcmp(mem->require_tensor("big").data, values.data(), t.n_bytes) == 0);
+}
+
 TEST(GgufWriter, ViewsAreNotCopied) {
   Bytes data(64 * 4);
   Writer w;

@@ -19,6 +19,7 @@ void run_with_images(ModelBundle& bundle, ThreadPool& pool, PrefixCache& cache, 
   if (o.images.empty()) std::fprintf(stderr, "[vision] --mmproj given without --image: text only\n");
   auto mmproj = gguf::File::open(o.mmproj);
   ClipEncoder encoder(*mmproj);
+  mmproj->release_resident();  // the encoder holds packed copies of its weights
   const VisionEncoderInfo& vi = encoder.info();
   std::fprintf(stderr, "[vision] %s projector: %lldx%lld input, %lld layers, %lld tokens per image\n",
                vi.projector.c_str(), static_cast<long long>(vi.image_size), static_cast<long long>(vi.image_size),

@@ -32,6 +32,8 @@ std::unique_ptr<ModelBundle> load_model_bundle(const std::string& path,
     throw Error(path + ": tokenizer has " + std::to_string(bundle->tokenizer->n_vocab()) +
                 " tokens but the model's output has " + std::to_string(bundle->model->info().n_vocab));
   for (int32_t id : bundle->tokenizer->vocab().eog) bundle->eog_tokens.push_back(id);
+  // Weights are packed copies now; the mapping's pages need not stay resident.
+  bundle->file->release_resident();
   say("ready: " + std::to_string(bundle->model->info().n_params) + " parameters, fingerprint " +
       std::to_string(bundle->model->info().fingerprint[1]).substr(0, 8));
   return bundle;

@@ -271,6 +271,12 @@ File::~File() {
   if (mapped_ && base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 
+void File::release_resident() const {
+  // A read-only file mapping: MADV_DONTNEED only unmaps the pages, whose
+  // contents stay the file's. Best effort: a failure leaves them resident.
+  if (mapped_ && base_) ::madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
+}
+
 void File::parse() {
   Cursor cur(*this, base_, size_);
   if (size_ < 4) fail("file too small to be GGUF (" + std::to_string(size_) + " bytes)");

@@ -96,6 +96,13 @@ class File {
   // The file's bytes (mapping), e.g. for content fingerprints.
   std::span<const uint8_t> bytes() const { return {base_, size_}; }
 
+  // Drops this process's resident pages of the mapping, for after loading:
+  // the weights have been copied into packed form, so keeping the file's
+  // pages mapped would count the model twice against the machine's memory.
+  // Bytes read later (embedding rows) fault back in from the file, usually
+  // still in the page cache. No effect on in-memory images.
+  void release_resident() const;
+
   // Formats "<path>: <what>" for errors raised by users of this file.
   [[noreturn]] void fail(const std::string& what) const;
 

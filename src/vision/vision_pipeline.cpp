@@ -15,6 +15,7 @@ VisionPipeline::VisionPipeline(const std::string& mmproj_path, ModelBundle& text
       embedder_(encoder_, text.model->info(), &cache_, pool, forward_mutex, options.limits),
       generator_(*text.model, pool, prefix_cache, forward_mutex, options.engine) {
   prompt_options_.markers = image_markers_for(encoder_.info());
+  file_->release_resident();  // the encoder holds packed copies of its weights
 }
 
 MultimodalPrompt VisionPipeline::build_prompt(std::string_view rendered,
