@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tensor/kernels_impl.h"
+#include "tensor/tile_runner.h"
 
 namespace reprise::kernels {
 namespace {
@@ -190,31 +191,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                  acc[g][t][0], acc[g][t][1]);
 }
 
-using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
-
-RP_INLINE void over_groups(const MatmulArgs& a, int64_t t0, int G, TileFn wide, TileFn single) {
-  int64_t g = 0;
-  for (; g + G <= a.n_groups; g += G) wide(a, g, t0);
-  for (; g < a.n_groups; ++g) single(a, g, t0);
-}
-
-template <int GOne, int TMax, template <int, int> class K>
-void run_tiles(const MatmulArgs& a) {
-  int64_t t = 0;
-  for (; t + TMax <= a.n_tokens; t += TMax) over_groups(a, t, 1, &K<1, TMax>::run, &K<1, TMax>::run);
-  const int64_t rest = a.n_tokens - t;
-  auto tail = [&](auto tag) {
-    constexpr int R = decltype(tag)::value;
-    if constexpr (R == 1)
-      over_groups(a, t, GOne, &K<GOne, 1>::run, &K<1, 1>::run);
-    else
-      over_groups(a, t, 1, &K<1, R>::run, &K<1, R>::run);
-  };
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((rest == I + 1 ? (tail(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
-  }(std::make_integer_sequence<int, TMax - 1>{});
-}
-
 template <FType W>
 struct FKernel {
   template <int G, int T>
@@ -233,11 +209,11 @@ struct QKernel {
 // Decode reads 4 weight streams per F-type tile (8 accumulators; 4 divide the
 // driver's 8-group decode tasks): ~8% faster than 3 on the 2-vCPU VM.
 constexpr int kDecodeGroupsF = 4;
-void matmul_f32(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::F32>::K>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::F16>::K>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<kDecodeGroupsF, 6, FKernel<FType::BF16>::K>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<false>::K>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, 4, QKernel<true>::K>(a); }
+void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 1, 6, kDecodeGroupsF, 1>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 1, 4, 2, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 1, 4, 2, 1>(a); }
 
 // Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {

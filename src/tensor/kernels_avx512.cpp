@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "tensor/kernels_impl.h"
+#include "tensor/tile_runner.h"
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2"))), apply_to = function)
@@ -201,42 +202,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                  acc[g][t]);
 }
 
-// Runs one tile shape over all groups (G at a time, then singles).
-template <typename Kernel>
-RP_INLINE void over_groups(const MatmulArgs& a, int64_t t0, int G, Kernel wide, Kernel single) {
-  int64_t g = 0;
-  for (; g + G <= a.n_groups; g += G) wide(a, g, t0);
-  for (; g < a.n_groups; ++g) single(a, g, t0);
-}
-
-using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
-
-// Token tiles of up to kMaxT; the remainder uses the matching narrower tile.
-// One token uses wider group tiles: decode streams several groups at once.
-template <int GWide, int TMax, template <int, int> class K>
-void run_tiles(const MatmulArgs& a) {
-  int64_t t = 0;
-  for (; t + TMax <= a.n_tokens; t += TMax)
-    over_groups<TileFn>(a, t, GWide, &K<GWide, TMax>::run, &K<1, TMax>::run);
-  const int64_t rest = a.n_tokens - t;
-  auto tail = [&](auto tag) {
-    constexpr int R = decltype(tag)::value;
-    if constexpr (R == 1) {
-      // Decode is bound by memory: 8 concurrent weight streams per thread
-      // read ~40% faster than 4 on the 2-vCPU VM (bench/stream probe).
-      int64_t g = 0;
-      for (; g + 8 <= a.n_groups; g += 8) K<8, 1>::run(a, g, t);
-      for (; g + 4 <= a.n_groups; g += 4) K<4, 1>::run(a, g, t);
-      for (; g < a.n_groups; ++g) K<1, 1>::run(a, g, t);
-    }
-    else
-      over_groups<TileFn>(a, t, GWide, &K<GWide, R>::run, &K<1, R>::run);
-  };
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((rest == I + 1 ? (tail(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
-  }(std::make_integer_sequence<int, TMax - 1>{});
-}
-
 template <FType W>
 struct FKernel {
   template <int G, int T>
@@ -255,11 +220,13 @@ struct QKernel {
 constexpr int kTileF = 6;   // 4 groups x 6 tokens = 24 accumulators
 constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumulators
 
-void matmul_f32(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::F32>::K>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::F16>::K>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<4, kTileF, FKernel<FType::BF16>::K>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<false>::K>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<2, kTileQ, QKernel<true>::K>(a); }
+// Decode is bound by memory: 8 concurrent weight streams per thread read ~40%
+// faster than 4 on the 2-vCPU VM (bench's stream probe).
+void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 4, kTileF, 8, 4, 1>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTileF, 8, 4, 1>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, 8, 4, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 2, kTileQ, 8, 4, 1>(a); }
 
 // ---------------------------------------------------------------------------
 // Batched attention (see AttnArgs). Scores run with keys across lanes, but

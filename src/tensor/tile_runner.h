@@ -1,0 +1,44 @@
+// How the ISA kernel files cover a product with their tile shapes. A kernel
+// K<G, T>::run(args, g0, t0) computes G row groups x T tokens. Templates
+// only, instantiated with each ISA file's own (internal) kernel types, so no
+// code compiled for one instruction set is shared with another.
+#pragma once
+#include <cstdint>
+#include <utility>
+
+#include "tensor/kernels_impl.h"
+
+namespace reprise::kernels {
+
+// All groups at tokens [t0, t0 + T), with tiles of the widths Gs..., widest
+// first (the last should be 1 so every group is covered).
+template <template <int, int> class K, int T, int... Gs>
+inline void over_groups(const MatmulArgs& a, int64_t t0) {
+  int64_t g = 0;
+  (
+      [&] {
+        for (; g + Gs <= a.n_groups; g += Gs) K<Gs, T>::run(a, g, t0);
+      }(),
+      ...);
+}
+
+// Token tiles of TMax tokens, and one tile of the remaining R < TMax tokens,
+// with group widths GPrefill then 1. A single token (decode, which is bound
+// by memory) uses the decode widths GDecode... instead: wider tiles read more
+// weight streams at once.
+template <template <int, int> class K, int GPrefill, int TMax, int... GDecode>
+void run_tiles(const MatmulArgs& a) {
+  int64_t t = 0;
+  for (; t + TMax <= a.n_tokens; t += TMax) over_groups<K, TMax, GPrefill, 1>(a, t);
+  const int64_t rest = a.n_tokens - t;
+  auto tail = [&](auto tag) {
+    constexpr int R = decltype(tag)::value;
+    if constexpr (R == 1) over_groups<K, 1, GDecode...>(a, t);
+    else over_groups<K, R, GPrefill, 1>(a, t);
+  };
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((rest == I + 1 ? (tail(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
+  }(std::make_integer_sequence<int, TMax - 1>{});
+}
+
+}  // namespace reprise::kernels
