@@ -27,6 +27,7 @@ namespace reprise::kernels {
 namespace {
 
 #define RP_INLINE inline __attribute__((always_inline))
+#define RP_INLINE_LAMBDA __attribute__((always_inline))
 
 enum class FType { F32, F16, BF16 };
 
@@ -140,20 +141,25 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) ia[g][t] = c;
     }
+    // ia[g][t] += per-row integer dots of the weight chunks wv (4 bytes per
+    // row) with each token's 4 activation quants at qs + offset.
+    auto dot_chunk = [&](const __m512i (&wv)[G], int offset) RP_INLINE_LAMBDA {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        int32_t q;
+        std::memcpy(&q, x[b * xs + t].qs + offset, 4);
+        const __m512i xv = _mm512_set1_epi32(q);
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
+      }
+    };
     if constexpr (!Q4) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-          int32_t q;
-          std::memcpy(&q, x[b * xs + t].qs + 4 * c, 4);
-          const __m512i xv = _mm512_set1_epi32(q);
-#pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
-        }
+        dot_chunk(wv, 4 * c);
       }
     } else {
 #pragma GCC unroll 4
@@ -161,25 +167,11 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(_mm512_loadu_si512(wb + g * gb + 32 + c * 64), nibble);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-          int32_t q;
-          std::memcpy(&q, x[b * xs + t].qs + 4 * c, 4);
-          const __m512i xv = _mm512_set1_epi32(q);
-#pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
-        }
+        dot_chunk(wv, 4 * c);
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g)
           wv[g] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(wb + g * gb + 32 + c * 64), 4), nibble);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-          int32_t q;
-          std::memcpy(&q, x[b * xs + t].qs + 16 + 4 * c, 4);
-          const __m512i xv = _mm512_set1_epi32(q);
-#pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
-        }
+        dot_chunk(wv, 16 + 4 * c);
       }
     }
     __m512 dw[G];
