@@ -10,17 +10,28 @@
 
 namespace reprise::kernels::avx2 {
 
-// 4 lanes of the glibc expf core in double precision.
-inline __m128 expf_exact4(__m128 x) {
+// 32-bit halves of the table entries for the 8 lanes' k (k & 31), looked up
+// in registers: vpermd picks among 8 entries by k's low 3 bits, bits 3 and 4
+// choose among the 4 vectors.
+inline __m256i table_half(const uint32_t* half, __m256i k) {
+  const __m256i* t = reinterpret_cast<const __m256i*>(half);
+  const __m256 a0 = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(_mm256_load_si256(t), k));
+  const __m256 a1 = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(_mm256_load_si256(t + 1), k));
+  const __m256 a2 = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(_mm256_load_si256(t + 2), k));
+  const __m256 a3 = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(_mm256_load_si256(t + 3), k));
+  const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(k, 28));  // blendv reads the sign bit
+  const __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(k, 27));
+  return _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_blendv_ps(a0, a1, bit3), _mm256_blendv_ps(a2, a3, bit3), bit4));
+}
+
+// The glibc expf core for 4 lanes in double precision: z = x * N / ln 2,
+// kd = z + shift (k in its low bits), t = table entry for k.
+inline __m128 expf_core4(__m256d z, __m256d kd, __m256i t) {
   namespace g = glibc_expf;
-  const __m256d xd = _mm256_cvtps_pd(x);
-  const __m256d z = _mm256_mul_pd(xd, _mm256_set1_pd(g::kInvLn2N));
-  __m256d kd = _mm256_add_pd(z, _mm256_set1_pd(g::kShift));
   const __m256i ki = _mm256_castpd_si256(kd);
   kd = _mm256_sub_pd(kd, _mm256_set1_pd(g::kShift));
   const __m256d r = _mm256_sub_pd(z, kd);
-  const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
-  __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(g::kTable), idx, 8);
   t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
   const __m256d s = _mm256_castsi256_pd(t);
   const __m256d zz = _mm256_fmadd_pd(_mm256_set1_pd(g::kC0), r, _mm256_set1_pd(g::kC1));
@@ -34,7 +45,18 @@ inline __m128 expf_exact4(__m128 x) {
 // 8 lanes, with glibc's special cases (overflow, underflow, NaN).
 inline __m256 expf_exact8(__m256 x) {
   namespace g = glibc_expf;
-  __m256 y = _mm256_set_m128(expf_exact4(_mm256_extractf128_ps(x, 1)), expf_exact4(_mm256_castps256_ps128(x)));
+  const __m256d za = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), _mm256_set1_pd(g::kInvLn2N));
+  const __m256d zb = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), _mm256_set1_pd(g::kInvLn2N));
+  const __m256d kda = _mm256_add_pd(za, _mm256_set1_pd(g::kShift));
+  const __m256d kdb = _mm256_add_pd(zb, _mm256_set1_pd(g::kShift));
+  // k of all 8 lanes (the low halves of the 64-bit lanes), in lane order.
+  const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  const __m256i k = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(kda), low_halves),
+                                              _mm256_permutevar8x32_epi32(_mm256_castpd_si256(kdb), low_halves), 0x20);
+  const __m256i lo = table_half(g::kSplitTable.lo, k), hi = table_half(g::kSplitTable.hi, k);
+  const __m256i t01 = _mm256_unpacklo_epi32(lo, hi), t23 = _mm256_unpackhi_epi32(lo, hi);  // lanes 0 1 4 5, 2 3 6 7
+  const __m256i ta = _mm256_permute2x128_si256(t01, t23, 0x20), tb = _mm256_permute2x128_si256(t01, t23, 0x31);
+  __m256 y = _mm256_set_m128(expf_core4(zb, kdb, tb), expf_core4(za, kda, ta));
   y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(g::kOverflow), _CMP_GT_OQ));
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(g::kUnderflow), _CMP_LT_OQ));
   return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
