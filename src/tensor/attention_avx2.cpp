@@ -132,7 +132,7 @@ inline void update_values(const AttnArgs& a, int64_t p0, int nk, int r0, int nr,
   __m256 A[kQG][W];
 #pragma GCC unroll 4
   for (int r = 0; r < kQG; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int w = 0; w < W; ++w) A[r][w] = r < nr ? _mm256_load_ps(acc[r0 + r] + c0 + 8 * w) : _mm256_setzero_ps();
   uint32_t common = nr == kQG ? (1u << nk) - 1 : 0;
 #pragma GCC unroll 4
@@ -141,13 +141,13 @@ inline void update_values(const AttnArgs& a, int64_t p0, int nk, int r0, int nr,
   for (int j = 0; j < nk; ++j) {
     const float* vr = a.v + (p0 + j - a.base) * d + c0;
     __m256 V[W];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int w = 0; w < W; ++w) V[w] = load_v(vr, w);
     if (common >> j & 1) {
 #pragma GCC unroll 4
       for (int r = 0; r < kQG; ++r) {
         const __m256 vs = _mm256_set1_ps(plan[r0 + r].e[j]);
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int w = 0; w < W; ++w) A[r][w] = round_h8(_mm256_fmadd_ps(V[w], vs, A[r][w]));
       }
       continue;
@@ -158,18 +158,18 @@ inline void update_values(const AttnArgs& a, int64_t p0, int nk, int r0, int nr,
       __m256 vs = _mm256_set1_ps(1.0f);
       if (plan[r0 + r].is_new >> j & 1) {
         const __m256 ms = _mm256_set1_ps(plan[r0 + r].e[j]);
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int w = 0; w < W; ++w) A[r][w] = round_h8(_mm256_mul_ps(A[r][w], ms));
       } else {
         vs = _mm256_set1_ps(plan[r0 + r].e[j]);
       }
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int w = 0; w < W; ++w) A[r][w] = round_h8(_mm256_fmadd_ps(V[w], vs, A[r][w]));
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < kQG; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int w = 0; w < W; ++w)
       if (r < nr) _mm256_store_ps(acc[r0 + r] + c0 + 8 * w, A[r][w]);
 }
@@ -230,7 +230,8 @@ void attention_runs(const AttnArgs& a) {
       for (int r0 = 0; r0 < nq; r0 += kQG) {
         const int nr = nq - r0 < kQG ? nq - r0 : kQG;
         int64_t c0 = 0;
-        for (; d - c0 > 8; c0 += 16) update_values<2>(a, p0, nk, r0, nr, c0, plan, acc);
+        for (; d - c0 > 16; c0 += 24) update_values<3>(a, p0, nk, r0, nr, c0, plan, acc);
+        if (d - c0 > 8) update_values<2>(a, p0, nk, r0, nr, c0, plan, acc), c0 += 16;
         if (c0 < d) update_values<1>(a, p0, nk, r0, nr, c0, plan, acc);
       }
     }
