@@ -93,17 +93,19 @@ void BM_MatmulUnpacked(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulUnpacked)->ArgsProduct({{1, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 
-// Args: n_queries, context length, threads, head size. 8 heads, 8 KV heads.
+// Args: n_queries, context length, threads, head size, query heads per KV
+// head. 8 query heads.
 void BM_Attention(benchmark::State& state) {
   const int64_t n_q = state.range(0), n_ctx = state.range(1), n_head = 8, hd = state.range(3);
+  const int64_t n_head_kv = n_head / state.range(4);
   ThreadPool pool(static_cast<int>(state.range(2)));
-  std::vector<uint16_t> k(n_ctx * n_head * hd), v(n_ctx * n_head * hd);
+  std::vector<uint16_t> k(n_ctx * n_head_kv * hd), v(n_ctx * n_head_kv * hd);
   std::vector<float> kf = make_x(k.size());
   for (size_t i = 0; i < k.size(); ++i) k[i] = v[k.size() - 1 - i] = f32_to_f16(kf[i]);
   std::vector<const uint16_t*> kr(n_ctx), vr(n_ctx);
   for (int64_t p = 0; p < n_ctx; ++p) {
-    kr[p] = k.data() + p * n_head * hd;
-    vr[p] = v.data() + p * n_head * hd;
+    kr[p] = k.data() + p * n_head_kv * hd;
+    vr[p] = v.data() + p * n_head_kv * hd;
   }
   std::vector<float> q = make_x(n_q * n_head * hd), out(q.size());
   std::vector<int64_t> first(n_q, 0), end(n_q);
@@ -112,7 +114,7 @@ void BM_Attention(benchmark::State& state) {
   a.q = q.data();
   a.n_tokens = n_q;
   a.n_head = n_head;
-  a.n_head_kv = n_head;
+  a.n_head_kv = n_head_kv;
   a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   a.first = first.data();
@@ -130,14 +132,16 @@ void BM_Attention(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(pairs), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Attention)
-    ->Args({512, 512, 1, 64})
-    ->Args({512, 512, 2, 64})
-    ->Args({512, 512, 1, 128})
-    ->Args({512, 512, 1, 16})  // the small fixtures' head sizes (double-precision scores)
-    ->Args({512, 512, 1, 8})
-    ->Args({1, 128, 1, 64})
-    ->Args({1, 2048, 1, 64})
-    ->Args({1, 2048, 2, 64})
+    ->Args({512, 512, 1, 64, 1})
+    ->Args({512, 512, 2, 64, 1})
+    ->Args({512, 512, 1, 128, 1})
+    ->Args({512, 512, 1, 16, 1})  // the small fixtures' head sizes (double-precision scores)
+    ->Args({512, 512, 1, 8, 1})
+    ->Args({1, 128, 1, 64, 1})
+    ->Args({1, 2048, 1, 64, 1})
+    ->Args({1, 2048, 2, 64, 1})
+    ->Args({1, 2048, 1, 64, 4})  // decode with grouped-query attention
+    ->Args({1, 2048, 1, 128, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
