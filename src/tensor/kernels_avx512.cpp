@@ -668,14 +668,21 @@ RP_INLINE float score_row(const float* q, const uint16_t* k) {
   return _mm_cvtss_f32(t);
 }
 
+// What the heads of one decode task share (grouped-query attention).
+enum class KvShare {
+  kNone,      // each head reads its own K and V
+  kValues,    // one KV head: each V row is widened once for all heads
+  kKeysToo,   // and each K block is transposed once, the heads scored with
+              // keys across lanes like a prompt's queries (score_tile's tree)
+};
+
 // H heads of one query, keys in blocks of 16: scores, the sequential
 // new-maximum rule, 16 exponentials per head, then the value updates with
-// the heads' accumulators interleaved. Shared: the H heads read one KV head
-// (grouped-query attention), so each block's K is transposed once and the
-// heads are scored with keys across lanes like a prompt's queries (the same
-// operation tree, see score_tile), and each V row is widened once for all.
-template <int DC, int H, bool Shared = false>
+// the heads' accumulators interleaved.
+template <int DC, int H, KvShare Share = KvShare::kNone>
 void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
+  constexpr bool Shared = Share == KvShare::kKeysToo;
+  constexpr bool SharedV = Share != KvShare::kNone;
   __m512 acc[H][DC];
   float M[H], S[H];
   const float* q[H];
@@ -738,8 +745,8 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
     }
     for (int j = 0; j < nb; ++j) {
       const uint16_t* vr = a.value_rows[p0 + j];
-      __m512 vw[Shared ? DC : 1];
-      if constexpr (Shared) {
+      __m512 vw[SharedV ? DC : 1];
+      if constexpr (SharedV) {
 #pragma GCC unroll 16
         for (int c = 0; c < DC; ++c)
           vw[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + voff[0] + 16 * c)));
@@ -760,7 +767,7 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
         const uint16_t* v = vr + voff[h];
 #pragma GCC unroll 16
         for (int c = 0; c < DC; ++c) {
-          const __m512 vc = Shared ? vw[c] : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
+          const __m512 vc = SharedV ? vw[c] : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c)));
           acc[h][c] = round_h16(_mm512_fmadd_ps(vc, vv, acc[h][c]));
         }
         S[h] = __builtin_fmaf(S[h], ms, vs);
@@ -777,20 +784,21 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
 }
 
 // Up to 16 accumulator registers: 4 heads of 64, 2 of 128, 1 of 256.
-// Heads that share a KV head (grouped-query attention) go together through
-// the shared variant, which transposes each K block once for all of them:
-// 1.15x for 4 heads of 64 (BM_Attention/1/2048/1/64/4), but 0.93x for 2
-// heads of 128, where the transpose is shared too little.
+// Heads that share a KV head (grouped-query attention) share the V widening,
+// and with 4 heads also the K transpose: 1.15x for 4 heads of 64
+// (BM_Attention/1/2048/1/64/4). For 2 heads of 128 the transpose is shared
+// too little (0.93x), so they share only the values (one V conversion per
+// key instead of two; within noise of no sharing, 0.96-1.04x).
 template <int DC>
 void attend_rows_dc(const AttnRowsArgs& a) {
   constexpr int H = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;
   int64_t h = 0;
   for (; h + H <= a.n_heads; h += H) {
-    if constexpr (H >= 4) {
+    if constexpr (H >= 2) {
       bool shared = true;
       for (int i = 1; i < H; ++i) shared = shared && a.k_off[h + i] == a.k_off[h] && a.v_off[h + i] == a.v_off[h];
       if (shared) {
-        attend_rows_heads<DC, H, true>(a, h);
+        attend_rows_heads<DC, H, H >= 4 ? KvShare::kKeysToo : KvShare::kValues>(a, h);
         continue;
       }
     }
