@@ -230,6 +230,25 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       }
       case DType::Q4_0: {
         const int64_t nb = w.n_in / kQK4_0;
+        if (rows == kGroupRows) {
+          // 16 rows x 4 dword chunks per block: four 4x4 dword transposes.
+          for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* ob = out + b * 288;
+            auto* d = reinterpret_cast<uint16_t*>(ob);
+            for (int q = 0; q < 4; ++q) {
+              __m128 v[4];
+              for (int i = 0; i < 4; ++i) {
+                const auto& blk = reinterpret_cast<const BlockQ4_0*>(w.row(r0 + 4 * q + i))[b];
+                d[4 * q + i] = blk.d;
+                v[i] = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
+              }
+              _MM_TRANSPOSE4_PS(v[0], v[1], v[2], v[3]);
+              for (int c = 0; c < 4; ++c)
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(ob + 32 + c * 64 + q * 16), _mm_castps_si128(v[c]));
+            }
+          }
+          break;
+        }
         for (int64_t b = 0; b < nb; ++b) {
           uint8_t* ob = out + b * 288;
           auto* d = reinterpret_cast<uint16_t*>(ob);
