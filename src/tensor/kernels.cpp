@@ -89,8 +89,8 @@ size_t group_bytes_for(DType type, int64_t n_in) {
   }
 }
 
-// 8x8 transposes (AVX2) for packing full groups: rows r0..r0+7 of `src`
-// (row stride `stride` bytes) at byte offset `off`.
+// v[i][j] <- v[j][i] for 8 vectors of 8 32-bit elements (weight packing,
+// attention's K transpose).
 inline void transpose8x8_epi32(__m256i (&v)[8]) {
   const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
   const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
@@ -797,7 +797,6 @@ inline __m256 exp8(__m256 x) {
 
 }  // namespace
 
-
 void expf_exact(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact8(_mm256_loadu_ps(x + i)));
@@ -983,26 +982,6 @@ void add_inplace(float* y, const float* x, int64_t n) {
 // arithmetic per key is unchanged.
 
 namespace {
-
-// r[i][j] <- r[j][i] for an 8 x 8 block.
-inline void transpose8(__m256 (&r)[8]) {
-  __m256 t[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  __m256 u[8];
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
-  }
-}
 
 // q: head_dim floats already rounded to f16 values.
 inline float score_f16(const float* q, const uint16_t* k, int64_t n) {
@@ -1221,10 +1200,10 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     int64_t d = 0;
     for (; d + 8 <= D; d += 8)
       for (int half = 0; half < 2; ++half) {
-        __m256 r[8];
-        for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(rows[8 * half + i] + d);
-        transpose8(r);
-        for (int i = 0; i < 8; ++i) _mm256_store_ps(ktb + (d + i) * 16 + 8 * half, r[i]);
+        __m256i r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_castps_si256(_mm256_load_ps(rows[8 * half + i] + d));
+        transpose8x8_epi32(r);
+        for (int i = 0; i < 8; ++i) _mm256_store_ps(ktb + (d + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
       }
     for (; d < D; ++d)
       for (int i = 0; i < 16; ++i) ktb[d * 16 + i] = rows[i][d];

@@ -830,8 +830,8 @@ void attention(const AttnArgs& a) {
   }
   switch (a.d) {
     case 32: attention_dc<2>(a); return;
-    case 96: attention_dc<6>(a); return;
     case 64: attention_dc<4>(a); return;
+    case 96: attention_dc<6>(a); return;
     case 128: attention_dc<8>(a); return;
     case 256: attention_dc<16>(a); return;
     default: return;
@@ -840,7 +840,6 @@ void attention(const AttnArgs& a) {
 
 // ---------------------------------------------------------------------------
 // Activation tiles: 16 token rows x 16 inputs transposed in registers.
-
 
 // Same rounding as the AVX2 conversions in kernels.cpp.
 RP_INLINE __m512 round_bf16_16(__m512 x) {
