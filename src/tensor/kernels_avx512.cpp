@@ -85,11 +85,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     if constexpr (T == 1) {
       // Decode streams the weights once: prefetch ahead (one line per 2 k).
-      if (a.prefetch > 0 && !(k & 1)) {
-#pragma GCC unroll 16
-        for (int g = 0; g < G; ++g)
-          _mm_prefetch(reinterpret_cast<const char*>(w + g * gb + k * kStep + a.prefetch), _MM_HINT_T0);
-      }
+      if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);  // one line per 2 k
     }
     __m512 wv[G];
 #pragma GCC unroll 16
@@ -124,13 +120,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     const uint8_t* wb = w + b * kBlockBytes;
     if constexpr (T == 1) {
       // Decode streams the weights once: prefetch each group's stream ahead.
-      if (a.prefetch > 0) {
-#pragma GCC unroll 16
-        for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-          for (size_t off = 0; off < kBlockBytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(wb + g * gb + off + a.prefetch), _MM_HINT_T0);
-      }
+      if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBlockBytes, a.prefetch);
     }
 
     __m512i ia[G][T];

@@ -1,14 +1,31 @@
-// How the ISA kernel files cover a product with their tile shapes. A kernel
+// How the ISA kernel files cover a product with their tile shapes, and the
+// prefetch their decode tiles share. A kernel
 // K<G, T>::run(args, g0, t0) computes G row groups x T tokens. Templates
 // only, instantiated with each ISA file's own (internal) kernel types, so no
 // code compiled for one instruction set is shared with another.
 #pragma once
+#include <xmmintrin.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
 #include "tensor/kernels_impl.h"
 
 namespace reprise::kernels {
+
+// Decode tiles stream each of their G groups' weights once: prefetch the
+// lines `ahead` bytes past [p, p + bytes) in every group's stream (group_bytes
+// apart).
+template <int G>
+inline __attribute__((always_inline)) void prefetch_streams(const uint8_t* p, size_t group_bytes, size_t bytes,
+                                                            int64_t ahead) {
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (size_t off = 0; off < bytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + g * group_bytes + off + ahead), _MM_HINT_T0);
+}
 
 // All groups at tokens [t0, t0 + T), with tiles of the widths Gs..., widest
 // first (the last should be 1 so every group is covered).
