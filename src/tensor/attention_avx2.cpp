@@ -196,32 +196,31 @@ void attention_runs(const AttnArgs& a) {
     for (int64_t p0 = a.base + ((lo - a.base) & ~int64_t(15)); p0 < hi; p0 += 16) {
       const int nk = static_cast<int>(hi - p0 < 16 ? hi - p0 : 16);
       const float* kt = a.kt + ((p0 - a.base) / 16) * d * 16;
+      // Keys of the step each query scores (0: its range misses the step).
+      int kn[kMaxQ];
       for (int r = 0; r < nq; ++r) {
-        KeyPlan& kp = plan[r];
-        kp.valid = kp.is_new = 0;
-        // Queries whose range misses this step skip the scores.
-        if (end[r] <= p0 || first[r] >= p0 + nk) continue;
+        kn[r] = end[r] <= p0 || first[r] >= p0 + nk ? 0 : static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
+        if (kn[r] == 0) continue;
         const float* q = a.q + (i0 + r) * a.q_stride;
-        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
         const __m256 scale = _mm256_set1_ps(a.scale);
         _mm256_store_ps(sc[r], _mm256_mul_ps(score8<S>(q, kt, d), scale));
-        if (kn > 8) _mm256_store_ps(sc[r] + 8, _mm256_mul_ps(score8<S>(q, kt + 8, d), scale));
+        if (kn[r] > 8) _mm256_store_ps(sc[r] + 8, _mm256_mul_ps(score8<S>(q, kt + 8, d), scale));
       }
       for (int r = 0; r < nq; ++r) {
         KeyPlan& kp = plan[r];
-        if (end[r] <= p0 || first[r] >= p0 + nk) continue;
-        const int kn = static_cast<int>(end[r] - p0 < nk ? end[r] - p0 : nk);
+        kp.valid = kp.is_new = 0;
+        if (kn[r] == 0) continue;
         uint32_t v0, n0, v1 = 0, n1 = 0;
-        plan8(sc[r], kn, p0, first[r], end[r], m[r], kp.e, v0, n0);
-        if (kn > 8) {
-          plan8(sc[r] + 8, kn - 8, p0 + 8, first[r], end[r], m[r], kp.e + 8, v1, n1);
+        plan8(sc[r], kn[r], p0, first[r], end[r], m[r], kp.e, v0, n0);
+        if (kn[r] > 8) {
+          plan8(sc[r] + 8, kn[r] - 8, p0 + 8, first[r], end[r], m[r], kp.e + 8, v1, n1);
         } else {
           _mm256_store_ps(kp.e + 8, _mm256_setzero_ps());
         }
         kp.valid = v0 | (v1 << 8);
         kp.is_new = n0 | (n1 << 8);
         // The running sum, key by key: S = fma(S, ms, vs).
-        for (int j = 0; j < kn; ++j) {
+        for (int j = 0; j < kn[r]; ++j) {
           if (!(kp.valid >> j & 1)) continue;
           const bool nw = kp.is_new >> j & 1;
           s[r] = __builtin_fmaf(s[r], nw ? kp.e[j] : 1.0f, nw ? 1.0f : kp.e[j]);
