@@ -26,6 +26,7 @@ struct BenchOptions {
   int n_prompt = 512;
   int n_gen = 128;
   int n_depth = 0;  // tokens already in the context before each test (llama-bench -d)
+  int sequences = 1;  // tgN: concurrent sequences decoded in shared passes (continuous batching)
   int threads = 0;
   int reps = 3;
   bool json = false;
@@ -86,20 +87,22 @@ struct Roofline {
 // Decode tests (tgN) stream the weights once per token, so tokens/s times
 // the streamed bytes is compared with the measured read bandwidth; prompt
 // tests (ppN) process N tokens per pass over the weights.
+// tgN with several sequences (tgNxS) reports the tokens of all sequences per
+// second; each pass advances all S of them.
 void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
             const Roofline& roof) {
   const bool decode = test.rfind("tg", 0) == 0;
-  const double passes_per_s = decode ? s.mean : s.mean / std::max(1, o.n_prompt);
+  const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
   const double streamed_gbps = passes_per_s * roof.streamed_bytes / 1e9;
   const double read_gbps = roof.read_bw / 1e9;
   const double fraction = read_gbps > 0 ? streamed_gbps / read_gbps : 0;
   if (o.json) {
-    std::printf("{\"test\":\"%s\",\"n_depth\":%d,\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
+    std::printf("{\"test\":\"%s\",\"n_depth\":%d,\"sequences\":%d,\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
                 "\"isa\":\"%s\",\"weight_bytes\":%llu,\"streamed_weight_bytes\":%llu,"
                 "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,"
                 "\"roofline_fraction\":%.3f}\n",
-                test.c_str(), o.n_depth, s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
+                test.c_str(), o.n_depth, decode ? o.sequences : 1, s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
                 static_cast<unsigned long long>(roof.weight_bytes), static_cast<unsigned long long>(roof.streamed_bytes),
                 eff_gbps, streamed_gbps, read_gbps, fraction);
   } else {
@@ -169,26 +172,39 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   }
   if (o.n_gen > 0) {
     std::vector<double> rates;
+    const int n_seq = o.sequences;
     for (int r = -1; r < o.reps; ++r) {
       // The VM's bandwidth moves from minute to minute: probe again between
       // repetitions and compare against the best the machine gave meanwhile.
       roof.read_bw = std::max(roof.read_bw, measure_read_bandwidth(roof.streamed_bytes, pool, 2));
-      FlatMemory memory(model.state_spec());
-      memory.prepare(0, o.n_depth + o.n_gen);
-      prefill_depth(model, memory, o.n_depth, n_vocab, pool, logits);
-      int32_t tok = 1;
+      std::vector<std::unique_ptr<FlatMemory>> memory;
+      for (int s = 0; s < n_seq; ++s) {
+        memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+        memory.back()->prepare(0, o.n_depth + o.n_gen);
+        prefill_depth(model, *memory.back(), o.n_depth, n_vocab, pool, logits);
+      }
+      std::vector<SequenceStep> steps(n_seq);
+      for (int s = 0; s < n_seq; ++s) steps[s] = SequenceStep{1 + s, o.n_depth, memory[s].get()};
       const double t0 = now_seconds();
       for (int i = 0; i < o.n_gen; ++i) {
-        ForwardBatch batch;
-        batch.tokens = std::span<const int32_t>(&tok, 1);
-        batch.pos0 = o.n_depth + i;
-        model.forward(batch, memory, logits, pool);
-        tok = static_cast<int32_t>(3 + (i * 7919) % (n_vocab - 3));
+        if (n_seq == 1) {  // exactly what a single sequence's decode runs
+          ForwardBatch batch;
+          batch.tokens = std::span<const int32_t>(&steps[0].token, 1);
+          batch.pos0 = steps[0].pos;
+          model.forward(batch, *memory[0], logits, pool);
+        } else {
+          model.forward_steps(steps, logits, pool);
+        }
+        for (int s = 0; s < n_seq; ++s) {
+          steps[s].token = static_cast<int32_t>(3 + (i * 7919 + s * 104729) % (n_vocab - 3));
+          ++steps[s].pos;
+        }
       }
       const double dt = now_seconds() - t0;
-      if (r >= 0) rates.push_back(o.n_gen / dt);
+      if (r >= 0) rates.push_back(static_cast<double>(o.n_gen) * n_seq / dt);
     }
-    report(o, b, "tg" + std::to_string(o.n_gen) + depth_suffix, spread(rates), threads, roof);
+    report(o, b, "tg" + std::to_string(o.n_gen) + (n_seq > 1 ? "x" + std::to_string(n_seq) : "") + depth_suffix,
+           spread(rates), threads, roof);
   }
 }
 
@@ -201,6 +217,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 skips)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 skips)")->capture_default_str();
   cmd->add_option("-d,--n-depth", o->n_depth, "Context tokens already present before each test (untimed prefill)")
+      ->capture_default_str();
+  cmd->add_option("-s,--sequences", o->sequences,
+                  "tgN: sequences decoded together, one shared pass per step (continuous batching); "
+                  "reports all sequences' tokens/s as tgNxS")
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
@@ -215,6 +235,7 @@ void register_bench(CLI::App& app) {
   cmd->callback([o] {
     if (o->reps < 1) throw Error("--repetitions must be at least 1");
     if (o->n_depth < 0 || o->n_prompt < 0 || o->n_gen < 0) throw Error("-p, -n and -d must not be negative");
+    if (o->sequences < 1 || o->sequences > 256) throw Error("--sequences must be between 1 and 256");
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,

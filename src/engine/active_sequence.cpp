@@ -76,6 +76,12 @@ void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash1
   position_ += static_cast<int64_t>(tokens.size());
 }
 
+void ActiveSequence::decode(int32_t token, DecodeBatcher& batcher, std::vector<float>& logits) {
+  batcher.step(*memory_, token, position_, logits);
+  if (cached_) cached_->commit(std::span<const int32_t>(&token, 1), {});
+  position_ += 1;
+}
+
 void ActiveSequence::snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys) {
   if (!keeps_snapshots()) return;
   snapshots_->put(cached_->namespace_hash(), prefix, keys, *cached_);

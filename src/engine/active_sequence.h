@@ -10,6 +10,7 @@
 
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
+#include "engine/decode_batcher.h"
 #include "engine/flat_memory.h"
 #include "model/model.h"
 #include "tensor/thread_pool.h"
@@ -37,6 +38,10 @@ class ActiveSequence {
   // input embeddings, attending bidirectionally within itself if asked.
   void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
             std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false);
+
+  // Feeds one token through `batcher` (sharing a pass with other sequences'
+  // steps); `logits` receives its n_vocab logits.
+  void decode(int32_t token, DecodeBatcher& batcher, std::vector<float>& logits);
 
   // Stores a recurrent snapshot of the state after `prefix` (== everything fed
   // so far) when this sequence keeps snapshots.

@@ -20,6 +20,7 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
       forward_mutex_(options.forward_mutex ? options.forward_mutex : &own_forward_mutex_) {
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
+  batcher_ = std::make_unique<DecodeBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
 }
 
 void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
@@ -171,6 +172,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   std::vector<int32_t> history(req.prompt);
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   result.finish_reason = "length";
+  DecodeBatcher::Membership decoding(*batcher_);
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const int32_t token = sampler.sample(logits, history);
     result.tokens.push_back(token);
@@ -187,7 +189,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
     if (i + 1 == req.max_tokens) break;
     if (target.position() + 1 >= n_ctx_) break;  // context full: "length"
     // Feed the sampled token so its state is cached and the next logits exist.
-    target.feed(std::span<const int32_t>(&history.back(), 1), {}, LogitsFor::Last, logits);
+    target.decode(history.back(), *batcher_, logits);
   }
   // The end of the generated text is the next turn's likely restore point.
   if (target.position() > n_prompt)

@@ -49,6 +49,14 @@ struct ForwardBatch {
   int64_t bidir_end = 0;
 };
 
+// One sequence's next token in a multi-sequence pass: `token` at position
+// `pos` of `memory` (positions < pos already present).
+struct SequenceStep {
+  int32_t token = 0;
+  int64_t pos = 0;
+  SequenceMemory* memory = nullptr;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -58,6 +66,17 @@ class Model {
   // (LogitsFor::Last) or for every position in order (LogitsFor::All).
   virtual void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                        ThreadPool& pool) = 0;
+  // Continuous batching: advances several sequences by one token each;
+  // `logits` receives n_vocab floats per step, in order. Every step's logits
+  // are bit-identical to forward() of that token alone (the kernels' results
+  // do not depend on the batch), so batching never changes what a sequence
+  // generates or caches. Architectures that can share one pass across
+  // sequences (their weights streamed once per step instead of once per
+  // sequence) override this; the default runs the steps one at a time.
+  virtual void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool);
+  // True when forward_steps shares one pass across its steps (and so either
+  // advances every step or, on error, none of their committed state).
+  virtual bool batches_sequences() const { return false; }
 };
 
 // Loads the architecture the GGUF names; throws reprise::Error for

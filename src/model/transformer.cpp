@@ -81,8 +81,21 @@ class Transformer final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
+  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  bool batches_sequences() const override { return true; }
 
  private:
+  // Consecutive rows [row0, row0 + batch.tokens.size()) of a pass that belong
+  // to one sequence; batch's embedding and bidirectional ranges are relative
+  // to the segment.
+  struct Segment {
+    ForwardBatch batch;
+    SequenceMemory* memory = nullptr;
+    int64_t row0 = 0;
+  };
+  // One pass over every segment's rows: products over all rows at once,
+  // attention per segment against its own memory.
+  void run(std::span<const Segment> segments, LogitsFor logits_for, std::vector<float>& logits, ThreadPool& pool);
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -207,10 +220,47 @@ Transformer::Transformer(const gguf::File& file) {
 
 void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                           ThreadPool& pool) {
-  const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  if (n == 0) return;
+  if (batch.tokens.empty()) return;
+  const Segment one{batch, &memory, 0};
+  run(std::span<const Segment>(&one, 1), batch.logits_for, logits, pool);
+}
+
+void Transformer::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
+  if (steps.empty()) return;
+  thread_local std::vector<Segment> segments;
+  segments.resize(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Segment& s = segments[i];
+    s = Segment{};
+    s.batch.tokens = std::span<const int32_t>(&steps[i].token, 1);
+    s.batch.pos0 = steps[i].pos;
+    s.memory = steps[i].memory;
+    s.row0 = static_cast<int64_t>(i);
+  }
+  run(segments, LogitsFor::All, logits, pool);
+}
+
+void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, std::vector<float>& logits,
+                      ThreadPool& pool) {
+  const Segment& last = segments.back();
+  const int64_t n = last.row0 + static_cast<int64_t>(last.batch.tokens.size());
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
-  memory.prepare(batch.pos0, batch.pos0 + n);
+  // Every row's position and memory (bound to references, like the buffers
+  // below, so lambdas on pool threads see this thread's instances).
+  thread_local std::vector<int64_t> row_pos_buf;
+  thread_local std::vector<SequenceMemory*> row_memory_buf;
+  std::vector<int64_t>& row_pos = row_pos_buf;
+  std::vector<SequenceMemory*>& row_memory = row_memory_buf;
+  row_pos.resize(n);
+  row_memory.resize(n);
+  for (const Segment& s : segments) {
+    const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
+    s.memory->prepare(s.batch.pos0, s.batch.pos0 + len);
+    for (int64_t i = 0; i < len; ++i) {
+      row_pos[s.row0 + i] = s.batch.pos0 + i;
+      row_memory[s.row0 + i] = s.memory;
+    }
+  }
 
   // Activation buffers are reused across calls (per thread): a prompt's
   // buffers run to megabytes, and fresh pages would be faulted in each time.
@@ -236,18 +286,21 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
   g.resize(n * n_ff_);
   u.resize(n * n_ff_);
 
-  for (int64_t t = 0; t < n; ++t) {
-    float* xt = x.data() + t * n_embd_;
-    if (batch.embeddings && t >= batch.embd_begin && t < batch.embd_end) {
-      std::memcpy(xt, batch.embeddings + (t - batch.embd_begin) * n_embd_, n_embd_ * sizeof(float));
-      continue;  // projected image embeddings are already in the model's space
-    }
-    const int32_t tok = batch.tokens[t];
-    if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
-    dequantize_row(token_embd_, tok, xt);
-    if (traits_.embed_scale) {
-      const float s = std::sqrt(static_cast<float>(n_embd_));
-      for (int64_t i = 0; i < n_embd_; ++i) xt[i] *= s;
+  for (const Segment& seg : segments) {
+    const ForwardBatch& batch = seg.batch;
+    for (int64_t i = 0; i < static_cast<int64_t>(batch.tokens.size()); ++i) {
+      float* xt = x.data() + (seg.row0 + i) * n_embd_;
+      if (batch.embeddings && i >= batch.embd_begin && i < batch.embd_end) {
+        std::memcpy(xt, batch.embeddings + (i - batch.embd_begin) * n_embd_, n_embd_ * sizeof(float));
+        continue;  // projected image embeddings are already in the model's space
+      }
+      const int32_t tok = batch.tokens[i];
+      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
+      dequantize_row(token_embd_, tok, xt);
+      if (traits_.embed_scale) {
+        const float s = std::sqrt(static_cast<float>(n_embd_));
+        for (int64_t j = 0; j < n_embd_; ++j) xt[j] *= s;
+      }
     }
   }
 
@@ -270,7 +323,7 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
       if (c.base == L.rope_base && c.scale == L.rope_scale) return c;
     RopeCache c{L.rope_base, L.rope_scale, std::vector<float>(n * half_rot), std::vector<float>(n * half_rot)};
     for_tokens(n, pool, [&](int64_t t) {
-      rope_table(static_cast<int>(n_rot_), batch.pos0 + t, L.rope_base, L.rope_scale, c.cos.data() + t * half_rot,
+      rope_table(static_cast<int>(n_rot_), row_pos[t], L.rope_base, L.rope_scale, c.cos.data() + t * half_rot,
                  c.sin.data() + t * half_rot);
     });
     rope_caches.push_back(std::move(c));
@@ -297,7 +350,8 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
         for (int64_t hh = 0; hh < n_head_kv_; ++hh)
           rms_norm(kt + hh * head_dim_, L.k_norm.data(), eps_, head_dim_, kt + hh * head_dim_);
       }
-      const int64_t pos = batch.pos0 + t;
+      const int64_t pos = row_pos[t];
+      SequenceMemory& memory = *row_memory[t];
       const float* cs = rc.cos.data() + t * half_rot;
       const float* sn = rc.sin.data() + t * half_rot;
       rope_apply(qt, static_cast<int>(n_head_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
@@ -309,7 +363,9 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
     });
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};
-    attend_layer(batch, memory, il, shape, q.data(), attn.data(), pool);
+    for (const Segment& seg : segments)
+      attend_layer(seg.batch, *seg.memory, il, shape, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim,
+                   pool);
     matmul(L.wo, attn.data(), n, tmp.data(), pool);
     for_tokens(n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
@@ -331,7 +387,7 @@ void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std
     });
   }
 
-  output_logits(x.data(), n, n_embd_, batch.logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), n, n_embd_, logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
 }
 
 }  // namespace

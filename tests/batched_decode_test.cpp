@@ -1,0 +1,291 @@
+// Continuous batching: decode steps of several sequences in one forward pass
+// give exactly (bit for bit) the logits each sequence gets alone, for every
+// architecture and weight type, against flat and paged (prefix-cached)
+// memory; concurrent engine requests generate what they generate alone, and
+// what batched passes leave in the cache serves later hits exactly.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <latch>
+#include <random>
+#include <thread>
+
+#include "cache/prefix_cache.h"
+#include "engine/decode_batcher.h"
+#include "engine/engine.h"
+#include "engine/flat_memory.h"
+#include "model_fixtures.h"
+#include "test_support.h"
+#include "util/error.h"
+
+using namespace reprise;
+
+namespace {
+
+bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// Randomized differential check of Model::forward_steps against forward():
+// `n_seq` sequences with random prompts are prefilled twice (reference and
+// batched memories); then in each round a random subset, in random order,
+// advances by one random token in one forward_steps pass, and each of those
+// steps is also run alone on the reference memory. Logits must match exactly.
+void check_steps_match_single(Model& model, uint64_t seed, int n_seq, int rounds, ThreadPool& pool) {
+  std::mt19937_64 rng(seed);
+  auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t n_vocab = model.info().n_vocab;
+  std::vector<std::unique_ptr<FlatMemory>> ref, bat;
+  std::vector<int64_t> pos(n_seq);
+  std::vector<float> logits, alone;
+  for (int s = 0; s < n_seq; ++s) {
+    ref.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    bat.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    std::vector<int32_t> prompt(rnd(1, 40));
+    for (auto& t : prompt) t = static_cast<int32_t>(rnd(3, n_vocab - 1));
+    ForwardBatch b;
+    b.tokens = prompt;
+    model.forward(b, *ref[s], logits, pool);
+    model.forward(b, *bat[s], logits, pool);
+    pos[s] = static_cast<int64_t>(prompt.size());
+  }
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<int> order(n_seq);
+    for (int s = 0; s < n_seq; ++s) order[s] = s;
+    std::shuffle(order.begin(), order.end(), rng);
+    order.resize(rnd(1, n_seq));
+    std::vector<SequenceStep> steps;
+    for (int s : order) steps.push_back({static_cast<int32_t>(rnd(3, n_vocab - 1)), pos[s], bat[s].get()});
+    model.forward_steps(steps, logits, pool);
+    ASSERT_EQ(logits.size(), steps.size() * n_vocab);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const int s = order[i];
+      ForwardBatch b;
+      b.tokens = std::span<const int32_t>(&steps[i].token, 1);
+      b.pos0 = pos[s];
+      model.forward(b, *ref[s], alone, pool);
+      ASSERT_TRUE(same_bits(alone.data(), logits.data() + i * n_vocab, n_vocab))
+          << model.info().arch << " seed " << seed << " round " << r << " step " << i << " of " << steps.size()
+          << " (sequence " << s << " at position " << pos[s] << ")";
+      ++pos[s];
+    }
+  }
+}
+
+SyntheticModelSpec small(const std::string& arch, DType dtype) {
+  SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
+  s.dtype = dtype;
+  s.n_vocab = 320;
+  if (arch == "gemma3") {
+    s.sliding_window = 8;  // windows far shorter than the sequences
+    s.sliding_window_pattern = 2;
+  }
+  return s;
+}
+
+struct Case {
+  std::string arch;
+  DType dtype;
+};
+
+class ForwardStepsSynthetic : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForwardStepsSynthetic, BitIdenticalToOneSequenceAtATime) {
+  const Case& c = GetParam();
+  Model& model = *test::synthetic_model("batched-" + c.arch + "-" + dtype_name(static_cast<uint32_t>(c.dtype)),
+                                        small(c.arch, c.dtype))
+                      .model;
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    // Up to 14 steps: both the decode-sized and the prompt-sized (>= 12
+    // rows) product tiles.
+    for (uint64_t seed = 1; seed <= 3; ++seed) check_steps_match_single(model, seed * 7 + threads, 14, 10, pool);
+  }
+  // F16/BF16 products of >= 48 rows widen the weights to f32 first.
+  ThreadPool pool(2);
+  if (c.dtype == DType::F16) check_steps_match_single(model, 5, 60, 3, pool);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
+                         ::testing::Values(Case{"llama", DType::F32}, Case{"llama", DType::F16},
+                                           Case{"llama", DType::Q8_0}, Case{"llama", DType::Q4_0},
+                                           Case{"qwen2", DType::F16}, Case{"qwen3", DType::Q8_0},
+                                           Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
+                                           Case{"jamba", DType::F16}),
+                         [](const auto& info) {
+                           return info.param.arch + "_" + dtype_name(static_cast<uint32_t>(info.param.dtype));
+                         });
+
+TEST(ForwardSteps, SharedFixturesBitIdenticalToOneSequenceAtATime) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  for (const char* name : {"llama-spm-f16", "llama-spm-Q8_0", "llama-spm-Q4_0", "qwen3-gpt2-f16", "gemma3-spm-f16",
+                           "stories260K"}) {
+    SCOPED_TRACE(name);
+    auto file = gguf::File::open(fixtures + "/models/" + name + ".gguf");
+    auto model = load_model(*file);
+    EXPECT_EQ(model->batches_sequences(), true);
+    ThreadPool pool(2);
+    check_steps_match_single(*model, 99, 5, 8, pool);
+  }
+}
+
+// Engine level. Each request's callback records a digest of every logits row
+// it sees; the first callback waits until every request is decoding, so the
+// decode loops overlap and their steps share passes.
+struct Generation {
+  GenerateResult result;
+  std::vector<uint64_t> logit_digests;
+};
+
+uint64_t digest(std::span<const float> v) {
+  uint64_t h = 1469598103934665603ull;
+  for (float f : v) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  return h;
+}
+
+GenerateRequest request(const std::vector<int32_t>& prompt, int n, float temp, uint64_t seed) {
+  GenerateRequest r;
+  r.prompt = prompt;
+  r.max_tokens = n;
+  r.sampling.temperature = temp;
+  r.sampling.seed = seed;
+  r.sampling.top_k = 20;
+  r.sampling.top_p = 0.95f;
+  r.sampling.min_p = 0.0f;
+  return r;
+}
+
+std::vector<Generation> generate_concurrently(Engine& engine, const std::vector<GenerateRequest>& reqs) {
+  std::vector<Generation> runs(reqs.size());
+  std::latch all_decoding(static_cast<std::ptrdiff_t>(reqs.size()));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    threads.emplace_back([&, i] {
+      bool first = true;
+      runs[i].result = engine.generate(reqs[i], [&](int32_t, std::span<const float> logits) {
+        runs[i].logit_digests.push_back(digest(logits));
+        if (first) all_decoding.arrive_and_wait();
+        first = false;
+        return true;
+      });
+    });
+  for (auto& t : threads) t.join();
+  return runs;
+}
+
+Generation generate_alone(Engine& engine, const GenerateRequest& req) {
+  Generation run;
+  run.result = engine.generate(req, [&](int32_t, std::span<const float> logits) {
+    run.logit_digests.push_back(digest(logits));
+    return true;
+  });
+  return run;
+}
+
+TEST(BatchedDecode, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
+  SyntheticModelSpec spec = small("qwen3", DType::Q8_0);
+  spec.n_ctx = 512;
+  Model& model = *test::synthetic_model("batched-engine-qwen3", spec).model;
+  std::mt19937 rng(3);
+  auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int script = 0; script < 4; ++script) {
+    SCOPED_TRACE(script);
+    ThreadPool pool(2);
+    PrefixCacheConfig pc;
+    pc.block_tokens = std::vector<int>{4, 16}[script % 2];
+    PrefixCache cache(model.state_spec(), pc);
+    Engine batched(model, pool, &cache);
+    EngineOptions solo_options;
+    solo_options.max_decode_batch = 1;
+    Engine solo(model, pool, nullptr, solo_options);  // the cold path
+
+    // Requests share a "system prompt", so their cached blocks are shared.
+    std::vector<int32_t> system(rnd(5, 30));
+    for (auto& t : system) t = rnd(3, 319);
+    std::vector<GenerateRequest> reqs;
+    const int n_req = rnd(3, 5);
+    for (int i = 0; i < n_req; ++i) {
+      std::vector<int32_t> prompt = system;
+      for (int k = rnd(1, 20); k > 0; --k) prompt.push_back(rnd(3, 319));
+      reqs.push_back(request(prompt, rnd(8, 24), i % 2 ? 0.8f : 0.0f, 100 + i));
+    }
+    const std::vector<Generation> together = generate_concurrently(batched, reqs);
+    EXPECT_GE(batched.decode_batch_stats().max_batch, 2u) << "the decode loops overlapped, so steps must batch";
+    for (int i = 0; i < n_req; ++i) {
+      const Generation alone = generate_alone(solo, reqs[i]);
+      EXPECT_EQ(together[i].result.tokens, alone.result.tokens) << "request " << i;
+      EXPECT_EQ(together[i].logit_digests, alone.logit_digests) << "request " << i;
+    }
+    // Next turns hit the blocks the batched passes wrote: still exact.
+    for (int i = 0; i < n_req; ++i) {
+      std::vector<int32_t> next = reqs[i].prompt;
+      next.insert(next.end(), together[i].result.tokens.begin(), together[i].result.tokens.end());
+      next.push_back(rnd(3, 319));
+      const GenerateRequest follow = request(next, 6, 0.0f, 7);
+      const Generation hit = generate_alone(batched, follow);
+      const Generation cold = generate_alone(solo, follow);
+      EXPECT_GT(hit.result.cached_tokens, static_cast<int64_t>(reqs[i].prompt.size())) << "request " << i;
+      EXPECT_EQ(hit.result.tokens, cold.result.tokens) << "request " << i;
+      EXPECT_EQ(hit.logit_digests, cold.logit_digests) << "request " << i;
+    }
+  }
+}
+
+TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
+  Model& model = *test::synthetic_model("batched-llama-F32", small("llama", DType::F32)).model;
+  ThreadPool pool(2);
+  std::mutex forward_mutex;
+  DecodeBatcher batcher(model, pool, forward_mutex, 8);
+  constexpr int kSeq = 4;
+  const int64_t n_vocab = model.info().n_vocab;
+  std::vector<std::unique_ptr<FlatMemory>> memory, ref;
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt{5, 6, 7, 8};
+  for (int s = 0; s < kSeq; ++s) {
+    memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    ref.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    ForwardBatch b;
+    b.tokens = prompt;
+    model.forward(b, *memory[s], logits, pool);
+    model.forward(b, *ref[s], logits, pool);
+  }
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::vector<float>> out(kSeq);
+    std::vector<int> threw(kSeq, 0);
+    const int bad = round % kSeq;
+    {
+      std::vector<std::unique_ptr<DecodeBatcher::Membership>> members;
+      for (int s = 0; s < kSeq; ++s) members.push_back(std::make_unique<DecodeBatcher::Membership>(batcher));
+      std::vector<std::thread> threads;
+      for (int s = 0; s < kSeq; ++s)
+        threads.emplace_back([&, s] {
+          try {
+            const int32_t token = s == bad ? static_cast<int32_t>(n_vocab + 5) : 10 + s;
+            batcher.step(*memory[s], token, 4 + round, out[s]);
+          } catch (const Error&) {
+            threw[s] = 1;
+          }
+        });
+      for (auto& t : threads) t.join();
+    }
+    for (int s = 0; s < kSeq; ++s) {
+      SCOPED_TRACE("round " + std::to_string(round) + " sequence " + std::to_string(s));
+      EXPECT_EQ(threw[s], s == bad ? 1 : 0);
+      // Good steps advance; the bad sequence retries with a valid token so
+      // all stay at the same position.
+      const int32_t token = 10 + s;
+      if (s == bad) batcher.step(*memory[s], token, 4 + round, out[s]);
+      ForwardBatch b;
+      b.tokens = std::span<const int32_t>(&token, 1);
+      b.pos0 = 4 + round;
+      model.forward(b, *ref[s], logits, pool);
+      ASSERT_EQ(out[s].size(), static_cast<size_t>(n_vocab));
+      EXPECT_TRUE(same_bits(out[s].data(), logits.data(), n_vocab));
+    }
+  }
+  EXPECT_GE(batcher.stats().max_batch, 2u);
+}
+
+}  // namespace
