@@ -923,9 +923,11 @@ TEST(ServeHttp, ConcurrentClientsGetTheirOwnResults) {
   const int n_clients = 8;
   // Reference answers, one request at a time.
   std::vector<std::string> expected(n_clients);
+  int64_t decode_steps = 0;  // each completion token but the first is a decode step
   for (int i = 0; i < n_clients; ++i) {
     json r = post(s, "/v1/chat/completions", chat_body("question " + std::to_string(i % 4), 12)).doc();
     expected[i] = r["choices"][0]["message"]["content"];
+    decode_steps += std::max<int64_t>(0, r["usage"]["completion_tokens"].get<int64_t>() - 1);
   }
   std::vector<std::string> got(n_clients);
   std::vector<int> status(n_clients);
@@ -958,6 +960,14 @@ TEST(ServeHttp, ConcurrentClientsGetTheirOwnResults) {
             2 * n_clients);
   EXPECT_EQ(metric(metrics, "reprise_sequence_slots"), 3);
   EXPECT_EQ(metric(metrics, "reprise_queue_depth"), 0);
+  // Concurrent decode steps may share passes (continuous batching); every
+  // step is counted once, in both phases.
+  const double passes = metric(metrics, R"(reprise_decode_passes_total{model="tiny-a"})");
+  const double steps = metric(metrics, R"(reprise_decode_pass_steps_total{model="tiny-a"})");
+  EXPECT_EQ(steps, 2 * decode_steps);
+  EXPECT_GT(passes, 0);
+  EXPECT_LE(passes, steps);
+  EXPECT_LE(metric(metrics, R"(reprise_decode_batch_max{model="tiny-a"})"), 3);
 }
 
 TEST(ServeHttp, StalledClientsBlockNobody) {
@@ -1251,6 +1261,14 @@ TEST(ServeHttp, ResolvesModelSourcesFromOptions) {
   fs::remove_all(dir);
   ServeOptions none;
   EXPECT_FALSE(none.validate().empty());
+  ServeOptions batch;
+  batch.model_path = "/m/main.gguf";
+  EXPECT_EQ(batch.validate(), "");
+  batch.decode_batch = 0;
+  EXPECT_NE(batch.validate().find("--decode-batch"), std::string::npos);
+  batch.decode_batch = 1;
+  EXPECT_EQ(batch.validate(), "");
+  EXPECT_EQ(make_registry_options(batch).max_decode_batch, 1);
 }
 
 }  // namespace

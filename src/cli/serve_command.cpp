@@ -95,6 +95,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--parallel", o->parallel, "Sequences generated concurrently; more requests queue")
       ->capture_default_str();
+  cmd->add_option("--decode-batch", o->decode_batch,
+                  "Most concurrent sequences of one model whose decode steps share a forward pass "
+                  "(continuous batching; 1 disables)")
+      ->capture_default_str();
   cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,
                   "Recurrent-state snapshot budget per SSM/hybrid model in MiB (0 disables)")
       ->capture_default_str();

@@ -183,6 +183,7 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
   m->cache = std::make_unique<PrefixCache>(m->bundle->model->state_spec(), cache_config);
   EngineOptions engine_options;
   engine_options.n_ctx = options_.n_ctx;
+  engine_options.max_decode_batch = options_.max_decode_batch;
   if (m->bundle->model->state_spec().has_recurrent()) {
     SnapshotConfig snapshot_config;
     snapshot_config.budget_bytes = options_.snapshot_budget_bytes;
@@ -247,6 +248,7 @@ std::vector<ModelStatus> ModelRegistry::status() const {
       if (e.loaded->vision) s.encoder = e.loaded->vision->encoder_cache_stats();
       s.drafted_tokens = e.loaded->engine->counters().drafted_tokens;
       s.accepted_tokens = e.loaded->engine->counters().accepted_tokens;
+      s.decode_batches = e.loaded->engine->decode_batch_stats();
       s.n_ctx = e.loaded->engine->n_ctx();
       s.block_tokens = e.loaded->cache->block_tokens();
       s.fingerprint_hex = e.loaded->fingerprint_hex;

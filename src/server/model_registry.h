@@ -38,6 +38,7 @@ struct ModelSource {
 
 struct RegistryOptions {
   int threads = 1;                          // per model's thread pool
+  int max_decode_batch = 16;                // continuous batching (EngineOptions::max_decode_batch)
   uint64_t cache_budget_bytes = 256ull << 20;  // per model's prefix cache
   uint64_t snapshot_budget_bytes = 256ull << 20;  // per SSM/hybrid model's snapshot store
   size_t snapshot_max_entries = 4096;
@@ -114,6 +115,7 @@ struct ModelStatus {
   SnapshotStats snapshots;        // current load only
   EncoderCacheStats encoder;      // current load only
   uint64_t drafted_tokens = 0, accepted_tokens = 0;  // current load only
+  DecodeBatchStats decode_batches;                    // current load only
 };
 
 class ModelRegistry {

@@ -23,6 +23,7 @@ struct ServeOptions {
   int threads = 0;                 // compute threads per model; 0: all cores
   std::string api_key;             // "": no authentication
   int parallel = 4;                // concurrent sequences across all models
+  int decode_batch = 16;           // most sequences of one model sharing a decode pass; 1: no batching
   double cache_ram_mib = 256;      // prefix cache budget per model; 0 disables caching
   double snapshot_ram_mib = 256;   // recurrent-state snapshots per SSM/hybrid model; 0 disables
   std::string draft_model;         // speculative decoding draft for the default model
