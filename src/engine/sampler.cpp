@@ -31,30 +31,38 @@ double Sampler::uniform() {
 
 void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t n_vocab = static_cast<int64_t>(logits.size());
-  candidates_.resize(n_vocab);
-  for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
-
   // Repetition penalty over the recent window, as llama.cpp applies it.
+  std::unordered_set<int32_t> seen;
   if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) {
-    std::unordered_set<int32_t> seen;
     const size_t start = history.size() > static_cast<size_t>(params_.repeat_last_n)
                              ? history.size() - params_.repeat_last_n : 0;
-    for (size_t i = start; i < history.size(); ++i) seen.insert(history[i]);
-    for (int32_t id : seen) {
-      if (id < 0 || id >= n_vocab) continue;
-      float& l = candidates_[id].first;
-      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
-    }
+    for (size_t i = start; i < history.size(); ++i)
+      if (history[i] >= 0 && history[i] < n_vocab) seen.insert(history[i]);
   }
+  auto penalised = [&](float l) { return l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty; };
+  if (params_.temperature <= 0.0f) {
+    // Greedy: the highest (penalised) logit, the lowest id on ties (the
+    // order below), found without building the candidate list: this runs
+    // once per generated token.
+    const float* v = logits.data();
+    if (!seen.empty()) {
+      penalised_logits_.assign(logits.begin(), logits.end());
+      for (int32_t id : seen) penalised_logits_[id] = penalised(penalised_logits_[id]);
+      v = penalised_logits_.data();
+    }
+    int32_t best = 0;
+    for (int64_t i = 1; i < n_vocab; ++i)
+      if (v[i] > v[best]) best = static_cast<int32_t>(i);
+    candidates_.assign(1, {n_vocab > 0 ? v[best] : 0.0f, best});
+    weights_.assign(1, 1.0);
+    return;
+  }
+  candidates_.resize(n_vocab);
+  for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
+  for (int32_t id : seen) candidates_[id].first = penalised(candidates_[id].first);
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
-  if (params_.temperature <= 0.0f) {
-    auto best = std::min_element(candidates_.begin(), candidates_.end(), by_logit);
-    candidates_ = {*best};
-    weights_ = {1.0};
-    return;
-  }
   // Sort descending (ties by id for determinism), then truncate.
   size_t keep = candidates_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {

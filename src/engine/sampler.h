@@ -48,6 +48,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> penalised_logits_;  // greedy with a repetition penalty
 };
 
 // Index of the largest logit (lowest id on ties).

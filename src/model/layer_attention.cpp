@@ -7,26 +7,33 @@
 
 namespace reprise {
 
-void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
-                  const float* q, float* out, ThreadPool& pool) {
+namespace {
+
+// Row bookkeeping of one sequence's batch: each query's visible range and the
+// K/V row pointers for the positions any query sees.
+struct SequenceRows {
+  std::vector<int64_t> first, end;
+  std::vector<const uint16_t*> key_rows, value_rows;
+};
+
+AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, int layer,
+                            const LayerAttentionShape& shape, const float* q, float* out, SequenceRows& rows) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  thread_local std::vector<int64_t> first, end;
-  thread_local std::vector<const uint16_t*> key_rows, value_rows;
-  first.resize(n);
-  end.resize(n);
+  rows.first.resize(n);
+  rows.end.resize(n);
   int64_t max_end = 0;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = batch.pos0 + t;
     int64_t last = pos;
     if (t >= batch.bidir_begin && t < batch.bidir_end) last = batch.pos0 + batch.bidir_end - 1;
-    first[t] = shape.window > 0 ? std::max<int64_t>(0, pos - shape.window + 1) : 0;
-    end[t] = last + 1;
-    max_end = std::max(max_end, end[t]);
+    rows.first[t] = shape.window > 0 ? std::max<int64_t>(0, pos - shape.window + 1) : 0;
+    rows.end[t] = last + 1;
+    max_end = std::max(max_end, rows.end[t]);
   }
-  key_rows.resize(max_end);
-  value_rows.resize(max_end);
-  const int64_t lo = *std::min_element(first.begin(), first.end());
-  if (lo < max_end) memory.kv_rows(layer, lo, max_end, key_rows.data() + lo, value_rows.data() + lo);
+  rows.key_rows.resize(max_end);
+  rows.value_rows.resize(max_end);
+  const int64_t lo = *std::min_element(rows.first.begin(), rows.first.end());
+  if (lo < max_end) memory.kv_rows(layer, lo, max_end, rows.key_rows.data() + lo, rows.value_rows.data() + lo);
   AttentionBatch a;
   a.q = q;
   a.n_tokens = n;
@@ -34,12 +41,33 @@ void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, 
   a.n_head_kv = shape.n_head_kv;
   a.head_dim = shape.head_dim;
   a.scale = shape.scale;
-  a.first = first.data();
-  a.end = end.data();
-  a.key_rows = key_rows.data();
-  a.value_rows = value_rows.data();
+  a.first = rows.first.data();
+  a.end = rows.end.data();
+  a.key_rows = rows.key_rows.data();
+  a.value_rows = rows.value_rows.data();
   a.out = out;
-  attention(a, pool);
+  return a;
+}
+
+}  // namespace
+
+void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
+                  const float* q, float* out, ThreadPool& pool) {
+  const SequenceAttention one{&batch, &memory, q, out};
+  attend_layer_many(std::span<const SequenceAttention>(&one, 1), layer, shape, pool);
+}
+
+void attend_layer_many(std::span<const SequenceAttention> sequences, int layer, const LayerAttentionShape& shape,
+                       ThreadPool& pool) {
+  thread_local std::vector<SequenceRows> rows;
+  thread_local std::vector<AttentionBatch> batches;
+  if (rows.size() < sequences.size()) rows.resize(sequences.size());
+  batches.resize(sequences.size());
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const SequenceAttention& s = sequences[i];
+    batches[i] = prepare_rows(*s.batch, *s.memory, layer, shape, s.q, s.out, rows[i]);
+  }
+  attention_many(batches, pool);
 }
 
 }  // namespace reprise

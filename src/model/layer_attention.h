@@ -5,6 +5,7 @@
 // with attention layers, so they all get the same kernels and numerics.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "model/model.h"
 #include "model/sequence_memory.h"
@@ -23,5 +24,16 @@ struct LayerAttentionShape {
 // q: n_tokens x n_head x head_dim; out: the same shape.
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
                   const float* q, float* out, ThreadPool& pool);
+
+// One sequence's rows of a multi-sequence pass.
+struct SequenceAttention {
+  const ForwardBatch* batch = nullptr;
+  SequenceMemory* memory = nullptr;
+  const float* q = nullptr;
+  float* out = nullptr;
+};
+// attend_layer for each sequence, dispatched together where the kernels allow.
+void attend_layer_many(std::span<const SequenceAttention> sequences, int layer, const LayerAttentionShape& shape,
+                       ThreadPool& pool);
 
 }  // namespace reprise

@@ -363,9 +363,11 @@ void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, s
     });
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    thread_local std::vector<SequenceAttention> per_sequence;
+    per_sequence.clear();
     for (const Segment& seg : segments)
-      attend_layer(seg.batch, *seg.memory, il, shape, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim,
-                   pool);
+      per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
+    attend_layer_many(per_sequence, il, shape, pool);
     matmul(L.wo, attn.data(), n, tmp.data(), pool);
     for_tokens(n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;

@@ -1098,6 +1098,66 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
 
 }  // namespace
 
+namespace {
+
+// Decode attention: tasks of up to 4 heads of one token, f16 K/V rows read
+// in place.
+constexpr int64_t kDecodeHeadsPerTask = 4;
+
+bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
+  return b.n_tokens < 4 && isa.attend_rows && isa.attend_rows_supports(b.head_dim);
+}
+
+int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
+
+// Task `task` (of n_tokens * decode_chunks) of b's decode attention.
+void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64_t task) {
+  const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv, chunks = decode_chunks(b);
+  const int64_t t = task / chunks, h0 = (task % chunks) * kDecodeHeadsPerTask;
+  const int64_t nh = std::min(kDecodeHeadsPerTask, b.n_head - h0);
+  alignas(64) float qh[kDecodeHeadsPerTask * 256];
+  int64_t off[kDecodeHeadsPerTask];
+  for (int64_t i = 0; i < nh; ++i) {
+    convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
+    off[i] = ((h0 + i) / group) * D;
+  }
+  kernels::AttnRowsArgs a;
+  a.q = qh;
+  a.n_heads = nh;
+  a.k_off = off;
+  a.v_off = off;
+  a.key_rows = b.key_rows;
+  a.value_rows = b.value_rows;
+  a.first = b.first[t];
+  a.end = b.end[t];
+  a.d = D;
+  a.scale = b.scale;
+  a.out = b.out + (t * b.n_head + h0) * D;
+  isa.attend_rows(a);
+}
+
+}  // namespace
+
+void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool) {
+  const IsaKernels& isa = isa_kernels();
+  bool all_decode = batches.size() > 1;
+  for (const AttentionBatch& b : batches) all_decode = all_decode && decode_kernel_takes(b, isa);
+  if (!all_decode) {
+    for (const AttentionBatch& b : batches) attention(b, pool);
+    return;
+  }
+  // One dispatch for every batch's tasks (the same tasks attention() runs).
+  thread_local std::vector<int64_t> task_end_buf;
+  std::vector<int64_t>& task_end = task_end_buf;
+  task_end.resize(batches.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < batches.size(); ++i) task_end[i] = total += batches[i].n_tokens * decode_chunks(batches[i]);
+  pool.parallel_for(total, [&](int64_t task) {
+    const size_t i = std::upper_bound(task_end.begin(), task_end.end(), task) - task_end.begin();
+    decode_attention_task(batches[i], isa, task - (i ? task_end[i - 1] : 0));
+  });
+}
+
 void attention(const AttentionBatch& b, ThreadPool& pool) {
   if (b.n_tokens <= 0) return;
   const int64_t group = b.n_head / b.n_head_kv;
@@ -1105,33 +1165,8 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
   const IsaKernels& isa = isa_kernels();
   // Batches (prefill) go through the ISA's batched kernel with K transposed
   // and V widened once per layer; single queries (decode) read f16 rows.
-  if (b.n_tokens < 4 && isa.attend_rows && isa.attend_rows_supports(D)) {
-    // Decode: tasks of up to 4 heads of one token, f16 K/V rows read in place.
-    constexpr int64_t kHeadsPerTask = 4;
-    const int64_t chunks = (b.n_head + kHeadsPerTask - 1) / kHeadsPerTask;
-    pool.parallel_for(b.n_tokens * chunks, [&](int64_t task) {
-      const int64_t t = task / chunks, h0 = (task % chunks) * kHeadsPerTask;
-      const int64_t nh = std::min(kHeadsPerTask, b.n_head - h0);
-      alignas(64) float qh[kHeadsPerTask * 256];
-      int64_t off[kHeadsPerTask];
-      for (int64_t i = 0; i < nh; ++i) {
-        convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
-        off[i] = ((h0 + i) / group) * D;
-      }
-      kernels::AttnRowsArgs a;
-      a.q = qh;
-      a.n_heads = nh;
-      a.k_off = off;
-      a.v_off = off;
-      a.key_rows = b.key_rows;
-      a.value_rows = b.value_rows;
-      a.first = b.first[t];
-      a.end = b.end[t];
-      a.d = D;
-      a.scale = b.scale;
-      a.out = b.out + (t * b.n_head + h0) * D;
-      isa.attend_rows(a);
-    });
+  if (decode_kernel_takes(b, isa)) {
+    pool.parallel_for(b.n_tokens * decode_chunks(b), [&](int64_t task) { decode_attention_task(b, isa, task); });
     return;
   }
   // Prompts use the ISA's batched kernel, or the AVX2 one for head sizes the

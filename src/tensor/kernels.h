@@ -150,6 +150,10 @@ struct AttentionBatch {
   float* out = nullptr;
 };
 void attention(const AttentionBatch& batch, ThreadPool& pool);
+// Several independent batches (one per sequence of a multi-sequence decode
+// pass) in one dispatch where their kernels allow; each output is what
+// attention() gives for its own batch.
+void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------
 // Machine read bandwidth: the roofline for decode, which streams every weight
