@@ -72,6 +72,8 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
     for (int threads : {1, 2}) {
       b->Args({t, 512, 1536, 1, threads});      // decode, gate/up shape
       b->Args({t, 512, 32000, 1, threads});     // decode, output projection
+      b->Args({t, 512, 1536, 2, threads});      // two sequences decoding in one pass
+      b->Args({t, 512, 1536, 4, threads});      // four
       b->Args({t, 512, 512, 512, threads});     // prefill, attention projection
       b->Args({t, 1536, 512, 512, threads});    // prefill, FFN down
     }
