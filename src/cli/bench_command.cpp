@@ -220,12 +220,13 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-s,--sequences", o->sequences,
                   "tgN: sequences decoded together, one shared pass per step (continuous batching); "
-                  "reports all sequences' tokens/s as tgNxS")
+                  "reports all sequences' tokens/s as tgNxS. Replay parallel: concurrent requests")
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per line per test");
-  cmd->add_option("--replay", o->replay, "Replay a scripted workload instead: 'chat' or 'speculative'");
+  cmd->add_option("--replay", o->replay,
+                  "Replay a scripted workload instead: 'chat', 'speculative' or 'parallel' (-s concurrent requests)");
   cmd->add_option("--draft-model", o->draft_model, "Replay speculative: the draft model");
   cmd->add_option("--draft-max", o->draft_max, "Replay speculative: tokens drafted per step")->capture_default_str();
   cmd->add_option("--turns", o->turns, "Replay: turns")->capture_default_str();
@@ -239,11 +240,12 @@ void register_bench(CLI::App& app) {
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,
-                    o->n_gen, o->draft_max};
+                    o->n_gen, o->draft_max, o->sequences};
     if (o->replay.empty()) throughput(*o, *bundle);
     else if (o->replay == "chat") replay_chat(r, *bundle);
     else if (o->replay == "speculative") replay_speculative(r, *bundle, o->draft_model);
-    else throw Error("unknown replay '" + o->replay + "' (available: chat, speculative)");
+    else if (o->replay == "parallel") replay_parallel(r, *bundle);
+    else throw Error("unknown replay '" + o->replay + "' (available: chat, speculative, parallel)");
   });
 }
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
@@ -167,6 +168,64 @@ void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::
   std::printf("| always-rejected draft | %.1f | %lld | %lld | %.1f%% | %.2f |\n", bad, (long long)r2.drafted_tokens,
               (long long)r2.accepted_tokens,
               r2.drafted_tokens ? 100.0 * r2.accepted_tokens / r2.drafted_tokens : 0.0, bad / base);
+}
+
+void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
+  if (o.clients < 1 || o.clients > 256) throw Error("--clients must be between 1 and 256");
+  ThreadPool pool(o.threads);
+  Model& model = *b.model;
+  const int64_t n_vocab = model.info().n_vocab;
+  const std::vector<int32_t> system = random_tokens(o.system_tokens, n_vocab, 7);
+  std::vector<GenerateRequest> reqs(o.clients);
+  for (int c = 0; c < o.clients; ++c) {
+    reqs[c].prompt = system;
+    const auto user = random_tokens(o.turn_tokens, n_vocab, 1000 + c);
+    reqs[c].prompt.insert(reqs[c].prompt.end(), user.begin(), user.end());
+    reqs[c].sampling.temperature = 0;
+    reqs[c].max_tokens = o.gen_tokens;
+  }
+  struct Outcome {
+    double seconds = 0;
+    int64_t tokens = 0;
+    DecodeBatchStats batches;
+    std::vector<std::vector<int32_t>> outputs;
+  };
+  auto run = [&](int max_decode_batch) {
+    PrefixCacheConfig cfg;
+    cfg.budget_bytes = 1ull << 30;
+    PrefixCache cache(model.state_spec(), cfg);
+    EngineOptions options;
+    options.max_decode_batch = max_decode_batch;
+    Engine engine(model, pool, &cache, options);
+    Outcome out;
+    out.outputs.resize(o.clients);
+    const double t0 = now_seconds();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < o.clients; ++c)
+      threads.emplace_back([&, c] { out.outputs[c] = engine.generate(reqs[c]).tokens; });
+    for (auto& t : threads) t.join();
+    out.seconds = now_seconds() - t0;
+    for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
+    out.batches = engine.decode_batch_stats();
+    return out;
+  };
+  std::printf("replay parallel on %s: %d concurrent requests, %d-token shared system prompt + %d own tokens, %d "
+              "generated tokens each (greedy), %d threads\n",
+              b.path.c_str(), o.clients, o.system_tokens, o.turn_tokens, o.gen_tokens, o.threads);
+  run(o.clients);  // warm-up
+  const Outcome alone = run(1);
+  const Outcome batched = run(o.clients);
+  auto mean_batch = [](const Outcome& r) {
+    return r.batches.passes ? static_cast<double>(r.batches.steps) / r.batches.passes : 0.0;
+  };
+  std::printf("| decode | wall (s) | generated tokens/s | mean decode batch |\n");
+  std::printf("| each request alone | %.3f | %.1f | %.2f |\n", alone.seconds, alone.tokens / alone.seconds,
+              mean_batch(alone));
+  std::printf("| batched | %.3f | %.1f | %.2f |\n", batched.seconds, batched.tokens / batched.seconds,
+              mean_batch(batched));
+  std::printf("speed-up %.2fx; outputs identical: %s\n", alone.seconds / batched.seconds,
+              alone.outputs == batched.outputs ? "yes" : "NO");
+  if (alone.outputs != batched.outputs) throw Error("batched decode changed a request's output");
 }
 
 }  // namespace reprise::cli

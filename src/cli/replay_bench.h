@@ -14,6 +14,7 @@ struct ReplayOptions {
   int answer_tokens = 32;
   int gen_tokens = 128;  // speculative: tokens generated per run
   int draft_max = 8;
+  int clients = 4;  // parallel: concurrent requests
 };
 
 // An agent-style chat: a long system prompt, then turns that each add the
@@ -27,5 +28,11 @@ void replay_chat(const ReplayOptions& o, ModelBundle& bundle);
 // the acceptance rate, and the overhead when nothing is accepted (an
 // adversarial draft whose proposals are always rejected).
 void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::string& draft_path);
+
+// Continuous batching: `clients` concurrent requests (a shared system prompt
+// plus their own user tokens, greedy) through one engine, with decode steps
+// batched and with every request decoding alone. Prints generated tokens/s of
+// both, the mean decode batch, and whether the outputs are identical.
+void replay_parallel(const ReplayOptions& o, ModelBundle& bundle);
 
 }  // namespace reprise::cli
