@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cache/prefix_cache.h"
+#include "cache/snapshot_store.h"
 #include "engine/decode_batcher.h"
 #include "engine/engine.h"
 #include "engine/flat_memory.h"
@@ -86,6 +87,8 @@ struct Case {
   DType dtype;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << " " << dtype_name(static_cast<uint32_t>(c.dtype)); }
+
 class ForwardStepsSynthetic : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ForwardStepsSynthetic, BitIdenticalToOneSequenceAtATime) {
@@ -109,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
                                            Case{"llama", DType::Q8_0}, Case{"llama", DType::Q4_0},
                                            Case{"qwen2", DType::F16}, Case{"qwen3", DType::Q8_0},
                                            Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
-                                           Case{"jamba", DType::F16}),
+                                           Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16}),
                          [](const auto& info) {
                            return info.param.arch + "_" + dtype_name(static_cast<uint32_t>(info.param.dtype));
                          });
@@ -117,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
 TEST(ForwardSteps, SharedFixturesBitIdenticalToOneSequenceAtATime) {
   REPRISE_REQUIRE_SHARED(fixtures);
   for (const char* name : {"llama-spm-f16", "llama-spm-Q8_0", "llama-spm-Q4_0", "qwen3-gpt2-f16", "gemma3-spm-f16",
-                           "stories260K"}) {
+                           "stories260K", "mamba-spm-f16", "mamba2-spm-f16", "jamba-spm-f16"}) {
     SCOPED_TRACE(name);
     auto file = gguf::File::open(fixtures + "/models/" + name + ".gguf");
     auto model = load_model(*file);
@@ -184,10 +187,13 @@ Generation generate_alone(Engine& engine, const GenerateRequest& req) {
   return run;
 }
 
-TEST(BatchedDecode, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
-  SyntheticModelSpec spec = small("qwen3", DType::Q8_0);
+class BatchedDecodeEngine : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BatchedDecodeEngine, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
+  const Case& c = GetParam();
+  SyntheticModelSpec spec = small(c.arch, c.dtype);
   spec.n_ctx = 512;
-  Model& model = *test::synthetic_model("batched-engine-qwen3", spec).model;
+  Model& model = *test::synthetic_model("batched-engine-" + c.arch, spec).model;
   std::mt19937 rng(3);
   auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int script = 0; script < 4; ++script) {
@@ -196,7 +202,10 @@ TEST(BatchedDecode, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
     PrefixCacheConfig pc;
     pc.block_tokens = std::vector<int>{4, 16}[script % 2];
     PrefixCache cache(model.state_spec(), pc);
-    Engine batched(model, pool, &cache);
+    SnapshotConfig sc;
+    sc.chunk_tokens = cache.block_tokens();
+    SnapshotStore snapshots(model.state_spec(), sc);  // recurrent models restore their state from these
+    Engine batched(model, pool, &cache, {}, &snapshots);
     EngineOptions solo_options;
     solo_options.max_decode_batch = 1;
     Engine solo(model, pool, nullptr, solo_options);  // the cold path
@@ -232,6 +241,11 @@ TEST(BatchedDecode, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Archs, BatchedDecodeEngine,
+                         ::testing::Values(Case{"qwen3", DType::Q8_0}, Case{"jamba", DType::F16},
+                                           Case{"mamba2", DType::F16}),
+                         [](const auto& info) { return info.param.arch; });
 
 TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
   Model& model = *test::synthetic_model("batched-llama-F32", small("llama", DType::F32)).model;

@@ -9,6 +9,7 @@
 #include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/mamba.h"
+#include "model/pass_segments.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -84,10 +85,14 @@ class Jamba final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
+  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  bool batches_sequences() const override { return true; }
 
  private:
-  void attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory, const float* h,
-                 float* out, ThreadPool& pool) const;
+  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
+           ThreadPool& pool);
+  void attention(const Layer& L, int il, std::span<const PassSegment> segments, const float* h, float* out,
+                 ThreadPool& pool) const;
   void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
 
   ModelInfo info_;
@@ -203,21 +208,25 @@ Jamba::Jamba(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
-void Jamba::attention(const Layer& L, int il, const ForwardBatch& batch, SequenceMemory& memory,
-                      const float* h, float* out, ThreadPool& pool) const {
-  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segments, const float* h, float* out,
+                      ThreadPool& pool) const {
+  const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
   std::vector<float> q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
   const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   matmul_many(qkv, h, n, pool);
   // No RoPE: positions enter only through the causal mask.
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t pos = batch.pos0 + t;
-    convert_f32_to_f16(k.data() + t * kv_dim, memory.key(il, pos), kv_dim);
-    convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
+  std::vector<SequenceAttention> per_sequence;
+  for (const PassSegment& seg : segments) {
+    for (int64_t i = 0; i < static_cast<int64_t>(seg.batch.tokens.size()); ++i) {
+      const int64_t t = seg.row0 + i, pos = seg.batch.pos0 + i;
+      convert_f32_to_f16(k.data() + t * kv_dim, seg.memory->key(il, pos), kv_dim);
+      convert_f32_to_f16(v.data() + t * kv_dim, seg.memory->value(il, pos), kv_dim);
+    }
+    per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
   }
   const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
-  attend_layer(batch, memory, il, shape, q.data(), attn.data(), pool);
+  attend_layer_many(per_sequence, il, shape, pool);
   matmul(L.wo, attn.data(), n, out, pool);
 }
 
@@ -290,34 +299,47 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
 
 void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                     ThreadPool& pool) {
-  const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  if (n == 0) return;
-  memory.prepare(batch.pos0, batch.pos0 + n);
+  if (batch.tokens.empty()) return;
+  const PassSegment one{batch, &memory, 0};
+  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
+}
+
+void Jamba::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
+  if (steps.empty()) return;
+  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
+}
+
+void Jamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
+                ThreadPool& pool) {
+  const int64_t n = pass_rows(segments);
+  prepare_segments(segments);
 
   std::vector<float> x(n * n_embd_), h(n * n_embd_), tmp(n * n_embd_);
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t tok = batch.tokens[t];
-    if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
-    dequantize_row(token_embd_, tok, x.data() + t * n_embd_);
-  }
+  for (const PassSegment& seg : segments)
+    for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
+      const int32_t tok = seg.batch.tokens[i];
+      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
+      dequantize_row(token_embd_, tok, x.data() + (seg.row0 + static_cast<int64_t>(i)) * n_embd_);
+    }
 
+  // Every recurrent layer's state is looked up before any advances: a pass
+  // that fails leaves all of it as it was.
+  std::vector<std::vector<RecurrentRun>> runs(layers_.size());
+  for (size_t il = 0; il < layers_.size(); ++il)
+    if (layers_[il].recurrent) runs[il] = recurrent_runs(segments, static_cast<int>(il), spec_.layers[il]);
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
     // The last layer's outputs only matter for rows that produce logits (as
     // llama.cpp's inp_out_ids); its recurrent or KV state still covers all.
     int64_t r0 = 0;
     if (il + 1 == static_cast<int>(layers_.size()))
-      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
+      r0 = logits_for == LogitsFor::All ? 0 : logits_for == LogitsFor::Last ? n - 1 : n;
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     if (L.recurrent) {
-      float* conv = memory.conv_state(il);
-      float* ssm = memory.ssm_state(il);
-      if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
-        throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
-      mamba1_mix(L.ssm, d_, h.data(), n, conv, ssm, tmp.data(), pool, r0);
+      mamba1_mix(L.ssm, d_, h.data(), runs[il], tmp.data(), pool, r0);
     } else {
-      attention(L, il, batch, memory, h.data(), tmp.data(), pool);
+      attention(L, il, segments, h.data(), tmp.data(), pool);
     }
     if (r0 == n) break;
     for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
@@ -328,7 +350,7 @@ void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vect
     for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
   }
 
-  output_logits(x.data(), n, n_embd_, batch.logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), n, n_embd_, logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
 }
 
 }  // namespace

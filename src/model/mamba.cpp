@@ -8,6 +8,7 @@
 
 #include "gguf/gguf_file.h"
 #include "model/output_head.h"
+#include "model/pass_segments.h"
 #include "tensor/kernels.h"
 #include "util/error.h"
 
@@ -76,17 +77,19 @@ void silu_row(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + e[i]);
 }
 
-// ggml_ssm_conv + bias + SiLU over `channels` channels for n tokens.
+int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : runs.back().row0 + runs.back().n; }
+
+// ggml_ssm_conv + bias + SiLU over `channels` channels for every run's rows.
 // src: token-major inputs (row stride src_stride); w: K taps per channel;
-// state: (K-1) floats per channel, oldest first, updated to the last K-1
-// inputs; dst: token-major (row stride dst_stride).
+// each run's conv_state: (K-1) floats per channel, oldest first, updated to
+// its last K-1 inputs; dst: token-major (row stride dst_stride).
 //
 // Each output is ((0 + x[t-K+1] w[0]) + x[t-K+2] w[1]) + ... in fused
 // multiply-adds, the order of ggml's row-wise sum, whatever the batch. Vectors
-// run across channels; blocks of channels run in parallel, tokens in order.
-void conv_silu(const float* src, int64_t src_stride, int64_t channels, int64_t n, int64_t K,
-               const float* w, const float* b, float* state, float* dst, int64_t dst_stride,
-               ThreadPool& pool) {
+// run across channels; blocks of channels run in parallel, each run's tokens
+// in order.
+void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span<const RecurrentRun> runs,
+               int64_t K, const float* w, const float* b, float* dst, int64_t dst_stride, ThreadPool& pool) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
   pool.parallel_for(n_blocks, [&](int64_t blk) {
@@ -97,13 +100,16 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, int64_t n
     taps.assign(K * kBlock, 0.0f);
     for (int64_t c = 0; c < nc; ++c)
       for (int64_t j = 0; j < K; ++j) taps[j * kBlock + c] = w[(c0 + c) * K + j];
+    for (const RecurrentRun& run : runs) {
+    float* state = run.conv_state;
+    const int64_t n = run.n;
     for (int64_t j = 0; j + 1 < K; ++j)
       for (int64_t c = 0; c < nc; ++c) ring[j * kBlock + c] = state[(c0 + c) * (K - 1) + j];
     // Input at relative time t + j - (K-1) lives in ring[(t + j) % K].
     for (int64_t t = 0; t < n; ++t) {
       float* newest = ring.data() + ((t + K - 1) % K) * kBlock;
-      std::memcpy(newest, src + t * src_stride + c0, nc * sizeof(float));
-      float* out = dst + t * dst_stride + c0;
+      std::memcpy(newest, src + (run.row0 + t) * src_stride + c0, nc * sizeof(float));
+      float* out = dst + (run.row0 + t) * dst_stride + c0;
       int64_t c = 0;
       for (; c + 8 <= nc; c += 8) {
         __m256 acc = _mm256_setzero_ps();
@@ -121,6 +127,7 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, int64_t n
     }
     for (int64_t j = 0; j + 1 < K; ++j)
       for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = ring[((n + j) % K) * kBlock + c];
+    }
   });
 }
 
@@ -205,15 +212,28 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
   return L;
 }
 
-void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
-                float* conv_state, float* ssm_state, float* out, ThreadPool& pool, int64_t out_first) {
+std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, int layer,
+                                         const LayerStateSpec& spec) {
+  std::vector<RecurrentRun> runs(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    SequenceMemory& memory = *segments[i].memory;
+    runs[i] = {segments[i].row0, static_cast<int64_t>(segments[i].batch.tokens.size()), memory.conv_state(layer),
+               memory.ssm_state(layer)};
+    if (!runs[i].ssm_state || (!runs[i].conv_state && spec.conv_state_floats > 0))
+      throw Error("sequence memory provides no recurrent state for layer " + std::to_string(layer));
+  }
+  return runs;
+}
+
+void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
+                float* out, ThreadPool& pool, int64_t out_first) {
+  const int64_t n = rows_of(runs);
   const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
   std::vector<float> xz(n * 2 * di), xc(n * di), xdb(n * n_xdb), dt(n * di), y(n * di);
 
   // {n_embd} -> x (first d_inner) and z (gate, second d_inner) per token.
   matmul(L.in, in, n, xz.data(), pool);
-  conv_silu(xz.data(), 2 * di, di, n, d.d_conv, L.conv_w.data(), L.conv_b.data(), conv_state, xc.data(),
-            di, pool);
+  conv_silu(xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di, pool);
 
   // x -> dt (dt_rank), B (d_state), C (d_state).
   matmul(L.x_proj, xc.data(), n, xdb.data(), pool);
@@ -241,14 +261,17 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int6
   pool.parallel_for((di + kBlock - 1) / kBlock, [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
     float sp[kBlock];
-    for (int64_t t = 0; t < n; ++t) {
-      // libm calls first, so the scan's vector constants stay in registers.
-      for (int64_t c = c0; c < c1; ++c) sp[c - c0] = softplus(dt[t * di + c]);
-      const float* B = xdb.data() + t * n_xdb + R;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float x = xc[t * di + c];
-        y[t * di + c] =
-            scan_row(ssm_state + c * ds, L.A.data() + c * ds, sp[c - c0], 0.0f, B, B + ds, x * sp[c - c0], ds);
+    for (const RecurrentRun& run : runs) {
+      float* ssm_state = run.ssm_state;
+      for (int64_t t = run.row0; t < run.row0 + run.n; ++t) {
+        // libm calls first, so the scan's vector constants stay in registers.
+        for (int64_t c = c0; c < c1; ++c) sp[c - c0] = softplus(dt[t * di + c]);
+        const float* B = xdb.data() + t * n_xdb + R;
+        for (int64_t c = c0; c < c1; ++c) {
+          const float x = xc[t * di + c];
+          y[t * di + c] =
+              scan_row(ssm_state + c * ds, L.A.data() + c * ds, sp[c - c0], 0.0f, B, B + ds, x * sp[c - c0], ds);
+        }
       }
     }
   });
@@ -282,10 +305,14 @@ class Mamba final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
+  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  bool batches_sequences() const override { return true; }
 
  private:
-  void mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state, float* ssm_state,
-                  float* out, ThreadPool& pool, int64_t out_first) const;
+  void mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
+                  ThreadPool& pool, int64_t out_first) const;
+  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
+           ThreadPool& pool);
 
   bool v2_ = false;
   ModelInfo info_;
@@ -372,16 +399,17 @@ Mamba::Mamba(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
-void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* conv_state,
-                       float* ssm_state, float* out, ThreadPool& pool, int64_t out_first) const {
+void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
+                       ThreadPool& pool, int64_t out_first) const {
+  const int64_t n = rows_of(runs);
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
   std::vector<float> zxbcdt(n * n_proj), xbc(n * conv_ch), y(n * di);
 
   matmul(L.in, in, n, zxbcdt.data(), pool);
-  conv_silu(zxbcdt.data() + di, n_proj, conv_ch, n, d_.d_conv, L.conv_w.data(), L.conv_b.data(), conv_state,
-            xbc.data(), conv_ch, pool);
+  conv_silu(zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
+            conv_ch, pool);
 
   // Scan: (head, block of head rows) tasks; tokens in order within a task.
   constexpr int64_t kRows = 16;
@@ -391,15 +419,18 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* 
     const int64_t h = task / row_blocks;
     const int64_t i0 = (task % row_blocks) * kRows, i1 = std::min(hd, i0 + kRows);
     const int64_t g = h / heads_per_group;
-    for (int64_t t = 0; t < n; ++t) {
-      const float sp = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
-      const float dA = std::exp(sp * L.A[h]);
-      const float* xt = xbc.data() + t * conv_ch;
-      const float* B = xt + di + g * ds;
-      const float* C = xt + di + ng * ds + g * ds;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t ch = h * hd + i;
-        y[t * di + ch] = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
+    for (const RecurrentRun& run : runs) {
+      float* ssm_state = run.ssm_state;
+      for (int64_t t = run.row0; t < run.row0 + run.n; ++t) {
+        const float sp = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
+        const float dA = std::exp(sp * L.A[h]);
+        const float* xt = xbc.data() + t * conv_ch;
+        const float* B = xt + di + g * ds;
+        const float* C = xt + di + ng * ds + g * ds;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t ch = h * hd + i;
+          y[t * di + ch] = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
+        }
       }
     }
   });
@@ -420,39 +451,50 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, int64_t n, float* 
 
 void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                     ThreadPool& pool) {
-  const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  if (n == 0) return;
+  if (batch.tokens.empty()) return;
+  const PassSegment one{batch, &memory, 0};
+  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
+}
+
+void Mamba::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
+  if (steps.empty()) return;
+  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
+}
+
+void Mamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
+                ThreadPool& pool) {
+  const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
-  memory.prepare(batch.pos0, batch.pos0 + n);
+  prepare_segments(segments);
 
   std::vector<float> x(n * n_embd), h(n * n_embd), mix(n * n_embd);
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t tok = batch.tokens[t];
-    if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
-    dequantize_row(token_embd_, tok, x.data() + t * n_embd);
-  }
+  for (const PassSegment& seg : segments)
+    for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
+      const int32_t tok = seg.batch.tokens[i];
+      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
+      dequantize_row(token_embd_, tok, x.data() + (seg.row0 + static_cast<int64_t>(i)) * n_embd);
+    }
 
   const int n_layer = static_cast<int>(info_.n_layer);
+  // Every layer's state is looked up before any advances: a pass that fails
+  // leaves all of it as it was.
+  std::vector<std::vector<RecurrentRun>> runs(n_layer);
+  for (int il = 0; il < n_layer; ++il) runs[il] = recurrent_runs(segments, il, spec_.layers[il]);
   for (int il = 0; il < n_layer; ++il) {
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd, attn_norm_[il].data(), d_.eps, n_embd, h.data() + t * n_embd);
-    float* conv = memory.conv_state(il);
-    float* ssm = memory.ssm_state(il);
-    if (!ssm || (!conv && spec_.layers[il].conv_state_floats > 0))
-      throw Error("sequence memory provides no recurrent state for layer " + std::to_string(il));
     // The last layer's output only matters for rows that produce logits (as
     // llama.cpp's inp_out_ids); the state still advances over every token.
     int64_t r0 = 0;
-    if (il + 1 == n_layer)
-      r0 = batch.logits_for == LogitsFor::All ? 0 : batch.logits_for == LogitsFor::Last ? n - 1 : n;
+    if (il + 1 == n_layer) r0 = logits_for == LogitsFor::All ? 0 : logits_for == LogitsFor::Last ? n - 1 : n;
     if (v2_)
-      mamba2_mix(layers2_[il], h.data(), n, conv, ssm, mix.data(), pool, r0);
+      mamba2_mix(layers2_[il], h.data(), runs[il], mix.data(), pool, r0);
     else
-      mamba1_mix(layers1_[il], d_, h.data(), n, conv, ssm, mix.data(), pool, r0);
+      mamba1_mix(layers1_[il], d_, h.data(), runs[il], mix.data(), pool, r0);
     for (int64_t i = r0 * n_embd; i < n * n_embd; ++i) x[i] += mix[i];
   }
 
-  output_logits(x.data(), n, n_embd, batch.logits_for, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), n, n_embd, logits_for, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), logits, pool);
 }
 
 }  // namespace

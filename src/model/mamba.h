@@ -16,10 +16,13 @@
 // as one batch or split into several, and on any thread count.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
+#include "model/pass_segments.h"
+#include "model/state_spec.h"
 #include "model/weights.h"
 #include "tensor/kernels.h"
 #include "tensor/matrix.h"
@@ -59,11 +62,26 @@ struct Mamba1Layer {
 Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dims& d,
                               bool with_bc_norms);
 
-// Runs the mixer for n tokens: `in` holds the normalized hidden states
-// (n x n_embd), `out` receives the mixer's output (n x n_embd) before the
-// residual, for rows [out_first, n) only (the state always advances over all
-// n). Reads and updates conv_state / ssm_state (see the layout above).
-void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, int64_t n,
-                float* conv_state, float* ssm_state, float* out, ThreadPool& pool, int64_t out_first = 0);
+// Rows [row0, row0 + n) of a pass that belong to one sequence, and that
+// sequence's state for the layer being run (see the layout above).
+struct RecurrentRun {
+  int64_t row0 = 0;
+  int64_t n = 0;
+  float* conv_state = nullptr;
+  float* ssm_state = nullptr;
+};
+
+// Each segment's rows and recurrent state for layer `layer`. Throws
+// reprise::Error when a segment's memory holds no state for the layer.
+std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, int layer,
+                                         const LayerStateSpec& spec);
+
+// Runs the mixer over the rows of `runs` (consecutive, from row 0; one run
+// per sequence, each advancing its own state in token order): `in` holds the
+// normalized hidden states (rows x n_embd), `out` receives the mixer's output
+// before the residual, for rows [out_first, rows) only (the states always
+// advance over every row). A row's result depends only on its own sequence.
+void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
+                float* out, ThreadPool& pool, int64_t out_first = 0);
 
 }  // namespace reprise

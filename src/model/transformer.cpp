@@ -7,6 +7,7 @@
 #include "gguf/gguf_file.h"
 #include "model/layer_attention.h"
 #include "model/output_head.h"
+#include "model/pass_segments.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -85,17 +86,10 @@ class Transformer final : public Model {
   bool batches_sequences() const override { return true; }
 
  private:
-  // Consecutive rows [row0, row0 + batch.tokens.size()) of a pass that belong
-  // to one sequence; batch's embedding and bidirectional ranges are relative
-  // to the segment.
-  struct Segment {
-    ForwardBatch batch;
-    SequenceMemory* memory = nullptr;
-    int64_t row0 = 0;
-  };
   // One pass over every segment's rows: products over all rows at once,
   // attention per segment against its own memory.
-  void run(std::span<const Segment> segments, LogitsFor logits_for, std::vector<float>& logits, ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
+           ThreadPool& pool);
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -221,29 +215,18 @@ Transformer::Transformer(const gguf::File& file) {
 void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                           ThreadPool& pool) {
   if (batch.tokens.empty()) return;
-  const Segment one{batch, &memory, 0};
-  run(std::span<const Segment>(&one, 1), batch.logits_for, logits, pool);
+  const PassSegment one{batch, &memory, 0};
+  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
 }
 
 void Transformer::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
   if (steps.empty()) return;
-  thread_local std::vector<Segment> segments;
-  segments.resize(steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    Segment& s = segments[i];
-    s = Segment{};
-    s.batch.tokens = std::span<const int32_t>(&steps[i].token, 1);
-    s.batch.pos0 = steps[i].pos;
-    s.memory = steps[i].memory;
-    s.row0 = static_cast<int64_t>(i);
-  }
-  run(segments, LogitsFor::All, logits, pool);
+  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
 }
 
-void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, std::vector<float>& logits,
+void Transformer::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
                       ThreadPool& pool) {
-  const Segment& last = segments.back();
-  const int64_t n = last.row0 + static_cast<int64_t>(last.batch.tokens.size());
+  const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   // Every row's position and memory (bound to references, like the buffers
   // below, so lambdas on pool threads see this thread's instances).
@@ -253,9 +236,9 @@ void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, s
   std::vector<SequenceMemory*>& row_memory = row_memory_buf;
   row_pos.resize(n);
   row_memory.resize(n);
-  for (const Segment& s : segments) {
+  prepare_segments(segments);
+  for (const PassSegment& s : segments) {
     const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
-    s.memory->prepare(s.batch.pos0, s.batch.pos0 + len);
     for (int64_t i = 0; i < len; ++i) {
       row_pos[s.row0 + i] = s.batch.pos0 + i;
       row_memory[s.row0 + i] = s.memory;
@@ -286,7 +269,7 @@ void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, s
   g.resize(n * n_ff_);
   u.resize(n * n_ff_);
 
-  for (const Segment& seg : segments) {
+  for (const PassSegment& seg : segments) {
     const ForwardBatch& batch = seg.batch;
     for (int64_t i = 0; i < static_cast<int64_t>(batch.tokens.size()); ++i) {
       float* xt = x.data() + (seg.row0 + i) * n_embd_;
@@ -365,7 +348,7 @@ void Transformer::run(std::span<const Segment> segments, LogitsFor logits_for, s
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};
     thread_local std::vector<SequenceAttention> per_sequence;
     per_sequence.clear();
-    for (const Segment& seg : segments)
+    for (const PassSegment& seg : segments)
       per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
     attend_layer_many(per_sequence, il, shape, pool);
     matmul(L.wo, attn.data(), n, tmp.data(), pool);
