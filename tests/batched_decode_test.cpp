@@ -1,8 +1,9 @@
-// Continuous batching: decode steps of several sequences in one forward pass
-// give exactly (bit for bit) the logits each sequence gets alone, for every
-// architecture and weight type, against flat and paged (prefix-cached)
-// memory; concurrent engine requests generate what they generate alone, and
-// what batched passes leave in the cache serves later hits exactly.
+// Continuous batching: several sequences' work (decode steps, prompt chunks)
+// in one forward pass gives exactly (bit for bit) the logits and state each
+// sequence gets alone, for every architecture and weight type; concurrent
+// engine requests (also ones arriving while others decode) generate what they
+// generate alone, and what shared passes leave in the cache serves later hits
+// exactly.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,7 +13,7 @@
 
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
-#include "engine/decode_batcher.h"
+#include "engine/pass_batcher.h"
 #include "engine/engine.h"
 #include "engine/flat_memory.h"
 #include "model_fixtures.h"
@@ -71,6 +72,62 @@ void check_steps_match_single(Model& model, uint64_t seed, int n_seq, int rounds
   }
 }
 
+// The same for forward_many with mixed work: each round, a random subset of
+// sequences in random order runs one batch each, of 1 to 24 tokens, asking
+// for no logits, the last row's or every row's.
+void check_mixed_batches_match_single(Model& model, uint64_t seed, int n_seq, int rounds, ThreadPool& pool) {
+  std::mt19937_64 rng(seed);
+  auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t n_vocab = model.info().n_vocab;
+  std::vector<std::unique_ptr<FlatMemory>> ref, bat;
+  std::vector<int64_t> pos(n_seq, 0);
+  for (int s = 0; s < n_seq; ++s) {
+    ref.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    bat.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+  }
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<int> order(n_seq);
+    for (int s = 0; s < n_seq; ++s) order[s] = s;
+    std::shuffle(order.begin(), order.end(), rng);
+    order.resize(rnd(1, n_seq));
+    std::vector<std::vector<int32_t>> tokens(order.size());
+    std::vector<std::vector<float>> logits(order.size());
+    std::vector<SequenceBatch> batches(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      tokens[i].resize(rnd(1, 24));
+      for (auto& t : tokens[i]) t = static_cast<int32_t>(rnd(3, n_vocab - 1));
+      batches[i].batch.tokens = tokens[i];
+      batches[i].batch.pos0 = pos[order[i]];
+      batches[i].batch.logits_for = std::vector<LogitsFor>{LogitsFor::None, LogitsFor::Last, LogitsFor::All}[rnd(0, 2)];
+      batches[i].memory = bat[order[i]].get();
+      batches[i].logits = &logits[i];
+    }
+    model.forward_many(batches, pool);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int s = order[i];
+      std::vector<float> alone;
+      model.forward(batches[i].batch, *ref[s], alone, pool);
+      if (batches[i].batch.logits_for != LogitsFor::None) {
+        ASSERT_EQ(logits[i].size(), alone.size());
+        ASSERT_TRUE(same_bits(alone.data(), logits[i].data(), static_cast<int64_t>(alone.size())))
+            << model.info().arch << " seed " << seed << " round " << r << " batch " << i << " of " << order.size();
+      }
+      pos[s] += static_cast<int64_t>(tokens[i].size());
+    }
+  }
+  // The states match too: one more token each, alone on both sides.
+  for (int s = 0; s < n_seq; ++s) {
+    const int32_t tok = 7;
+    ForwardBatch b;
+    b.tokens = std::span<const int32_t>(&tok, 1);
+    b.pos0 = pos[s];
+    std::vector<float> a, c;
+    model.forward(b, *ref[s], a, pool);
+    model.forward(b, *bat[s], c, pool);
+    ASSERT_TRUE(same_bits(a.data(), c.data(), n_vocab)) << model.info().arch << " sequence " << s;
+  }
+}
+
 SyntheticModelSpec small(const std::string& arch, DType dtype) {
   SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
   s.dtype = dtype;
@@ -105,6 +162,8 @@ TEST_P(ForwardStepsSynthetic, BitIdenticalToOneSequenceAtATime) {
   // F16/BF16 products of >= 48 rows widen the weights to f32 first.
   ThreadPool pool(2);
   if (c.dtype == DType::F16) check_steps_match_single(model, 5, 60, 3, pool);
+  // Prompt chunks and decode steps mixed in one pass.
+  for (uint64_t seed = 1; seed <= 3; ++seed) check_mixed_batches_match_single(model, seed, 5, 8, pool);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
@@ -127,6 +186,7 @@ TEST(ForwardSteps, SharedFixturesBitIdenticalToOneSequenceAtATime) {
     EXPECT_EQ(model->batches_sequences(), true);
     ThreadPool pool(2);
     check_steps_match_single(*model, 99, 5, 8, pool);
+    check_mixed_batches_match_single(*model, 98, 4, 6, pool);
   }
 }
 
@@ -160,19 +220,30 @@ GenerateRequest request(const std::vector<int32_t>& prompt, int n, float temp, u
   return r;
 }
 
-std::vector<Generation> generate_concurrently(Engine& engine, const std::vector<GenerateRequest>& reqs) {
-  std::vector<Generation> runs(reqs.size());
-  std::latch all_decoding(static_cast<std::ptrdiff_t>(reqs.size()));
+// The `early` requests start together and wait at their first token until
+// all are decoding, so their decode loops overlap; the `late` ones start once
+// the first early request has produced two tokens, so their prompts are
+// prefilled while the early ones decode.
+std::vector<Generation> generate_concurrently(Engine& engine, const std::vector<GenerateRequest>& early,
+                                              const std::vector<GenerateRequest>& late = {}) {
+  std::vector<Generation> runs(early.size() + late.size());
+  std::latch all_decoding(static_cast<std::ptrdiff_t>(early.size()));
+  std::latch late_may_start(1);
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < reqs.size(); ++i)
+  for (size_t i = 0; i < runs.size(); ++i)
     threads.emplace_back([&, i] {
-      bool first = true;
-      runs[i].result = engine.generate(reqs[i], [&](int32_t, std::span<const float> logits) {
-        runs[i].logit_digests.push_back(digest(logits));
-        if (first) all_decoding.arrive_and_wait();
-        first = false;
-        return true;
-      });
+      const bool is_early = i < early.size();
+      if (!is_early) late_may_start.wait();
+      int emitted = 0;
+      runs[i].result = engine.generate(is_early ? early[i] : late[i - early.size()],
+                                       [&](int32_t, std::span<const float> logits) {
+                                         runs[i].logit_digests.push_back(digest(logits));
+                                         if (is_early && emitted == 0) all_decoding.arrive_and_wait();
+                                         if (i == 0 && emitted == 1) late_may_start.count_down();
+                                         ++emitted;
+                                         return true;
+                                       });
+      if (i == 0 && emitted < 2) late_may_start.count_down();
     });
   for (auto& t : threads) t.join();
   return runs;
@@ -211,17 +282,24 @@ TEST_P(BatchedDecodeEngine, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
     Engine solo(model, pool, nullptr, solo_options);  // the cold path
 
     // Requests share a "system prompt", so their cached blocks are shared.
+    // The late ones have long prompts, prefilled in chunks between (and
+    // together with) the early ones' decode steps.
     std::vector<int32_t> system(rnd(5, 30));
     for (auto& t : system) t = rnd(3, 319);
-    std::vector<GenerateRequest> reqs;
-    const int n_req = rnd(3, 5);
-    for (int i = 0; i < n_req; ++i) {
+    std::vector<GenerateRequest> early, late;
+    const int n_early = rnd(2, 4), n_late = rnd(1, 2);
+    for (int i = 0; i < n_early + n_late; ++i) {
       std::vector<int32_t> prompt = system;
-      for (int k = rnd(1, 20); k > 0; --k) prompt.push_back(rnd(3, 319));
-      reqs.push_back(request(prompt, rnd(8, 24), i % 2 ? 0.8f : 0.0f, 100 + i));
+      for (int k = i < n_early ? rnd(1, 20) : rnd(150, 300); k > 0; --k) prompt.push_back(rnd(3, 319));
+      (i < n_early ? early : late)
+          .push_back(request(prompt, i < n_early ? rnd(30, 40) : rnd(4, 12), i % 2 ? 0.8f : 0.0f, 100 + i));
     }
-    const std::vector<Generation> together = generate_concurrently(batched, reqs);
-    EXPECT_GE(batched.decode_batch_stats().max_batch, 2u) << "the decode loops overlapped, so steps must batch";
+    const std::vector<Generation> together = generate_concurrently(batched, early, late);
+    std::vector<GenerateRequest> reqs = early;
+    reqs.insert(reqs.end(), late.begin(), late.end());
+    const int n_req = static_cast<int>(reqs.size());
+    EXPECT_GE(batched.pass_stats().max_sequences, 2u) << "the decode loops overlapped, so steps must share passes";
+    EXPECT_GE(batched.pass_stats().mixed_passes, 1u) << "late prompts were prefilled while others decoded";
     for (int i = 0; i < n_req; ++i) {
       const Generation alone = generate_alone(solo, reqs[i]);
       EXPECT_EQ(together[i].result.tokens, alone.result.tokens) << "request " << i;
@@ -248,10 +326,19 @@ INSTANTIATE_TEST_SUITE_P(Archs, BatchedDecodeEngine,
                          [](const auto& info) { return info.param.arch; });
 
 TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
+  // The token lives as long as the batch that points at it.
+  thread_local int32_t token_storage;
+  auto one_token = [](int32_t token, int64_t pos) {
+    token_storage = token;
+    ForwardBatch b;
+    b.tokens = std::span<const int32_t>(&token_storage, 1);
+    b.pos0 = pos;
+    return b;
+  };
   Model& model = *test::synthetic_model("batched-llama-F32", small("llama", DType::F32)).model;
   ThreadPool pool(2);
   std::mutex forward_mutex;
-  DecodeBatcher batcher(model, pool, forward_mutex, 8);
+  PassBatcher batcher(model, pool, forward_mutex, 8);
   constexpr int kSeq = 4;
   const int64_t n_vocab = model.info().n_vocab;
   std::vector<std::unique_ptr<FlatMemory>> memory, ref;
@@ -270,14 +357,14 @@ TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
     std::vector<int> threw(kSeq, 0);
     const int bad = round % kSeq;
     {
-      std::vector<std::unique_ptr<DecodeBatcher::Membership>> members;
-      for (int s = 0; s < kSeq; ++s) members.push_back(std::make_unique<DecodeBatcher::Membership>(batcher));
+      std::vector<std::unique_ptr<PassBatcher::Membership>> members;
+      for (int s = 0; s < kSeq; ++s) members.push_back(std::make_unique<PassBatcher::Membership>(batcher));
       std::vector<std::thread> threads;
       for (int s = 0; s < kSeq; ++s)
         threads.emplace_back([&, s] {
           try {
             const int32_t token = s == bad ? static_cast<int32_t>(n_vocab + 5) : 10 + s;
-            batcher.step(*memory[s], token, 4 + round, out[s]);
+            batcher.run(one_token(token, 4 + round), *memory[s], out[s]);
           } catch (const Error&) {
             threw[s] = 1;
           }
@@ -290,7 +377,7 @@ TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
       // Good steps advance; the bad sequence retries with a valid token so
       // all stay at the same position.
       const int32_t token = 10 + s;
-      if (s == bad) batcher.step(*memory[s], token, 4 + round, out[s]);
+      if (s == bad) batcher.run(one_token(token, 4 + round), *memory[s], out[s]);
       ForwardBatch b;
       b.tokens = std::span<const int32_t>(&token, 1);
       b.pos0 = 4 + round;
@@ -299,7 +386,7 @@ TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
       EXPECT_TRUE(same_bits(out[s].data(), logits.data(), n_vocab));
     }
   }
-  EXPECT_GE(batcher.stats().max_batch, 2u);
+  EXPECT_GE(batcher.stats().max_sequences, 2u);
 }
 
 }  // namespace

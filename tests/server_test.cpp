@@ -923,11 +923,13 @@ TEST(ServeHttp, ConcurrentClientsGetTheirOwnResults) {
   const int n_clients = 8;
   // Reference answers, one request at a time.
   std::vector<std::string> expected(n_clients);
-  int64_t decode_steps = 0;  // each completion token but the first is a decode step
+  // Each request's short prompt is one prefill batch, and each completion
+  // token but the first a decode step: one sequence batch per completion token.
+  int64_t sequence_batches = 0;
   for (int i = 0; i < n_clients; ++i) {
     json r = post(s, "/v1/chat/completions", chat_body("question " + std::to_string(i % 4), 12)).doc();
     expected[i] = r["choices"][0]["message"]["content"];
-    decode_steps += std::max<int64_t>(0, r["usage"]["completion_tokens"].get<int64_t>() - 1);
+    sequence_batches += r["usage"]["completion_tokens"].get<int64_t>();
   }
   std::vector<std::string> got(n_clients);
   std::vector<int> status(n_clients);
@@ -960,14 +962,14 @@ TEST(ServeHttp, ConcurrentClientsGetTheirOwnResults) {
             2 * n_clients);
   EXPECT_EQ(metric(metrics, "reprise_sequence_slots"), 3);
   EXPECT_EQ(metric(metrics, "reprise_queue_depth"), 0);
-  // Concurrent decode steps may share passes (continuous batching); every
-  // step is counted once, in both phases.
-  const double passes = metric(metrics, R"(reprise_decode_passes_total{model="tiny-a"})");
-  const double steps = metric(metrics, R"(reprise_decode_pass_steps_total{model="tiny-a"})");
-  EXPECT_EQ(steps, 2 * decode_steps);
+  // Concurrent requests' batches may share passes (continuous batching);
+  // every batch is counted once, in both phases.
+  const double passes = metric(metrics, R"(reprise_forward_passes_total{model="tiny-a"})");
+  const double batches = metric(metrics, R"(reprise_forward_pass_sequences_total{model="tiny-a"})");
+  EXPECT_EQ(batches, 2 * sequence_batches);
   EXPECT_GT(passes, 0);
-  EXPECT_LE(passes, steps);
-  EXPECT_LE(metric(metrics, R"(reprise_decode_batch_max{model="tiny-a"})"), 3);
+  EXPECT_LE(passes, batches);
+  EXPECT_LE(metric(metrics, R"(reprise_forward_pass_sequences_max{model="tiny-a"})"), 3);
 }
 
 TEST(ServeHttp, StalledClientsBlockNobody) {

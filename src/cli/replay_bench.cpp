@@ -187,7 +187,7 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
   struct Outcome {
     double seconds = 0;
     int64_t tokens = 0;
-    DecodeBatchStats batches;
+    PassBatchStats batches;
     std::vector<std::vector<int32_t>> outputs;
   };
   auto run = [&](int max_decode_batch) {
@@ -206,7 +206,7 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
     for (auto& t : threads) t.join();
     out.seconds = now_seconds() - t0;
     for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
-    out.batches = engine.decode_batch_stats();
+    out.batches = engine.pass_stats();
     return out;
   };
   std::printf("replay parallel on %s: %d concurrent requests, %d-token shared system prompt + %d own tokens, %d "
@@ -216,12 +216,12 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
   const Outcome alone = run(1);
   const Outcome batched = run(o.clients);
   auto mean_batch = [](const Outcome& r) {
-    return r.batches.passes ? static_cast<double>(r.batches.steps) / r.batches.passes : 0.0;
+    return r.batches.passes ? static_cast<double>(r.batches.sequences) / r.batches.passes : 0.0;
   };
-  std::printf("| decode | wall (s) | generated tokens/s | mean decode batch |\n");
-  std::printf("| each request alone | %.3f | %.1f | %.2f |\n", alone.seconds, alone.tokens / alone.seconds,
+  std::printf("| passes | wall (s) | generated tokens/s | mean sequences per pass |\n");
+  std::printf("| each sequence alone | %.3f | %.1f | %.2f |\n", alone.seconds, alone.tokens / alone.seconds,
               mean_batch(alone));
-  std::printf("| batched | %.3f | %.1f | %.2f |\n", batched.seconds, batched.tokens / batched.seconds,
+  std::printf("| shared | %.3f | %.1f | %.2f |\n", batched.seconds, batched.tokens / batched.seconds,
               mean_batch(batched));
   std::printf("speed-up %.2fx; outputs identical: %s\n", alone.seconds / batched.seconds,
               alone.outputs == batched.outputs ? "yes" : "NO");

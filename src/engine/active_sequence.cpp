@@ -5,8 +5,9 @@
 namespace reprise {
 
 ActiveSequence::ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
-                               SnapshotStore* snapshots, const NamespaceKey& ns)
-    : model_(model), pool_(pool), forward_mutex_(forward_mutex), cache_(cache), snapshots_(snapshots) {
+                               SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher)
+    : model_(model), pool_(pool), forward_mutex_(forward_mutex), batcher_(batcher), cache_(cache),
+      snapshots_(snapshots) {
   if (cache_) {
     cached_ = cache_->open(ns);
     memory_ = cached_.get();
@@ -68,18 +69,14 @@ void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash1
       batch.bidir_end = batch.embd_end;
     }
   }
-  {
+  if (batcher_) {
+    batcher_->run(batch, *memory_, logits);
+  } else {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     model_.forward(batch, *memory_, logits, pool_);
   }
   if (cached_) cached_->commit(tokens, keys);
   position_ += static_cast<int64_t>(tokens.size());
-}
-
-void ActiveSequence::decode(int32_t token, DecodeBatcher& batcher, std::vector<float>& logits) {
-  batcher.step(*memory_, token, position_, logits);
-  if (cached_) cached_->commit(std::span<const int32_t>(&token, 1), {});
-  position_ += 1;
 }
 
 void ActiveSequence::snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys) {

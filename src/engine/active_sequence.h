@@ -10,7 +10,7 @@
 
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
-#include "engine/decode_batcher.h"
+#include "engine/pass_batcher.h"
 #include "engine/flat_memory.h"
 #include "model/model.h"
 #include "tensor/thread_pool.h"
@@ -20,9 +20,10 @@ namespace reprise {
 class ActiveSequence {
  public:
   // `cache` null: flat, uncached state. `forward_mutex` serialises forward
-  // passes on the shared pool.
+  // passes on the shared pool. With a `batcher` (the model's), every batch
+  // runs through it, sharing passes with other sequences.
   ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
-                 SnapshotStore* snapshots, const NamespaceKey& ns);
+                 SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher = nullptr);
 
   // Reuses the longest valid cached prefix of `prompt` (leaving at least one
   // token to compute). For models with recurrent layers the prefix is cut back
@@ -39,10 +40,6 @@ class ActiveSequence {
   void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
             std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false);
 
-  // Feeds one token through `batcher` (sharing a pass with other sequences'
-  // steps); `logits` receives its n_vocab logits.
-  void decode(int32_t token, DecodeBatcher& batcher, std::vector<float>& logits);
-
   // Stores a recurrent snapshot of the state after `prefix` (== everything fed
   // so far) when this sequence keeps snapshots.
   void snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys);
@@ -56,6 +53,7 @@ class ActiveSequence {
   Model& model_;
   ThreadPool& pool_;
   std::mutex& forward_mutex_;
+  PassBatcher* batcher_;
   PrefixCache* cache_;
   SnapshotStore* snapshots_;
   std::unique_ptr<CachedSequence> cached_;

@@ -20,7 +20,8 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
       forward_mutex_(options.forward_mutex ? options.forward_mutex : &own_forward_mutex_) {
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
-  batcher_ = std::make_unique<DecodeBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
+  if (options_.n_batch_while_decoding <= 0) options_.n_batch_while_decoding = options_.n_batch;
+  batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
 }
 
 void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
@@ -77,7 +78,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   const auto t0 = std::chrono::steady_clock::now();
   const bool use_cache = cache_ && req.use_cache;
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
-                        namespace_for(req.cache_salt));
+                        namespace_for(req.cache_salt), batcher_.get());
   result.reuse = target.attach(req.prompt, req.prompt_keys);
   if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
     // The cached prefix ends inside an image: recompute the whole image.
@@ -122,7 +123,9 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
       return result;
     }
     const int64_t pos = target.position();
-    int64_t n = std::min(options_.n_batch, n_prompt - pos);
+    // Smaller chunks while others decode: each pass advances them one token.
+    const int64_t chunk = batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
+    int64_t n = std::min(chunk, n_prompt - pos);
     auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
     if (next != checkpoints.end()) n = std::min(n, *next - pos);
     const EmbeddedSpan* span = span_at(pos);
@@ -172,7 +175,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   std::vector<int32_t> history(req.prompt);
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   result.finish_reason = "length";
-  DecodeBatcher::Membership decoding(*batcher_);
+  PassBatcher::Membership decoding(*batcher_);
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const int32_t token = sampler.sample(logits, history);
     result.tokens.push_back(token);
@@ -189,7 +192,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
     if (i + 1 == req.max_tokens) break;
     if (target.position() + 1 >= n_ctx_) break;  // context full: "length"
     // Feed the sampled token so its state is cached and the next logits exist.
-    target.decode(history.back(), *batcher_, logits);
+    target.feed(std::span<const int32_t>(&history.back(), 1), {}, LogitsFor::Last, logits);
   }
   // The end of the generated text is the next turn's likely restore point.
   if (target.position() > n_prompt)

@@ -3,8 +3,9 @@
 // prompt and generated tokens as they complete.
 //
 // Forward passes of concurrent requests are serialised (the thread pool
-// serves one pass at a time); the decode steps of concurrent requests share
-// passes (DecodeBatcher), with the same results as decoding alone.
+// serves one pass at a time); the decode steps and prompt chunks of
+// concurrent requests share passes (PassBatcher), with the same results as
+// running alone.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -18,7 +19,7 @@
 #include "cache/cache_key.h"
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
-#include "engine/decode_batcher.h"
+#include "engine/pass_batcher.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "tensor/thread_pool.h"
@@ -28,9 +29,14 @@ namespace reprise {
 struct EngineOptions {
   int64_t n_ctx = 0;        // 0: the model's training context
   int64_t n_batch = 512;    // prefill chunk size
-  // Continuous batching: the most concurrent sequences whose decode steps
-  // share one forward pass (1: every sequence decodes on its own).
+  // Continuous batching: the most concurrent sequences whose work (decode
+  // steps, prompt chunks) shares one forward pass (1: every sequence runs on
+  // its own).
   int max_decode_batch = 16;
+  // Prefill chunk size while other sequences are decoding: they advance one
+  // token per pass, so this bounds their inter-token latency during a long
+  // prompt.
+  int64_t n_batch_while_decoding = 128;
   // Lock held around forward passes; null: the engine's own. Share one lock
   // between everything that runs on the same thread pool.
   std::mutex* forward_mutex = nullptr;
@@ -112,7 +118,7 @@ class Engine {
   bool has_draft() const { return draft_ != nullptr; }
 
   const EngineCounters& counters() const { return counters_; }
-  DecodeBatchStats decode_batch_stats() const { return batcher_->stats(); }
+  PassBatchStats pass_stats() const { return batcher_->stats(); }
   // The lock held around every forward pass on this engine's thread pool.
   // Other users of the same pool (the vision pipeline) must hold it too.
   std::mutex& forward_mutex() { return *forward_mutex_; }
@@ -135,7 +141,7 @@ class Engine {
   PrefixCache* draft_cache_ = nullptr;
   int draft_max_ = 0;
   EngineCounters counters_;
-  std::unique_ptr<DecodeBatcher> batcher_;
+  std::unique_ptr<PassBatcher> batcher_;
 
   void decode_plain(const GenerateRequest& req, class ActiveSequence& target, std::vector<float>& logits,
                     GenerateResult& result, const TokenCallback& on_token);

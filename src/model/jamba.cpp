@@ -85,12 +85,11 @@ class Jamba final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
-  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
   bool batches_sequences() const override { return true; }
 
  private:
-  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-           ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool);
   void attention(const Layer& L, int il, std::span<const PassSegment> segments, const float* h, float* out,
                  ThreadPool& pool) const;
   void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
@@ -300,17 +299,16 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
 void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                     ThreadPool& pool) {
   if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0};
-  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
+  const PassSegment one{batch, &memory, 0, &logits};
+  run(std::span<const PassSegment>(&one, 1), pool);
 }
 
-void Jamba::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
-  if (steps.empty()) return;
-  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
+void Jamba::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  const std::vector<PassSegment> segments = segments_for(batches);
+  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
-void Jamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-                ThreadPool& pool) {
+void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   prepare_segments(segments);
 
@@ -329,11 +327,7 @@ void Jamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std
     if (layers_[il].recurrent) runs[il] = recurrent_runs(segments, static_cast<int>(il), spec_.layers[il]);
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
-    // The last layer's outputs only matter for rows that produce logits (as
-    // llama.cpp's inp_out_ids); its recurrent or KV state still covers all.
-    int64_t r0 = 0;
-    if (il + 1 == static_cast<int>(layers_.size()))
-      r0 = logits_for == LogitsFor::All ? 0 : logits_for == LogitsFor::Last ? n - 1 : n;
+    const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     if (L.recurrent) {
@@ -350,7 +344,7 @@ void Jamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std
     for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
   }
 
-  output_logits(x.data(), n, n_embd_, logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), segments, n_embd_, output_norm_, eps_, output_, info_.n_vocab, h.data(), pool);
 }
 
 }  // namespace

@@ -305,14 +305,13 @@ class Mamba final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
-  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
   bool batches_sequences() const override { return true; }
 
  private:
   void mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
                   ThreadPool& pool, int64_t out_first) const;
-  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-           ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool);
 
   bool v2_ = false;
   ModelInfo info_;
@@ -452,17 +451,16 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
 void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                     ThreadPool& pool) {
   if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0};
-  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
+  const PassSegment one{batch, &memory, 0, &logits};
+  run(std::span<const PassSegment>(&one, 1), pool);
 }
 
-void Mamba::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
-  if (steps.empty()) return;
-  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
+void Mamba::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  const std::vector<PassSegment> segments = segments_for(batches);
+  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
-void Mamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-                ThreadPool& pool) {
+void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
   prepare_segments(segments);
@@ -483,10 +481,7 @@ void Mamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std
   for (int il = 0; il < n_layer; ++il) {
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd, attn_norm_[il].data(), d_.eps, n_embd, h.data() + t * n_embd);
-    // The last layer's output only matters for rows that produce logits (as
-    // llama.cpp's inp_out_ids); the state still advances over every token.
-    int64_t r0 = 0;
-    if (il + 1 == n_layer) r0 = logits_for == LogitsFor::All ? 0 : logits_for == LogitsFor::Last ? n - 1 : n;
+    const int64_t r0 = il + 1 == n_layer ? last_layer_first_row(segments) : 0;
     if (v2_)
       mamba2_mix(layers2_[il], h.data(), runs[il], mix.data(), pool, r0);
     else
@@ -494,7 +489,7 @@ void Mamba::run(std::span<const PassSegment> segments, LogitsFor logits_for, std
     for (int64_t i = r0 * n_embd; i < n * n_embd; ++i) x[i] += mix[i];
   }
 
-  output_logits(x.data(), n, n_embd, logits_for, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), segments, n_embd, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), pool);
 }
 
 }  // namespace

@@ -4,18 +4,25 @@
 
 namespace reprise {
 
+void Model::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  for (const SequenceBatch& b : batches) forward(b.batch, *b.memory, *b.logits, pool);
+}
+
 void Model::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
   const int64_t n_vocab = info().n_vocab;
-  logits.resize(steps.size() * n_vocab);
-  std::vector<float> one;
+  std::vector<std::vector<float>> per_step(steps.size());
+  std::vector<SequenceBatch> batches(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
-    ForwardBatch batch;
-    batch.tokens = std::span<const int32_t>(&steps[i].token, 1);
-    batch.pos0 = steps[i].pos;
-    batch.logits_for = LogitsFor::Last;
-    forward(batch, *steps[i].memory, one, pool);
-    std::copy(one.begin(), one.end(), logits.begin() + static_cast<int64_t>(i) * n_vocab);
+    batches[i].batch.tokens = std::span<const int32_t>(&steps[i].token, 1);
+    batches[i].batch.pos0 = steps[i].pos;
+    batches[i].batch.logits_for = LogitsFor::Last;
+    batches[i].memory = steps[i].memory;
+    batches[i].logits = &per_step[i];
   }
+  forward_many(batches, pool);
+  logits.resize(steps.size() * n_vocab);
+  for (size_t i = 0; i < steps.size(); ++i)
+    std::copy(per_step[i].begin(), per_step[i].end(), logits.begin() + static_cast<int64_t>(i) * n_vocab);
 }
 
 }  // namespace reprise

@@ -49,8 +49,16 @@ struct ForwardBatch {
   int64_t bidir_end = 0;
 };
 
-// One sequence's next token in a multi-sequence pass: `token` at position
-// `pos` of `memory` (positions < pos already present).
+// One sequence's part of a multi-sequence pass: `batch` run on `memory`,
+// `logits` receiving what batch.logits_for asks.
+struct SequenceBatch {
+  ForwardBatch batch;
+  SequenceMemory* memory = nullptr;
+  std::vector<float>* logits = nullptr;
+};
+
+// One sequence's next token in a multi-sequence decode step: `token` at
+// position `pos` of `memory` (positions < pos already present).
 struct SequenceStep {
   int32_t token = 0;
   int64_t pos = 0;
@@ -66,17 +74,21 @@ class Model {
   // (LogitsFor::Last) or for every position in order (LogitsFor::All).
   virtual void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                        ThreadPool& pool) = 0;
-  // Continuous batching: advances several sequences by one token each;
-  // `logits` receives n_vocab floats per step, in order. Every step's logits
-  // are bit-identical to forward() of that token alone (the kernels' results
-  // do not depend on the batch), so batching never changes what a sequence
-  // generates or caches. Architectures that can share one pass across
-  // sequences (their weights streamed once per step instead of once per
-  // sequence) override this; the default runs the steps one at a time.
-  virtual void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool);
-  // True when forward_steps shares one pass across its steps (and so either
-  // advances every step or, on error, none of their committed state).
+  // Continuous batching: runs several sequences' batches (decode steps,
+  // prompt chunks; distinct memories) as one pass. Every batch's logits and
+  // state are bit-identical to forward() of that batch alone (the kernels'
+  // results do not depend on the batch), so batching never changes what a
+  // sequence generates or caches. Architectures that share one pass across
+  // sequences (streaming their weights once for all of them) override this;
+  // the default runs the batches one at a time.
+  virtual void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool);
+  // True when forward_many shares one pass across its batches (and so, on
+  // error, advances none of their state).
   virtual bool batches_sequences() const { return false; }
+
+  // forward_many of one-token batches; `logits` receives n_vocab floats per
+  // step, in order.
+  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool);
 };
 
 // Loads the architecture the GGUF names; throws reprise::Error for

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "model/pass_segments.h"
 #include "tensor/kernels.h"
 #include "tensor/thread_pool.h"
 
@@ -15,5 +16,12 @@ namespace reprise {
 void output_logits(const float* x, int64_t n, int64_t n_embd, LogitsFor logits_for, const std::vector<float>& norm,
                    float eps, const PackedMatrix& output, int64_t n_vocab, float* scratch,
                    std::vector<float>& logits, ThreadPool& pool);
+
+// output_logits for every segment of a pass (x holds all the pass's rows):
+// each segment's logits vector receives what its batch.logits_for asks, with
+// one vocabulary product over all the rows that need logits.
+void output_logits(const float* x, std::span<const PassSegment> segments, int64_t n_embd,
+                   const std::vector<float>& norm, float eps, const PackedMatrix& output, int64_t n_vocab,
+                   float* scratch, ThreadPool& pool);
 
 }  // namespace reprise

@@ -2,16 +2,25 @@
 
 namespace reprise {
 
-std::vector<PassSegment> segments_for_steps(std::span<const SequenceStep> steps) {
-  std::vector<PassSegment> segments(steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    PassSegment& s = segments[i];
-    s.batch.tokens = std::span<const int32_t>(&steps[i].token, 1);
-    s.batch.pos0 = steps[i].pos;
-    s.memory = steps[i].memory;
-    s.row0 = static_cast<int64_t>(i);
+std::vector<PassSegment> segments_for(std::span<const SequenceBatch> batches) {
+  std::vector<PassSegment> segments(batches.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    segments[i] = {batches[i].batch, batches[i].memory, row, batches[i].logits};
+    row += static_cast<int64_t>(batches[i].batch.tokens.size());
   }
   return segments;
+}
+
+int64_t last_layer_first_row(std::span<const PassSegment> segments) {
+  if (segments.size() != 1) return 0;
+  const int64_t n = pass_rows(segments);
+  switch (segments[0].batch.logits_for) {
+    case LogitsFor::All: return 0;
+    case LogitsFor::Last: return n - 1;
+    case LogitsFor::None: return n;
+  }
+  return 0;
 }
 
 int64_t pass_rows(std::span<const PassSegment> segments) {

@@ -1,6 +1,6 @@
 // How one forward pass's rows map to sequences: a single sequence's batch is
-// one segment; a multi-sequence decode step (Model::forward_steps) has one
-// segment of one row per sequence. Architectures run products over all rows
+// one segment; a multi-sequence pass (Model::forward_many) has one segment
+// per sequence, in order. Architectures run products over all rows
 // and per-sequence work (attention, recurrent scans, state writes) per
 // segment, so a row's result never depends on the other segments.
 #pragma once
@@ -19,11 +19,18 @@ struct PassSegment {
   ForwardBatch batch;
   SequenceMemory* memory = nullptr;
   int64_t row0 = 0;
+  std::vector<float>* logits = nullptr;  // receives what batch.logits_for asks
 };
 
-// One segment per step (its token at its position), rows in step order.
-// The spans in the result point into `steps`.
-std::vector<PassSegment> segments_for_steps(std::span<const SequenceStep> steps);
+// One segment per batch, rows in batch order.
+std::vector<PassSegment> segments_for(std::span<const SequenceBatch> batches);
+
+// The first row whose last-layer output a pass needs: the output only
+// matters for rows that produce logits (as llama.cpp's inp_out_ids), so a
+// single segment asking for its last row's logits needs only that row, and
+// one asking for none needs no row (pass_rows). Several segments need all
+// rows. (The layer's state still advances over every row.)
+int64_t last_layer_first_row(std::span<const PassSegment> segments);
 
 // Total rows of the pass.
 int64_t pass_rows(std::span<const PassSegment> segments);

@@ -82,14 +82,13 @@ class Transformer final : public Model {
   const StateSpec& state_spec() const override { return spec_; }
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                ThreadPool& pool) override;
-  void forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) override;
+  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
   bool batches_sequences() const override { return true; }
 
  private:
   // One pass over every segment's rows: products over all rows at once,
   // attention per segment against its own memory.
-  void run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-           ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool);
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -215,17 +214,16 @@ Transformer::Transformer(const gguf::File& file) {
 void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                           ThreadPool& pool) {
   if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0};
-  run(std::span<const PassSegment>(&one, 1), batch.logits_for, logits, pool);
+  const PassSegment one{batch, &memory, 0, &logits};
+  run(std::span<const PassSegment>(&one, 1), pool);
 }
 
-void Transformer::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
-  if (steps.empty()) return;
-  run(segments_for_steps(steps), LogitsFor::All, logits, pool);
+void Transformer::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  const std::vector<PassSegment> segments = segments_for(batches);
+  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
-void Transformer::run(std::span<const PassSegment> segments, LogitsFor logits_for, std::vector<float>& logits,
-                      ThreadPool& pool) {
+void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   // Every row's position and memory (bound to references, like the buffers
@@ -372,7 +370,7 @@ void Transformer::run(std::span<const PassSegment> segments, LogitsFor logits_fo
     });
   }
 
-  output_logits(x.data(), n, n_embd_, logits_for, output_norm_, eps_, output_, info_.n_vocab, h.data(), logits, pool);
+  output_logits(x.data(), segments, n_embd_, output_norm_, eps_, output_, info_.n_vocab, h.data(), pool);
 }
 
 }  // namespace

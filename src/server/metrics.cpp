@@ -179,14 +179,15 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
        [](const ModelStatus& s) { return double(s.drafted_tokens); }},
       {"reprise_draft_accepted_tokens_total", "counter", "Drafted tokens the target accepted (current load).",
        [](const ModelStatus& s) { return double(s.accepted_tokens); }},
-      {"reprise_decode_passes_total", "counter",
-       "Decode forward passes (current load); each advances one or more concurrent sequences.",
-       [](const ModelStatus& s) { return double(s.decode_batches.passes); }},
-      {"reprise_decode_pass_steps_total", "counter",
-       "Sequence steps those passes advanced (current load): steps / passes is the mean decode batch.",
-       [](const ModelStatus& s) { return double(s.decode_batches.steps); }},
-      {"reprise_decode_batch_max", "gauge", "The most sequences one decode pass advanced (current load).",
-       [](const ModelStatus& s) { return double(s.decode_batches.max_batch); }},
+      {"reprise_forward_passes_total", "counter",
+       "Forward passes of requests (current load); each runs one or more concurrent sequences' work.",
+       [](const ModelStatus& s) { return double(s.passes.passes); }},
+      {"reprise_forward_pass_sequences_total", "counter",
+       "Sequence batches (decode steps, prompt chunks) those passes ran (current load): divided by the passes, "
+       "the mean batch.",
+       [](const ModelStatus& s) { return double(s.passes.sequences); }},
+      {"reprise_forward_pass_sequences_max", "gauge", "The most sequences one forward pass ran (current load).",
+       [](const ModelStatus& s) { return double(s.passes.max_sequences); }},
   };
   for (const ModelGauge& g : per_model) {
     w.family(g.name, g.type, g.help);

@@ -248,7 +248,7 @@ std::vector<ModelStatus> ModelRegistry::status() const {
       if (e.loaded->vision) s.encoder = e.loaded->vision->encoder_cache_stats();
       s.drafted_tokens = e.loaded->engine->counters().drafted_tokens;
       s.accepted_tokens = e.loaded->engine->counters().accepted_tokens;
-      s.decode_batches = e.loaded->engine->decode_batch_stats();
+      s.passes = e.loaded->engine->pass_stats();
       s.n_ctx = e.loaded->engine->n_ctx();
       s.block_tokens = e.loaded->cache->block_tokens();
       s.fingerprint_hex = e.loaded->fingerprint_hex;

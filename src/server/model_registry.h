@@ -115,7 +115,7 @@ struct ModelStatus {
   SnapshotStats snapshots;        // current load only
   EncoderCacheStats encoder;      // current load only
   uint64_t drafted_tokens = 0, accepted_tokens = 0;  // current load only
-  DecodeBatchStats decode_batches;                    // current load only
+  PassBatchStats passes;                              // current load only
 };
 
 class ModelRegistry {

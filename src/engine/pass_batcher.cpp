@@ -1,0 +1,116 @@
+#include "engine/pass_batcher.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace reprise {
+
+namespace {
+// How long a leader holding the forward lock waits for the decoding
+// sequences' next steps. A member samples its next token and comes straight
+// back (tens of microseconds); a member slower than this (a stalled callback)
+// is left for the next pass rather than holding up the others.
+constexpr auto kGatherWindow = std::chrono::microseconds(500);
+}  // namespace
+
+PassBatcher::PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences)
+    : model_(model), pool_(pool), forward_mutex_(forward_mutex),
+      max_sequences_(model.batches_sequences() ? std::max(1, max_sequences) : 1) {}
+
+PassBatcher::Membership::Membership(PassBatcher& b) : batcher_(b) {
+  std::lock_guard<std::mutex> lock(batcher_.mutex_);
+  ++batcher_.members_;
+}
+
+PassBatcher::Membership::~Membership() {
+  std::lock_guard<std::mutex> lock(batcher_.mutex_);
+  --batcher_.members_;
+  // A leader may be waiting for this member's step: it will not come.
+  batcher_.changed_.notify_all();
+}
+
+int PassBatcher::decoding() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return members_;
+}
+
+PassBatchStats PassBatcher::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits) {
+  Pending me;
+  me.work = SequenceBatch{batch, &memory, &logits};
+  std::unique_lock<std::mutex> lock(mutex_);
+  pending_.push_back(&me);
+  changed_.notify_all();
+  while (!me.done) {
+    if (!leading_) lead(lock);
+    else changed_.wait(lock);
+  }
+  if (me.error) std::rethrow_exception(me.error);
+}
+
+void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
+  leading_ = true;
+  lock.unlock();
+  // Work that arrives while another user of the pool (the vision encoder, a
+  // draft model) holds the forward lock queues up and joins this pass.
+  std::unique_lock<std::mutex> forward(forward_mutex_);
+  lock.lock();
+  const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
+  const size_t wanted = static_cast<size_t>(std::clamp(members_, 0, max_sequences_));
+  auto pending_steps = [&] {
+    return static_cast<size_t>(std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->single(); }));
+  };
+  while (pending_steps() < wanted && std::chrono::steady_clock::now() < deadline) changed_.wait_until(lock, deadline);
+  // In queue order: every single-token step, and the first multi-token chunk.
+  std::vector<Pending*> pass;
+  bool chunk_taken = false;
+  for (auto it = pending_.begin(); it != pending_.end() && pass.size() < static_cast<size_t>(max_sequences_);) {
+    if ((*it)->single() || !chunk_taken) {
+      chunk_taken = chunk_taken || !(*it)->single();
+      pass.push_back(*it);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  lock.unlock();
+  run_pass(pass);
+  forward.unlock();
+  lock.lock();
+  for (Pending* p : pass) p->done = true;
+  ++stats_.passes;
+  stats_.sequences += pass.size();
+  stats_.max_sequences = std::max<uint64_t>(stats_.max_sequences, pass.size());
+  if (chunk_taken && pass.size() > 1) ++stats_.mixed_passes;
+  leading_ = false;
+  changed_.notify_all();
+}
+
+void PassBatcher::run_pass(std::vector<Pending*>& pass) {
+  if (pass.size() > 1) {
+    std::vector<SequenceBatch> batches;
+    batches.reserve(pass.size());
+    for (const Pending* p : pass) batches.push_back(p->work);
+    try {
+      model_.forward_many(batches, pool_);
+      return;
+    } catch (...) {
+      // Fall through: each batch alone, so an error stays with its own
+      // request. A model that batches sequences advances no state in a
+      // failed pass (each batch's rows are written again by its retry).
+    }
+  }
+  for (Pending* p : pass) {
+    try {
+      model_.forward(p->work.batch, *p->work.memory, *p->work.logits, pool_);
+    } catch (...) {
+      p->error = std::current_exception();
+    }
+  }
+}
+
+}  // namespace reprise
