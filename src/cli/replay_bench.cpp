@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -226,6 +228,66 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
   std::printf("speed-up %.2fx; outputs identical: %s\n", alone.seconds / batched.seconds,
               alone.outputs == batched.outputs ? "yes" : "NO");
   if (alone.outputs != batched.outputs) throw Error("batched decode changed a request's output");
+
+  // A long prompt (system-tokens fresh tokens) arriving once the requests are
+  // decoding: their longest gap between two tokens, and the newcomer's time
+  // to first token, with its prompt prefilled in chunks of `chunk`.
+  const std::vector<int32_t> long_prompt = random_tokens(std::max(1, o.system_tokens), n_vocab, 99);
+  auto late_arrival = [&](int64_t chunk) {
+    PrefixCacheConfig cfg;
+    cfg.budget_bytes = 1ull << 30;
+    PrefixCache cache(model.state_spec(), cfg);
+    EngineOptions options;
+    options.max_decode_batch = o.clients + 1;
+    options.n_batch_while_decoding = chunk;
+    Engine engine(model, pool, &cache, options);
+    std::vector<std::vector<double>> stamps(o.clients);
+    std::mutex started_mutex;
+    std::condition_variable started;
+    bool go = false;
+    double late_start = 0, late_first = 0;
+    std::vector<std::thread> threads;
+    for (int c = 0; c < o.clients; ++c)
+      threads.emplace_back([&, c] {
+        engine.generate(reqs[c], [&](int32_t, std::span<const float>) {
+          stamps[c].push_back(now_seconds());
+          if (c == 0 && stamps[c].size() == 4) {
+            std::lock_guard<std::mutex> lock(started_mutex);
+            go = true;
+            started.notify_all();
+          }
+          return true;
+        });
+      });
+    threads.emplace_back([&] {
+      {
+        std::unique_lock<std::mutex> lock(started_mutex);
+        started.wait(lock, [&] { return go; });
+      }
+      GenerateRequest late;
+      late.prompt = long_prompt;
+      late.max_tokens = 1;
+      late_start = now_seconds();
+      engine.generate(late, [&](int32_t, std::span<const float>) {
+        late_first = now_seconds();
+        return true;
+      });
+    });
+    for (auto& t : threads) t.join();
+    double max_gap = 0;
+    for (const auto& s : stamps)
+      for (size_t i = 2; i < s.size(); ++i) max_gap = std::max(max_gap, s[i] - s[i - 1]);
+    return std::pair<double, double>{max_gap, late_first - late_start};
+  };
+  if (o.gen_tokens >= 8) {
+    EngineOptions defaults;
+    const auto whole = late_arrival(defaults.n_batch);
+    const auto chunked = late_arrival(defaults.n_batch_while_decoding);
+    std::printf("a %zu-token prompt arriving while they decode: their longest gap between tokens %.1f ms with "
+                "%lld-token prefill chunks, %.1f ms with %lld-token chunks (its first token after %.1f / %.1f ms)\n",
+                long_prompt.size(), 1e3 * whole.first, static_cast<long long>(defaults.n_batch), 1e3 * chunked.first,
+                static_cast<long long>(defaults.n_batch_while_decoding), 1e3 * whole.second, 1e3 * chunked.second);
+  }
 }
 
 }  // namespace reprise::cli
