@@ -325,6 +325,49 @@ INSTANTIATE_TEST_SUITE_P(Archs, BatchedDecodeEngine,
                                            Case{"mamba2", DType::F16}),
                          [](const auto& info) { return info.param.arch; });
 
+TEST(BatchedDecode, EnginesSharingABatcherSharePasses) {
+  // As the server's text and image engines for one model do.
+  Model& model = *test::synthetic_model("batched-engine-qwen3", [] {
+                    SyntheticModelSpec s = small("qwen3", DType::Q8_0);
+                    s.n_ctx = 512;
+                    return s;
+                  }())
+                      .model;
+  ThreadPool pool(2);
+  PrefixCache cache(model.state_spec(), {});
+  Engine first(model, pool, &cache);
+  EngineOptions shared;
+  shared.forward_mutex = &first.forward_mutex();
+  shared.batcher = &first.pass_batcher();
+  Engine second(model, pool, nullptr, shared);
+  EngineOptions solo_options;
+  solo_options.max_decode_batch = 1;
+  Engine solo(model, pool, nullptr, solo_options);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(request({5, 6, 7, static_cast<int32_t>(10 + i)}, 24, 0.0f, 1));
+  std::vector<Generation> runs(reqs.size());
+  std::latch all_decoding(static_cast<std::ptrdiff_t>(reqs.size()));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    threads.emplace_back([&, i] {
+      bool first_token = true;
+      runs[i].result = (i % 2 ? second : first).generate(reqs[i], [&](int32_t, std::span<const float> logits) {
+        runs[i].logit_digests.push_back(digest(logits));
+        if (first_token) all_decoding.arrive_and_wait();
+        first_token = false;
+        return true;
+      });
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_GE(first.pass_stats().max_sequences, 3u) << "both engines' decode steps share passes";
+  EXPECT_EQ(first.pass_stats().passes, second.pass_stats().passes);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Generation alone = generate_alone(solo, reqs[i]);
+    EXPECT_EQ(runs[i].result.tokens, alone.result.tokens) << "request " << i;
+    EXPECT_EQ(runs[i].logit_digests, alone.logit_digests) << "request " << i;
+  }
+}
+
 TEST(BatchedDecode, OneStepsErrorStaysWithItsOwnRequest) {
   // The token lives as long as the batch that points at it.
   thread_local int32_t token_storage;

@@ -21,7 +21,12 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : model.info().n_ctx_train;
   if (options_.n_batch <= 0) options_.n_batch = 512;
   if (options_.n_batch_while_decoding <= 0) options_.n_batch_while_decoding = options_.n_batch;
-  batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
+  if (options_.batcher) {
+    batcher_ = options_.batcher;
+  } else {
+    own_batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
+    batcher_ = own_batcher_.get();
+  }
 }
 
 void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
@@ -78,7 +83,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   const auto t0 = std::chrono::steady_clock::now();
   const bool use_cache = cache_ && req.use_cache;
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
-                        namespace_for(req.cache_salt), batcher_.get());
+                        namespace_for(req.cache_salt), batcher_);
   result.reuse = target.attach(req.prompt, req.prompt_keys);
   if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
     // The cached prefix ends inside an image: recompute the whole image.

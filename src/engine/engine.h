@@ -40,6 +40,10 @@ struct EngineOptions {
   // Lock held around forward passes; null: the engine's own. Share one lock
   // between everything that runs on the same thread pool.
   std::mutex* forward_mutex = nullptr;
+  // Another engine's pass batcher to share (an engine on the same model and
+  // thread pool, with the same forward lock, e.g. the one serving requests
+  // with images), so both engines' requests share passes; null: its own.
+  PassBatcher* batcher = nullptr;
 };
 
 // Prompt positions [begin, end) fed as input embeddings instead of token
@@ -119,6 +123,7 @@ class Engine {
 
   const EngineCounters& counters() const { return counters_; }
   PassBatchStats pass_stats() const { return batcher_->stats(); }
+  PassBatcher& pass_batcher() { return *batcher_; }
   // The lock held around every forward pass on this engine's thread pool.
   // Other users of the same pool (the vision pipeline) must hold it too.
   std::mutex& forward_mutex() { return *forward_mutex_; }
@@ -141,7 +146,8 @@ class Engine {
   PrefixCache* draft_cache_ = nullptr;
   int draft_max_ = 0;
   EngineCounters counters_;
-  std::unique_ptr<PassBatcher> batcher_;
+  std::unique_ptr<PassBatcher> own_batcher_;
+  PassBatcher* batcher_;
 
   void decode_plain(const GenerateRequest& req, class ActiveSequence& target, std::vector<float>& logits,
                     GenerateResult& result, const TokenCallback& on_token);

@@ -206,6 +206,7 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
     VisionOptions vision_options;
     vision_options.encoder_cache_bytes = options_.mm_cache_bytes;
     vision_options.engine = engine_options;
+    vision_options.engine.batcher = &m->engine->pass_batcher();  // image and text requests share passes
     m->vision = std::make_unique<VisionPipeline>(options_.mmproj_path, *m->bundle, *m->pool, m->cache.get(),
                                                  &m->engine->forward_mutex(), vision_options);
     say("[" + source.id + "] vision projector " + options_.mmproj_path + " loaded");

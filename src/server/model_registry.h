@@ -69,7 +69,9 @@ struct LoadedModel {
   std::unique_ptr<ModelBundle> draft;        // speculative decoding (default model, optional)
   std::unique_ptr<PrefixCache> draft_cache;
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<VisionPipeline> vision;    // image inputs (default model, optional)
+  // Image inputs (default model, optional). Its engine shares `engine`'s
+  // pass batcher, so it is declared (and destroyed) after it.
+  std::unique_ptr<VisionPipeline> vision;
   ModelChatTemplate chat;
   std::string fingerprint_hex;  // short, for system_fingerprint
 };
