@@ -60,11 +60,12 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   std::unique_lock<std::mutex> forward(forward_mutex_);
   lock.lock();
   const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
-  const size_t wanted = static_cast<size_t>(std::clamp(members_, 0, max_sequences_));
-  auto pending_steps = [&] {
-    return static_cast<size_t>(std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->single(); }));
+  // Members come and go while we wait (one that finishes will not step again).
+  auto all_steps_in = [&] {
+    const auto steps = std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->single(); });
+    return steps >= std::clamp(members_, 0, max_sequences_);
   };
-  while (pending_steps() < wanted && std::chrono::steady_clock::now() < deadline) changed_.wait_until(lock, deadline);
+  while (!all_steps_in() && std::chrono::steady_clock::now() < deadline) changed_.wait_until(lock, deadline);
   // In queue order: every single-token step, and the first multi-token chunk.
   std::vector<Pending*> pass;
   bool chunk_taken = false;
