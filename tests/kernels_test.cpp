@@ -332,6 +332,57 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   }
 }
 
+// attention_many (one dispatch for several sequences' decode queries, each
+// against its own K/V rows) gives each batch what attention() gives it alone,
+// on every instruction set; batches the decode kernel does not take (prompt
+// chunks) fall back to attention() each.
+TEST(Attention, ManyEqualsEachAlone) {
+  IsaRestore restore;
+  const int64_t n_head = 8, n_head_kv = 2, head_dim = 64;
+  std::vector<std::unique_ptr<KvStore>> kv;
+  std::vector<std::vector<float>> q;
+  std::vector<std::vector<int64_t>> first, end;
+  const std::vector<int64_t> n_tokens{1, 1, 1, 5, 1};  // one prompt chunk among decode steps
+  for (size_t s = 0; s < n_tokens.size(); ++s) {
+    const int64_t n_pos = 20 + 37 * static_cast<int64_t>(s);
+    kv.push_back(std::make_unique<KvStore>(n_pos, n_head_kv * head_dim, 11 + s));
+    q.push_back(make_x(n_tokens[s] * n_head * head_dim, 20 + s));
+    first.emplace_back(n_tokens[s], s == 2 ? 9 : 0);  // one sliding window
+    end.emplace_back();
+    for (int64_t t = 0; t < n_tokens[s]; ++t) end.back().push_back(n_pos - n_tokens[s] + t + 1);
+  }
+  for (bool with_chunk : {false, true}) {
+    const size_t n_seq = with_chunk ? n_tokens.size() : 3;
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + (with_chunk ? ", with a prompt chunk" : ""));
+      std::vector<std::vector<float>> out(n_seq);
+      std::vector<AttentionBatch> batches(n_seq);
+      for (size_t s = 0; s < n_seq; ++s) {
+        AttentionBatch& a = batches[s];
+        out[s].assign(n_tokens[s] * n_head * head_dim, 0.0f);
+        a.q = q[s].data();
+        a.n_tokens = n_tokens[s];
+        a.n_head = n_head;
+        a.n_head_kv = n_head_kv;
+        a.head_dim = head_dim;
+        a.scale = 0.125f;
+        a.first = first[s].data();
+        a.end = end[s].data();
+        a.key_rows = kv[s]->krows.data();
+        a.value_rows = kv[s]->vrows.data();
+        a.out = out[s].data();
+      }
+      ThreadPool pool(2);
+      attention_many(batches, pool);
+      for (size_t s = 0; s < n_seq; ++s)
+        EXPECT_TRUE(same_bits(out[s], run_attention(*kv[s], q[s], n_head, n_head_kv, head_dim, first[s], end[s], 0,
+                                                    n_tokens[s], 2)))
+            << "sequence " << s;
+    }
+  }
+}
+
 // ---- Element-wise helpers.
 
 TEST(Exp, VectorMatchesScalarAndLibm) {
