@@ -27,6 +27,12 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
     own_batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
     batcher_ = own_batcher_.get();
   }
+  if (options_.inflight) {
+    inflight_ = options_.inflight;
+  } else {
+    own_inflight_ = std::make_unique<InflightPrefixes>(cache_ ? cache_->block_tokens() : 1);
+    inflight_ = own_inflight_.get();
+  }
 }
 
 void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
@@ -82,6 +88,19 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   result.prompt_tokens = n_prompt;
   const auto t0 = std::chrono::steady_clock::now();
   const bool use_cache = cache_ && req.use_cache;
+  // A concurrent request computing the same leading prompt positions: wait
+  // for its cache blocks instead of computing them a second time.
+  std::unique_ptr<InflightPrefixes::Prefill> inflight;
+  if (use_cache && cache_->enabled()) {
+    bool waited = false;
+    inflight = inflight_->begin(namespace_for(req.cache_salt).hash(), req.prompt, req.prompt_keys, &waited,
+                                req.cancelled);
+    if (waited) counters_.prefix_waits++;
+    if (!inflight) {
+      result.finish_reason = "cancelled";
+      return result;
+    }
+  }
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
                         namespace_for(req.cache_salt), batcher_);
   result.reuse = target.attach(req.prompt, req.prompt_keys);
@@ -150,7 +169,9 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     const int64_t end = target.position();
     if (end == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), end))
       target.snapshot(std::span<const int32_t>(req.prompt).subspan(0, end), keys_of(0, end));
+    if (inflight) inflight->committed(end);
   }
+  inflight.reset();  // the prompt is in the cache: requests sharing it may go on
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {

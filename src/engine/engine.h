@@ -19,6 +19,7 @@
 #include "cache/cache_key.h"
 #include "cache/prefix_cache.h"
 #include "cache/snapshot_store.h"
+#include "engine/inflight_prefixes.h"
 #include "engine/pass_batcher.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -44,6 +45,9 @@ struct EngineOptions {
   // thread pool, with the same forward lock, e.g. the one serving requests
   // with images), so both engines' requests share passes; null: its own.
   PassBatcher* batcher = nullptr;
+  // Likewise another engine's list of prompts being prefilled (same cache),
+  // so concurrent requests of both compute a shared prefix once; null: its own.
+  InflightPrefixes* inflight = nullptr;
 };
 
 // Prompt positions [begin, end) fed as input embeddings instead of token
@@ -94,6 +98,7 @@ struct EngineCounters {
   std::atomic<uint64_t> drafted_tokens{0};
   std::atomic<uint64_t> accepted_tokens{0};
   std::atomic<uint64_t> embedded_batches{0};  // prefill batches of embedded spans
+  std::atomic<uint64_t> prefix_waits{0};  // requests that waited for a concurrent request's shared prefix
 };
 
 // Called with each sampled token and the logits it was sampled from; return
@@ -124,6 +129,7 @@ class Engine {
   const EngineCounters& counters() const { return counters_; }
   PassBatchStats pass_stats() const { return batcher_->stats(); }
   PassBatcher& pass_batcher() { return *batcher_; }
+  InflightPrefixes& inflight_prefixes() { return *inflight_; }
   // The lock held around every forward pass on this engine's thread pool.
   // Other users of the same pool (the vision pipeline) must hold it too.
   std::mutex& forward_mutex() { return *forward_mutex_; }
@@ -148,6 +154,8 @@ class Engine {
   EngineCounters counters_;
   std::unique_ptr<PassBatcher> own_batcher_;
   PassBatcher* batcher_;
+  std::unique_ptr<InflightPrefixes> own_inflight_;
+  InflightPrefixes* inflight_;
 
   void decode_plain(const GenerateRequest& req, class ActiveSequence& target, std::vector<float>& logits,
                     GenerateResult& result, const TokenCallback& on_token);

@@ -179,6 +179,10 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
        [](const ModelStatus& s) { return double(s.drafted_tokens); }},
       {"reprise_draft_accepted_tokens_total", "counter", "Drafted tokens the target accepted (current load).",
        [](const ModelStatus& s) { return double(s.accepted_tokens); }},
+      {"reprise_prefix_waits_total", "counter",
+       "Requests that waited for a concurrent request to compute a prompt prefix they share, instead of "
+       "computing it again (current load).",
+       [](const ModelStatus& s) { return double(s.prefix_waits); }},
       {"reprise_forward_passes_total", "counter",
        "Forward passes of requests (current load); each runs one or more concurrent sequences' work.",
        [](const ModelStatus& s) { return double(s.passes.passes); }},

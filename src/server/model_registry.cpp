@@ -206,7 +206,9 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
     VisionOptions vision_options;
     vision_options.encoder_cache_bytes = options_.mm_cache_bytes;
     vision_options.engine = engine_options;
-    vision_options.engine.batcher = &m->engine->pass_batcher();  // image and text requests share passes
+    // Image and text requests share passes, and compute a shared prefix once.
+    vision_options.engine.batcher = &m->engine->pass_batcher();
+    vision_options.engine.inflight = &m->engine->inflight_prefixes();
     m->vision = std::make_unique<VisionPipeline>(options_.mmproj_path, *m->bundle, *m->pool, m->cache.get(),
                                                  &m->engine->forward_mutex(), vision_options);
     say("[" + source.id + "] vision projector " + options_.mmproj_path + " loaded");
@@ -249,6 +251,7 @@ std::vector<ModelStatus> ModelRegistry::status() const {
       if (e.loaded->vision) s.encoder = e.loaded->vision->encoder_cache_stats();
       s.drafted_tokens = e.loaded->engine->counters().drafted_tokens;
       s.accepted_tokens = e.loaded->engine->counters().accepted_tokens;
+      s.prefix_waits = e.loaded->engine->counters().prefix_waits;
       s.passes = e.loaded->engine->pass_stats();
       s.n_ctx = e.loaded->engine->n_ctx();
       s.block_tokens = e.loaded->cache->block_tokens();
