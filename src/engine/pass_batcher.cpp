@@ -34,6 +34,11 @@ int PassBatcher::decoding() const {
   return members_;
 }
 
+size_t PassBatcher::queued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pending_.size();
+}
+
 PassBatchStats PassBatcher::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
@@ -65,7 +70,8 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
     const auto steps = std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->single(); });
     return steps >= std::clamp(members_, 0, max_sequences_);
   };
-  while (!all_steps_in() && std::chrono::steady_clock::now() < deadline) changed_.wait_until(lock, deadline);
+  while (max_sequences_ > 1 && !all_steps_in() && std::chrono::steady_clock::now() < deadline)
+    changed_.wait_until(lock, deadline);
   // In queue order: every single-token step, and the first multi-token chunk.
   std::vector<Pending*> pass;
   bool chunk_taken = false;

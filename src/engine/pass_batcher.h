@@ -63,6 +63,8 @@ class PassBatcher {
 
   // Sequences currently in their decode loops.
   int decoding() const;
+  // Batches waiting for a pass (for tests).
+  size_t queued() const;
   PassBatchStats stats() const;
 
  private:

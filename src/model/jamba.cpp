@@ -78,18 +78,14 @@ std::vector<PackedMatrix> expert_matrices(const gguf::File& file, const std::str
   return out;
 }
 
-class Jamba final : public Model {
+class Jamba final : public SegmentedModel {
  public:
   explicit Jamba(const gguf::File& file);
   const ModelInfo& info() const override { return info_; }
   const StateSpec& state_spec() const override { return spec_; }
-  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-               ThreadPool& pool) override;
-  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
-  bool batches_sequences() const override { return true; }
 
  private:
-  void run(std::span<const PassSegment> segments, ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool) override;
   void attention(const Layer& L, int il, std::span<const PassSegment> segments, const float* h, float* out,
                  ThreadPool& pool) const;
   void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
@@ -294,18 +290,6 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
       }
     }
   }
-}
-
-void Jamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-                    ThreadPool& pool) {
-  if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0, &logits};
-  run(std::span<const PassSegment>(&one, 1), pool);
-}
-
-void Jamba::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
-  const std::vector<PassSegment> segments = segments_for(batches);
-  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
 void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {

@@ -298,20 +298,16 @@ struct Mamba2Layer {
   std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
 };
 
-class Mamba final : public Model {
+class Mamba final : public SegmentedModel {
  public:
   explicit Mamba(const gguf::File& file);
   const ModelInfo& info() const override { return info_; }
   const StateSpec& state_spec() const override { return spec_; }
-  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-               ThreadPool& pool) override;
-  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
-  bool batches_sequences() const override { return true; }
 
  private:
   void mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
                   ThreadPool& pool, int64_t out_first) const;
-  void run(std::span<const PassSegment> segments, ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool) override;
 
   bool v2_ = false;
   ModelInfo info_;
@@ -446,18 +442,6 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
     for (int64_t gi = 0; gi < ng; ++gi) rms_norm(g.data() + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, yt + gi * gs);
   });
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d_.n_embd, pool);
-}
-
-void Mamba::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-                    ThreadPool& pool) {
-  if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0, &logits};
-  run(std::span<const PassSegment>(&one, 1), pool);
-}
-
-void Mamba::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
-  const std::vector<PassSegment> segments = segments_for(batches);
-  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
 void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {

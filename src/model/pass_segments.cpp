@@ -33,4 +33,16 @@ void prepare_segments(std::span<const PassSegment> segments) {
     s.memory->prepare(s.batch.pos0, s.batch.pos0 + static_cast<int64_t>(s.batch.tokens.size()));
 }
 
+void SegmentedModel::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+                             ThreadPool& pool) {
+  if (batch.tokens.empty()) return;
+  const PassSegment one{batch, &memory, 0, &logits};
+  run(std::span<const PassSegment>(&one, 1), pool);
+}
+
+void SegmentedModel::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  const std::vector<PassSegment> segments = segments_for(batches);
+  if (pass_rows(segments) > 0) run(segments, pool);
+}
+
 }  // namespace reprise

@@ -38,4 +38,19 @@ int64_t pass_rows(std::span<const PassSegment> segments);
 // Calls memory.prepare for every segment's positions.
 void prepare_segments(std::span<const PassSegment> segments);
 
+// An architecture that runs every pass as segments: forward() is a pass of
+// one segment, forward_many() a pass of one segment per batch.
+class SegmentedModel : public Model {
+ public:
+  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+               ThreadPool& pool) final;
+  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) final;
+  bool batches_sequences() const final { return true; }
+
+ protected:
+  // One pass over the segments' rows (at least one row); every segment's
+  // logits vector receives what its batch asks.
+  virtual void run(std::span<const PassSegment> segments, ThreadPool& pool) = 0;
+};
+
 }  // namespace reprise

@@ -75,20 +75,16 @@ void for_tokens(int64_t n, ThreadPool& pool, Fn&& fn) {
   });
 }
 
-class Transformer final : public Model {
+class Transformer final : public SegmentedModel {
  public:
   explicit Transformer(const gguf::File& file);
   const ModelInfo& info() const override { return info_; }
   const StateSpec& state_spec() const override { return spec_; }
-  void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-               ThreadPool& pool) override;
-  void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) override;
-  bool batches_sequences() const override { return true; }
 
  private:
   // One pass over every segment's rows: products over all rows at once,
   // attention per segment against its own memory.
-  void run(std::span<const PassSegment> segments, ThreadPool& pool);
+  void run(std::span<const PassSegment> segments, ThreadPool& pool) override;
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -209,18 +205,6 @@ Transformer::Transformer(const gguf::File& file) {
                        std::to_string(rope_scale) + "/" + std::to_string(eps_) + "/" +
                        std::to_string(window) + "/" + std::to_string(swa_pattern);
   info_.fingerprint = fingerprint_weights(file, layout);
-}
-
-void Transformer::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-                          ThreadPool& pool) {
-  if (batch.tokens.empty()) return;
-  const PassSegment one{batch, &memory, 0, &logits};
-  run(std::span<const PassSegment>(&one, 1), pool);
-}
-
-void Transformer::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
-  const std::vector<PassSegment> segments = segments_for(batches);
-  if (pass_rows(segments) > 0) run(segments, pool);
 }
 
 void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
