@@ -190,6 +190,60 @@ TEST(ForwardSteps, SharedFixturesBitIdenticalToOneSequenceAtATime) {
   }
 }
 
+// A batch that cannot run is rejected before any batch's state changes: the
+// rest run again without it and match their runs alone exactly (a recurrent
+// state advanced twice would not). Empty batches are skipped.
+TEST(ForwardMany, RejectsABadBatchBeforeAnyStateChanges) {
+  for (const char* arch : {"llama", "jamba"}) {
+    SCOPED_TRACE(arch);
+    Model& model = *test::synthetic_model(std::string("batched-") + arch + "-F16", small(arch, DType::F16)).model;
+    const int64_t n_vocab = model.info().n_vocab;
+    ThreadPool pool(2);
+    std::vector<std::unique_ptr<FlatMemory>> memory, ref;
+    for (int s = 0; s < 4; ++s) {
+      memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+      ref.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    }
+    const std::vector<int32_t> good_a{5, 6, 7}, bad{8, static_cast<int32_t>(n_vocab + 3), 9}, good_b{10},
+        empty{};
+    const std::vector<const std::vector<int32_t>*> tokens{&good_a, &bad, &empty, &good_b};
+    std::vector<std::vector<float>> out(4);
+    std::vector<SequenceBatch> batches(4);
+    for (int s = 0; s < 4; ++s) {
+      batches[s].batch.tokens = *tokens[s];
+      batches[s].memory = memory[s].get();
+      batches[s].logits = &out[s];
+    }
+    try {
+      model.forward_many(batches, pool);
+      FAIL() << "a token id out of range must be rejected";
+    } catch (const BatchRejected& r) {
+      EXPECT_EQ(r.index, 1u);
+      EXPECT_THROW(std::rethrow_exception(r.cause), Error);
+    }
+    batches.erase(batches.begin() + 1);
+    model.forward_many(batches, pool);
+    EXPECT_TRUE(out[2].empty()) << "an empty batch gets no logits";
+    for (int s : {0, 3}) {
+      ForwardBatch b;
+      b.tokens = *tokens[s];
+      std::vector<float> alone;
+      model.forward(b, *ref[s], alone, pool);
+      ASSERT_EQ(out[s].size(), alone.size());
+      EXPECT_TRUE(same_bits(out[s].data(), alone.data(), n_vocab)) << "sequence " << s;
+      // And the next step agrees too (the states match).
+      const int32_t next = 11;
+      ForwardBatch step;
+      step.tokens = std::span<const int32_t>(&next, 1);
+      step.pos0 = static_cast<int64_t>(tokens[s]->size());
+      std::vector<float> a, c;
+      model.forward(step, *ref[s], a, pool);
+      model.forward(step, *memory[s], c, pool);
+      EXPECT_TRUE(same_bits(a.data(), c.data(), n_vocab)) << "sequence " << s;
+    }
+  }
+}
+
 // Engine level. Each request's callback records a digest of every logits row
 // it sees; the first callback waits until every request is decoding, so the
 // decode loops overlap and their steps share passes.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "engine/active_sequence.h"
 #include "util/error.h"
@@ -132,6 +133,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
   }
   result.cached_tokens = target.position();
+  if (inflight) inflight->committed(target.position());  // what the cache already held
 
   auto keys_of = [&](int64_t from, int64_t n) {
     return req.prompt_keys.empty() ? std::span<const Hash128>{}
@@ -201,8 +203,14 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   std::vector<int32_t> history(req.prompt);
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   result.finish_reason = "length";
-  PassBatcher::Membership decoding(*batcher_);
+  // A member of the batcher while more decode steps will follow: a pass
+  // waits for members' steps, so a sequence leaves as soon as it knows its
+  // last token is next (or at any other stop).
+  std::optional<PassBatcher::Membership> decoding;
   for (int64_t i = 0; i < req.max_tokens; ++i) {
+    const bool last = i + 1 == req.max_tokens || target.position() + 1 >= n_ctx_;
+    if (last) decoding.reset();
+    else if (!decoding) decoding.emplace(*batcher_);
     const int32_t token = sampler.sample(logits, history);
     result.tokens.push_back(token);
     history.push_back(token);
@@ -215,11 +223,11 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
       result.finish_reason = "cancelled";
       break;
     }
-    if (i + 1 == req.max_tokens) break;
-    if (target.position() + 1 >= n_ctx_) break;  // context full: "length"
+    if (last) break;  // max_tokens, or the context is full: "length"
     // Feed the sampled token so its state is cached and the next logits exist.
     target.feed(std::span<const int32_t>(&history.back(), 1), {}, LogitsFor::Last, logits);
   }
+  decoding.reset();
   // The end of the generated text is the next turn's likely restore point.
   if (target.position() > n_prompt)
     target.snapshot(std::span<const int32_t>(history).subspan(0, target.position()), {});

@@ -45,19 +45,34 @@ PassBatchStats PassBatcher::stats() const {
 }
 
 void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits) {
+  if (batch.tokens.empty()) return;
   Pending me;
   me.work = SequenceBatch{batch, &memory, &logits};
   std::unique_lock<std::mutex> lock(mutex_);
   pending_.push_back(&me);
   changed_.notify_all();
   while (!me.done) {
-    if (!leading_) lead(lock);
-    else changed_.wait(lock);
+    if (leading_) {
+      changed_.wait(lock);
+      continue;
+    }
+    try {
+      lead(lock);
+    } catch (...) {
+      // lead() throws only before taking anything from the queue (see
+      // there): our item must not outlive this frame.
+      pending_.erase(std::find(pending_.begin(), pending_.end(), &me));
+      throw;
+    }
   }
   if (me.error) std::rethrow_exception(me.error);
 }
 
 void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
+  // The only allocation: done before this thread becomes the leader, so
+  // nothing below throws (a failed pass is reported to its batches).
+  std::vector<Pending*> pass;
+  pass.reserve(max_sequences_);
   leading_ = true;
   lock.unlock();
   // Work that arrives while another user of the pool (the vision encoder, a
@@ -73,7 +88,6 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   while (max_sequences_ > 1 && !all_steps_in() && std::chrono::steady_clock::now() < deadline)
     changed_.wait_until(lock, deadline);
   // In queue order: every single-token step, and the first multi-token chunk.
-  std::vector<Pending*> pass;
   bool chunk_taken = false;
   for (auto it = pending_.begin(); it != pending_.end() && pass.size() < static_cast<size_t>(max_sequences_);) {
     if ((*it)->single() || !chunk_taken) {
@@ -97,26 +111,28 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   changed_.notify_all();
 }
 
-void PassBatcher::run_pass(std::vector<Pending*>& pass) {
-  if (pass.size() > 1) {
-    std::vector<SequenceBatch> batches;
-    batches.reserve(pass.size());
-    for (const Pending* p : pass) batches.push_back(p->work);
-    try {
-      model_.forward_many(batches, pool_);
-      return;
-    } catch (...) {
-      // Fall through: each batch alone, so an error stays with its own
-      // request. A model that batches sequences advances no state in a
-      // failed pass (each batch's rows are written again by its retry).
+void PassBatcher::run_pass(std::vector<Pending*>& pass) noexcept {
+  // A batch that cannot run is rejected before anything runs: it gets its
+  // error and the pass runs again without it. Any other failure may have
+  // advanced some state, so every batch of the pass gets it.
+  std::vector<Pending*> left;
+  try {
+    left = pass;
+    while (!left.empty()) {
+      std::vector<SequenceBatch> batches;
+      batches.reserve(left.size());
+      for (const Pending* p : left) batches.push_back(p->work);
+      try {
+        model_.forward_many(batches, pool_);
+        return;
+      } catch (const BatchRejected& rejected) {
+        left[rejected.index]->error = rejected.cause;
+        left.erase(left.begin() + static_cast<std::ptrdiff_t>(rejected.index));
+      }
     }
-  }
-  for (Pending* p : pass) {
-    try {
-      model_.forward(p->work.batch, *p->work.memory, *p->work.logits, pool_);
-    } catch (...) {
-      p->error = std::current_exception();
-    }
+  } catch (...) {
+    for (Pending* p : left.empty() ? pass : left)
+      if (!p->error) p->error = std::current_exception();
   }
 }
 

@@ -12,8 +12,9 @@
 // for their logits.
 //
 // Batching never changes results: forward_many gives every batch the same
-// bits as a pass of its own, and a shared pass that fails is retried batch by
-// batch, so one request's error (bad token, exhausted memory) is only its own.
+// bits as a pass of its own, and a batch it rejects (bad token, exhausted
+// memory) gets its error while the others' pass runs without it, so one
+// request's bad input is only its own.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -75,7 +76,7 @@ class PassBatcher {
     bool single() const { return work.batch.tokens.size() == 1; }
   };
   void lead(std::unique_lock<std::mutex>& lock);
-  void run_pass(std::vector<Pending*>& pass);
+  void run_pass(std::vector<Pending*>& pass) noexcept;
 
   Model& model_;
   ThreadPool& pool_;

@@ -294,13 +294,11 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
 
 void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
-  prepare_segments(segments);
 
   std::vector<float> x(n * n_embd_), h(n * n_embd_), tmp(n * n_embd_);
   for (const PassSegment& seg : segments)
     for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
       const int32_t tok = seg.batch.tokens[i];
-      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
       dequantize_row(token_embd_, tok, x.data() + (seg.row0 + static_cast<int64_t>(i)) * n_embd_);
     }
 

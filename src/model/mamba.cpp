@@ -447,13 +447,11 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
 void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
-  prepare_segments(segments);
 
   std::vector<float> x(n * n_embd), h(n * n_embd), mix(n * n_embd);
   for (const PassSegment& seg : segments)
     for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
       const int32_t tok = seg.batch.tokens[i];
-      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
       dequantize_row(token_embd_, tok, x.data() + (seg.row0 + static_cast<int64_t>(i)) * n_embd);
     }
 

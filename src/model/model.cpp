@@ -5,7 +5,8 @@
 namespace reprise {
 
 void Model::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
-  for (const SequenceBatch& b : batches) forward(b.batch, *b.memory, *b.logits, pool);
+  for (const SequenceBatch& b : batches)
+    if (!b.batch.tokens.empty()) forward(b.batch, *b.memory, *b.logits, pool);
 }
 
 void Model::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {

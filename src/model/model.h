@@ -2,6 +2,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -10,6 +11,7 @@
 #include "model/sequence_memory.h"
 #include "model/state_spec.h"
 #include "tensor/thread_pool.h"
+#include "util/error.h"
 
 namespace reprise {
 
@@ -57,6 +59,15 @@ struct SequenceBatch {
   std::vector<float>* logits = nullptr;
 };
 
+// forward_many's report of a batch that cannot run; nothing ran.
+class BatchRejected : public Error {
+ public:
+  BatchRejected(size_t index, std::exception_ptr cause, const std::string& message)
+      : Error(message), index(index), cause(std::move(cause)) {}
+  size_t index;               // into forward_many's batches
+  std::exception_ptr cause;   // what the batch alone would have thrown
+};
+
 // One sequence's next token in a multi-sequence decode step: `token` at
 // position `pos` of `memory` (positions < pos already present).
 struct SequenceStep {
@@ -75,15 +86,20 @@ class Model {
   virtual void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                        ThreadPool& pool) = 0;
   // Continuous batching: runs several sequences' batches (decode steps,
-  // prompt chunks; distinct memories) as one pass. Every batch's logits and
-  // state are bit-identical to forward() of that batch alone (the kernels'
-  // results do not depend on the batch), so batching never changes what a
-  // sequence generates or caches. Architectures that share one pass across
-  // sequences (streaming their weights once for all of them) override this;
-  // the default runs the batches one at a time.
+  // prompt chunks; distinct memories; empty batches are skipped) as one
+  // pass. Every batch's logits and state are bit-identical to forward() of
+  // that batch alone (the kernels' results do not depend on the batch), so
+  // batching never changes what a sequence generates or caches.
+  // Architectures that share one pass across sequences (streaming their
+  // weights once for all of them) override this; the default runs the
+  // batches one at a time.
+  //
+  // Errors: a batch that cannot run (a token id out of range, a memory that
+  // cannot hold its positions) is reported as BatchRejected naming it,
+  // before any batch's state changes, so the others can be run again without
+  // it. Any other exception may leave the batches' state partly advanced.
   virtual void forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool);
-  // True when forward_many shares one pass across its batches (and so, on
-  // error, advances none of their state).
+  // True when forward_many shares one pass across its batches.
   virtual bool batches_sequences() const { return false; }
 
   // forward_many of one-token batches; `logits` receives n_vocab floats per

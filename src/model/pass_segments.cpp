@@ -3,11 +3,13 @@
 namespace reprise {
 
 std::vector<PassSegment> segments_for(std::span<const SequenceBatch> batches) {
-  std::vector<PassSegment> segments(batches.size());
+  std::vector<PassSegment> segments;
+  segments.reserve(batches.size());
   int64_t row = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    segments[i] = {batches[i].batch, batches[i].memory, row, batches[i].logits};
-    row += static_cast<int64_t>(batches[i].batch.tokens.size());
+  for (const SequenceBatch& b : batches) {
+    if (b.batch.tokens.empty()) continue;
+    segments.push_back({b.batch, b.memory, row, b.logits});
+    row += static_cast<int64_t>(b.batch.tokens.size());
   }
   return segments;
 }
@@ -28,21 +30,35 @@ int64_t pass_rows(std::span<const PassSegment> segments) {
   return segments.back().row0 + static_cast<int64_t>(segments.back().batch.tokens.size());
 }
 
-void prepare_segments(std::span<const PassSegment> segments) {
-  for (const PassSegment& s : segments)
-    s.memory->prepare(s.batch.pos0, s.batch.pos0 + static_cast<int64_t>(s.batch.tokens.size()));
+void SegmentedModel::check_and_prepare(const ForwardBatch& b, SequenceMemory& memory) const {
+  const int64_t n_vocab = info().n_vocab;
+  for (int64_t i = 0; i < static_cast<int64_t>(b.tokens.size()); ++i) {
+    if (b.embeddings && i >= b.embd_begin && i < b.embd_end) continue;  // fed as embeddings
+    if (b.tokens[i] < 0 || b.tokens[i] >= n_vocab)
+      throw Error("token id " + std::to_string(b.tokens[i]) + " out of range");
+  }
+  memory.prepare(b.pos0, b.pos0 + static_cast<int64_t>(b.tokens.size()));
 }
 
 void SegmentedModel::forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
                              ThreadPool& pool) {
   if (batch.tokens.empty()) return;
+  check_and_prepare(batch, memory);
   const PassSegment one{batch, &memory, 0, &logits};
   run(std::span<const PassSegment>(&one, 1), pool);
 }
 
 void SegmentedModel::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i].batch.tokens.empty()) continue;
+    try {
+      check_and_prepare(batches[i].batch, *batches[i].memory);
+    } catch (const std::exception& e) {
+      throw BatchRejected(i, std::current_exception(), e.what());
+    }
+  }
   const std::vector<PassSegment> segments = segments_for(batches);
-  if (pass_rows(segments) > 0) run(segments, pool);
+  if (!segments.empty()) run(segments, pool);
 }
 
 }  // namespace reprise

@@ -22,7 +22,7 @@ struct PassSegment {
   std::vector<float>* logits = nullptr;  // receives what batch.logits_for asks
 };
 
-// One segment per batch, rows in batch order.
+// One segment per non-empty batch, rows in batch order.
 std::vector<PassSegment> segments_for(std::span<const SequenceBatch> batches);
 
 // The first row whose last-layer output a pass needs: the output only
@@ -35,11 +35,11 @@ int64_t last_layer_first_row(std::span<const PassSegment> segments);
 // Total rows of the pass.
 int64_t pass_rows(std::span<const PassSegment> segments);
 
-// Calls memory.prepare for every segment's positions.
-void prepare_segments(std::span<const PassSegment> segments);
 
 // An architecture that runs every pass as segments: forward() is a pass of
-// one segment, forward_many() a pass of one segment per batch.
+// one segment, forward_many() a pass of one segment per batch. Both check
+// each segment's token ids and prepare its memory before run(), which so
+// never sees a segment that cannot run.
 class SegmentedModel : public Model {
  public:
   void forward(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
@@ -48,9 +48,14 @@ class SegmentedModel : public Model {
   bool batches_sequences() const final { return true; }
 
  protected:
-  // One pass over the segments' rows (at least one row); every segment's
-  // logits vector receives what its batch asks.
+  // One pass over the segments' rows (at least one row; memories prepared);
+  // every segment's logits vector receives what its batch asks.
   virtual void run(std::span<const PassSegment> segments, ThreadPool& pool) = 0;
+
+ private:
+  // Throws what is wrong with the segment: a token id out of range (outside
+  // its embedded span), or its memory's error preparing the positions.
+  void check_and_prepare(const ForwardBatch& batch, SequenceMemory& memory) const;
 };
 
 }  // namespace reprise

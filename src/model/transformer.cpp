@@ -218,7 +218,6 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   std::vector<SequenceMemory*>& row_memory = row_memory_buf;
   row_pos.resize(n);
   row_memory.resize(n);
-  prepare_segments(segments);
   for (const PassSegment& s : segments) {
     const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
     for (int64_t i = 0; i < len; ++i) {
@@ -260,7 +259,6 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
         continue;  // projected image embeddings are already in the model's space
       }
       const int32_t tok = batch.tokens[i];
-      if (tok < 0 || tok >= info_.n_vocab) throw Error("token id " + std::to_string(tok) + " out of range");
       dequantize_row(token_embd_, tok, xt);
       if (traits_.embed_scale) {
         const float s = std::sqrt(static_cast<float>(n_embd_));
