@@ -1271,6 +1271,10 @@ TEST(ServeHttp, ResolvesModelSourcesFromOptions) {
   batch.decode_batch = 1;
   EXPECT_EQ(batch.validate(), "");
   EXPECT_EQ(make_registry_options(batch).max_decode_batch, 1);
+  batch.prefill_chunk_decoding = 0;
+  EXPECT_NE(batch.validate().find("--prefill-chunk-decoding"), std::string::npos);
+  batch.prefill_chunk_decoding = 64;
+  EXPECT_EQ(make_registry_options(batch).prefill_chunk_decoding, 64);
 }
 
 }  // namespace

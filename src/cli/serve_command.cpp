@@ -99,6 +99,10 @@ void register_serve(CLI::App& app) {
                   "Most concurrent sequences of one model whose decode steps share a forward pass "
                   "(continuous batching; 1 disables)")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk-decoding", o->prefill_chunk_decoding,
+                  "Prompt tokens per pass while other requests decode: smaller keeps their tokens flowing, "
+                  "larger gives the new request its first token sooner")
+      ->capture_default_str();
   cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,
                   "Recurrent-state snapshot budget per SSM/hybrid model in MiB (0 disables)")
       ->capture_default_str();

@@ -184,6 +184,7 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) cons
   EngineOptions engine_options;
   engine_options.n_ctx = options_.n_ctx;
   engine_options.max_decode_batch = options_.max_decode_batch;
+  engine_options.n_batch_while_decoding = options_.prefill_chunk_decoding;
   if (m->bundle->model->state_spec().has_recurrent()) {
     SnapshotConfig snapshot_config;
     snapshot_config.budget_bytes = options_.snapshot_budget_bytes;

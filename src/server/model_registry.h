@@ -39,6 +39,7 @@ struct ModelSource {
 struct RegistryOptions {
   int threads = 1;                          // per model's thread pool
   int max_decode_batch = 16;                // continuous batching (EngineOptions::max_decode_batch)
+  int64_t prefill_chunk_decoding = 128;     // EngineOptions::n_batch_while_decoding
   uint64_t cache_budget_bytes = 256ull << 20;  // per model's prefix cache
   uint64_t snapshot_budget_bytes = 256ull << 20;  // per SSM/hybrid model's snapshot store
   size_t snapshot_max_entries = 4096;

@@ -15,6 +15,8 @@ std::string ServeOptions::validate() const {
   if (parallel < 1 || parallel > 1024) return "--parallel must be between 1 and 1024";
   if (threads < 0) return "--threads must be >= 0";
   if (decode_batch < 1 || decode_batch > 256) return "--decode-batch must be between 1 and 256";
+  if (prefill_chunk_decoding < 1 || prefill_chunk_decoding > 4096)
+    return "--prefill-chunk-decoding must be between 1 and 4096";
   if (cache_ram_mib < 0) return "--cache-ram must be >= 0";
   if (snapshot_ram_mib < 0) return "--snapshot-ram must be >= 0";
   if (snapshot_ttl_seconds < 0) return "--snapshot-ttl must be >= 0";
@@ -84,6 +86,7 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.cache_budget_bytes = static_cast<uint64_t>(options.cache_ram_mib * 1024 * 1024);
   r.snapshot_budget_bytes = static_cast<uint64_t>(options.snapshot_ram_mib * 1024 * 1024);
   r.max_decode_batch = options.decode_batch;
+  r.prefill_chunk_decoding = options.prefill_chunk_decoding;
   r.draft_model_path = options.draft_model;
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;

@@ -24,6 +24,7 @@ struct ServeOptions {
   std::string api_key;             // "": no authentication
   int parallel = 4;                // concurrent sequences across all models
   int decode_batch = 16;           // most sequences of one model sharing a decode pass; 1: no batching
+  int prefill_chunk_decoding = 128;  // prompt chunk while others decode (bounds their inter-token delay)
   double cache_ram_mib = 256;      // prefix cache budget per model; 0 disables caching
   double snapshot_ram_mib = 256;   // recurrent-state snapshots per SSM/hybrid model; 0 disables
   std::string draft_model;         // speculative decoding draft for the default model
