@@ -2,30 +2,40 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 namespace reprise {
 
 namespace {
 
-// host/port of a socket address, numeric, as cpp-httplib formats them.
-bool endpoint_of(const sockaddr_storage& addr, socklen_t len, std::string& host, int& port) {
-  char buf[NI_MAXHOST];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0)
-    return false;
+// One "ADDR:PORT" field of /proc/net/tcp{,6}: the address is the raw
+// network-order bytes printed as native-endian 32-bit hex words.
+bool parse_proc_endpoint(const std::string& field, std::string& host, int& port) {
+  const auto colon = field.find(':');
+  if (colon == std::string::npos || (colon != 8 && colon != 32)) return false;
+  uint32_t words[4] = {};
+  for (size_t w = 0; w < colon / 8; ++w) {
+    char* end = nullptr;
+    const std::string hex = field.substr(w * 8, 8);
+    words[w] = static_cast<uint32_t>(std::strtoul(hex.c_str(), &end, 16));
+    if (*end != '\0') return false;
+  }
+  char* end = nullptr;
+  port = static_cast<int>(std::strtol(field.c_str() + colon + 1, &end, 16));
+  if (*end != '\0') return false;
+  char buf[INET6_ADDRSTRLEN];
+  const int family = colon == 8 ? AF_INET : AF_INET6;
+  if (!inet_ntop(family, words, buf, sizeof buf)) return false;
   host = buf;
-  if (addr.ss_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
-  else if (addr.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
-  else return false;
   return true;
 }
 
@@ -36,29 +46,53 @@ bool same_host(const std::string& a, const std::string& b) {
   return strip(a) == strip(b);
 }
 
+std::optional<uint64_t> find_socket_inode(const char* table, const std::string& local_addr, int local_port,
+                                          const std::string& remote_addr, int remote_port) {
+  std::ifstream in(table);
+  std::string line;
+  std::getline(in, line);  // column titles
+  while (std::getline(in, line)) {
+    // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout;
+    uint64_t inode = 0;
+    if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode))
+      continue;
+    std::string local_host, remote_host;
+    int lport = -1, rport = -1;
+    if (!parse_proc_endpoint(local, local_host, lport) || !parse_proc_endpoint(remote, remote_host, rport)) continue;
+    if (lport == local_port && rport == remote_port && inode != 0 && same_host(local_host, local_addr) &&
+        same_host(remote_host, remote_addr))
+      return inode;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<int> find_connection_socket(const std::string& local_addr, int local_port,
                                           const std::string& remote_addr, int remote_port) {
+  // Endpoints -> socket inode from the kernel's connection tables, then inode
+  // -> descriptor from /proc/self/fd's link names. Neither step touches other
+  // descriptors (which other threads may be closing or reusing meanwhile).
+  std::optional<uint64_t> inode;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    inode = find_socket_inode(table, local_addr, local_port, remote_addr, remote_port);
+    if (inode) break;
+  }
+  if (!inode) return std::nullopt;
+  const std::string wanted = "socket:[" + std::to_string(*inode) + "]";
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return std::nullopt;
   std::optional<int> found;
   while (dirent* ent = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(ent->d_name, &end, 10);
-    if (end == ent->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, self{};
-    socklen_t peer_len = sizeof peer, self_len = sizeof self;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &self_len) != 0) continue;
-    std::string peer_host, self_host;
-    int peer_port = -1, self_port = -1;
-    if (!endpoint_of(peer, peer_len, peer_host, peer_port) || !endpoint_of(self, self_len, self_host, self_port))
-      continue;
-    if (peer_port == remote_port && self_port == local_port && same_host(peer_host, remote_addr) &&
-        same_host(self_host, local_addr)) {
+    if (end == ent->d_name || *end != '\0') continue;
+    const std::string link = "/proc/self/fd/" + std::string(ent->d_name);
+    char target[64];
+    const ssize_t n = readlink(link.c_str(), target, sizeof target);
+    if (n > 0 && static_cast<size_t>(n) == wanted.size() && wanted.compare(0, wanted.size(), target, n) == 0) {
       found = static_cast<int>(fd);
       break;
     }

@@ -7,7 +7,8 @@
 // cancels its generation) within one poll interval.
 //
 // cpp-httplib does not hand the socket to handlers, so find_connection_socket
-// locates it from the connection's addresses (Linux: /proc/self/fd).
+// locates it from the connection's addresses (Linux: the kernel's TCP tables
+// give the socket's inode, /proc/self/fd's links the descriptor holding it).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -22,7 +23,10 @@
 
 namespace reprise {
 
-// The descriptor of this process's TCP socket with exactly these endpoints.
+// The descriptor of this process's TCP socket with exactly these endpoints
+// (numeric hosts as cpp-httplib formats them; an IPv4-mapped IPv6 address
+// matches its IPv4 form). Reads /proc only: never calls into descriptors other
+// threads may be closing.
 std::optional<int> find_connection_socket(const std::string& local_addr, int local_port,
                                           const std::string& remote_addr, int remote_port);
 
