@@ -53,6 +53,12 @@ void ActiveSequence::truncate(int64_t n) {
   position_ = n;
 }
 
+void ActiveSequence::set_decoding(bool decoding) {
+  if (!batcher_) return;
+  if (!decoding) membership_.reset();
+  else if (!membership_) membership_.emplace(*batcher_);
+}
+
 void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
                           std::vector<float>& logits, const float* embeddings, bool bidirectional) {
   if (tokens.empty()) return;
@@ -70,7 +76,7 @@ void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash1
     }
   }
   if (batcher_) {
-    batcher_->run(batch, *memory_, logits);
+    batcher_->run(batch, *memory_, logits, membership_ ? &*membership_ : nullptr);
   } else {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     model_.forward(batch, *memory_, logits, pool_);

@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -40,6 +41,12 @@ class ActiveSequence {
   void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
             std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false);
 
+  // Whether this sequence is in a phase where more batches follow at once
+  // (a decode loop): while it is, it is a member of its batcher, so a pass
+  // waits briefly for its next batch. Leave before the last batch (a pass
+  // would otherwise wait for one that never comes). No-op without a batcher.
+  void set_decoding(bool decoding);
+
   // Stores a recurrent snapshot of the state after `prefix` (== everything fed
   // so far) when this sequence keeps snapshots.
   void snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys);
@@ -54,6 +61,7 @@ class ActiveSequence {
   ThreadPool& pool_;
   std::mutex& forward_mutex_;
   PassBatcher* batcher_;
+  std::optional<PassBatcher::Membership> membership_;
   PrefixCache* cache_;
   SnapshotStore* snapshots_;
   std::unique_ptr<CachedSequence> cached_;

@@ -25,7 +25,8 @@ Engine::Engine(Model& model, ThreadPool& pool, PrefixCache* cache, const EngineO
   if (options_.batcher) {
     batcher_ = options_.batcher;
   } else {
-    own_batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch);
+    own_batcher_ = std::make_unique<PassBatcher>(model_, pool_, *forward_mutex_, options_.max_decode_batch,
+                                                 options_.n_batch_while_decoding);
     batcher_ = own_batcher_.get();
   }
   if (options_.inflight) {
@@ -47,6 +48,9 @@ void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
   draft_ = &draft;
   draft_cache_ = draft_cache;
   draft_max_ = draft_max;
+  // Concurrent speculative requests share the draft's passes too.
+  draft_batcher_ = std::make_unique<PassBatcher>(draft, pool_, *forward_mutex_, options_.max_decode_batch,
+                                                 options_.n_batch_while_decoding);
 }
 
 NamespaceKey Engine::namespace_for(const std::string& cache_salt) const {
@@ -119,7 +123,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     dns.model_fingerprint = draft_->info().fingerprint;
     dns.cache_salt = req.cache_salt;
     draft = std::make_unique<ActiveSequence>(*draft_, pool_, *forward_mutex_, use_cache ? draft_cache_ : nullptr,
-                                             nullptr, dns);
+                                             nullptr, dns, draft_batcher_.get());
     draft->attach(req.prompt, req.prompt_keys);
     // Both models continue from the same prefix length, so a partial restore
     // can never leave them out of step.
@@ -177,7 +181,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
-      const int64_t n = std::min(options_.n_batch, n_prompt - pos);
+      const int64_t chunk = draft_batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
+      const int64_t n = std::min(chunk, n_prompt - pos);
       draft->feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n), LogitsFor::None, unused);
     }
   }
@@ -206,11 +211,9 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   // A member of the batcher while more decode steps will follow: a pass
   // waits for members' steps, so a sequence leaves as soon as it knows its
   // last token is next (or at any other stop).
-  std::optional<PassBatcher::Membership> decoding;
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const bool last = i + 1 == req.max_tokens || target.position() + 1 >= n_ctx_;
-    if (last) decoding.reset();
-    else if (!decoding) decoding.emplace(*batcher_);
+    target.set_decoding(!last);
     const int32_t token = sampler.sample(logits, history);
     result.tokens.push_back(token);
     history.push_back(token);
@@ -227,7 +230,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
     // Feed the sampled token so its state is cached and the next logits exist.
     target.feed(std::span<const int32_t>(&history.back(), 1), {}, LogitsFor::Last, logits);
   }
-  decoding.reset();
+  target.set_decoding(false);
   // The end of the generated text is the next turn's likely restore point.
   if (target.position() > n_prompt)
     target.snapshot(std::span<const int32_t>(history).subspan(0, target.position()), {});
@@ -281,6 +284,15 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     // seen), then proposes k tokens.
     std::vector<int32_t> proposals;
     std::vector<std::vector<float>> draft_probs;
+    // Batcher memberships follow the round's phases (see set_decoding): the
+    // draft's while its next batches follow at once (from the verify, whose
+    // end starts the next round's catch-up, to before its last step), the
+    // target's from the last draft step to the verify. Concurrent requests
+    // in step thus share both their draft and their verify passes.
+    if (k <= 1) {
+      draft.set_decoding(false);
+      target.set_decoding(true);
+    }
     if (k > 0) {
       const int64_t seq_len = static_cast<int64_t>(history.size());
       draft.feed(std::span<const int32_t>(history).subspan(draft.position(), seq_len - draft.position()), {},
@@ -296,14 +308,22 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
         }
         proposals.push_back(d);
         draft_history.push_back(d);
-        if (i + 1 < k) draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
+        if (i + 1 < k) {
+          if (i + 2 == k) {
+            draft.set_decoding(false);
+            target.set_decoding(true);
+          }
+          draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
+        }
       }
     }
     // Target verifies [x, d1..dk] in one pass.
     std::vector<int32_t> batch{x};
     batch.insert(batch.end(), proposals.begin(), proposals.end());
     const int64_t base = target.position();
+    draft.set_decoding(true);
     target.feed(batch, {}, LogitsFor::All, verify_logits);
+    target.set_decoding(false);
     result.drafted_tokens += k;
     int accepted = 0;
     int32_t next = -1;
@@ -346,6 +366,8 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     if (!emit(x, std::span<const float>(verify_logits.data() + static_cast<size_t>(accepted) * n_vocab, n_vocab)))
       break;
   }
+  target.set_decoding(false);
+  draft.set_decoding(false);
 }
 
 }  // namespace reprise

@@ -128,6 +128,8 @@ class Engine {
 
   const EngineCounters& counters() const { return counters_; }
   PassBatchStats pass_stats() const { return batcher_->stats(); }
+  // The draft model's passes (zeros without a draft).
+  PassBatchStats draft_pass_stats() const { return draft_batcher_ ? draft_batcher_->stats() : PassBatchStats{}; }
   PassBatcher& pass_batcher() { return *batcher_; }
   InflightPrefixes& inflight_prefixes() { return *inflight_; }
   // The lock held around every forward pass on this engine's thread pool.
@@ -154,6 +156,7 @@ class Engine {
   EngineCounters counters_;
   std::unique_ptr<PassBatcher> own_batcher_;
   PassBatcher* batcher_;
+  std::unique_ptr<PassBatcher> draft_batcher_;  // with a draft model
   std::unique_ptr<InflightPrefixes> own_inflight_;
   InflightPrefixes* inflight_;
 

@@ -13,9 +13,11 @@ namespace {
 constexpr auto kGatherWindow = std::chrono::microseconds(500);
 }  // namespace
 
-PassBatcher::PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences)
+PassBatcher::PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences,
+                         int64_t max_chunk_tokens)
     : model_(model), pool_(pool), forward_mutex_(forward_mutex),
-      max_sequences_(model.batches_sequences() ? std::max(1, max_sequences) : 1) {}
+      max_sequences_(model.batches_sequences() ? std::max(1, max_sequences) : 1),
+      max_chunk_tokens_(max_chunk_tokens) {}
 
 PassBatcher::Membership::Membership(PassBatcher& b) : batcher_(b) {
   std::lock_guard<std::mutex> lock(batcher_.mutex_);
@@ -44,10 +46,12 @@ PassBatchStats PassBatcher::stats() const {
   return stats_;
 }
 
-void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits) {
+void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+                      const Membership* member) {
   if (batch.tokens.empty()) return;
   Pending me;
   me.work = SequenceBatch{batch, &memory, &logits};
+  me.from_member = member != nullptr;
   std::unique_lock<std::mutex> lock(mutex_);
   pending_.push_back(&me);
   changed_.notify_all();
@@ -74,24 +78,34 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   std::vector<Pending*> pass;
   pass.reserve(max_sequences_);
   leading_ = true;
+  // Wait for the members' batches before taking the forward lock, so the
+  // wait overlaps whatever else runs on the pool (another model's batcher,
+  // the vision encoder) instead of stalling it; members come and go while we
+  // wait (one that finishes will not step again).
+  const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
+  auto all_members_in = [&] {
+    const auto in = std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->from_member; });
+    return in >= std::clamp(members_, 0, max_sequences_);
+  };
+  while (max_sequences_ > 1 && !all_members_in() && std::chrono::steady_clock::now() < deadline)
+    changed_.wait_until(lock, deadline);
   lock.unlock();
-  // Work that arrives while another user of the pool (the vision encoder, a
-  // draft model) holds the forward lock queues up and joins this pass.
+  // Work that arrives while another user of the pool holds the forward lock
+  // queues up and joins this pass.
   std::unique_lock<std::mutex> forward(forward_mutex_);
   lock.lock();
-  const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
-  // Members come and go while we wait (one that finishes will not step again).
-  auto all_steps_in = [&] {
-    const auto steps = std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->single(); });
-    return steps >= std::clamp(members_, 0, max_sequences_);
-  };
-  while (max_sequences_ > 1 && !all_steps_in() && std::chrono::steady_clock::now() < deadline)
-    changed_.wait_until(lock, deadline);
-  // In queue order: every single-token step, and the first multi-token chunk.
+  // In queue order: every single-token step, and multi-token chunks while
+  // they total at most max_chunk_tokens_ (the first one whatever its size).
+  int64_t chunk_tokens = 0;
   bool chunk_taken = false;
   for (auto it = pending_.begin(); it != pending_.end() && pass.size() < static_cast<size_t>(max_sequences_);) {
-    if ((*it)->single() || !chunk_taken) {
-      chunk_taken = chunk_taken || !(*it)->single();
+    const int64_t n = static_cast<int64_t>((*it)->work.batch.tokens.size());
+    const bool take = (*it)->single() || !chunk_taken || chunk_tokens + n <= max_chunk_tokens_;
+    if (take) {
+      if (!(*it)->single()) {
+        chunk_taken = true;
+        chunk_tokens += n;
+      }
       pass.push_back(*it);
       it = pending_.erase(it);
     } else {

@@ -5,11 +5,12 @@
 // token, or a chunk of a new prompt) can share one pass (Model::forward_many),
 // which streams the weights once for all of them. Each request keeps its own
 // thread and calls run(); the first caller to find no pass running becomes
-// the leader: it takes the forward lock, waits briefly for the next steps of
-// the sequences that are decoding (Membership), and runs everything pending
-// as one pass (all pending decode steps, and at most one multi-token chunk,
-// so a long prompt delays decoders by one chunk at a time); the others wait
-// for their logits.
+// the leader: it waits briefly for the next batches of the sequences that are
+// decoding (Membership), takes the forward lock, and runs everything pending
+// as one pass: every single-token step, and multi-token chunks (prompt
+// chunks, speculative verify batches, a draft's catch-up) in queue order up
+// to a token budget, the first always, so a long prompt delays decoders by
+// one chunk at a time; the others wait for their logits.
 //
 // Batching never changes results: forward_many gives every batch the same
 // bits as a pass of its own, and a batch it rejects (bad token, exhausted
@@ -32,20 +33,24 @@ struct PassBatchStats {
   uint64_t passes = 0;         // forward passes run by the batcher
   uint64_t sequences = 0;      // sequence batches they ran (a pass of 3 decode steps and a chunk: 4)
   uint64_t max_sequences = 0;  // the most sequences in one pass
-  uint64_t mixed_passes = 0;   // passes that ran a prompt chunk together with decode steps
+  uint64_t mixed_passes = 0;   // passes that ran a multi-token chunk together with other batches
 };
 
 class PassBatcher {
  public:
   // max_sequences: the most sequences in one pass (1 disables batching;
-  // models that do not batch sequences always run 1). The forward lock is
-  // the one every pass on `pool` holds.
-  PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences);
+  // models that do not batch sequences always run 1). max_chunk_tokens: a
+  // pass takes a second or later multi-token chunk only while its chunks
+  // total at most this many tokens. The forward lock is the one every pass on
+  // `pool` holds.
+  PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences,
+              int64_t max_chunk_tokens = 128);
   PassBatcher(const PassBatcher&) = delete;
   PassBatcher& operator=(const PassBatcher&) = delete;
 
   // A sequence in its decode loop: while it exists, a leader waits (up to
-  // the gather window) for this sequence's next step before running a pass.
+  // the gather window) for this sequence's next batch (run with the
+  // membership) before running a pass.
   class Membership {
    public:
     explicit Membership(PassBatcher& b);
@@ -59,8 +64,10 @@ class PassBatcher {
 
   // Runs `batch` on `memory` (possibly in one pass with other sequences'
   // batches); `logits` receives what batch.logits_for asks. Rethrows the
-  // error of this batch.
-  void run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits);
+  // error of this batch. `member`: the caller's membership, if it holds one
+  // (its batch is one a leader waits for).
+  void run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
+           const Membership* member = nullptr);
 
   // Sequences currently in their decode loops.
   int decoding() const;
@@ -73,6 +80,7 @@ class PassBatcher {
     SequenceBatch work;
     std::exception_ptr error;
     bool done = false;
+    bool from_member = false;
     bool single() const { return work.batch.tokens.size() == 1; }
   };
   void lead(std::unique_lock<std::mutex>& lock);
@@ -82,6 +90,7 @@ class PassBatcher {
   ThreadPool& pool_;
   std::mutex& forward_mutex_;
   const int max_sequences_;
+  const int64_t max_chunk_tokens_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
