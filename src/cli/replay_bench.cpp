@@ -131,6 +131,63 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
   }
 }
 
+namespace {
+
+// `clients` concurrent greedy speculative requests (own 64-token prompts):
+// with draft and verify passes shared, against each request's passes run
+// alone, and against shared plain decoding. Fails if any output differs.
+void replay_speculative_concurrent(const ReplayOptions& o, Model& model, Model& draft, ThreadPool& pool) {
+  std::vector<GenerateRequest> reqs(o.clients);
+  for (int c = 0; c < o.clients; ++c) {
+    reqs[c].prompt = random_tokens(64, model.info().n_vocab, 3 + c);
+    reqs[c].sampling.temperature = 0;
+    reqs[c].max_tokens = o.gen_tokens;
+    reqs[c].use_cache = false;
+  }
+  struct Outcome {
+    double seconds = 0;
+    int64_t tokens = 0;
+    PassBatchStats target, draft;
+    std::vector<std::vector<int32_t>> outputs;
+  };
+  auto run = [&](int max_batch, bool speculative) {
+    EngineOptions options;
+    options.max_decode_batch = max_batch;
+    Engine engine(model, pool, nullptr, options);
+    if (speculative) engine.set_draft(draft, nullptr, o.draft_max);
+    Outcome out;
+    out.outputs.resize(o.clients);
+    const double t0 = now_seconds();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < o.clients; ++c)
+      threads.emplace_back([&, c] { out.outputs[c] = engine.generate(reqs[c]).tokens; });
+    for (auto& t : threads) t.join();
+    out.seconds = now_seconds() - t0;
+    for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
+    out.target = engine.pass_stats();
+    out.draft = engine.draft_pass_stats();
+    return out;
+  };
+  run(o.clients, true);  // warm-up
+  const Outcome plain = run(o.clients, false);
+  const Outcome alone = run(1, true);
+  const Outcome shared = run(o.clients, true);
+  auto per_pass = [](const PassBatchStats& s) { return s.passes ? double(s.sequences) / s.passes : 0.0; };
+  std::printf("%d concurrent requests, %d tokens each (greedy):\n", o.clients, o.gen_tokens);
+  std::printf("| run | wall (s) | generated tokens/s | target batches per pass | draft batches per pass |\n");
+  std::printf("| no draft, shared passes | %.3f | %.1f | %.2f | - |\n", plain.seconds, plain.tokens / plain.seconds,
+              per_pass(plain.target));
+  std::printf("| draft, each request's passes alone | %.3f | %.1f | %.2f | %.2f |\n", alone.seconds,
+              alone.tokens / alone.seconds, per_pass(alone.target), per_pass(alone.draft));
+  std::printf("| draft, shared passes | %.3f | %.1f | %.2f | %.2f |\n", shared.seconds, shared.tokens / shared.seconds,
+              per_pass(shared.target), per_pass(shared.draft));
+  const bool same = plain.outputs == alone.outputs && alone.outputs == shared.outputs;
+  std::printf("shared / alone: %.2fx; outputs identical: %s\n", alone.seconds / shared.seconds, same ? "yes" : "NO");
+  if (!same) throw Error("concurrent speculative decoding changed a request's output");
+}
+
+}  // namespace
+
 void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::string& draft_path) {
   if (draft_path.empty()) throw Error("--replay speculative needs --draft-model");
   auto draft = load_model_bundle(draft_path);
@@ -170,6 +227,7 @@ void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::
   std::printf("| always-rejected draft | %.1f | %lld | %lld | %.1f%% | %.2f |\n", bad, (long long)r2.drafted_tokens,
               (long long)r2.accepted_tokens,
               r2.drafted_tokens ? 100.0 * r2.accepted_tokens / r2.drafted_tokens : 0.0, bad / base);
+  if (o.clients > 1) replay_speculative_concurrent(o, model, *draft->model, pool);
 }
 
 void replay_parallel(const ReplayOptions& o, ModelBundle& b) {

@@ -26,7 +26,9 @@ void replay_chat(const ReplayOptions& o, ModelBundle& bundle);
 
 // Tokens/s with and without the draft model (greedy, so outputs are equal),
 // the acceptance rate, and the overhead when nothing is accepted (an
-// adversarial draft whose proposals are always rejected).
+// adversarial draft whose proposals are always rejected). With clients > 1,
+// also that many concurrent speculative requests, sharing draft and verify
+// passes against each running alone (outputs must be identical).
 void replay_speculative(const ReplayOptions& o, ModelBundle& target, const std::string& draft_path);
 
 // Continuous batching: `clients` concurrent requests (a shared system prompt

@@ -285,15 +285,14 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     std::vector<int32_t> proposals;
     std::vector<std::vector<float>> draft_probs;
     // Batcher memberships follow the round's phases (see set_decoding): the
-    // draft's while its next batches follow at once (from the verify, whose
-    // end starts the next round's catch-up, to before its last step), the
-    // target's from the last draft step to the verify. Concurrent requests
-    // in step thus share both their draft and their verify passes.
-    if (k <= 1) {
-      draft.set_decoding(false);
-      target.set_decoding(true);
-    }
+    // draft's while its batches follow at once (from the verify, whose end
+    // starts the next round's catch-up, through the last draft step), the
+    // target's from the last draft step through the verify. Each phase's
+    // last batch still runs as a member, so a pass does not miss it.
+    // Concurrent requests in step thus share their draft and verify passes.
+    if (k <= 1) target.set_decoding(true);
     if (k > 0) {
+      draft.set_decoding(true);
       const int64_t seq_len = static_cast<int64_t>(history.size());
       draft.feed(std::span<const int32_t>(history).subspan(draft.position(), seq_len - draft.position()), {},
                  LogitsFor::Last, draft_logits);
@@ -309,14 +308,13 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
         proposals.push_back(d);
         draft_history.push_back(d);
         if (i + 1 < k) {
-          if (i + 2 == k) {
-            draft.set_decoding(false);
-            target.set_decoding(true);
-          }
+          if (i + 2 == k) target.set_decoding(true);
           draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
         }
       }
     }
+    draft.set_decoding(false);
+    target.set_decoding(true);
     // Target verifies [x, d1..dk] in one pass.
     std::vector<int32_t> batch{x};
     batch.insert(batch.end(), proposals.begin(), proposals.end());

@@ -11,6 +11,10 @@ namespace {
 // back (tens of microseconds); a member slower than this (a stalled callback)
 // is left for the next pass rather than holding up the others.
 constexpr auto kGatherWindow = std::chrono::microseconds(500);
+// Each arrival restarts the window (members that come back together, e.g.
+// after sampling several verify rows each on fewer cores than requests, take
+// a little longer in all), up to this much in total.
+constexpr auto kGatherCap = std::chrono::microseconds(2000);
 }  // namespace
 
 PassBatcher::PassBatcher(Model& model, ThreadPool& pool, std::mutex& forward_mutex, int max_sequences,
@@ -82,13 +86,21 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   // wait overlaps whatever else runs on the pool (another model's batcher,
   // the vision encoder) instead of stalling it; members come and go while we
   // wait (one that finishes will not step again).
-  const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
-  auto all_members_in = [&] {
-    const auto in = std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->from_member; });
-    return in >= std::clamp(members_, 0, max_sequences_);
+  const auto start = std::chrono::steady_clock::now();
+  auto deadline = start + kGatherWindow;
+  auto members_in = [&] {
+    return std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->from_member; });
   };
-  while (max_sequences_ > 1 && !all_members_in() && std::chrono::steady_clock::now() < deadline)
+  auto in = members_in();
+  while (max_sequences_ > 1 && in < std::clamp(members_, 0, max_sequences_)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
     changed_.wait_until(lock, deadline);
+    if (const auto now_in = members_in(); now_in > in) {
+      in = now_in;
+      deadline = std::min(std::chrono::steady_clock::now() + kGatherWindow, start + kGatherCap);
+    }
+  }
   lock.unlock();
   // Work that arrives while another user of the pool holds the forward lock
   // queues up and joins this pass.
