@@ -131,8 +131,13 @@ TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
       GenerateResult want = alone.generate(reqs[i]);
       ASSERT_EQ(together[i].tokens, want.tokens) << "round " << round << " request " << i;
       EXPECT_EQ(together[i].finish_reason, want.finish_reason);
-      EXPECT_EQ(together[i].drafted_tokens, want.drafted_tokens);
-      EXPECT_EQ(together[i].accepted_tokens, want.accepted_tokens);
+      EXPECT_LE(together[i].accepted_tokens, together[i].drafted_tokens);
+      // A greedy request may end rounds early to verify with the others;
+      // a sampling request drafts exactly as it does alone.
+      if (reqs[i].sampling.temperature > 0) {
+        EXPECT_EQ(together[i].drafted_tokens, want.drafted_tokens);
+        EXPECT_EQ(together[i].accepted_tokens, want.accepted_tokens);
+      }
     }
     if (cached) {
       EXPECT_EQ(tcache.check_invariants(), "");

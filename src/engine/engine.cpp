@@ -271,6 +271,31 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     return static_cast<int64_t>(result.tokens.size()) < req.max_tokens;
   };
 
+  // From a round's last draft batch through its verification: a member of
+  // the target's batcher. Until the verification is submitted it is counted
+  // in about_to_verify_, to which other greedy requests align their rounds.
+  struct VerifyTurn {
+    ActiveSequence& target;
+    std::atomic<int>& about_to_verify;
+    bool member = false, counted = false;
+    void join() {
+      if (member) return;
+      member = counted = true;
+      about_to_verify.fetch_add(1, std::memory_order_relaxed);
+      target.set_decoding(true);
+    }
+    void submitting() {
+      if (counted) about_to_verify.fetch_sub(1, std::memory_order_relaxed);
+      counted = false;
+    }
+    void leave() {
+      submitting();
+      if (member) target.set_decoding(false);
+      member = false;
+    }
+    ~VerifyTurn() { leave(); }
+  } verify_turn{target, about_to_verify_};
+
   // `logits` holds the target's prediction for the token after history.
   int32_t x = target_sampler.sample(logits, history);
   if (!emit(x, logits)) return;
@@ -278,7 +303,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     // Room left: tokens still wanted and positions left in the context.
     const int64_t room_ctx = n_ctx_ - 1 - target.position() - 1;
     const int64_t room_out = req.max_tokens - static_cast<int64_t>(result.tokens.size());
-    const int k = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({draft_max, room_ctx, room_out})));
+    int k = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({draft_max, room_ctx, room_out})));
     if (room_ctx < 0) break;
     // Draft catches up to the sequence (x and any accepted tokens it has not
     // seen), then proposes k tokens.
@@ -290,7 +315,12 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     // target's from the last draft step through the verify. Each phase's
     // last batch still runs as a member, so a pass does not miss it.
     // Concurrent requests in step thus share their draft and verify passes.
-    if (k <= 1) target.set_decoding(true);
+    // A greedy request out of step with others ends its drafting early when
+    // they are at their last draft step, so its verification joins theirs
+    // (its output does not depend on how many tokens it drafts; a sampling
+    // request's would, so it never does).
+    auto others_verify_next = [&] { return greedy && about_to_verify_.load(std::memory_order_relaxed) > 0; };
+    if (k <= 1) verify_turn.join();
     if (k > 0) {
       draft.set_decoding(true);
       const int64_t seq_len = static_cast<int64_t>(history.size());
@@ -308,20 +338,23 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
         proposals.push_back(d);
         draft_history.push_back(d);
         if (i + 1 < k) {
-          if (i + 2 == k) target.set_decoding(true);
+          if (i + 2 < k && others_verify_next()) k = i + 2;
+          if (i + 2 == k) verify_turn.join();
           draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
         }
       }
     }
+    k = static_cast<int>(proposals.size());
     draft.set_decoding(false);
-    target.set_decoding(true);
+    verify_turn.join();
     // Target verifies [x, d1..dk] in one pass.
     std::vector<int32_t> batch{x};
     batch.insert(batch.end(), proposals.begin(), proposals.end());
     const int64_t base = target.position();
     draft.set_decoding(true);
+    verify_turn.submitting();
     target.feed(batch, {}, LogitsFor::All, verify_logits);
-    target.set_decoding(false);
+    verify_turn.leave();
     result.drafted_tokens += k;
     int accepted = 0;
     int32_t next = -1;
@@ -364,7 +397,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     if (!emit(x, std::span<const float>(verify_logits.data() + static_cast<size_t>(accepted) * n_vocab, n_vocab)))
       break;
   }
-  target.set_decoding(false);
+  verify_turn.leave();
   draft.set_decoding(false);
 }
 

@@ -157,6 +157,7 @@ class Engine {
   std::unique_ptr<PassBatcher> own_batcher_;
   PassBatcher* batcher_;
   std::unique_ptr<PassBatcher> draft_batcher_;  // with a draft model
+  std::atomic<int> about_to_verify_{0};  // speculative requests at their round's last draft batch
   std::unique_ptr<InflightPrefixes> own_inflight_;
   InflightPrefixes* inflight_;
 

@@ -86,26 +86,37 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   // wait overlaps whatever else runs on the pool (another model's batcher,
   // the vision encoder) instead of stalling it; members come and go while we
   // wait (one that finishes will not step again).
-  const auto start = std::chrono::steady_clock::now();
-  auto deadline = start + kGatherWindow;
   auto members_in = [&] {
     return std::count_if(pending_.begin(), pending_.end(), [](Pending* p) { return p->from_member; });
   };
-  auto in = members_in();
-  while (max_sequences_ > 1 && in < std::clamp(members_, 0, max_sequences_)) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
-    changed_.wait_until(lock, deadline);
-    if (const auto now_in = members_in(); now_in > in) {
-      in = now_in;
-      deadline = std::min(std::chrono::steady_clock::now() + kGatherWindow, start + kGatherCap);
+  auto gather = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    auto deadline = start + kGatherWindow;
+    auto in = members_in();
+    while (max_sequences_ > 1 && in < std::clamp(members_, 0, max_sequences_)) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      changed_.wait_until(lock, deadline);
+      if (const auto now_in = members_in(); now_in > in) {
+        in = now_in;
+        deadline = std::min(std::chrono::steady_clock::now() + kGatherWindow, start + kGatherCap);
+      }
     }
-  }
+  };
+  gather();
   lock.unlock();
   // Work that arrives while another user of the pool holds the forward lock
-  // queues up and joins this pass.
-  std::unique_lock<std::mutex> forward(forward_mutex_);
-  lock.lock();
+  // queues up and joins this pass. A member still missing may be in that
+  // user's pass (a speculative request verifying while the others draft):
+  // once it ends, give the members one more window, or the two groups stay
+  // out of step, each pass running without the other.
+  std::unique_lock<std::mutex> forward(forward_mutex_, std::try_to_lock);
+  if (!forward.owns_lock()) {
+    forward.lock();
+    lock.lock();
+    gather();
+  } else {
+    lock.lock();
+  }
   // In queue order: every single-token step, and multi-token chunks while
   // they total at most max_chunk_tokens_ (the first one whatever its size).
   int64_t chunk_tokens = 0;
