@@ -194,6 +194,10 @@ TEST(ServerSpeculative, DraftGivesTheSameGreedyTextAndCountsTokens) {
     draft_text = r["choices"][0]["text"];
     const double drafted = s.metric("reprise_draft_tokens_total");
     EXPECT_GT(drafted, 0);
+    // The draft's passes, one sequence each here (one request at a time).
+    const double draft_passes = s.metric("reprise_draft_forward_passes_total");
+    EXPECT_GT(draft_passes, 0);
+    EXPECT_EQ(s.metric("reprise_draft_forward_pass_sequences_total"), draft_passes);
     EXPECT_GE(s.metric("reprise_draft_accepted_tokens_total"), 0);
     // Per-request override: draft_max 0 turns drafting off for that request.
     json off = req;

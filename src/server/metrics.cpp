@@ -192,6 +192,12 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
        [](const ModelStatus& s) { return double(s.passes.sequences); }},
       {"reprise_forward_pass_sequences_max", "gauge", "The most sequences one forward pass ran (current load).",
        [](const ModelStatus& s) { return double(s.passes.max_sequences); }},
+      {"reprise_draft_forward_passes_total", "counter",
+       "Forward passes of the draft model (speculative decoding, current load); concurrent requests share them.",
+       [](const ModelStatus& s) { return double(s.draft_passes.passes); }},
+      {"reprise_draft_forward_pass_sequences_total", "counter",
+       "Sequence batches the draft model's passes ran (current load): divided by its passes, the mean batch.",
+       [](const ModelStatus& s) { return double(s.draft_passes.sequences); }},
   };
   for (const ModelGauge& g : per_model) {
     w.family(g.name, g.type, g.help);

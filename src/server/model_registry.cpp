@@ -254,6 +254,7 @@ std::vector<ModelStatus> ModelRegistry::status() const {
       s.accepted_tokens = e.loaded->engine->counters().accepted_tokens;
       s.prefix_waits = e.loaded->engine->counters().prefix_waits;
       s.passes = e.loaded->engine->pass_stats();
+      s.draft_passes = e.loaded->engine->draft_pass_stats();
       s.n_ctx = e.loaded->engine->n_ctx();
       s.block_tokens = e.loaded->cache->block_tokens();
       s.fingerprint_hex = e.loaded->fingerprint_hex;

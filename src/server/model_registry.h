@@ -119,6 +119,7 @@ struct ModelStatus {
   EncoderCacheStats encoder;      // current load only
   uint64_t drafted_tokens = 0, accepted_tokens = 0;  // current load only
   PassBatchStats passes;                              // current load only
+  PassBatchStats draft_passes;                        // the draft model's, current load only
   uint64_t prefix_waits = 0;                          // current load only
 };
 
