@@ -76,6 +76,7 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
       b->Args({t, 512, 1536, 4, threads});      // four
       b->Args({t, 512, 512, 512, threads});     // prefill, attention projection
       b->Args({t, 1536, 512, 512, threads});    // prefill, FFN down
+      b->Args({t, 1536, 16, 512, threads});     // prefill, few rows: converting the activations dominates
     }
   }
 }

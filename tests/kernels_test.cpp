@@ -157,7 +157,8 @@ class MatmulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   const DType t = GetParam();
   IsaRestore restore;
-  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}, {72, 50}}) {
+  // 1056 inputs: 33 Q8_0 activation blocks, more than the 16 quantized at once.
+  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}, {72, 50}, {1056, 21}}) {
     if (n_in % 32 != 0 && (t == DType::Q8_0 || t == DType::Q4_0)) continue;
     SCOPED_TRACE("n_in " + std::to_string(n_in) + " n_out " + std::to_string(n_out));
     const Weights w = make_weights(t, n_in, n_out, 11 + static_cast<uint32_t>(n_out));
@@ -186,6 +187,47 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
       }
       ASSERT_EQ(tok, n_tokens);
       EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches";
+    }
+  }
+}
+
+// Activations whose Q8_0 quantization hits the rule's edges: all-zero
+// blocks (d = 0, no division), exact halves after scaling (round half to
+// even), amax whose d is an f16 subnormal or overflows f16, and values that
+// only just round to +-127. Every ISA, decode and batch, against the rule.
+TEST(MatmulQuantizedActivations, EdgeCasesFollowTheRule) {
+  IsaRestore restore;
+  const int64_t n_in = 32 * 20, n_out = 19, n_tokens = 14;
+  std::vector<float> x = make_x(n_tokens * n_in, 17);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* row = x.data() + t * n_in;
+    std::fill(row, row + 32, 0.0f);                                      // block 0: zeros
+    for (int i = 0; i < 32; ++i) row[32 + i] = (i % 2 ? 1 : -1) * (i * 0.5f);  // block 1: amax 15.5
+    row[64] = 127.0f;                                                    // block 2: id = 1, halves tie
+    for (int i = 1; i < 32; ++i) row[64 + i] = static_cast<float>(i) + 0.5f * static_cast<float>(i % 3 - 1);
+    for (int i = 0; i < 32; ++i) row[96 + i] = 1e-9f * static_cast<float>(i - 16 + t);  // d subnormal in f16
+    // d overflows f16 (so the token's outputs are infinite or NaN: only the last two tokens).
+    if (t >= n_tokens - 2)
+      for (int i = 0; i < 32; ++i) row[128 + i] = 3e6f * static_cast<float>(16 - i);
+    for (int i = 0; i < 32; ++i) row[160 + i] = -0.0f;                                 // negative zeros
+    row[192] = 1.0f;
+    row[193] = -1.0f + 1e-7f;                                                          // rounds to -127
+  }
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    const Weights w = make_weights(t, n_in, n_out, 23);
+    std::vector<float> want(n_tokens * n_out);
+    for (int64_t tok = 0; tok < n_tokens; ++tok)
+      for (int64_t r = 0; r < n_out; ++r) want[tok * n_out + r] = canonical(w, r, x.data() + tok * n_in);
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(t)));
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
+      std::vector<float> one(n_tokens * n_out);
+      ThreadPool pool(1);
+      PackedMatrix pm(w.view());
+      for (int64_t tok = 0; tok < n_tokens; ++tok)
+        matmul(pm, x.data() + tok * n_in, 1, one.data() + tok * n_out, pool);
+      EXPECT_TRUE(same_bits(one, want)) << "decode";
     }
   }
 }

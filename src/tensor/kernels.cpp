@@ -379,7 +379,8 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
     }
     case ActKind::Q8: {
       auto* o = static_cast<XBlock*>(out);
-      for (int64_t b = 0; b < n / kQK8_0; ++b) quantize_block(x + b * kQK8_0, o[b]);
+      if (const auto q = isa_kernels().quantize_q8) q(x, n / kQK8_0, o, 1);
+      else for (int64_t b = 0; b < n / kQK8_0; ++b) quantize_block(x + b * kQK8_0, o[b]);
       return;
     }
     case ActKind::F32:
@@ -426,8 +427,11 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
     if (kind == ActKind::Q8) {
       auto* dst = reinterpret_cast<XBlock*>(base);
       if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
-      for (int64_t j = 0; j < nt; ++j)
-        for (int64_t b = 0; b < px.k; ++b) quantize_block(x + (t0 + j) * n_in + b * kQK8_0, dst[b * px.tile + j]);
+      for (int64_t j = 0; j < nt; ++j) {
+        const float* row = x + (t0 + j) * n_in;
+        if (isa.quantize_q8) isa.quantize_q8(row, px.k, dst + j, px.tile);
+        else for (int64_t b = 0; b < px.k; ++b) quantize_block(row + b * kQK8_0, dst[b * px.tile + j]);
+      }
       return;
     }
     auto* dst = reinterpret_cast<float*>(base);

@@ -229,7 +229,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &attention_avx2, &attention_avx2_supports, nullptr, nullptr};
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, nullptr, &attention_avx2, &attention_avx2_supports, nullptr, nullptr};
   return k;
 }
 
