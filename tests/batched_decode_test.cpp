@@ -474,8 +474,9 @@ PassBatchStats run_queued_steps_and_two_chunks(int64_t max_chunk_tokens) {
     std::vector<float> alone;
     model.forward(work[s], *ref[s], alone, pool);
     EXPECT_EQ(out[s].size(), alone.size()) << "sequence " << s;
-    if (out[s].size() == alone.size())
+    if (out[s].size() == alone.size()) {
       EXPECT_TRUE(same_bits(out[s].data(), alone.data(), static_cast<int64_t>(alone.size()))) << "sequence " << s;
+    }
   }
   EXPECT_EQ(out[kSteps].size(), chunk.size() * n_vocab);
   return batcher.stats();

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace reprise {
 namespace {
@@ -114,10 +115,9 @@ void expect_found(int family) {
   EXPECT_EQ(find_connection_socket(peer.host, peer.port, self.host, self.port), c->client.get());
   // A port that is not this connection's finds nothing.
   EXPECT_EQ(find_connection_socket(self.host, self.port, peer.host, peer.port == 1 ? 2 : 1), std::nullopt);
-  // Once closed, the connection is not found again.
-  const int server_fd = c->server.get();
+  // Once closed, this process holds no socket with those endpoints.
   c->server.reset();
-  EXPECT_NE(find_connection_socket(self.host, self.port, peer.host, peer.port), server_fd);
+  EXPECT_EQ(find_connection_socket(self.host, self.port, peer.host, peer.port), std::nullopt);
 }
 
 TEST(FindConnectionSocket, FindsTheAcceptedSocketOverIPv4) { expect_found(AF_INET); }
@@ -130,6 +130,36 @@ TEST(FindConnectionSocket, MatchesIPv4MappedAddresses) {
   const Endpoint self = local_of(c->server.get()), peer = peer_of(c->server.get());
   EXPECT_EQ(find_connection_socket("::ffff:" + self.host, self.port, "::ffff:" + peer.host, peer.port),
             c->server.get());
+}
+
+TEST(FindConnectionSocket, FindsAnIPv4ClientOfADualStackListener) {
+  // An IPv6 listener that also takes IPv4: the connection is in the tcp6
+  // table as ::ffff:127.0.0.1, and cpp-httplib may name it either way.
+  Fd listener(::socket(AF_INET6, SOCK_STREAM, 0));
+  ASSERT_GE(listener.get(), 0);
+  int off = 0;
+  setsockopt(listener.get(), IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+  sockaddr_in6 any{};
+  any.sin6_family = AF_INET6;
+  any.sin6_addr = in6addr_any;
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&any), sizeof any) != 0 ||
+      ::listen(listener.get(), 4) != 0)
+    GTEST_SKIP() << "no dual-stack listener";
+  sockaddr_in6 bound{};
+  socklen_t bound_len = sizeof bound;
+  getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  Fd client(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = bound.sin6_port;
+  if (::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) GTEST_SKIP() << "no IPv4 loopback";
+  Fd server(::accept(listener.get(), nullptr, nullptr));
+  ASSERT_GE(server.get(), 0);
+  const Endpoint self = local_of(server.get()), peer = peer_of(server.get());
+  ASSERT_EQ(self.host.rfind("::ffff:", 0), 0u) << self.host;
+  EXPECT_EQ(find_connection_socket(self.host, self.port, peer.host, peer.port), server.get());
+  EXPECT_EQ(find_connection_socket(self.host.substr(7), self.port, peer.host.substr(7), peer.port), server.get());
 }
 
 TEST(DisconnectMonitor, FiresOnceWhenThePeerHangsUp) {

@@ -84,13 +84,32 @@ TEST(Speculative, GreedyIdenticalWithAndWithoutDraftAcrossTurns) {
   }
 }
 
-TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
-  Model& target = target_model();
-  Model& draft = draft_model();
+// A digest of every logits vector a request's token callback saw.
+struct LoggedRun {
+  GenerateResult result;
+  uint64_t logits_digest = 1469598103934665603ull;
+};
+
+LoggedRun generate_logged(Engine& e, const GenerateRequest& r) {
+  LoggedRun out;
+  out.result = e.generate(r, [&](int32_t, std::span<const float> logits) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(logits.data());
+    for (size_t i = 0; i < logits.size_bytes(); ++i) out.logits_digest = (out.logits_digest ^ bytes[i]) * 1099511628211ull;
+    return true;
+  });
+  return out;
+}
+
+// Concurrent speculative requests (greedy and sampling, cache on and off)
+// against each alone: the same tokens and the same logits at every token.
+// Greedy requests may end rounds early to verify with the others; sampling
+// requests must draft exactly as alone.
+void expect_concurrent_equals_alone(Model& target, Model& draft, uint32_t seed) {
   ThreadPool pool(2);
-  std::mt19937 rng(21);
+  std::mt19937 rng(seed);
   auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   PassBatchStats draft_total, target_total;
+  int64_t greedy_drafted = 0, greedy_drafted_alone = 0, accepted = 0;
   for (int round = 0; round < 6; ++round) {
     PrefixCacheConfig pc;
     pc.block_tokens = 8;
@@ -113,14 +132,14 @@ TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
       r.sampling.min_p = 0.0f;
       r.draft_max = rnd(1, 6);
     }
-    std::vector<GenerateResult> together(kRequests);
+    std::vector<LoggedRun> together(kRequests);
     {
       std::latch start(kRequests);
       std::vector<std::thread> threads;
       for (int i = 0; i < kRequests; ++i)
         threads.emplace_back([&, i] {
           start.arrive_and_wait();
-          together[i] = spec.generate(reqs[i]);
+          together[i] = generate_logged(spec, reqs[i]);
         });
       for (auto& t : threads) t.join();
     }
@@ -128,15 +147,19 @@ TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
     for (int i = 0; i < kRequests; ++i) {
       Engine alone(target, pool, nullptr);
       alone.set_draft(draft, nullptr, 4);
-      GenerateResult want = alone.generate(reqs[i]);
-      ASSERT_EQ(together[i].tokens, want.tokens) << "round " << round << " request " << i;
-      EXPECT_EQ(together[i].finish_reason, want.finish_reason);
-      EXPECT_LE(together[i].accepted_tokens, together[i].drafted_tokens);
-      // A greedy request may end rounds early to verify with the others;
-      // a sampling request drafts exactly as it does alone.
+      const LoggedRun want = generate_logged(alone, reqs[i]);
+      const GenerateResult& got = together[i].result;
+      ASSERT_EQ(got.tokens, want.result.tokens) << "round " << round << " request " << i;
+      EXPECT_EQ(together[i].logits_digest, want.logits_digest) << "round " << round << " request " << i;
+      EXPECT_EQ(got.finish_reason, want.result.finish_reason);
+      EXPECT_LE(got.accepted_tokens, got.drafted_tokens);
+      accepted += got.accepted_tokens;
       if (reqs[i].sampling.temperature > 0) {
-        EXPECT_EQ(together[i].drafted_tokens, want.drafted_tokens);
-        EXPECT_EQ(together[i].accepted_tokens, want.accepted_tokens);
+        EXPECT_EQ(got.drafted_tokens, want.result.drafted_tokens);
+        EXPECT_EQ(got.accepted_tokens, want.result.accepted_tokens);
+      } else {
+        greedy_drafted += got.drafted_tokens;
+        greedy_drafted_alone += want.result.drafted_tokens;
       }
     }
     if (cached) {
@@ -150,12 +173,25 @@ TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
     target_total.passes += t.passes;
     target_total.sequences += t.sequences;
   }
+  EXPECT_LE(greedy_drafted, greedy_drafted_alone);
   // How much was shared depends on timing; shown, not asserted.
-  std::printf("draft passes %llu for %llu batches, target passes %llu for %llu batches\n",
+  std::printf("draft passes %llu for %llu batches, target passes %llu for %llu batches; greedy requests drafted "
+              "%lld tokens (%lld alone); %lld accepted\n",
               static_cast<unsigned long long>(draft_total.passes),
               static_cast<unsigned long long>(draft_total.sequences),
               static_cast<unsigned long long>(target_total.passes),
-              static_cast<unsigned long long>(target_total.sequences));
+              static_cast<unsigned long long>(target_total.sequences), static_cast<long long>(greedy_drafted),
+              static_cast<long long>(greedy_drafted_alone), static_cast<long long>(accepted));
+}
+
+TEST(Speculative, ConcurrentRequestsGenerateWhatTheyGenerateAlone) {
+  expect_concurrent_equals_alone(target_model(), draft_model(), 21);
+}
+
+// With the target as its own draft every proposal is accepted, so every row
+// of the verify batches is used, including after a greedy round was cut short.
+TEST(Speculative, ConcurrentSelfDraftedRequestsGenerateWhatTheyGenerateAlone) {
+  expect_concurrent_equals_alone(target_model(), target_model(), 22);
 }
 
 TEST(Speculative, SelfDraftAcceptsEveryToken) {

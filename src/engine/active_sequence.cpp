@@ -76,7 +76,8 @@ void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash1
     }
   }
   if (batcher_) {
-    batcher_->run(batch, *memory_, logits, membership_ ? &*membership_ : nullptr);
+    PassBatcher::Membership* away = partner_ && partner_->membership_ ? &*partner_->membership_ : nullptr;
+    batcher_->run(batch, *memory_, logits, membership_ ? &*membership_ : nullptr, away);
   } else {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     model_.forward(batch, *memory_, logits, pool_);

@@ -47,6 +47,12 @@ class ActiveSequence {
   // would otherwise wait for one that never comes). No-op without a batcher.
   void set_decoding(bool decoding);
 
+  // Another sequence of the same request, on another model's batcher (the
+  // target and its draft): while a batch of this one is queued or running,
+  // the partner's membership counts as away, so that batcher's leaders do
+  // not wait for the partner meanwhile.
+  void set_partner(ActiveSequence* partner) { partner_ = partner; }
+
   // Stores a recurrent snapshot of the state after `prefix` (== everything fed
   // so far) when this sequence keeps snapshots.
   void snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys);
@@ -62,6 +68,7 @@ class ActiveSequence {
   std::mutex& forward_mutex_;
   PassBatcher* batcher_;
   std::optional<PassBatcher::Membership> membership_;
+  ActiveSequence* partner_ = nullptr;
   PrefixCache* cache_;
   SnapshotStore* snapshots_;
   std::unique_ptr<CachedSequence> cached_;

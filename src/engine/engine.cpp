@@ -154,7 +154,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
     const int64_t pos = target.position();
     // Smaller chunks while others decode: each pass advances them one token.
-    const int64_t chunk = batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
+    const bool others_decoding = batcher_->decoding() > 0 || speculating_.load(std::memory_order_relaxed) > 0;
+    const int64_t chunk = others_decoding ? options_.n_batch_while_decoding : options_.n_batch;
     int64_t n = std::min(chunk, n_prompt - pos);
     auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
     if (next != checkpoints.end()) n = std::min(n, *next - pos);
@@ -181,7 +182,9 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
-      const int64_t chunk = draft_batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
+      const bool others_drafting =
+          draft_batcher_->decoding() > 0 || speculating_.load(std::memory_order_relaxed) > 0;
+      const int64_t chunk = others_drafting ? options_.n_batch_while_decoding : options_.n_batch;
       const int64_t n = std::min(chunk, n_prompt - pos);
       draft->feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n), LogitsFor::None, unused);
     }
@@ -295,6 +298,17 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     }
     ~VerifyTurn() { leave(); }
   } verify_turn{target, about_to_verify_};
+  // Counted while speculating: new prompts then prefill in the smaller
+  // chunks, as they do while others decode.
+  struct Speculating {
+    std::atomic<int>& n;
+    explicit Speculating(std::atomic<int>& count) : n(count) { n.fetch_add(1, std::memory_order_relaxed); }
+    ~Speculating() { n.fetch_sub(1, std::memory_order_relaxed); }
+  } speculating{speculating_};
+  // Each model's batch makes the other's membership away while it runs.
+  target.set_partner(&draft);
+  draft.set_partner(&target);
+  bool cut_last_round = false;
 
   // `logits` holds the target's prediction for the token after history.
   int32_t x = target_sampler.sample(logits, history);
@@ -319,7 +333,12 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     // they are at their last draft step, so its verification joins theirs
     // (its output does not depend on how many tokens it drafts; a sampling
     // request's would, so it never does).
-    auto others_verify_next = [&] { return greedy && about_to_verify_.load(std::memory_order_relaxed) > 0; };
+    // Never two rounds in a row: with many requests someone is nearly always
+    // about to verify, and every round would shrink to two tokens.
+    bool cut = false;
+    auto others_verify_next = [&] {
+      return greedy && !cut_last_round && about_to_verify_.load(std::memory_order_relaxed) > 0;
+    };
     if (k <= 1) verify_turn.join();
     if (k > 0) {
       draft.set_decoding(true);
@@ -338,13 +357,17 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
         proposals.push_back(d);
         draft_history.push_back(d);
         if (i + 1 < k) {
-          if (i + 2 < k && others_verify_next()) k = i + 2;
+          if (i + 2 < k && others_verify_next()) {
+            k = i + 2;
+            cut = true;
+          }
           if (i + 2 == k) verify_turn.join();
           draft.feed(std::span<const int32_t>(&proposals.back(), 1), {}, LogitsFor::Last, draft_logits);
         }
       }
     }
     k = static_cast<int>(proposals.size());
+    cut_last_round = cut;
     draft.set_decoding(false);
     verify_turn.join();
     // Target verifies [x, d1..dk] in one pass.
@@ -399,6 +422,8 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
   }
   verify_turn.leave();
   draft.set_decoding(false);
+  target.set_partner(nullptr);
+  draft.set_partner(nullptr);
 }
 
 }  // namespace reprise

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace reprise {
 
@@ -31,7 +32,16 @@ PassBatcher::Membership::Membership(PassBatcher& b) : batcher_(b) {
 PassBatcher::Membership::~Membership() {
   std::lock_guard<std::mutex> lock(batcher_.mutex_);
   --batcher_.members_;
+  if (away_) --batcher_.away_;
   // A leader may be waiting for this member's step: it will not come.
+  batcher_.changed_.notify_all();
+}
+
+void PassBatcher::Membership::set_away(bool away) {
+  std::lock_guard<std::mutex> lock(batcher_.mutex_);
+  if (away_ == away) return;
+  away_ = away;
+  batcher_.away_ += away ? 1 : -1;
   batcher_.changed_.notify_all();
 }
 
@@ -51,11 +61,20 @@ PassBatchStats PassBatcher::stats() const {
 }
 
 void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-                      const Membership* member) {
+                      const Membership* member, Membership* away_from) {
   if (batch.tokens.empty()) return;
   Pending me;
   me.work = SequenceBatch{batch, &memory, &logits};
   me.from_member = member != nullptr;
+  me.away_from = away_from;
+  // Back from away on every exit, if the leader has not already done it.
+  struct AwayGuard {
+    Pending& p;
+    ~AwayGuard() {
+      if (p.away_from) p.away_from->set_away(false);
+    }
+  } away_guard{me};
+  if (away_from) away_from->set_away(true);
   std::unique_lock<std::mutex> lock(mutex_);
   pending_.push_back(&me);
   changed_.notify_all();
@@ -78,9 +97,13 @@ void PassBatcher::run(const ForwardBatch& batch, SequenceMemory& memory, std::ve
 
 void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   // The only allocation: done before this thread becomes the leader, so
-  // nothing below throws (a failed pass is reported to its batches).
+  // nothing after it throws (a failed pass is reported to its batches).
   std::vector<Pending*> pass;
   pass.reserve(max_sequences_);
+  lead_pass(lock, pass);
+}
+
+void PassBatcher::lead_pass(std::unique_lock<std::mutex>& lock, std::vector<Pending*>& pass) noexcept {
   leading_ = true;
   // Wait for the members' batches before taking the forward lock, so the
   // wait overlaps whatever else runs on the pool (another model's batcher,
@@ -93,7 +116,7 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
     const auto start = std::chrono::steady_clock::now();
     auto deadline = start + kGatherWindow;
     auto in = members_in();
-    while (max_sequences_ > 1 && in < std::clamp(members_, 0, max_sequences_)) {
+    while (max_sequences_ > 1 && in < std::clamp(members_ - away_, 0, max_sequences_)) {
       if (std::chrono::steady_clock::now() >= deadline) break;
       changed_.wait_until(lock, deadline);
       if (const auto now_in = members_in(); now_in > in) {
@@ -105,10 +128,11 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   gather();
   lock.unlock();
   // Work that arrives while another user of the pool holds the forward lock
-  // queues up and joins this pass. A member still missing may be in that
-  // user's pass (a speculative request verifying while the others draft):
-  // once it ends, give the members one more window, or the two groups stay
-  // out of step, each pass running without the other.
+  // queues up and joins this pass. A member that was away in that user's
+  // pass (a speculative request verifying while the others draft) is back
+  // once it ends: give the members one more window, or the two groups stay
+  // out of step, each pass running without the other. Members still away
+  // (queued behind this lock) are not waited for.
   std::unique_lock<std::mutex> forward(forward_mutex_, std::try_to_lock);
   if (!forward.owns_lock()) {
     forward.lock();
@@ -137,6 +161,10 @@ void PassBatcher::lead(std::unique_lock<std::mutex>& lock) {
   }
   lock.unlock();
   run_pass(pass);
+  // Members away from another batcher for these batches are back before
+  // they wake (lock order: forward lock, then a batcher's own).
+  for (Pending* p : pass)
+    if (p->away_from) std::exchange(p->away_from, nullptr)->set_away(false);
   forward.unlock();
   lock.lock();
   for (Pending* p : pass) p->done = true;

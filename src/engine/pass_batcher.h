@@ -58,16 +58,25 @@ class PassBatcher {
     Membership(const Membership&) = delete;
     Membership& operator=(const Membership&) = delete;
 
+    // Away: the member's current batch is in another batcher's queue or pass
+    // (a speculative request verifying while a member of its draft's
+    // batcher), so no leader here waits for it meanwhile. See run().
+    void set_away(bool away);
+
    private:
     PassBatcher& batcher_;
+    bool away_ = false;  // guarded by batcher_.mutex_
   };
 
   // Runs `batch` on `memory` (possibly in one pass with other sequences'
   // batches); `logits` receives what batch.logits_for asks. Rethrows the
   // error of this batch. `member`: the caller's membership, if it holds one
-  // (its batch is one a leader waits for).
+  // (its batch is one a leader waits for). `away_from`: the caller's
+  // membership of another batcher, away from the moment the batch is queued
+  // until its pass has run (cleared before the caller wakes, so the other
+  // batcher's leader waits for the caller's next batch there).
   void run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
-           const Membership* member = nullptr);
+           const Membership* member = nullptr, Membership* away_from = nullptr);
 
   // Sequences currently in their decode loops.
   int decoding() const;
@@ -81,9 +90,11 @@ class PassBatcher {
     std::exception_ptr error;
     bool done = false;
     bool from_member = false;
+    Membership* away_from = nullptr;  // cleared (set_away(false)) once the pass has run
     bool single() const { return work.batch.tokens.size() == 1; }
   };
   void lead(std::unique_lock<std::mutex>& lock);
+  void lead_pass(std::unique_lock<std::mutex>& lock, std::vector<Pending*>& pass) noexcept;
   void run_pass(std::vector<Pending*>& pass) noexcept;
 
   Model& model_;
@@ -96,6 +107,7 @@ class PassBatcher {
   std::condition_variable changed_;
   std::deque<Pending*> pending_;
   int members_ = 0;
+  int away_ = 0;  // members that are away
   bool leading_ = false;
   PassBatchStats stats_;
 };

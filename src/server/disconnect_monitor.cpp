@@ -41,8 +41,13 @@ bool parse_proc_endpoint(const std::string& field, std::string& host, int& port)
 
 bool same_host(const std::string& a, const std::string& b) {
   if (a == b) return true;
-  // IPv4-mapped IPv6 on a dual-stack socket.
-  auto strip = [](const std::string& s) { return s.rfind("::ffff:", 0) == 0 ? s.substr(7) : s; };
+  // IPv4-mapped IPv6 on a dual-stack socket; a link-local address's
+  // "%interface" (getnameinfo adds it, the kernel's tables do not).
+  auto strip = [](std::string s) {
+    if (s.rfind("::ffff:", 0) == 0 && s.find('.') != std::string::npos) s = s.substr(7);
+    if (const auto pct = s.find('%'); pct != std::string::npos) s.resize(pct);
+    return s;
+  };
   return strip(a) == strip(b);
 }
 
@@ -75,11 +80,14 @@ std::optional<int> find_connection_socket(const std::string& local_addr, int loc
   // Endpoints -> socket inode from the kernel's connection tables, then inode
   // -> descriptor from /proc/self/fd's link names. Neither step touches other
   // descriptors (which other threads may be closing or reusing meanwhile).
+  // The tables are read in pieces, and a piece can skip entries while other
+  // connections open and close: look twice before giving up.
   std::optional<uint64_t> inode;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    inode = find_socket_inode(table, local_addr, local_port, remote_addr, remote_port);
-    if (inode) break;
-  }
+  for (int attempt = 0; attempt < 2 && !inode; ++attempt)
+    for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+      inode = find_socket_inode(table, local_addr, local_port, remote_addr, remote_port);
+      if (inode) break;
+    }
   if (!inode) return std::nullopt;
   const std::string wanted = "socket:[" + std::to_string(*inode) + "]";
   DIR* dir = opendir("/proc/self/fd");
