@@ -3,6 +3,8 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -106,10 +108,30 @@ std::optional<Connection> connect_loopback(int family) {
   return c;
 }
 
+bool netlink_available() {
+  const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+// Both inode lookups agree on the connection, and neither takes the
+// listener (which has the same local endpoint) for a connection.
+void expect_lookups_agree(const Endpoint& self, const Endpoint& peer) {
+  const auto from_proc = socket_inode_from_proc(self.host, self.port, peer.host, peer.port);
+  ASSERT_TRUE(from_proc.has_value());
+  if (netlink_available()) {
+    EXPECT_EQ(socket_inode_from_netlink(self.host, self.port, peer.host, peer.port), from_proc);
+    EXPECT_EQ(socket_inode_from_netlink(self.host, self.port, peer.host, peer.port == 1 ? 2 : 1), std::nullopt);
+  }
+  EXPECT_EQ(socket_inode_from_proc(self.host, self.port, peer.host, peer.port == 1 ? 2 : 1), std::nullopt);
+}
+
 void expect_found(int family) {
   auto c = connect_loopback(family);
   if (!c) GTEST_SKIP() << "no loopback for address family " << family;
   const Endpoint self = local_of(c->server.get()), peer = peer_of(c->server.get());
+  expect_lookups_agree(self, peer);
   EXPECT_EQ(find_connection_socket(self.host, self.port, peer.host, peer.port), c->server.get());
   // The client's socket has the same endpoints the other way round.
   EXPECT_EQ(find_connection_socket(peer.host, peer.port, self.host, self.port), c->client.get());
@@ -158,6 +180,7 @@ TEST(FindConnectionSocket, FindsAnIPv4ClientOfADualStackListener) {
   ASSERT_GE(server.get(), 0);
   const Endpoint self = local_of(server.get()), peer = peer_of(server.get());
   ASSERT_EQ(self.host.rfind("::ffff:", 0), 0u) << self.host;
+  expect_lookups_agree(self, peer);
   EXPECT_EQ(find_connection_socket(self.host, self.port, peer.host, peer.port), server.get());
   EXPECT_EQ(find_connection_socket(self.host.substr(7), self.port, peer.host.substr(7), peer.port), server.get());
 }

@@ -7,8 +7,8 @@
 // cancels its generation) within one poll interval.
 //
 // cpp-httplib does not hand the socket to handlers, so find_connection_socket
-// locates it from the connection's addresses (Linux: the kernel's TCP tables
-// give the socket's inode, /proc/self/fd's links the descriptor holding it).
+// locates it from the connection's addresses (Linux: a sock_diag query gives
+// the socket's inode, /proc/self/fd's links the descriptor holding it).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +29,14 @@ namespace reprise {
 // threads may be closing.
 std::optional<int> find_connection_socket(const std::string& local_addr, int local_port,
                                           const std::string& remote_addr, int remote_port);
+
+// The two ways find_connection_socket finds a connection's socket inode (any
+// process's, in this network namespace): one exact sock_diag netlink query,
+// and, where that is unavailable, a scan of /proc/self/net/tcp{,6}.
+std::optional<uint64_t> socket_inode_from_netlink(const std::string& local_addr, int local_port,
+                                                  const std::string& remote_addr, int remote_port);
+std::optional<uint64_t> socket_inode_from_proc(const std::string& local_addr, int local_port,
+                                               const std::string& remote_addr, int remote_port);
 
 class DisconnectMonitor {
  public:
