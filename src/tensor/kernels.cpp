@@ -311,18 +311,42 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-// Q8_0 quantization of one 32-element block as ggml's AVX2 path does it:
-// d = amax / 127 stored as f16, q = round-half-even(x * (127 / amax)).
-void quantize_block(const float* x, XBlock& out) {
+// The largest |x| of one 32-element block.
+float block_amax(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
   __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-  const float amax = hmax(m);
-  const float d = amax / 127.0f;
-  const uint16_t dh = f32_to_f16(d);
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  return hmax(m);
+}
+
+// One block's quants and corrections, given its scale d (already rounded
+// through f16) and id = 127 / amax (0 when amax is 0).
+void quantize_block_with(const float* x, float d, float id, XBlock& out);
+
+// Q8_0 quantization of n consecutive 32-element blocks into out[b * stride]
+// as ggml's AVX2 path does it, per block: d = amax / 127 stored as f16,
+// q = round-half-even(x * (127 / amax)). The scales' divisions and f16
+// conversions run 8 blocks at a time.
+void quantize_blocks(const float* x, int64_t n, XBlock* out, int64_t stride) {
+  for (int64_t b0 = 0; b0 < n; b0 += 8) {
+    const int nb = static_cast<int>(n - b0 < 8 ? n - b0 : 8);
+    alignas(32) float amax[8] = {};
+    for (int j = 0; j < nb; ++j) amax[j] = block_amax(x + (b0 + j) * kQK8_0);
+    const __m256 m = _mm256_load_ps(amax);
+    alignas(32) float d[8], id[8];
+    _mm256_store_ps(d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_div_ps(m, _mm256_set1_ps(127.0f)),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    const __m256 nonzero = _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    _mm256_store_ps(id, _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(127.0f), m)));
+    for (int j = 0; j < nb; ++j) quantize_block_with(x + (b0 + j) * kQK8_0, d[j], id[j], out[(b0 + j) * stride]);
+  }
+}
+
+void quantize_block_with(const float* x, float d, float id, XBlock& out) {
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
   const __m256 mul = _mm256_set1_ps(id);
   __m256i q[4];
   for (int i = 0; i < 4; ++i)
@@ -340,7 +364,7 @@ void quantize_block(const float* x, XBlock& out) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   const int32_t sum = _mm_cvtsi128_si32(s);
-  out.d = f16_to_f32(dh);
+  out.d = d;
   out.corr_q8 = -128 * sum;
   out.corr_q4 = -8 * sum;
 }
@@ -380,7 +404,7 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
     case ActKind::Q8: {
       auto* o = static_cast<XBlock*>(out);
       if (const auto q = isa_kernels().quantize_q8) q(x, n / kQK8_0, o, 1);
-      else for (int64_t b = 0; b < n / kQK8_0; ++b) quantize_block(x + b * kQK8_0, o[b]);
+      else quantize_blocks(x, n / kQK8_0, o, 1);
       return;
     }
     case ActKind::F32:
@@ -430,7 +454,7 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
       for (int64_t j = 0; j < nt; ++j) {
         const float* row = x + (t0 + j) * n_in;
         if (isa.quantize_q8) isa.quantize_q8(row, px.k, dst + j, px.tile);
-        else for (int64_t b = 0; b < px.k; ++b) quantize_block(row + b * kQK8_0, dst[b * px.tile + j]);
+        else quantize_blocks(row, px.k, dst + j, px.tile);
       }
       return;
     }
