@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 
 #include "engine/active_sequence.h"
 #include "util/error.h"
