@@ -153,8 +153,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
     const int64_t pos = target.position();
     // Smaller chunks while others decode: each pass advances them one token.
-    const bool others_decoding = batcher_->decoding() > 0 || speculating_.load(std::memory_order_relaxed) > 0;
-    const int64_t chunk = others_decoding ? options_.n_batch_while_decoding : options_.n_batch;
+    const int64_t chunk = batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
     int64_t n = std::min(chunk, n_prompt - pos);
     auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
     if (next != checkpoints.end()) n = std::min(n, *next - pos);
@@ -181,9 +180,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
-      const bool others_drafting =
-          draft_batcher_->decoding() > 0 || speculating_.load(std::memory_order_relaxed) > 0;
-      const int64_t chunk = others_drafting ? options_.n_batch_while_decoding : options_.n_batch;
+      const int64_t chunk = draft_batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
       const int64_t n = std::min(chunk, n_prompt - pos);
       draft->feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n), LogitsFor::None, unused);
     }
@@ -213,6 +210,7 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   // A member of the batcher while more decode steps will follow: a pass
   // waits for members' steps, so a sequence leaves as soon as it knows its
   // last token is next (or at any other stop).
+  PassBatcher::Decoder decoder(*batcher_);
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const bool last = i + 1 == req.max_tokens || target.position() + 1 >= n_ctx_;
     target.set_decoding(!last);

@@ -158,7 +158,6 @@ class Engine {
   PassBatcher* batcher_;
   std::unique_ptr<PassBatcher> draft_batcher_;  // with a draft model
   std::atomic<int> about_to_verify_{0};  // speculative requests at their round's last draft batch
-  std::atomic<int> speculating_{0};      // requests in their speculative decode loop
   std::unique_ptr<InflightPrefixes> own_inflight_;
   InflightPrefixes* inflight_;
 

@@ -45,9 +45,19 @@ void PassBatcher::Membership::set_away(bool away) {
   batcher_.changed_.notify_all();
 }
 
+PassBatcher::Decoder::Decoder(PassBatcher& b) : batcher_(b) {
+  std::lock_guard<std::mutex> lock(batcher_.mutex_);
+  ++batcher_.decoders_;
+}
+
+PassBatcher::Decoder::~Decoder() {
+  std::lock_guard<std::mutex> lock(batcher_.mutex_);
+  --batcher_.decoders_;
+}
+
 int PassBatcher::decoding() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return members_;
+  return decoders_;
 }
 
 size_t PassBatcher::queued() const {

@@ -78,7 +78,21 @@ class PassBatcher {
   void run(const ForwardBatch& batch, SequenceMemory& memory, std::vector<float>& logits,
            const Membership* member = nullptr, Membership* away_from = nullptr);
 
-  // Sequences currently in their decode loops.
+  // Held by a sequence for its whole decode loop, also through phases in
+  // which it is not a member (a speculative request while it drafts).
+  class Decoder {
+   public:
+    explicit Decoder(PassBatcher& b);
+    ~Decoder();
+    Decoder(const Decoder&) = delete;
+    Decoder& operator=(const Decoder&) = delete;
+
+   private:
+    PassBatcher& batcher_;
+  };
+
+  // Sequences in their decode loops (holding a Decoder): while there are
+  // any, new prompts prefill in smaller chunks.
   int decoding() const;
   // Batches waiting for a pass (for tests).
   size_t queued() const;
@@ -108,6 +122,7 @@ class PassBatcher {
   std::deque<Pending*> pending_;
   int members_ = 0;
   int away_ = 0;  // members that are away
+  int decoders_ = 0;
   bool leading_ = false;
   PassBatchStats stats_;
 };

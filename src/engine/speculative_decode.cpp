@@ -69,13 +69,9 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     }
     ~VerifyTurn() { leave(); }
   } verify_turn{target, about_to_verify_};
-  // Counted while speculating: new prompts then prefill in the smaller
-  // chunks, as they do while others decode.
-  struct Speculating {
-    std::atomic<int>& n;
-    explicit Speculating(std::atomic<int>& count) : n(count) { n.fetch_add(1, std::memory_order_relaxed); }
-    ~Speculating() { n.fetch_sub(1, std::memory_order_relaxed); }
-  } speculating{speculating_};
+  // Decoding on both models for the whole loop (it is a member of each
+  // batcher only in its phases): new prompts prefill in the smaller chunks.
+  PassBatcher::Decoder target_decoder(*batcher_), draft_decoder(*draft_batcher_);
   // Each model's batch makes the other's membership away while it runs.
   target.set_partner(&draft);
   draft.set_partner(&target);
