@@ -28,6 +28,29 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint64_t seed) {
   return v;
 }
 
+// Requests generated concurrently through one engine, one thread each.
+struct ConcurrentRun {
+  double seconds = 0;
+  int64_t tokens = 0;                        // generated, all requests
+  std::vector<std::vector<int32_t>> outputs;  // per request
+};
+
+ConcurrentRun generate_concurrently(Engine& engine, const std::vector<GenerateRequest>& reqs) {
+  ConcurrentRun out;
+  out.outputs.resize(reqs.size());
+  const double t0 = now_seconds();
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < reqs.size(); ++c)
+    threads.emplace_back([&, c] { out.outputs[c] = engine.generate(reqs[c]).tokens; });
+  for (auto& t : threads) t.join();
+  out.seconds = now_seconds() - t0;
+  for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
+  return out;
+}
+
+// Mean sequence batches per forward pass.
+double batches_per_pass(const PassBatchStats& s) { return s.passes ? double(s.sequences) / s.passes : 0.0; }
+
 // A model whose logits always favour one token: as a draft, every proposal
 // is rejected by any target that disagrees, which measures pure overhead.
 class ContrarianDraft final : public Model {
@@ -144,43 +167,29 @@ void replay_speculative_concurrent(const ReplayOptions& o, Model& model, Model& 
     reqs[c].max_tokens = o.gen_tokens;
     reqs[c].use_cache = false;
   }
-  struct Outcome {
-    double seconds = 0;
-    int64_t tokens = 0;
+  struct Outcome : ConcurrentRun {
     PassBatchStats target, draft;
-    std::vector<std::vector<int32_t>> outputs;
   };
   auto run = [&](int max_batch, bool speculative) {
     EngineOptions options;
     options.max_decode_batch = max_batch;
     Engine engine(model, pool, nullptr, options);
     if (speculative) engine.set_draft(draft, nullptr, o.draft_max);
-    Outcome out;
-    out.outputs.resize(o.clients);
-    const double t0 = now_seconds();
-    std::vector<std::thread> threads;
-    for (int c = 0; c < o.clients; ++c)
-      threads.emplace_back([&, c] { out.outputs[c] = engine.generate(reqs[c]).tokens; });
-    for (auto& t : threads) t.join();
-    out.seconds = now_seconds() - t0;
-    for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
-    out.target = engine.pass_stats();
-    out.draft = engine.draft_pass_stats();
-    return out;
+    // Braced initializers run in order: the stats are read after the run.
+    return Outcome{generate_concurrently(engine, reqs), engine.pass_stats(), engine.draft_pass_stats()};
   };
   run(o.clients, true);  // warm-up
   const Outcome plain = run(o.clients, false);
   const Outcome alone = run(1, true);
   const Outcome shared = run(o.clients, true);
-  auto per_pass = [](const PassBatchStats& s) { return s.passes ? double(s.sequences) / s.passes : 0.0; };
   std::printf("%d concurrent requests, %d tokens each (greedy):\n", o.clients, o.gen_tokens);
   std::printf("| run | wall (s) | generated tokens/s | target batches per pass | draft batches per pass |\n");
   std::printf("| no draft, shared passes | %.3f | %.1f | %.2f | - |\n", plain.seconds, plain.tokens / plain.seconds,
-              per_pass(plain.target));
+              batches_per_pass(plain.target));
   std::printf("| draft, each request's passes alone | %.3f | %.1f | %.2f | %.2f |\n", alone.seconds,
-              alone.tokens / alone.seconds, per_pass(alone.target), per_pass(alone.draft));
+              alone.tokens / alone.seconds, batches_per_pass(alone.target), batches_per_pass(alone.draft));
   std::printf("| draft, shared passes | %.3f | %.1f | %.2f | %.2f |\n", shared.seconds, shared.tokens / shared.seconds,
-              per_pass(shared.target), per_pass(shared.draft));
+              batches_per_pass(shared.target), batches_per_pass(shared.draft));
   const bool same = plain.outputs == alone.outputs && alone.outputs == shared.outputs;
   std::printf("shared / alone: %.2fx; outputs identical: %s\n", alone.seconds / shared.seconds, same ? "yes" : "NO");
   if (!same) throw Error("concurrent speculative decoding changed a request's output");
@@ -244,11 +253,8 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
     reqs[c].sampling.temperature = 0;
     reqs[c].max_tokens = o.gen_tokens;
   }
-  struct Outcome {
-    double seconds = 0;
-    int64_t tokens = 0;
+  struct Outcome : ConcurrentRun {
     PassBatchStats batches;
-    std::vector<std::vector<int32_t>> outputs;
   };
   auto run = [&](int max_decode_batch) {
     PrefixCacheConfig cfg;
@@ -257,17 +263,7 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
     EngineOptions options;
     options.max_decode_batch = max_decode_batch;
     Engine engine(model, pool, &cache, options);
-    Outcome out;
-    out.outputs.resize(o.clients);
-    const double t0 = now_seconds();
-    std::vector<std::thread> threads;
-    for (int c = 0; c < o.clients; ++c)
-      threads.emplace_back([&, c] { out.outputs[c] = engine.generate(reqs[c]).tokens; });
-    for (auto& t : threads) t.join();
-    out.seconds = now_seconds() - t0;
-    for (const auto& v : out.outputs) out.tokens += static_cast<int64_t>(v.size());
-    out.batches = engine.pass_stats();
-    return out;
+    return Outcome{generate_concurrently(engine, reqs), engine.pass_stats()};  // stats read after the run
   };
   std::printf("replay parallel on %s: %d concurrent requests, %d-token shared system prompt + %d own tokens, %d "
               "generated tokens each (greedy), %d threads\n",
@@ -275,14 +271,11 @@ void replay_parallel(const ReplayOptions& o, ModelBundle& b) {
   run(o.clients);  // warm-up
   const Outcome alone = run(1);
   const Outcome batched = run(o.clients);
-  auto mean_batch = [](const Outcome& r) {
-    return r.batches.passes ? static_cast<double>(r.batches.sequences) / r.batches.passes : 0.0;
-  };
   std::printf("| passes | wall (s) | generated tokens/s | mean sequences per pass |\n");
   std::printf("| each sequence alone | %.3f | %.1f | %.2f |\n", alone.seconds, alone.tokens / alone.seconds,
-              mean_batch(alone));
+              batches_per_pass(alone.batches));
   std::printf("| shared | %.3f | %.1f | %.2f |\n", batched.seconds, batched.tokens / batched.seconds,
-              mean_batch(batched));
+              batches_per_pass(batched.batches));
   std::printf("speed-up %.2fx; outputs identical: %s\n", alone.seconds / batched.seconds,
               alone.outputs == batched.outputs ? "yes" : "NO");
   if (alone.outputs != batched.outputs) throw Error("batched decode changed a request's output");
