@@ -304,71 +304,6 @@ ActKind act_kind(DType t) {
   }
 }
 
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-// The largest |x| of one 32-element block.
-float block_amax(const float* x) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-  return hmax(m);
-}
-
-// One block's quants and corrections, given its scale d (already rounded
-// through f16) and id = 127 / amax (0 when amax is 0).
-void quantize_block_with(const float* x, float d, float id, XBlock& out);
-
-// Q8_0 quantization of n consecutive 32-element blocks into out[b * stride]
-// as ggml's AVX2 path does it, per block: d = amax / 127 stored as f16,
-// q = round-half-even(x * (127 / amax)). The scales' divisions and f16
-// conversions run 8 blocks at a time.
-void quantize_blocks(const float* x, int64_t n, XBlock* out, int64_t stride) {
-  for (int64_t b0 = 0; b0 < n; b0 += 8) {
-    const int nb = static_cast<int>(n - b0 < 8 ? n - b0 : 8);
-    alignas(32) float amax[8] = {};
-    for (int j = 0; j < nb; ++j) amax[j] = block_amax(x + (b0 + j) * kQK8_0);
-    const __m256 m = _mm256_load_ps(amax);
-    alignas(32) float d[8], id[8];
-    _mm256_store_ps(d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_div_ps(m, _mm256_set1_ps(127.0f)),
-                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-    const __m256 nonzero = _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_NEQ_UQ);
-    _mm256_store_ps(id, _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(127.0f), m)));
-    for (int j = 0; j < nb; ++j) quantize_block_with(x + (b0 + j) * kQK8_0, d[j], id[j], out[(b0 + j) * stride]);
-  }
-}
-
-void quantize_block_with(const float* x, float d, float id, XBlock& out) {
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  const __m256 mul = _mm256_set1_ps(id);
-  __m256i q[4];
-  for (int i = 0; i < 4; ++i)
-    q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  // Pack 32 int32 -> 32 int8 in order.
-  __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-  __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-  __m256i p = _mm256_packs_epi16(p01, p23);
-  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), p);
-  // Sum of the quants (for the unsigned-weight corrections).
-  const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
-  __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  const int32_t sum = _mm_cvtsi128_si32(s);
-  out.d = d;
-  out.corr_q8 = -128 * sum;
-  out.corr_q4 = -8 * sum;
-}
-
 inline __m256 round_bf16(__m256 x) {
   // Round to nearest even on the upper 16 bits; NaN made quiet (as ggml).
   const __m256i u = _mm256_castps_si256(x);
@@ -403,8 +338,7 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
     }
     case ActKind::Q8: {
       auto* o = static_cast<XBlock*>(out);
-      if (const auto q = isa_kernels().quantize_q8) q(x, n / kQK8_0, o, 1);
-      else quantize_blocks(x, n / kQK8_0, o, 1);
+      isa_kernels().quantize_q8(x, n / kQK8_0, o, 1);
       return;
     }
     case ActKind::F32:
@@ -453,8 +387,7 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
       if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
       for (int64_t j = 0; j < nt; ++j) {
         const float* row = x + (t0 + j) * n_in;
-        if (isa.quantize_q8) isa.quantize_q8(row, px.k, dst + j, px.tile);
-        else quantize_blocks(row, px.k, dst + j, px.tile);
+        isa.quantize_q8(row, px.k, dst + j, px.tile);
       }
       return;
     }

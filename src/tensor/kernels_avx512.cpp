@@ -864,7 +864,7 @@ void pack_f_tile(const float* x, int64_t n_in, int nt, int tile, int round, floa
   }
 }
 
-// Q8_0 quantization by ggml's AVX2 rule (kernels.cpp quantize_blocks, which
+// Q8_0 quantization by ggml's AVX2 rule (kernels_avx2.cpp quantize_q8, which
 // this must match bit for bit): per block d = amax / 127 stored as f16,
 // q = round-half-even(x * (127 / amax)) saturated to int8. Sixteen blocks at a
 // time, so the divisions and f16 conversions run once per 16 blocks.

@@ -173,8 +173,8 @@ struct IsaKernels {
   // driver's generic path.
   void (*pack_f_tile)(const float* x, int64_t n_in, int nt, int tile, int round, float* out);
   // Quantizes n_blocks consecutive 32-float blocks of x to Q8_0 activation
-  // blocks out[b * out_stride], bit-identical to the driver's quantize_blocks.
-  // Null: the driver's per-block path.
+  // blocks out[b * out_stride] by ggml's AVX2 rule (kernels_avx2.cpp), the
+  // same bits on every ISA.
   void (*quantize_q8)(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stride);
   // Null when the ISA has no batched attention kernel, or for head sizes it
   // does not handle (attention_supports).
