@@ -52,6 +52,10 @@ void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
                                                  options_.n_batch_while_decoding);
 }
 
+int64_t Engine::prefill_chunk(const PassBatcher& batcher) const {
+  return batcher.decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
+}
+
 NamespaceKey Engine::namespace_for(const std::string& cache_salt) const {
   NamespaceKey ns;
   ns.model_fingerprint = model_.info().fingerprint;
@@ -152,9 +156,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
       return result;
     }
     const int64_t pos = target.position();
-    // Smaller chunks while others decode: each pass advances them one token.
-    const int64_t chunk = batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
-    int64_t n = std::min(chunk, n_prompt - pos);
+    int64_t n = std::min(prefill_chunk(*batcher_), n_prompt - pos);
     auto next = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
     if (next != checkpoints.end()) n = std::min(n, *next - pos);
     const EmbeddedSpan* span = span_at(pos);
@@ -180,8 +182,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
-      const int64_t chunk = draft_batcher_->decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
-      const int64_t n = std::min(chunk, n_prompt - pos);
+      const int64_t n = std::min(prefill_chunk(*draft_batcher_), n_prompt - pos);
       draft->feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n), LogitsFor::None, unused);
     }
   }

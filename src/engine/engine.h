@@ -161,6 +161,9 @@ class Engine {
   std::unique_ptr<InflightPrefixes> own_inflight_;
   InflightPrefixes* inflight_;
 
+  // Prompt tokens per prefill batch on `batcher`'s model: smaller while
+  // other sequences decode there (each pass advances them one token).
+  int64_t prefill_chunk(const PassBatcher& batcher) const;
   void decode_plain(const GenerateRequest& req, class ActiveSequence& target, std::vector<float>& logits,
                     GenerateResult& result, const TokenCallback& on_token);
   void decode_speculative(const GenerateRequest& req, class ActiveSequence& target, class ActiveSequence& draft,

@@ -28,6 +28,10 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
   result.finish_reason = "length";
   std::vector<float> draft_logits, verify_logits;
   const int64_t n_vocab = model_.info().n_vocab;
+  // The target's logits for position i of the last verify batch.
+  auto verify_row = [&](int i) {
+    return std::span<const float>(verify_logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab);
+  };
 
   // Emits one token; returns false when generation must stop.
   auto emit = [&](int32_t token, std::span<const float> token_logits) {
@@ -150,7 +154,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     int32_t next = -1;
     std::vector<int32_t> verify_history(history);
     for (int i = 0; i <= k; ++i) {
-      std::span<const float> row(verify_logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab);
+      const std::span<const float> row = verify_row(i);
       if (i == k) {  // every proposal accepted: a bonus token from the target
         next = target_sampler.sample(row, verify_history);
         break;
@@ -181,10 +185,10 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     draft.truncate(std::min<int64_t>(draft.position(), base + 1 + accepted));
     bool go_on = true;
     for (int i = 0; i < accepted && go_on; ++i)
-      go_on = emit(proposals[i], std::span<const float>(verify_logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab));
+      go_on = emit(proposals[i], verify_row(i));
     if (!go_on) break;
     x = next;
-    if (!emit(x, std::span<const float>(verify_logits.data() + static_cast<size_t>(accepted) * n_vocab, n_vocab)))
+    if (!emit(x, verify_row(accepted)))
       break;
   }
   verify_turn.leave();
