@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace reprise {
@@ -43,14 +44,19 @@ bool parse_proc_endpoint(const std::string& field, std::string& host, int& port)
   return true;
 }
 
+// A host without a link-local address's "%interface" (getnameinfo adds it;
+// the kernel's tables and sock_diag do not know it).
+std::string without_zone(std::string host) {
+  if (const auto pct = host.find('%'); pct != std::string::npos) host.resize(pct);
+  return host;
+}
+
 bool same_host(const std::string& a, const std::string& b) {
   if (a == b) return true;
-  // IPv4-mapped IPv6 on a dual-stack socket; a link-local address's
-  // "%interface" (getnameinfo adds it, the kernel's tables do not).
+  // IPv4-mapped IPv6 on a dual-stack socket.
   auto strip = [](std::string s) {
     if (s.rfind("::ffff:", 0) == 0 && s.find('.') != std::string::npos) s = s.substr(7);
-    if (const auto pct = s.find('%'); pct != std::string::npos) s.resize(pct);
-    return s;
+    return without_zone(std::move(s));
   };
   return strip(a) == strip(b);
 }
@@ -80,8 +86,7 @@ std::optional<uint64_t> inode_from_table(const char* table, const std::string& l
 // A numeric IPv4 or IPv6 host (IPv4 as a v4-mapped IPv6 address when
 // `family` is AF_INET6), in network byte order.
 bool parse_host(const std::string& host, int family, uint32_t (&words)[4]) {
-  std::string h = host;
-  if (const auto pct = h.find('%'); pct != std::string::npos) h.resize(pct);
+  const std::string h = without_zone(host);
   std::memset(words, 0, sizeof words);
   in_addr v4{};
   if (inet_pton(AF_INET, h.c_str(), &v4) == 1) {
