@@ -1,10 +1,11 @@
 // AVX2 (x86-64-v3) helpers shared by the kernel driver and the AVX2
-// attention kernel: glibc's expf bit for bit, f16 loads and rounding, and
+// attention kernels: ggml's vector expf and glibc's expf bit for bit, f16 loads and rounding, and
 // ggml's 8-lane horizontal sum order.
 #pragma once
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "tensor/kernels_impl.h"
 
@@ -78,5 +79,66 @@ inline __m256 load_h8(const uint16_t* p) {
 }
 inline __m256 round_h8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
+
+// ---------------------------------------------------------------------------
+// exp (ggml's vector expf: Arm optimized-routines polynomial), the same bits
+// as a vector or a scalar. 2^n is applied as one multiply by an exact power
+// of two for n in [-149, 127]; beyond that the result is 0 or +inf (values
+// below 2^-149 or above FLT_MAX).
+
+constexpr float kExpShift = 0x1.8p23f;
+constexpr float kLog2e = 0x1.715476p+0f;
+constexpr float kLn2Hi = 0x1.62e4p-1f;
+constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
+                kC1 = 0x1.ffffecp-1f;
+
+inline float pow2i(int n) {  // exact 2^n for n in [-149, 127]
+  uint32_t bits = n >= -126 ? static_cast<uint32_t>(n + 127) << 23 : 1u << (n + 149);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float exp_scalar(float x) {
+  const float z = std::fma(x, kLog2e, kExpShift);
+  const float n = z - kExpShift;
+  const float b = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(kC5, b, kC4), u, std::fma(kC3, b, kC2)), u, std::fma(kC1, b, 1.0f));
+  if (std::isnan(n)) return x + x;
+  if (n > 128.0f) return INFINITY;
+  if (n < -149.0f) return 0.0f;
+  if (n == 128.0f) return (j * 0x1p127f) * 2.0f;
+  return j * pow2i(static_cast<int>(n));
+}
+
+// 8 lanes; lanes outside the fast range go through exp_scalar.
+__attribute__((always_inline)) inline __m256 exp8(__m256 x) {
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kExpShift));
+  const __m256 n = _mm256_sub_ps(z, _mm256_set1_ps(kExpShift));
+  const __m256 b =
+      _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f)));
+  // Fast range n in [-126, 127] (NaN compares false, so it takes the slow path).
+  const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_GE_OQ),
+                                  _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_LE_OQ));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 r = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+  if (_mm256_movemask_ps(ok) != 0xff) {
+    alignas(32) float xs[8], rs[8];
+    _mm256_store_ps(xs, x);
+    _mm256_store_ps(rs, r);
+    const int m = _mm256_movemask_ps(ok);
+    for (int i = 0; i < 8; ++i)
+      if (!(m >> i & 1)) rs[i] = exp_scalar(xs[i]);
+    r = _mm256_load_ps(rs);
+  }
+  return r;
+}
 
 }  // namespace reprise::kernels::avx2

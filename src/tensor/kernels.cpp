@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "tensor/attention_tiled.h"
 #include "tensor/avx2_math.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels_impl.h"
@@ -22,8 +23,12 @@ namespace reprise {
 using kernels::IsaKernels;
 using kernels::kGroupRows;
 using kernels::kTokenTile;
+using kernels::takes_tiled_attention;
+using kernels::widen_kv_block;
 using kernels::MatmulArgs;
 using kernels::XBlock;
+using kernels::avx2::exp8;
+using kernels::avx2::exp_scalar;
 using kernels::avx2::expf_exact8;
 using kernels::avx2::hsum8;
 using kernels::avx2::load_h8;
@@ -693,71 +698,6 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
 }
 
-// ---------------------------------------------------------------------------
-// exp (ggml's vector expf: Arm optimized-routines polynomial), the same bits
-// as a vector or a scalar. 2^n is applied as one multiply by an exact power
-// of two for n in [-149, 127]; beyond that the result is 0 or +inf (values
-// below 2^-149 or above FLT_MAX).
-
-namespace {
-
-constexpr float kExpShift = 0x1.8p23f;
-constexpr float kLog2e = 0x1.715476p+0f;
-constexpr float kLn2Hi = 0x1.62e4p-1f;
-constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
-constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
-                kC1 = 0x1.ffffecp-1f;
-
-float pow2i(int n) {  // exact 2^n for n in [-149, 127]
-  uint32_t bits = n >= -126 ? static_cast<uint32_t>(n + 127) << 23 : 1u << (n + 149);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float exp_scalar(float x) {
-  const float z = std::fma(x, kLog2e, kExpShift);
-  const float n = z - kExpShift;
-  const float b = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
-  const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(kC5, b, kC4), u, std::fma(kC3, b, kC2)), u, std::fma(kC1, b, 1.0f));
-  if (std::isnan(n)) return x + x;
-  if (n > 128.0f) return INFINITY;
-  if (n < -149.0f) return 0.0f;
-  if (n == 128.0f) return (j * 0x1p127f) * 2.0f;
-  return j * pow2i(static_cast<int>(n));
-}
-
-// 8 lanes; lanes outside the fast range go through exp_scalar.
-inline __m256 exp8(__m256 x) {
-  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(kExpShift));
-  const __m256 n = _mm256_sub_ps(z, _mm256_set1_ps(kExpShift));
-  const __m256 b =
-      _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
-  const __m256 u = _mm256_mul_ps(b, b);
-  const __m256 j = _mm256_fmadd_ps(
-      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4)), u,
-                      _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2))),
-      u, _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f)));
-  // Fast range n in [-126, 127] (NaN compares false, so it takes the slow path).
-  const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_GE_OQ),
-                                  _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_LE_OQ));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 r = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
-  if (_mm256_movemask_ps(ok) != 0xff) {
-    alignas(32) float xs[8], rs[8];
-    _mm256_store_ps(xs, x);
-    _mm256_store_ps(rs, r);
-    const int m = _mm256_movemask_ps(ok);
-    for (int i = 0; i < 8; ++i)
-      if (!(m >> i & 1)) rs[i] = exp_scalar(xs[i]);
-    r = _mm256_load_ps(rs);
-  }
-  return r;
-}
-
-}  // namespace
-
 void expf_exact(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact8(_mm256_loadu_ps(x + i)));
@@ -1059,14 +999,80 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
 
 }  // namespace
 
+// Declared in kernels_impl.h.
+void kernels::widen_kv_block(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off,
+                             int64_t p0, int64_t lo, int64_t hi, int64_t D, float* kt, float* v) {
+  alignas(32) float rows[16][256];
+  for (int i = 0; i < 16; ++i) {
+    const int64_t p = p0 + i;
+    float* vr = v + i * D;
+    if (p >= lo && p < hi) {
+      const uint16_t* kr = key_rows[p] + kv_off;
+      const uint16_t* vrow = value_rows[p] + kv_off;
+      int64_t d = 0;
+      for (; d + 8 <= D; d += 8) {
+        _mm256_store_ps(rows[i] + d, load_h8(kr + d));
+        _mm256_storeu_ps(vr + d, load_h8(vrow + d));
+      }
+      for (; d < D; ++d) {
+        rows[i][d] = f16_to_f32(kr[d]);
+        vr[d] = f16_to_f32(vrow[d]);
+      }
+    } else {
+      std::fill(rows[i], rows[i] + D, 0.0f);
+      std::fill(vr, vr + D, 0.0f);
+    }
+  }
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int half = 0; half < 2; ++half) {
+      __m256i r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_castps_si256(_mm256_load_ps(rows[8 * half + i] + d));
+      transpose8x8_epi32(r);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(kt + (d + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
+    }
+  for (; d < D; ++d)
+    for (int i = 0; i < 16; ++i) kt[d * 16 + i] = rows[i][d];
+}
+
 namespace {
 
 // Decode attention: tasks of up to 4 heads of one token, f16 K/V rows read
 // in place.
 constexpr int64_t kDecodeHeadsPerTask = 4;
 
+bool all_tiled(const AttentionBatch& b) {
+  for (int64_t t = 0; t < b.n_tokens; ++t)
+    if (!takes_tiled_attention(b.head_dim, b.end[t])) return false;
+  return true;
+}
+
 bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
-  return b.n_tokens < 4 && isa.attend_rows && isa.attend_rows_supports(b.head_dim);
+  return b.n_tokens < 4 && ((isa.attend_rows && isa.attend_rows_supports(b.head_dim)) || all_tiled(b));
+}
+
+// Tiled-numerics attention for heads [h0, h0 + nh) of token t, reading f16
+// K/V rows in place; heads that share a KV head share its widened tiles.
+void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
+  const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
+  kernels::TiledQueries qs;
+  int64_t kv = -1;
+  auto flush = [&] {
+    if (qs.n > 0) kernels::attend_tiled_rows(b.key_rows, b.value_rows, kv * D, D, qs, b.scale);
+    qs.n = 0;
+  };
+  for (int64_t h = h0; h < h0 + nh; ++h) {
+    if (h / group != kv || qs.n == kernels::kMaxTiledQueries) {
+      flush();
+      kv = h / group;
+    }
+    qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
+    qs.first[qs.n] = b.first[t];
+    qs.end[qs.n] = b.end[t];
+    qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
+    ++qs.n;
+  }
+  flush();
 }
 
 int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
@@ -1076,6 +1082,7 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv, chunks = decode_chunks(b);
   const int64_t t = task / chunks, h0 = (task % chunks) * kDecodeHeadsPerTask;
   const int64_t nh = std::min(kDecodeHeadsPerTask, b.n_head - h0);
+  if (takes_tiled_attention(D, b.end[t])) return tiled_heads(b, t, h0, nh);
   alignas(64) float qh[kDecodeHeadsPerTask * 256];
   int64_t off[kDecodeHeadsPerTask];
   for (int64_t i = 0; i < nh; ++i) {
@@ -1119,8 +1126,42 @@ void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool) {
   });
 }
 
-void attention(const AttentionBatch& b, ThreadPool& pool) {
-  if (b.n_tokens <= 0) return;
+namespace {
+
+// K transposed and V widened to f32 for a prompt's batched kernels, once per
+// layer (thread-local buffers of the calling thread).
+struct WidenedKv {
+  float* kt;  // per KV head j: n_blocks blocks of [D][16] from kt + j * n_blocks * D * 16
+  float* v;   // per KV head j: n_pos rows of D from v + j * n_pos * D
+  int64_t base, n_blocks, n_pos;
+};
+
+WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
+  const int64_t D = b.head_dim;
+  int64_t lo = b.first[0], hi = b.end[0];
+  for (int64_t t = 1; t < b.n_tokens; ++t) {
+    lo = std::min(lo, b.first[t]);
+    hi = std::max(hi, b.end[t]);
+  }
+  hi = std::max(hi, lo);
+  const int64_t base = lo & ~int64_t(15);
+  const int64_t n_blocks = (hi - base + 15) / 16 + 1;  // one spare block for 32-key steps
+  const int64_t n_pos = n_blocks * 16;
+  // 64-byte aligned: the kernel's full-vector loads must not split cache lines.
+  thread_local std::vector<uint8_t> kt_buf, v_buf;
+  float* kt = reinterpret_cast<float*>(
+      aligned_scratch(kt_buf, static_cast<size_t>(b.n_head_kv * n_blocks * D * 16) * sizeof(float)));
+  float* vf = reinterpret_cast<float*>(aligned_scratch(v_buf, static_cast<size_t>(b.n_head_kv * n_pos * D) * sizeof(float)));
+  // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
+  pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
+    const int64_t j = task / n_blocks, blk = task % n_blocks;
+    widen_kv_block(b.key_rows, b.value_rows, j * D, base + blk * 16, lo, hi, D, kt + (j * n_blocks + blk) * D * 16,
+                   vf + (j * n_pos + blk * 16) * D);
+  });
+  return WidenedKv{kt, vf, base, n_blocks, n_pos};
+}
+
+void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t group = b.n_head / b.n_head_kv;
   const int64_t D = b.head_dim;
   const IsaKernels& isa = isa_kernels();
@@ -1154,56 +1195,10 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     });
     return;
   }
-  int64_t lo = b.first[0], hi = b.end[0];
-  for (int64_t t = 1; t < b.n_tokens; ++t) {
-    lo = std::min(lo, b.first[t]);
-    hi = std::max(hi, b.end[t]);
-  }
-  hi = std::max(hi, lo);
-  const int64_t base = lo & ~int64_t(15);
-  const int64_t n_blocks = (hi - base + 15) / 16 + 1;  // one spare block for 32-key steps
-  const int64_t n_pos = n_blocks * 16;
-  // 64-byte aligned: the kernel's full-vector loads must not split cache lines.
-  thread_local std::vector<uint8_t> kt_buf, v_buf;
-  float* kt = reinterpret_cast<float*>(
-      aligned_scratch(kt_buf, static_cast<size_t>(b.n_head_kv * n_blocks * D * 16) * sizeof(float)));
-  float* vf = reinterpret_cast<float*>(aligned_scratch(v_buf, static_cast<size_t>(b.n_head_kv * n_pos * D) * sizeof(float)));
-  // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
-  pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
-    const int64_t j = task / n_blocks, blk = task % n_blocks;
-    float* ktb = kt + (j * n_blocks + blk) * D * 16;
-    alignas(32) float rows[16][256];
-    for (int i = 0; i < 16; ++i) {
-      const int64_t p = base + blk * 16 + i;
-      float* vr = vf + (j * n_pos + (p - base)) * D;
-      if (p >= lo && p < hi) {
-        const uint16_t* kr = b.key_rows[p] + j * D;
-        const uint16_t* vrow = b.value_rows[p] + j * D;
-        int64_t d = 0;
-        for (; d + 8 <= D; d += 8) {
-          _mm256_store_ps(rows[i] + d, load_h8(kr + d));
-          _mm256_storeu_ps(vr + d, load_h8(vrow + d));
-        }
-        for (; d < D; ++d) {
-          rows[i][d] = f16_to_f32(kr[d]);
-          vr[d] = f16_to_f32(vrow[d]);
-        }
-      } else {
-        std::fill(rows[i], rows[i] + D, 0.0f);
-        std::fill(vr, vr + D, 0.0f);
-      }
-    }
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-      for (int half = 0; half < 2; ++half) {
-        __m256i r[8];
-        for (int i = 0; i < 8; ++i) r[i] = _mm256_castps_si256(_mm256_load_ps(rows[8 * half + i] + d));
-        transpose8x8_epi32(r);
-        for (int i = 0; i < 8; ++i) _mm256_store_ps(ktb + (d + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
-      }
-    for (; d < D; ++d)
-      for (int i = 0; i < 16; ++i) ktb[d * 16 + i] = rows[i][d];
-  });
+  const WidenedKv w = widen_kv(b, pool);
+  const float* kt = w.kt;
+  const float* vf = w.v;
+  const int64_t base = w.base, n_blocks = w.n_blocks, n_pos = w.n_pos;
   // Pass 2: per head and run of queries.
   constexpr int64_t kQueries = 16;
   const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
@@ -1230,6 +1225,73 @@ void attention(const AttentionBatch& b, ThreadPool& pool) {
     a.out_stride = b.n_head * D;
     batched(a);
   });
+}
+
+// Prompt rows that take the tiled numerics: per head, runs of 16 queries in
+// groups of kMaxTiledQueries that share each K/V load.
+void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
+  if (b.n_tokens < 4) {
+    pool.parallel_for(b.n_tokens * decode_chunks(b), [&](int64_t task) {
+      const int64_t t = task / decode_chunks(b), h0 = (task % decode_chunks(b)) * kDecodeHeadsPerTask;
+      tiled_heads(b, t, h0, std::min(kDecodeHeadsPerTask, b.n_head - h0));
+    });
+    return;
+  }
+  const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
+  const WidenedKv w = widen_kv(b, pool);
+  constexpr int64_t kQueries = 16;
+  const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
+  // Later runs attend to more keys (causal): hand them out first.
+  pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
+    const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
+    const int64_t t_end = std::min(b.n_tokens, (run + 1) * kQueries);
+    const int64_t j = h / group;
+    const kernels::TiledKv kv{w.kt + j * w.n_blocks * D * 16, w.v + j * w.n_pos * D, w.base, D};
+    for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries) {
+      kernels::TiledQueries qs;
+      for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t, ++qs.n) {
+        qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
+        qs.first[qs.n] = b.first[t];
+        qs.end[qs.n] = b.end[t];
+        qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
+      }
+      kernels::attend_tiled(kv, qs, b.scale);
+    }
+  });
+}
+
+AttentionBatch token_range(const AttentionBatch& b, int64_t t0, int64_t t1) {
+  AttentionBatch part = b;
+  part.q = b.q + t0 * b.n_head * b.head_dim;
+  part.first = b.first + t0;
+  part.end = b.end + t0;
+  part.out = b.out + t0 * b.n_head * b.head_dim;
+  part.n_tokens = t1 - t0;
+  return part;
+}
+
+}  // namespace
+
+void attention(const AttentionBatch& b, ThreadPool& pool) {
+  if (b.n_tokens <= 0) return;
+  const IsaKernels& isa = isa_kernels();
+  // Single queries (decode) read f16 rows in place, with each token's numerics.
+  if (decode_kernel_takes(b, isa)) {
+    pool.parallel_for(b.n_tokens * decode_chunks(b), [&](int64_t task) { decode_attention_task(b, isa, task); });
+    return;
+  }
+  // Runs of consecutive tokens that take the same numerics.
+  for (int64_t t0 = 0; t0 < b.n_tokens;) {
+    const bool tiled = takes_tiled_attention(b.head_dim, b.end[t0]);
+    int64_t t1 = t0 + 1;
+    while (t1 < b.n_tokens && takes_tiled_attention(b.head_dim, b.end[t1]) == tiled) ++t1;
+    const AttentionBatch part = token_range(b, t0, t1);
+    if (tiled)
+      attention_tiled(part, pool);
+    else
+      attention_per_key(part, pool);
+    t0 = t1;
+  }
 }
 
 }  // namespace reprise

@@ -99,6 +99,13 @@ struct AttnArgs {
   int64_t out_stride;
 };
 
+// Widens positions p0 .. p0+15 of one KV head (elements kv_off .. kv_off+D
+// of each f16 row) for the batched attention kernels: K transposed into kt
+// ([d][16] floats, 64-byte aligned) and V into v (16 rows of D floats).
+// Positions outside [lo, hi) are written as zeros (their rows may not exist).
+void widen_kv_block(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t p0,
+                    int64_t lo, int64_t hi, int64_t D, float* kt, float* v);
+
 // Single-query attention (decode): H = n_heads query rows of one token (q,
 // d floats each, f16-rounded) against positions [first, end) whose K and V
 // rows are read as f16 straight from the KV rows (head h's part starts at
