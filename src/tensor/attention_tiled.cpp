@@ -70,8 +70,10 @@ inline void raise_max(RowState& st, float m, int64_t d) {
 }
 
 // Positions [ts, ts + 64) of one tile for NQ queries sharing the K/V in kv.
-template <int NQ>
-void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st) {
+// With F16V, V is read as f16 rows in place (v16[p] + v_off) instead of kv.v.
+template <int NQ, bool F16V = false>
+void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
+               const uint16_t* const* v16 = nullptr, int64_t v_off = 0) {
   const int64_t d = kv.d;
   int64_t lo[NQ], hi[NQ];
   bool active[NQ];
@@ -100,38 +102,57 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   const float* q_row[NQ];
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r) q_row[r] = qs.q[r];
-  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
+  // NB 16-key blocks at a time, so few queries (decode) still keep 8
+  // independent FMA chains in flight.
+  auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const float* kb = kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
-    __m256 s_lo[NQ], s_hi[NQ];
+    __m256 acc[NQ][NB][2];
 #pragma GCC unroll 4
-    for (int r = 0; r < NQ; ++r) s_lo[r] = s_hi[r] = _mm256_setzero_ps();
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
-      const __m256 k0 = _mm256_load_ps(kb + i * 16), k1 = _mm256_load_ps(kb + i * 16 + 8);
+      __m256 k[NB][2];
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        k[j][0] = _mm256_load_ps(kb + j * d * 16 + i * 16);
+        k[j][1] = _mm256_load_ps(kb + j * d * 16 + i * 16 + 8);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
         const __m256 q = _mm256_broadcast_ss(q_row[r] + i);
-        s_lo[r] = _mm256_fmadd_ps(q, k0, s_lo[r]);
-        s_hi[r] = _mm256_fmadd_ps(q, k1, s_hi[r]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          acc[r][j][0] = _mm256_fmadd_ps(q, k[j][0], acc[r][j][0]);
+          acc[r][j][1] = _mm256_fmadd_ps(q, k[j][1], acc[r][j][1]);
+        }
       }
     }
-    const __m256i pos_lo = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(ts + b0)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i pos_hi = _mm256_add_epi32(pos_lo, _mm256_set1_epi32(8));
 #pragma GCC unroll 4
-    for (int r = 0; r < NQ; ++r) {
-      const __m256i f = _mm256_set1_epi32(static_cast<int32_t>(qs.first[r] - 1));
-      const __m256i e = _mm256_set1_epi32(static_cast<int32_t>(qs.end[r]));
-      const __m256 ok_lo = _mm256_castsi256_ps(
-          _mm256_and_si256(_mm256_cmpgt_epi32(pos_lo, f), _mm256_cmpgt_epi32(e, pos_lo)));
-      const __m256 ok_hi = _mm256_castsi256_ps(
-          _mm256_and_si256(_mm256_cmpgt_epi32(pos_hi, f), _mm256_cmpgt_epi32(e, pos_hi)));
-      const __m256 x_lo = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(s_lo[r], vscale), ok_lo);
-      const __m256 x_hi = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(s_hi[r], vscale), ok_hi);
-      _mm256_store_ps(sc[r] + b0, x_lo);
-      _mm256_store_ps(sc[r] + b0 + 8, x_hi);
-      vmax[r] = _mm256_max_ps(vmax[r], _mm256_max_ps(x_lo, x_hi));
-    }
-  }
+    for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int64_t at = b0 + 16 * j + 8 * h;
+        const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(ts + at)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+        for (int r = 0; r < NQ; ++r) {
+          const __m256i f = _mm256_set1_epi32(static_cast<int32_t>(qs.first[r] - 1));
+          const __m256i e = _mm256_set1_epi32(static_cast<int32_t>(qs.end[r]));
+          const __m256 ok =
+              _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(pos, f), _mm256_cmpgt_epi32(e, pos)));
+          const __m256 x = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(acc[r][j][h], vscale), ok);
+          _mm256_store_ps(sc[r] + at, x);
+          vmax[r] = _mm256_max_ps(vmax[r], x);
+        }
+      }
+  };
+  constexpr int kBlocksAtOnce = NQ == 1 ? 4 : NQ == 2 ? 2 : 1;
+  int64_t b0 = b_lo;
+  for (; b0 + 16 * kBlocksAtOnce <= b_hi + 15 && kBlocksAtOnce > 1 && b0 + 16 * kBlocksAtOnce <= kTile;
+       b0 += 16 * kBlocksAtOnce)
+    score_blocks.template operator()<kBlocksAtOnce>(b0);
+  for (; b0 < b_hi; b0 += 16) score_blocks.template operator()<1>(b0);
 
   // Online softmax: weights w (0 where masked) and the sums.
   alignas(32) float w[NQ][kTile];
@@ -163,41 +184,46 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   // Values: per element, an FMA chain over the tile's keys in order. Keys
   // every query takes run without per-query checks.
   if (all_lo >= all_hi) all_lo = all_hi = any_hi;
-  for (int64_t c = 0; c < d; c += 16) {
-    __m256 a_lo[NQ], a_hi[NQ];
+  // C 8-lane vectors of dimensions at a time: 8 / NQ, so one query
+  // (decode) runs 8 chains too.
+  auto values = [&]<int C>(int64_t c) RP_ALWAYS_INLINE {
+    __m256 a[NQ][C];
 #pragma GCC unroll 4
-    for (int r = 0; r < NQ; ++r) {
-      a_lo[r] = _mm256_load_ps(st[r].acc + c);
-      a_hi[r] = _mm256_load_ps(st[r].acc + c + 8);
-    }
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < C; ++j) a[r][j] = _mm256_load_ps(st[r].acc + c + 8 * j);
     const float* vc = kv.v - kv.base * d + c;
-    auto some = [&](int64_t p) RP_ALWAYS_INLINE {
-      const __m256 v0 = _mm256_loadu_ps(vc + p * d), v1 = _mm256_loadu_ps(vc + p * d + 8);
+    auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
+      __m256 v[C];
+      if constexpr (F16V) {
+        const uint16_t* vr = v16[p] + v_off + c;
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) v[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * j)));
+      } else {
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) v[j] = _mm256_loadu_ps(vc + p * d + 8 * j);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
-        if (!active[r] || p < lo[r] || p >= hi[r]) continue;
+        if (!all && !(active[r] && p >= lo[r] && p < hi[r])) continue;
         const __m256 wv = _mm256_broadcast_ss(w[r] + (p - ts));
-        a_lo[r] = _mm256_fmadd_ps(wv, v0, a_lo[r]);
-        a_hi[r] = _mm256_fmadd_ps(wv, v1, a_hi[r]);
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) a[r][j] = _mm256_fmadd_ps(wv, v[j], a[r][j]);
       }
     };
-    for (int64_t p = any_lo; p < all_lo; ++p) some(p);
-    for (int64_t p = all_lo; p < all_hi; ++p) {
-      const __m256 v0 = _mm256_loadu_ps(vc + p * d), v1 = _mm256_loadu_ps(vc + p * d + 8);
+    for (int64_t p = any_lo; p < all_lo; ++p) step(p, false);
+    for (int64_t p = all_lo; p < all_hi; ++p) step(p, true);
+    for (int64_t p = all_hi; p < any_hi; ++p) step(p, false);
 #pragma GCC unroll 4
-      for (int r = 0; r < NQ; ++r) {
-        const __m256 wv = _mm256_broadcast_ss(w[r] + (p - ts));
-        a_lo[r] = _mm256_fmadd_ps(wv, v0, a_lo[r]);
-        a_hi[r] = _mm256_fmadd_ps(wv, v1, a_hi[r]);
-      }
-    }
-    for (int64_t p = all_hi; p < any_hi; ++p) some(p);
-#pragma GCC unroll 4
-    for (int r = 0; r < NQ; ++r) {
-      _mm256_store_ps(st[r].acc + c, a_lo[r]);
-      _mm256_store_ps(st[r].acc + c + 8, a_hi[r]);
-    }
-  }
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < C; ++j) _mm256_store_ps(st[r].acc + c + 8 * j, a[r][j]);
+  };
+  constexpr int kChunk = NQ == 1 ? 8 : NQ == 2 ? 4 : 2;
+  int64_t c = 0;
+  if constexpr (kChunk > 2)
+    for (; c + 8 * kChunk <= d; c += 8 * kChunk) values.template operator()<kChunk>(c);
+  for (; c < d; c += 16) values.template operator()<2>(c);
 }
 
 void start(RowState* st, int n, int64_t d) {
@@ -235,19 +261,40 @@ void attend_n(const TiledKv& kv, const TiledQueries& qs, float scale) {
   finish(st, qs, kv.d);
 }
 
+// K of positions p0 .. p0+15 (those in [lo, hi); zeros elsewhere) as
+// [d][16] floats, converted and transposed in registers.
+void transpose_k_block(const uint16_t* const* key_rows, int64_t kv_off, int64_t p0, int64_t lo, int64_t hi, int64_t d,
+                       float* kt) {
+  static const uint16_t kZeroRow[256] = {};  // stands in for positions outside [lo, hi)
+  for (int half = 0; half < 2; ++half) {
+    const uint16_t* rows[8];
+    for (int i = 0; i < 8; ++i) {
+      const int64_t p = p0 + 8 * half + i;
+      rows[i] = p >= lo && p < hi ? key_rows[p] + kv_off : kZeroRow;
+    }
+    for (int64_t c = 0; c < d; c += 8) {
+      __m256i r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + c))));
+      avx2::transpose8x8_epi32(r);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(kt + (c + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
+    }
+  }
+}
+
 template <int NQ>
 void attend_rows_n(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
                    const TiledQueries& qs, float scale) {
-  // One tile widened at a time: K blocks [4][d][16] and V rows [64][d].
+  // One tile's K transposed at a time ([4][d][16]); V is read in place.
   alignas(64) static thread_local float kt[4 * 256 * 16];
-  alignas(64) static thread_local float v[kTile * 256];
   RowState st[NQ];
   start(st, NQ, d);
   for_each_tile(qs, [&](int64_t ts, int64_t lo, int64_t hi) {
     const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
-    for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16)
-      widen_kv_block(key_rows, value_rows, kv_off, ts + b0, lo, hi, d, kt + b0 * d, v + b0 * d);
-    tile_step<NQ>(TiledKv{kt, v, ts, d}, qs, scale, ts, st);
+    for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, kv_off, ts + b0, lo, hi, d, kt + b0 * d);
+    tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, qs, scale, ts, st, value_rows, kv_off);
   });
   finish(st, qs, d);
 }
