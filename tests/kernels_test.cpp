@@ -318,7 +318,7 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   IsaRestore restore;
   // Heads per KV head: 2, and 4 (a decode task's 4 heads then share one KV
   // head, which the AVX-512 decode kernel handles separately).
-  for (const auto [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}})
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}})
   for (int64_t head_dim : {64, 40, 16, 128, 8, 4, 12, 32, 96, 44, 80}) {
     if (n_head == 8 && head_dim % 32 != 0) continue;
     SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
@@ -383,7 +383,7 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
 // in double precision.
 TEST(Attention, TiledRowsEqualTheirReference) {
   IsaRestore restore;
-  for (const auto [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}})
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}})
     for (int64_t head_dim : {16, 32, 64, 128, 256}) {
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
       const int64_t n_pos = 300, n_q = 41;

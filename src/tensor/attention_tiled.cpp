@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <limits>
 
 #include "tensor/avx2_math.h"
@@ -194,6 +195,16 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       for (int j = 0; j < C; ++j) a[r][j] = _mm256_load_ps(st[r].acc + c + 8 * j);
     const float* vc = kv.v - kv.base * d + c;
     auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
+      if constexpr (NQ == 1 && F16V) {  // 8 accumulators: load each V vector where it is used
+        if (!all && !(active[0] && p >= lo[0] && p < hi[0])) return;
+        const uint16_t* vr = v16[p] + v_off + c;
+        const __m256 wv = _mm256_broadcast_ss(w[0] + (p - ts));
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j)
+          a[0][j] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * j))),
+                                    a[0][j]);
+        return;
+      }
       __m256 v[C];
       if constexpr (F16V) {
         const uint16_t* vr = v16[p] + v_off + c;
@@ -284,21 +295,47 @@ void transpose_k_block(const uint16_t* const* key_rows, int64_t kv_off, int64_t 
   }
 }
 
+// One tile of one group (queries sharing a KV head) read in place.
 template <int NQ>
-void attend_rows_n(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
-                   const TiledQueries& qs, float scale) {
-  // One tile's K transposed at a time ([4][d][16]); V is read in place.
-  alignas(64) static thread_local float kt[4 * 256 * 16];
-  RowState st[NQ];
-  start(st, NQ, d);
-  for_each_tile(qs, [&](int64_t ts, int64_t lo, int64_t hi) {
-    const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
-    for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, kv_off, ts + b0, lo, hi, d, kt + b0 * d);
-    tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, qs, scale, ts, st, value_rows, kv_off);
-  });
-  finish(st, qs, d);
+void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
+               float scale, int64_t ts, int64_t lo, int64_t hi, float* kt, RowState* st) {
+  const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
+  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, g.kv_off, ts + b0, lo, hi, d, kt + b0 * d);
+  tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
 }
 
+}  // namespace
+
+void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
+                       std::span<const TiledGroup> groups, float scale) {
+  // Tiles in the outer loop, groups inside: the groups' parts of a position's
+  // row are adjacent, so each tile reads the rows once, in order. One tile's
+  // K of one group is transposed at a time ([4][d][16]); V is read in place.
+  alignas(64) static thread_local float kt[4 * 256 * 16];
+  RowState st[kMaxTiledGroups][kMaxTiledQueries];
+  int64_t lo = INT64_MAX, hi = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    start(st[i], groups[i].queries.n, d);
+    for (int r = 0; r < groups[i].queries.n; ++r) {
+      lo = std::min(lo, groups[i].queries.first[r]);
+      hi = std::max(hi, groups[i].queries.end[r]);
+    }
+  }
+  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const TiledGroup& g = groups[i];
+      switch (g.queries.n) {
+        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        default: break;
+      }
+    }
+  for (size_t i = 0; i < groups.size(); ++i) finish(st[i], groups[i].queries, d);
+}
+
+namespace {
 }  // namespace
 
 void attend_tiled(const TiledKv& kv, const TiledQueries& qs, float scale) {
@@ -307,17 +344,6 @@ void attend_tiled(const TiledKv& kv, const TiledQueries& qs, float scale) {
     case 2: return attend_n<2>(kv, qs, scale);
     case 3: return attend_n<3>(kv, qs, scale);
     case 4: return attend_n<4>(kv, qs, scale);
-    default: return;
-  }
-}
-
-void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
-                       const TiledQueries& qs, float scale) {
-  switch (qs.n) {
-    case 1: return attend_rows_n<1>(key_rows, value_rows, kv_off, d, qs, scale);
-    case 2: return attend_rows_n<2>(key_rows, value_rows, kv_off, d, qs, scale);
-    case 3: return attend_rows_n<3>(key_rows, value_rows, kv_off, d, qs, scale);
-    case 4: return attend_rows_n<4>(key_rows, value_rows, kv_off, d, qs, scale);
     default: return;
   }
 }

@@ -18,6 +18,7 @@
 // never on the rows it is computed with.
 #pragma once
 #include <cstdint>
+#include <span>
 
 namespace reprise::kernels {
 
@@ -55,11 +56,16 @@ struct TiledQueries {
 };
 void attend_tiled(const TiledKv& kv, const TiledQueries& queries, float scale);
 
-// The same for queries that read K and V as f16 rows in place (decode):
-// each 64-position tile is widened into thread-local scratch first.
-// key_rows[p] + kv_off is position p's K for this KV head (likewise V).
-void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
-                       const TiledQueries& queries, float scale);
+// The same for queries that read K and V as f16 rows in place (decode), in
+// up to kMaxTiledGroups groups of queries that share a KV head; group g's
+// KV head is at key_rows[p] + kv_off (likewise V).
+constexpr int kMaxTiledGroups = 4;
+struct TiledGroup {
+  int64_t kv_off = 0;
+  TiledQueries queries;
+};
+void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
+                       std::span<const TiledGroup> groups, float scale);
 
 // The numerics written plainly, one query, for tests.
 void attend_tiled_reference(const float* q, const uint16_t* const* key_rows, const uint16_t* const* value_rows,

@@ -1035,24 +1035,25 @@ bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
 // K/V rows in place; heads that share a KV head share its widened tiles.
 void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  kernels::TiledQueries qs;
-  int64_t kv = -1;
-  auto flush = [&] {
-    if (qs.n > 0) kernels::attend_tiled_rows(b.key_rows, b.value_rows, kv * D, D, qs, b.scale);
-    qs.n = 0;
-  };
+  kernels::TiledGroup groups[kernels::kMaxTiledGroups];
+  int n = 0;
   for (int64_t h = h0; h < h0 + nh; ++h) {
-    if (h / group != kv || qs.n == kernels::kMaxTiledQueries) {
-      flush();
-      kv = h / group;
+    if (n == 0 || groups[n - 1].kv_off != (h / group) * D || groups[n - 1].queries.n == kernels::kMaxTiledQueries) {
+      if (n == kernels::kMaxTiledGroups) {
+        kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
+        n = 0;
+      }
+      groups[n] = kernels::TiledGroup{(h / group) * D, {}};
+      ++n;
     }
+    kernels::TiledQueries& qs = groups[n - 1].queries;
     qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
     qs.first[qs.n] = b.first[t];
     qs.end[qs.n] = b.end[t];
     qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
     ++qs.n;
   }
-  flush();
+  if (n > 0) kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
 }
 
 int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
