@@ -103,13 +103,6 @@ TEST_P(SharedPrefixOnce, SimultaneousRequestsComputeTheirSharedPrefixAboutOnce) 
   Model& model = *test::synthetic_model("inflight-" + arch, spec_for(arch)).model;
   const bool recurrent = model.state_spec().has_recurrent();
   ThreadPool pool(2);
-  PrefixCacheConfig pc;
-  pc.block_tokens = 16;
-  PrefixCache cache(model.state_spec(), pc);
-  SnapshotConfig sc;
-  sc.chunk_tokens = pc.block_tokens;
-  SnapshotStore snapshots(model.state_spec(), sc);
-  Engine engine(model, pool, &cache, {}, &snapshots);
   EngineOptions solo_options;
   solo_options.max_decode_batch = 1;
   Engine solo(model, pool, nullptr, solo_options);
@@ -127,28 +120,47 @@ TEST_P(SharedPrefixOnce, SimultaneousRequestsComputeTheirSharedPrefixAboutOnce) 
     reqs[i].max_tokens = 6;
     reqs[i].sampling.temperature = 0;
   }
-  std::vector<GenerateResult> results(kRequests);
-  std::latch start(kRequests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kRequests; ++i)
-    threads.emplace_back([&, i] {
-      start.arrive_and_wait();
-      results[i] = engine.generate(reqs[i]);
-    });
-  for (auto& t : threads) t.join();
+  std::vector<std::vector<int32_t>> want(kRequests);
+  for (int i = 0; i < kRequests; ++i) want[i] = solo.generate(reqs[i]).tokens;
 
-  int64_t computed = 0;
-  for (int i = 0; i < kRequests; ++i) {
-    computed += results[i].prompt_tokens - results[i].cached_tokens;
-    EXPECT_EQ(results[i].tokens, solo.generate(reqs[i]).tokens) << "request " << i;
+  // The requests are released together, but on a loaded machine one can
+  // finish its prompt before the others look, and then nobody needs to wait.
+  // Every attempt must be correct and compute the shared prompt about once;
+  // some attempt must have overlapped, and there the requests must wait.
+  uint64_t waits = 0;
+  for (int attempt = 0; attempt < 5 && waits == 0; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    PrefixCacheConfig pc;
+    pc.block_tokens = 16;
+    PrefixCache cache(model.state_spec(), pc);
+    SnapshotConfig sc;
+    sc.chunk_tokens = pc.block_tokens;
+    SnapshotStore snapshots(model.state_spec(), sc);
+    Engine engine(model, pool, &cache, {}, &snapshots);
+    std::vector<GenerateResult> results(kRequests);
+    std::latch start(kRequests);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kRequests; ++i)
+      threads.emplace_back([&, i] {
+        start.arrive_and_wait();
+        results[i] = engine.generate(reqs[i]);
+      });
+    for (auto& t : threads) t.join();
+
+    int64_t computed = 0;
+    for (int i = 0; i < kRequests; ++i) {
+      computed += results[i].prompt_tokens - results[i].cached_tokens;
+      EXPECT_EQ(results[i].tokens, want[i]) << "request " << i;
+    }
+    // Once the system prompt, plus each request's own tokens and the part of
+    // its last shared block (or, for recurrent state, the distance to the
+    // last snapshot checkpoint) it cannot reuse.
+    const int64_t slack = recurrent ? sc.checkpoint_every_chunks * pc.block_tokens : pc.block_tokens;
+    EXPECT_LE(computed, system_len + kRequests * (own_len + slack)) << "the shared prompt was computed more than once";
+    EXPECT_EQ(cache.check_invariants(), "");
+    waits = engine.counters().prefix_waits.load();
   }
-  // Once the system prompt, plus each request's own tokens and the part of
-  // its last shared block (or, for recurrent state, the distance to the last
-  // snapshot checkpoint) it cannot reuse.
-  const int64_t slack = recurrent ? sc.checkpoint_every_chunks * pc.block_tokens : pc.block_tokens;
-  EXPECT_LE(computed, system_len + kRequests * (own_len + slack)) << "the shared prompt was computed more than once";
-  EXPECT_GE(engine.counters().prefix_waits.load(), 1u);
-  EXPECT_EQ(cache.check_invariants(), "");
+  EXPECT_GE(waits, 1u) << "no attempt's requests waited for the prefix in flight";
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, SharedPrefixOnce, ::testing::Values("qwen3", "jamba"),
