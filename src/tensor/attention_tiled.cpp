@@ -12,6 +12,7 @@
 #include <climits>
 #include <limits>
 
+#include "tensor/attention_tiled_state.h"
 #include "tensor/avx2_math.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels_impl.h"
@@ -21,21 +22,14 @@ namespace {
 
 using avx2::exp8;
 using avx2::exp_scalar;
+using tiled::finish;
+using tiled::kNegInf;
+using tiled::kTile;
+using tiled::RowState;
+using tiled::start;
+using tiled::tree16;
 
 #define RP_ALWAYS_INLINE __attribute__((always_inline))
-
-constexpr int64_t kTile = 64;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The 16 lanes lo (0-7) and hi (8-15) summed in the order of GCC's
-// _mm512_reduce_add_ps, which ggml's AVX-512 softmax applies per block:
-// lane j + lane j+8, then j + j+4, j + j+2, j + j+1.
-inline float tree16(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
 
 float tree16(const float* x) {
   float a[8], b[4], c[2];
@@ -49,25 +43,6 @@ inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-// A query's running maximum, sum and value accumulator.
-struct RowState {
-  float M;
-  float S;
-  alignas(32) float acc[256];
-};
-
-// Rescales a row's state for a new maximum (ggml: expf(M - m), applied to
-// the accumulator and the sum).
-inline void raise_max(RowState& st, float m, int64_t d) {
-  if (m > st.M) {
-    const float ms = std::exp(st.M - m);
-    const __m256 f = _mm256_set1_ps(ms);
-    for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(st.acc + i, _mm256_mul_ps(_mm256_load_ps(st.acc + i), f));
-    st.S = st.S * ms;
-  }
-  st.M = std::max(st.M, m);
 }
 
 // Positions [ts, ts + 64) of one tile for NQ queries sharing the K/V in kv.
@@ -166,7 +141,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       all_lo = all_hi;
       continue;
     }
-    raise_max(st[r], m, d);
+    tiled::raise_max(st[r], m, d);
     const __m256 vm = _mm256_set1_ps(st[r].M), zero = _mm256_setzero_ps();
     double sum = 0.0;
     for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
@@ -235,22 +210,6 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   if constexpr (kChunk > 2)
     for (; c + 8 * kChunk <= d; c += 8 * kChunk) values.template operator()<kChunk>(c);
   for (; c < d; c += 16) values.template operator()<2>(c);
-}
-
-void start(RowState* st, int n, int64_t d) {
-  for (int r = 0; r < n; ++r) {
-    st[r].M = kNegInf;
-    st[r].S = 0.0f;
-    std::fill(st[r].acc, st[r].acc + d, 0.0f);
-  }
-}
-
-void finish(const RowState* st, const TiledQueries& qs, int64_t d) {
-  for (int r = 0; r < qs.n; ++r) {
-    const float inv = st[r].S == 0.0f ? 0.0f : 1.0f / st[r].S;
-    const __m256 f = _mm256_set1_ps(inv);
-    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(qs.out[r] + i, _mm256_mul_ps(_mm256_load_ps(st[r].acc + i), f));
-  }
 }
 
 // Runs fn(ts) for each tile that holds some query's keys.

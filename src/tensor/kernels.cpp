@@ -1219,6 +1219,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     return;
   }
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
+  const IsaKernels& isa = isa_kernels();
   const WidenedKv w = widen_kv(b, pool);
   constexpr int64_t kQueries = 16;
   const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
@@ -1236,7 +1237,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
         qs.end[qs.n] = b.end[t];
         qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
       }
-      kernels::attend_tiled(kv, qs, b.scale);
+      isa.attend_tiled(kv, qs, b.scale);
     }
   });
 }

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tensor/attention_tiled.h"
 #include "tensor/quant_blocks.h"
 
 namespace reprise::kernels {
@@ -191,7 +192,13 @@ struct IsaKernels {
   // does not handle (attend_rows_supports).
   void (*attend_rows)(const AttnRowsArgs&);
   bool (*attend_rows_supports)(int64_t head_dim);
+  // Prompt rows with the tiled numerics (attention_tiled.h); every ISA's
+  // gives the same bits.
+  void (*attend_tiled)(const TiledKv& kv, const TiledQueries& queries, float scale);
 };
+
+// The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
+void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& queries, float scale);
 
 // The AVX2 batched attention (attention_avx2.cpp): the AVX2 table's kernel,
 // and the fallback for head sizes another ISA's kernel does not take.

@@ -1,0 +1,229 @@
+// The tiled attention kernel for prompts (attention_tiled.h) with 16-lane
+// AVX-512 vectors: a 16-position block is one vector, 4 queries keep 16
+// score chains (a whole 64-position tile) or 16 value chains in flight. The
+// arithmetic is attention_tiled.cpp's, element for element (the shared steps
+// live in attention_tiled_state.h), so both give the same bits.
+//
+// Everything below the target pragma is compiled for AVX-512 and runs only
+// after the CPU check, so it uses intrinsics and the helpers included above
+// the pragma only: no standard-library inline function is instantiated with
+// these options.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "tensor/attention_tiled_state.h"
+#include "tensor/avx2_math.h"
+#include "tensor/kernels_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+
+namespace reprise::kernels {
+namespace {
+
+#define RP_ALWAYS_INLINE __attribute__((always_inline))
+
+using tiled::kNegInf;
+using tiled::kTile;
+using tiled::RowState;
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ggml's vector expf on 16 lanes: the operations of avx2::exp8, lanes
+// outside the fast range through avx2::exp_scalar.
+RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
+  namespace a = avx2;
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(a::kLog2e), _mm512_set1_ps(a::kExpShift));
+  const __m512 n = _mm512_sub_ps(z, _mm512_set1_ps(a::kExpShift));
+  const __m512 b =
+      _mm512_fnmadd_ps(n, _mm512_set1_ps(a::kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(a::kLn2Hi), x));
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 j = _mm512_fmadd_ps(
+      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(a::kC5), b, _mm512_set1_ps(a::kC4)), u,
+                      _mm512_fmadd_ps(_mm512_set1_ps(a::kC3), b, _mm512_set1_ps(a::kC2))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(a::kC1), b, _mm512_set1_ps(1.0f)));
+  const __mmask16 ok = _mm512_cmp_ps_mask(n, _mm512_set1_ps(-126.0f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(n, _mm512_set1_ps(127.0f), _CMP_LE_OQ);
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 r = _mm512_mul_ps(j, _mm512_castsi512_ps(e));
+  if (ok != 0xFFFF) {
+    alignas(64) float xs[16], rs[16];
+    _mm512_store_ps(xs, x);
+    _mm512_store_ps(rs, r);
+    for (int i = 0; i < 16; ++i)
+      if (!(ok >> i & 1)) rs[i] = a::exp_scalar(xs[i]);
+    r = _mm512_load_ps(rs);
+  }
+  return r;
+}
+
+template <int NQ>
+void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st) {
+  const int64_t d = kv.d;
+  int64_t lo[NQ], hi[NQ];
+  bool active[NQ];
+  int64_t any_lo = ts + kTile, any_hi = ts, all_lo = ts, all_hi = ts + kTile;
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r) {
+    lo[r] = imax(qs.first[r], ts);
+    hi[r] = imin(qs.end[r], ts + kTile);
+    active[r] = lo[r] < hi[r];
+    if (active[r]) {
+      any_lo = imin(any_lo, lo[r]);
+      any_hi = imax(any_hi, hi[r]);
+    }
+    all_lo = imax(all_lo, lo[r]);
+    all_hi = imin(all_hi, hi[r]);
+  }
+  if (any_lo >= any_hi) return;
+  const int64_t b_lo = (any_lo - ts) / 16 * 16, b_hi = any_hi - ts;
+
+  // Scores: NB 16-position blocks at a time (masked lanes -inf).
+  alignas(64) float sc[NQ][kTile];
+  __m512 vmax[NQ];
+  const float* q_row[NQ];
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r) {
+    vmax[r] = _mm512_set1_ps(kNegInf);
+    q_row[r] = qs.q[r];
+  }
+  const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(kNegInf);
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
+    const float* kb = kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
+    __m512 acc[NQ][NB];
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; ++i) {
+      __m512 k[NB];
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) k[j] = _mm512_load_ps(kb + j * d * 16 + i * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < NQ; ++r) {
+        const __m512 q = _mm512_set1_ps(q_row[r][i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(q, k[j], acc[r][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const int64_t at = b0 + 16 * j;
+      const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ts + at)), lanes);
+#pragma GCC unroll 4
+      for (int r = 0; r < NQ; ++r) {
+        const __mmask16 ok =
+            _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(qs.first[r]))) &
+            _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(qs.end[r])));
+        const __m512 x = _mm512_mask_mul_ps(neg_inf, ok, acc[r][j], vscale);
+        _mm512_store_ps(sc[r] + at, x);
+        vmax[r] = _mm512_max_ps(vmax[r], x);
+      }
+    }
+  };
+  int64_t b0 = b_lo;
+  if (NQ <= 4)
+    for (; b0 + 48 < b_hi; b0 += 64) score_blocks.template operator()<4>(b0);
+  for (; b0 < b_hi; b0 += 16) score_blocks.template operator()<1>(b0);
+
+  // Online softmax (the steps of attention_tiled.cpp).
+  alignas(64) float w[NQ][kTile];
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r) {
+    if (!active[r]) continue;
+    const float m = _mm512_reduce_max_ps(vmax[r]);
+    if (m == kNegInf) {
+      active[r] = false;
+      all_lo = all_hi;
+      continue;
+    }
+    tiled::raise_max(st[r], m, d);
+    const __m512 vm = _mm512_set1_ps(st[r].M);
+    double sum = 0.0;
+    for (int64_t b = b_lo; b < b_hi; b += 16) {
+      const __m512 x = _mm512_load_ps(sc[r] + b);
+      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
+      const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
+      _mm512_store_ps(w[r] + b, e);
+      sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
+    }
+    st[r].S = static_cast<float>(static_cast<double>(st[r].S) + sum);
+  }
+
+  // Values: C vectors of 16 dimensions at a time.
+  if (all_lo >= all_hi) all_lo = all_hi = any_hi;
+  auto values = [&]<int C>(int64_t c) RP_ALWAYS_INLINE {
+    __m512 a[NQ][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) a[r][j] = _mm512_load_ps(st[r].acc + c + 16 * j);
+    const float* vc = kv.v - kv.base * d + c;
+    auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
+      __m512 v[C];
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) v[j] = _mm512_loadu_ps(vc + p * d + 16 * j);
+#pragma GCC unroll 4
+      for (int r = 0; r < NQ; ++r) {
+        if (!all && !(active[r] && p >= lo[r] && p < hi[r])) continue;
+        const __m512 wv = _mm512_set1_ps(w[r][p - ts]);
+#pragma GCC unroll 4
+        for (int j = 0; j < C; ++j) a[r][j] = _mm512_fmadd_ps(wv, v[j], a[r][j]);
+      }
+    };
+    for (int64_t p = any_lo; p < all_lo; ++p) step(p, false);
+    for (int64_t p = all_lo; p < all_hi; ++p) step(p, true);
+    for (int64_t p = all_hi; p < any_hi; ++p) step(p, false);
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) _mm512_store_ps(st[r].acc + c + 16 * j, a[r][j]);
+  };
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) values.template operator()<4>(c);
+  for (; c < d; c += 16) values.template operator()<1>(c);
+}
+
+template <int NQ>
+void attend_n(const TiledKv& kv, const TiledQueries& qs, float scale) {
+  RowState st[NQ];
+  tiled::start(st, NQ, kv.d);
+  int64_t lo = qs.first[0], hi = qs.end[0];
+  for (int r = 1; r < NQ; ++r) {
+    lo = imin(lo, qs.first[r]);
+    hi = imax(hi, qs.end[r]);
+  }
+  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile) tile_step<NQ>(kv, qs, scale, ts, st);
+  tiled::finish(st, qs, kv.d);
+}
+
+}  // namespace
+
+void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& qs, float scale) {
+  switch (qs.n) {
+    case 1: return attend_n<1>(kv, qs, scale);
+    case 2: return attend_n<2>(kv, qs, scale);
+    case 3: return attend_n<3>(kv, qs, scale);
+    case 4: return attend_n<4>(kv, qs, scale);
+    default: return;
+  }
+}
+
+}  // namespace reprise::kernels
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,65 @@
+// Per-query state of the tiled attention kernels (attention_tiled.cpp and
+// attention_tiled_avx512.cpp) and the steps both share, so both give the
+// same bits. Compiled with the base (x86-64-v3) options in both files: the
+// AVX-512 file includes it before its target pragma.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "tensor/attention_tiled.h"
+
+namespace reprise::kernels::tiled {
+
+constexpr int64_t kTile = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The 16 lanes lo (0-7) and hi (8-15) summed in the order of GCC's
+// _mm512_reduce_add_ps, which ggml's AVX-512 softmax applies per block:
+// lane j + lane j+8, then j + j+4, j + j+2, j + j+1.
+inline float tree16(__m256 lo, __m256 hi) {
+  const __m256 a = _mm256_add_ps(lo, hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// A query's running maximum, sum and value accumulator.
+struct RowState {
+  float M;
+  float S;
+  alignas(64) float acc[256];
+};
+
+// Rescales a row's state for a new maximum (ggml: expf(M - m), applied to
+// the accumulator and the sum).
+inline void raise_max(RowState& st, float m, int64_t d) {
+  if (m > st.M) {
+    const float ms = std::exp(st.M - m);
+    const __m256 f = _mm256_set1_ps(ms);
+    for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(st.acc + i, _mm256_mul_ps(_mm256_load_ps(st.acc + i), f));
+    st.S = st.S * ms;
+  }
+  st.M = std::max(st.M, m);
+}
+
+inline void start(RowState* st, int n, int64_t d) {
+  for (int r = 0; r < n; ++r) {
+    st[r].M = kNegInf;
+    st[r].S = 0.0f;
+    std::fill(st[r].acc, st[r].acc + d, 0.0f);
+  }
+}
+
+inline void finish(const RowState* st, const TiledQueries& qs, int64_t d) {
+  for (int r = 0; r < qs.n; ++r) {
+    const float inv = st[r].S == 0.0f ? 0.0f : 1.0f / st[r].S;
+    const __m256 f = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(qs.out[r] + i, _mm256_mul_ps(_mm256_load_ps(st[r].acc + i), f));
+  }
+}
+
+}  // namespace reprise::kernels::tiled
