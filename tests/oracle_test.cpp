@@ -18,8 +18,9 @@ namespace {
 
 // Absolute logit tolerances, measured against llama.cpp b10587 and stated in
 // the README. llama.cpp keeps K/V in f16 and quantizes activations for
-// F16/Q8_0/Q4_0 weights; reprise does the same, but its summation order and
-// its single (batch-size independent) attention path differ slightly. The
+// F16/Q8_0/Q4_0 weights; reprise does the same, but its summation order
+// differs slightly, and it chooses between ggml's two attention paths per
+// query row, where llama.cpp chooses per batch (README). The
 // quantized fixtures have logits near 90, so activation rounding flips move
 // them by up to ~0.7% (0.6 absolute).
 struct OracleCase {
