@@ -76,9 +76,10 @@ TEST_P(OracleTest, MatchesLlamaCpp) {
       }
       const float eighth = top8[p].back()[1].get<float>();
       for (int64_t id = 0; id < n_vocab; ++id) {
-        if (row[id] > eighth + 2 * c.tol)
+        if (row[id] > eighth + 2 * c.tol) {
           EXPECT_NE(std::find(golden_ids.begin(), golden_ids.end(), id), golden_ids.end())
               << "token " << id << " at position " << p << " is not in llama.cpp's top-8";
+        }
       }
     }
 

@@ -168,7 +168,6 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 8
       for (int j = 0; j < C; ++j) a[r][j] = _mm256_load_ps(st[r].acc + c + 8 * j);
-    const float* vc = kv.v - kv.base * d + c;
     auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
       if constexpr (NQ == 1 && F16V) {  // 8 accumulators: load each V vector where it is used
         if (!all && !(active[0] && p >= lo[0] && p < hi[0])) return;
@@ -186,8 +185,9 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
 #pragma GCC unroll 8
         for (int j = 0; j < C; ++j) v[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * j)));
       } else {
+        const float* vr = kv.v + ((p - kv.base) * d + c);
 #pragma GCC unroll 8
-        for (int j = 0; j < C; ++j) v[j] = _mm256_loadu_ps(vc + p * d + 8 * j);
+        for (int j = 0; j < C; ++j) v[j] = _mm256_loadu_ps(vr + 8 * j);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {

@@ -168,11 +168,11 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
       for (int j = 0; j < C; ++j) a[r][j] = _mm512_load_ps(st[r].acc + c + 16 * j);
-    const float* vc = kv.v - kv.base * d + c;
     auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
       __m512 v[C];
+      const float* vr = kv.v + ((p - kv.base) * d + c);
 #pragma GCC unroll 4
-      for (int j = 0; j < C; ++j) v[j] = _mm512_loadu_ps(vc + p * d + 16 * j);
+      for (int j = 0; j < C; ++j) v[j] = _mm512_loadu_ps(vr + 16 * j);
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
         if (!all && !(active[r] && p >= lo[r] && p < hi[r])) continue;
