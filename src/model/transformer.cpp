@@ -75,6 +75,26 @@ void for_tokens(int64_t n, ThreadPool& pool, Fn&& fn) {
   });
 }
 
+// Runs fn(t) for t in [first, n).
+template <typename Fn>
+void for_tokens_from(int64_t first, int64_t n, ThreadPool& pool, Fn&& fn) {
+  for_tokens(n - first, pool, [&](int64_t i) { fn(first + i); });
+}
+
+// Rows [r0, n) of a batch as a batch of their own, for attention: the same
+// positions, and the same bidirectional span in absolute terms.
+ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
+  ForwardBatch t = b;
+  t.tokens = b.tokens.subspan(static_cast<size_t>(r0));
+  t.pos0 = b.pos0 + r0;
+  t.embeddings = nullptr;
+  t.embd_begin = t.embd_end = 0;
+  t.bidir_begin = std::max<int64_t>(0, b.bidir_begin - r0);
+  t.bidir_end = std::max<int64_t>(0, b.bidir_end - r0);
+  if (t.bidir_begin >= t.bidir_end) t.bidir_begin = t.bidir_end = 0;
+  return t;
+}
+
 class Transformer final : public SegmentedModel {
  public:
   explicit Transformer(const gguf::File& file);
@@ -326,26 +346,37 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     });
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    // The last layer's output matters only for rows that produce logits (as
+    // llama.cpp's inp_out_ids): rows [r0, n). Their K and V are written above.
+    const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
+    if (r0 >= n) break;
     thread_local std::vector<SequenceAttention> per_sequence;
+    thread_local ForwardBatch tail;  // the one segment's rows from r0 (r0 > 0 only with one segment)
     per_sequence.clear();
-    for (const PassSegment& seg : segments)
-      per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
+    if (r0 > 0) {
+      tail = rows_from(segments[0].batch, r0);
+      per_sequence.push_back({&tail, segments[0].memory, q.data() + r0 * q_dim, attn.data() + r0 * q_dim});
+    } else {
+      for (const PassSegment& seg : segments)
+        per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
+    }
     attend_layer_many(per_sequence, il, shape, pool);
-    matmul(L.wo, attn.data(), n, tmp.data(), pool);
-    for_tokens(n, pool, [&](int64_t t) {
+    const int64_t m = n - r0;  // rows this layer still computes, from r0
+    matmul(L.wo, attn.data() + r0 * q_dim, m, tmp.data() + r0 * n_embd_, pool);
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
       if (traits_.post_norms) rms_norm(tt, L.post_attn_norm.data(), eps_, n_embd_, tt);
       add_inplace(x.data() + t * n_embd_, tt, n_embd_);
       rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     });
-    const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
-    matmul_many(gate_up, h.data(), n, pool);
-    for_tokens(n, pool, [&](int64_t t) {
+    const MatmulOutput gate_up[] = {{&L.gate, g.data() + r0 * n_ff_}, {&L.up, u.data() + r0 * n_ff_}};
+    matmul_many(gate_up, h.data() + r0 * n_embd_, m, pool);
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
       if (traits_.gelu) gelu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
       else silu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
     });
-    matmul(L.down, g.data(), n, tmp.data(), pool);
-    for_tokens(n, pool, [&](int64_t t) {
+    matmul(L.down, g.data() + r0 * n_ff_, m, tmp.data() + r0 * n_embd_, pool);
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
       if (traits_.post_norms) rms_norm(tt, L.post_ffn_norm.data(), eps_, n_embd_, tt);
       add_inplace(x.data() + t * n_embd_, tt, n_embd_);
