@@ -440,6 +440,47 @@ TEST(Attention, TiledRowsEqualTheirReference) {
     }
 }
 
+// A K value that overflowed f16 (inf) gives scores of +inf, -inf or NaN
+// (0 * inf). Rows that see it still give one answer in every batch, path and
+// instruction set: the reference's (NaN where it is NaN, -inf scores weigh 0).
+TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
+  IsaRestore restore;
+  const int64_t n_head = 4, n_head_kv = 2, head_dim = 64, n_pos = 160, n_q = 24;
+  KvStore kv(n_pos, n_head_kv * head_dim, 41);
+  kv.k[111 * n_head_kv * head_dim] = 0x7c00;  // +inf, element 0 of KV head 0 at position 111
+  std::vector<float> q = make_x(n_q * n_head * head_dim, 42);
+  for (int64_t t = 0; t < n_q; ++t) {  // element 0 of the query: 0 (NaN score), negative or positive
+    const float e0 = t % 3 == 0 ? 0.0f : t % 3 == 1 ? -0.5f : 0.5f;
+    for (int64_t h = 0; h < n_head; ++h) q[(t * n_head + h) * head_dim] = e0;
+  }
+  std::vector<int64_t> first(n_q, 0), end(n_q);
+  for (int64_t t = 0; t < n_q; ++t) end[t] = 100 + 2 * t;  // 100 .. 146: some rows see position 111
+  int nan_rows = 0;
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    const auto all = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2);
+    for (int64_t t = 0; t < n_q; ++t) {
+      const auto one = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, t, 1, 1);
+      for (int64_t h = 0; h < n_head; ++h) {
+        std::vector<float> want(head_dim);
+        kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, kv.krows.data(), kv.vrows.data(),
+                                        (h / 2) * head_dim, first[t], end[t], head_dim, 0.125f, want.data());
+        const float* got[] = {all.data() + (t * n_head + h) * head_dim, one.data() + h * head_dim};
+        for (const float* g : got) {
+          if (std::isnan(want[0])) {
+            for (int64_t i = 0; i < head_dim; ++i) ASSERT_TRUE(std::isnan(g[i])) << "t " << t << " h " << h;
+          } else {
+            ASSERT_EQ(0, std::memcmp(g, want.data(), head_dim * sizeof(float))) << "t " << t << " h " << h;
+          }
+        }
+        nan_rows += std::isnan(want[0]);
+      }
+    }
+  }
+  EXPECT_GT(nan_rows, 0);
+}
+
 // attention_many (one dispatch for several sequences' decode queries, each
 // against its own K/V rows) gives each batch what attention() gives it alone,
 // on every instruction set; batches the decode kernel does not take (prompt
@@ -521,6 +562,9 @@ TEST(Exp, VectorMatchesScalarAndLibm) {
   EXPECT_TRUE(std::isinf(y[1]));
   EXPECT_EQ(y[2], 1.0f);
   EXPECT_TRUE(std::isnan(expf_vec(NAN)));
+  // 2^n with n = -150 rounds once, as ggml's AVX-512 scalef finish does.
+  EXPECT_EQ(expf_vec(-103.8f), 0x1p-149f);
+  EXPECT_EQ(expf_vec(-104.5f), 0.0f);
 }
 
 // Attention's softmax uses the C library's expf, vectorized: same bits.

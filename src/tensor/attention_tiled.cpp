@@ -119,7 +119,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
               _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(pos, f), _mm256_cmpgt_epi32(e, pos)));
           const __m256 x = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(acc[r][j][h], vscale), ok);
           _mm256_store_ps(sc[r] + at, x);
-          vmax[r] = _mm256_max_ps(vmax[r], x);
+          vmax[r] = _mm256_max_ps(x, vmax[r]);  // a NaN score never becomes the maximum
         }
       }
   };
@@ -148,7 +148,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       __m256 e[2];
       for (int h = 0; h < 2; ++h) {
         const __m256 x = _mm256_load_ps(sc[r] + b0 + 8 * h);
-        const __m256 ok = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_OQ);
+        const __m256 ok = _mm256_cmp_ps(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
         e[h] = _mm256_and_ps(exp8(_mm256_blendv_ps(zero, _mm256_sub_ps(x, vm), ok)), ok);
         _mm256_store_ps(w[r] + b0 + 8 * h, e[h]);
       }
@@ -270,6 +270,11 @@ void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* v
   // Tiles in the outer loop, groups inside: the groups' parts of a position's
   // row are adjacent, so each tile reads the rows once, in order. One tile's
   // K of one group is transposed at a time ([4][d][16]); V is read in place.
+  if (groups.size() > static_cast<size_t>(kMaxTiledGroups)) {
+    attend_tiled_rows(key_rows, value_rows, d, groups.first(kMaxTiledGroups), scale);
+    attend_tiled_rows(key_rows, value_rows, d, groups.subspan(kMaxTiledGroups), scale);
+    return;
+  }
   alignas(64) static thread_local float kt[4 * 256 * 16];
   RowState st[kMaxTiledGroups][kMaxTiledQueries];
   int64_t lo = INT64_MAX, hi = 0;

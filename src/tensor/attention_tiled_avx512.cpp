@@ -127,7 +127,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
             _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(qs.end[r])));
         const __m512 x = _mm512_mask_mul_ps(neg_inf, ok, acc[r][j], vscale);
         _mm512_store_ps(sc[r] + at, x);
-        vmax[r] = _mm512_max_ps(vmax[r], x);
+        vmax[r] = _mm512_max_ps(x, vmax[r]);  // a NaN score never becomes the maximum
       }
     }
   };
@@ -152,7 +152,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     double sum = 0.0;
     for (int64_t b = b_lo; b < b_hi; b += 16) {
       const __m512 x = _mm512_load_ps(sc[r] + b);
-      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_OQ);
+      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
       const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
       _mm512_store_ps(w[r] + b, e);
       sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));

@@ -81,10 +81,11 @@ inline __m256 round_h8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM
 
 
 // ---------------------------------------------------------------------------
-// exp (ggml's vector expf: Arm optimized-routines polynomial), the same bits
-// as a vector or a scalar. 2^n is applied as one multiply by an exact power
-// of two for n in [-149, 127]; beyond that the result is 0 or +inf (values
-// below 2^-149 or above FLT_MAX).
+// exp (ggml's vector expf: Arm optimized-routines polynomial, with the
+// AVX-512 finish: 2^n applied to j = 1 + p in one rounding, as scalef does),
+// the same bits as a vector or a scalar. 2^n is one multiply by an exact
+// power of two for n in [-149, 127]; n = -150 rounds to 2^-149 or 0; beyond
+// that the result is 0 or +inf.
 
 constexpr float kExpShift = 0x1.8p23f;
 constexpr float kLog2e = 0x1.715476p+0f;
@@ -108,7 +109,10 @@ inline float exp_scalar(float x) {
   const float j = std::fma(std::fma(std::fma(kC5, b, kC4), u, std::fma(kC3, b, kC2)), u, std::fma(kC1, b, 1.0f));
   if (std::isnan(n)) return x + x;
   if (n > 128.0f) return INFINITY;
-  if (n < -149.0f) return 0.0f;
+  if (n < -150.0f) return 0.0f;
+  // j * 2^-150 rounds to the smallest subnormal or to 0, as AVX-512's
+  // scalef (ggml's finish) rounds it.
+  if (n == -150.0f) return j > 1.0f ? 0x1p-149f : 0.0f;
   if (n == 128.0f) return (j * 0x1p127f) * 2.0f;
   return j * pow2i(static_cast<int>(n));
 }
