@@ -58,7 +58,8 @@ void differential(Model& model, const std::string& name, const int kScripts) {
     return v;
   };
   std::vector<std::vector<int32_t>> system_prompts;
-  for (int i = 0; i < 3; ++i) system_prompts.push_back(random_tokens(rnd(5, 40)));
+  // Up to 90 tokens, so prompts cross position 64 where attention changes numerics.
+  for (int i = 0; i < 3; ++i) system_prompts.push_back(random_tokens(rnd(5, 90)));
 
   int64_t steps = 0, reused_total = 0, hits = 0;
   for (int script = 0; script < kScripts; ++script) {
