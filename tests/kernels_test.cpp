@@ -314,6 +314,29 @@ std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q,
   return out;
 }
 
+// softmax(q k^T * scale) v in double precision over positions [first, end)
+// of the f16 K/V at element offset off.
+std::vector<double> softmax_attention(const KvStore& kv, const float* q, int64_t off, int64_t first, int64_t end,
+                                      int64_t head_dim, double scale) {
+  std::vector<double> s;
+  double mx = -1e300;
+  for (int64_t p = first; p < end; ++p) {
+    double dot = 0;
+    for (int64_t i = 0; i < head_dim; ++i) dot += static_cast<double>(q[i]) * f16_to_f32(kv.krows[p][off + i]);
+    s.push_back(dot * scale);
+    mx = std::max(mx, s.back());
+  }
+  double sum = 0;
+  for (auto& e : s) sum += (e = std::exp(e - mx));
+  std::vector<double> out(head_dim);
+  for (int64_t i = 0; i < head_dim; ++i) {
+    double o = 0;
+    for (int64_t p = first; p < end; ++p) o += s[p - first] * f16_to_f32(kv.vrows[p][off + i]);
+    out[i] = o / sum;
+  }
+  return out;
+}
+
 TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   IsaRestore restore;
   // Heads per KV head: 2, and 4 (a decode task's 4 heads then share one KV
@@ -351,25 +374,12 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
       for (int64_t t = 0; t < n_q; ++t)
         for (int64_t h = 0; h < n_head; ++h) {
           const int64_t off = (h / (n_head / n_head_kv)) * head_dim;
-          const float* qt = q.data() + (t * n_head + h) * head_dim;
-          std::vector<double> s;
-          double mx = -1e300;
-          for (int64_t p = first[t]; p < end[t]; ++p) {
-            double d = 0;
-            for (int64_t i = 0; i < head_dim; ++i)
-              d += static_cast<double>(round_f16(qt[i])) * f16_to_f32(kv.krows[p][off + i]);
-            s.push_back(d * scale);
-            mx = std::max(mx, s.back());
-          }
-          double sum = 0;
-          for (auto& e : s) sum += (e = std::exp(e - mx));
-          for (int64_t i = 0; i < head_dim; ++i) {
-            double o = 0;
-            for (int64_t p = first[t]; p < end[t]; ++p) o += s[p - first[t]] * f16_to_f32(kv.vrows[p][off + i]);
-            o /= sum;
+          std::vector<float> qt(q.begin() + (t * n_head + h) * head_dim, q.begin() + (t * n_head + h + 1) * head_dim);
+          for (float& e : qt) e = round_f16(e);  // this path rounds the query to f16
+          const std::vector<double> want = softmax_attention(kv, qt.data(), off, first[t], end[t], head_dim, scale);
+          for (int64_t i = 0; i < head_dim; ++i)
             // The f16 accumulator rounds at every key: allow ~1e-2 of the value scale.
-            EXPECT_NEAR(all[(t * n_head + h) * head_dim + i], o, 1.5e-2) << "t " << t << " h " << h << " d " << i;
-          }
+            EXPECT_NEAR(all[(t * n_head + h) * head_dim + i], want[i], 1.5e-2) << "t " << t << " h " << h << " d " << i;
         }
     }
   }
@@ -416,23 +426,10 @@ TEST(Attention, TiledRowsEqualTheirReference) {
             ASSERT_EQ(0, std::memcmp(got, want.data(), head_dim * sizeof(float))) << "query " << t << " head " << h;
             ASSERT_EQ(0, std::memcmp(one.data() + h * head_dim, want.data(), head_dim * sizeof(float)))
                 << "query " << t << " alone, head " << h;
-            // Double-precision softmax(q k^T) v over the same f16 K/V.
-            const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-            std::vector<double> s;
-            double mx = -1e300;
-            for (int64_t p = first[t]; p < end[t]; ++p) {
-              double dot = 0;
-              for (int64_t i = 0; i < head_dim; ++i) dot += static_cast<double>(qt[i]) * f16_to_f32(kv.krows[p][off + i]);
-              s.push_back(dot * scale);
-              mx = std::max(mx, s.back());
-            }
-            double sum = 0;
-            for (auto& e : s) sum += (e = std::exp(e - mx));
-            for (int64_t i = 0; i < head_dim; ++i) {
-              double o = 0;
-              for (int64_t p = first[t]; p < end[t]; ++p) o += s[p - first[t]] * f16_to_f32(kv.vrows[p][off + i]);
-              EXPECT_NEAR(got[i], o / sum, 2e-5) << "t " << t << " h " << h << " d " << i;
-            }
+            const std::vector<double> exact = softmax_attention(kv, qt, off, first[t], end[t], head_dim,
+                                                                1.0 / std::sqrt(static_cast<double>(head_dim)));
+            for (int64_t i = 0; i < head_dim; ++i)
+              EXPECT_NEAR(got[i], exact[i], 2e-5) << "t " << t << " h " << h << " d " << i;
           }
         }
         EXPECT_GT(tiled_rows, 30);

@@ -51,21 +51,12 @@ template <int NQ, bool F16V = false>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
                const uint16_t* const* v16 = nullptr, int64_t v_off = 0) {
   const int64_t d = kv.d;
-  int64_t lo[NQ], hi[NQ];
-  bool active[NQ];
-  int64_t any_lo = ts + kTile, any_hi = ts, all_lo = ts, all_hi = ts + kTile;
-#pragma GCC unroll 4
-  for (int r = 0; r < NQ; ++r) {
-    lo[r] = std::max(qs.first[r], ts);
-    hi[r] = std::min(qs.end[r], ts + kTile);
-    active[r] = lo[r] < hi[r];
-    if (active[r]) {
-      any_lo = std::min(any_lo, lo[r]);
-      any_hi = std::max(any_hi, hi[r]);
-    }
-    all_lo = std::max(all_lo, lo[r]);
-    all_hi = std::min(all_hi, hi[r]);
-  }
+  tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
+  const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
+  const int64_t(&hi)[kMaxTiledQueries] = rows.hi;
+  bool(&active)[kMaxTiledQueries] = rows.active;
+  const int64_t any_lo = rows.any_lo, any_hi = rows.any_hi;
+  int64_t &all_lo = rows.all_lo, &all_hi = rows.all_hi;
   if (any_lo >= any_hi) return;
   const int64_t b_lo = (any_lo - ts) / 16 * 16, b_hi = any_hi - ts;  // blocks [b_lo, b_hi) of the tile
 
@@ -212,22 +203,12 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   for (; c < d; c += 16) values.template operator()<2>(c);
 }
 
-// Runs fn(ts) for each tile that holds some query's keys.
-template <class Fn>
-void for_each_tile(const TiledQueries& qs, Fn&& fn) {
-  int64_t lo = qs.first[0], hi = qs.end[0];
-  for (int r = 1; r < qs.n; ++r) {
-    lo = std::min(lo, qs.first[r]);
-    hi = std::max(hi, qs.end[r]);
-  }
-  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile) fn(ts, lo, hi);
-}
-
 template <int NQ>
 void attend_n(const TiledKv& kv, const TiledQueries& qs, float scale) {
   RowState st[NQ];
   start(st, NQ, kv.d);
-  for_each_tile(qs, [&](int64_t ts, int64_t, int64_t) { tile_step<NQ>(kv, qs, scale, ts, st); });
+  const tiled::Span keys = tiled::query_span(qs);
+  for (int64_t ts = keys.lo / kTile * kTile; ts < keys.hi; ts += kTile) tile_step<NQ>(kv, qs, scale, ts, st);
   finish(st, qs, kv.d);
 }
 
@@ -280,10 +261,9 @@ void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* v
   int64_t lo = INT64_MAX, hi = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     start(st[i], groups[i].queries.n, d);
-    for (int r = 0; r < groups[i].queries.n; ++r) {
-      lo = std::min(lo, groups[i].queries.first[r]);
-      hi = std::max(hi, groups[i].queries.end[r]);
-    }
+    const tiled::Span keys = tiled::query_span(groups[i].queries);
+    lo = std::min(lo, keys.lo);
+    hi = std::max(hi, keys.hi);
   }
   for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
     for (size_t i = 0; i < groups.size(); ++i) {

@@ -35,9 +35,6 @@ using tiled::kNegInf;
 using tiled::kTile;
 using tiled::RowState;
 
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-
 // ggml's vector expf on 16 lanes: the operations of avx2::exp8, lanes
 // outside the fast range through avx2::exp_scalar.
 RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
@@ -69,21 +66,12 @@ RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
 template <int NQ>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st) {
   const int64_t d = kv.d;
-  int64_t lo[NQ], hi[NQ];
-  bool active[NQ];
-  int64_t any_lo = ts + kTile, any_hi = ts, all_lo = ts, all_hi = ts + kTile;
-#pragma GCC unroll 4
-  for (int r = 0; r < NQ; ++r) {
-    lo[r] = imax(qs.first[r], ts);
-    hi[r] = imin(qs.end[r], ts + kTile);
-    active[r] = lo[r] < hi[r];
-    if (active[r]) {
-      any_lo = imin(any_lo, lo[r]);
-      any_hi = imax(any_hi, hi[r]);
-    }
-    all_lo = imax(all_lo, lo[r]);
-    all_hi = imin(all_hi, hi[r]);
-  }
+  tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
+  const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
+  const int64_t(&hi)[kMaxTiledQueries] = rows.hi;
+  bool(&active)[kMaxTiledQueries] = rows.active;
+  const int64_t any_lo = rows.any_lo, any_hi = rows.any_hi;
+  int64_t &all_lo = rows.all_lo, &all_hi = rows.all_hi;
   if (any_lo >= any_hi) return;
   const int64_t b_lo = (any_lo - ts) / 16 * 16, b_hi = any_hi - ts;
 
@@ -198,12 +186,8 @@ template <int NQ>
 void attend_n(const TiledKv& kv, const TiledQueries& qs, float scale) {
   RowState st[NQ];
   tiled::start(st, NQ, kv.d);
-  int64_t lo = qs.first[0], hi = qs.end[0];
-  for (int r = 1; r < NQ; ++r) {
-    lo = imin(lo, qs.first[r]);
-    hi = imax(hi, qs.end[r]);
-  }
-  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile) tile_step<NQ>(kv, qs, scale, ts, st);
+  const tiled::Span keys = tiled::query_span(qs);
+  for (int64_t ts = keys.lo / kTile * kTile; ts < keys.hi; ts += kTile) tile_step<NQ>(kv, qs, scale, ts, st);
   tiled::finish(st, qs, kv.d);
 }
 

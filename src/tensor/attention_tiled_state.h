@@ -62,4 +62,45 @@ inline void finish(const RowState* st, const TiledQueries& qs, int64_t d) {
   }
 }
 
+// The positions [lo, hi) some query of `qs` attends to.
+struct Span {
+  int64_t lo, hi;
+};
+inline Span query_span(const TiledQueries& qs) {
+  Span s{qs.first[0], qs.end[0]};
+  for (int r = 1; r < qs.n; ++r) {
+    s.lo = std::min(s.lo, qs.first[r]);
+    s.hi = std::max(s.hi, qs.end[r]);
+  }
+  return s;
+}
+
+// What the first n queries take of tile [ts, ts + 64): query r its keys
+// [lo[r], hi[r]) (active when not empty); any query, [any_lo, any_hi); every
+// query, [all_lo, all_hi) (empty when some query takes none).
+struct TileRows {
+  int64_t lo[kMaxTiledQueries], hi[kMaxTiledQueries];
+  bool active[kMaxTiledQueries];
+  int64_t any_lo, any_hi, all_lo, all_hi;
+};
+inline TileRows tile_rows(const TiledQueries& qs, int n, int64_t ts) {
+  TileRows t;
+  t.any_lo = ts + kTile;
+  t.any_hi = ts;
+  t.all_lo = ts;
+  t.all_hi = ts + kTile;
+  for (int r = 0; r < n; ++r) {
+    t.lo[r] = std::max(qs.first[r], ts);
+    t.hi[r] = std::min(qs.end[r], ts + kTile);
+    t.active[r] = t.lo[r] < t.hi[r];
+    if (t.active[r]) {
+      t.any_lo = std::min(t.any_lo, t.lo[r]);
+      t.any_hi = std::max(t.any_hi, t.hi[r]);
+    }
+    t.all_lo = std::max(t.all_lo, t.lo[r]);
+    t.all_hi = std::min(t.all_hi, t.hi[r]);
+  }
+  return t;
+}
+
 }  // namespace reprise::kernels::tiled

@@ -1032,20 +1032,15 @@ bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
 }
 
 // Tiled-numerics attention for heads [h0, h0 + nh) of token t, reading f16
-// K/V rows in place; heads that share a KV head share its widened tiles.
+// K/V rows in place; heads that share a KV head share its transposed tiles.
 void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
   kernels::TiledGroup groups[kernels::kMaxTiledGroups];
   int n = 0;
+  static_assert(kDecodeHeadsPerTask <= kernels::kMaxTiledGroups);  // nh heads make at most nh groups
   for (int64_t h = h0; h < h0 + nh; ++h) {
-    if (n == 0 || groups[n - 1].kv_off != (h / group) * D || groups[n - 1].queries.n == kernels::kMaxTiledQueries) {
-      if (n == kernels::kMaxTiledGroups) {
-        kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
-        n = 0;
-      }
-      groups[n] = kernels::TiledGroup{(h / group) * D, {}};
-      ++n;
-    }
+    if (n == 0 || groups[n - 1].kv_off != (h / group) * D || groups[n - 1].queries.n == kernels::kMaxTiledQueries)
+      groups[n++] = kernels::TiledGroup{(h / group) * D, {}};
     kernels::TiledQueries& qs = groups[n - 1].queries;
     qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
     qs.first[qs.n] = b.first[t];
@@ -1053,7 +1048,7 @@ void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
     qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
     ++qs.n;
   }
-  if (n > 0) kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
+  kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
 }
 
 int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
@@ -1211,15 +1206,12 @@ void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
 // Prompt rows that take the tiled numerics: per head, runs of 16 queries in
 // groups of kMaxTiledQueries that share each K/V load.
 void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
-  if (b.n_tokens < 4) {
-    pool.parallel_for(b.n_tokens * decode_chunks(b), [&](int64_t task) {
-      const int64_t t = task / decode_chunks(b), h0 = (task % decode_chunks(b)) * kDecodeHeadsPerTask;
-      tiled_heads(b, t, h0, std::min(kDecodeHeadsPerTask, b.n_head - h0));
-    });
+  const IsaKernels& isa = isa_kernels();
+  if (b.n_tokens < 4) {  // the decode tasks (each of these rows takes tiled_heads)
+    pool.parallel_for(b.n_tokens * decode_chunks(b), [&](int64_t task) { decode_attention_task(b, isa, task); });
     return;
   }
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  const IsaKernels& isa = isa_kernels();
   const WidenedKv w = widen_kv(b, pool);
   constexpr int64_t kQueries = 16;
   const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
