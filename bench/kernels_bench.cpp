@@ -105,10 +105,11 @@ void BM_Attention(benchmark::State& state) {
   std::vector<uint16_t> k(n_ctx * n_head_kv * hd), v(n_ctx * n_head_kv * hd);
   std::vector<float> kf = make_x(k.size());
   for (size_t i = 0; i < k.size(); ++i) k[i] = v[k.size() - 1 - i] = f32_to_f16(kf[i]);
+  // Laid out as FlatMemory does: each KV head's rows adjacent.
   std::vector<const uint16_t*> kr(n_ctx), vr(n_ctx);
   for (int64_t p = 0; p < n_ctx; ++p) {
-    kr[p] = k.data() + p * n_head_kv * hd;
-    vr[p] = v.data() + p * n_head_kv * hd;
+    kr[p] = k.data() + p * hd;
+    vr[p] = v.data() + p * hd;
   }
   std::vector<float> q = make_x(n_q * n_head * hd), out(q.size());
   std::vector<int64_t> first(n_q, 0), end(n_q);
@@ -124,6 +125,7 @@ void BM_Attention(benchmark::State& state) {
   a.end = end.data();
   a.key_rows = kr.data();
   a.value_rows = vr.data();
+  a.kv_head_stride = n_ctx * hd;
   a.out = out.data();
   int64_t pairs = 0;
   for (int64_t t = 0; t < n_q; ++t) pairs += end[t] * n_head;
@@ -143,6 +145,7 @@ BENCHMARK(BM_Attention)
     ->Args({1, 128, 1, 64, 1})
     ->Args({1, 2048, 1, 64, 1})
     ->Args({1, 2048, 2, 64, 1})
+    ->Args({1, 32768, 2, 64, 1})  // 64 MB of K/V: from memory, not L3
     ->Args({1, 2048, 1, 64, 4})  // decode with grouped-query attention
     ->Args({1, 2048, 1, 128, 2})
     ->UseRealTime()

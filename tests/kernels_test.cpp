@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <numeric>
 #include <vector>
 
 #include "tensor/attention_tiled.h"
@@ -281,6 +282,7 @@ struct KvStore {
   int64_t n_pos, kv_dim;
   std::vector<uint16_t> k, v;
   std::vector<const uint16_t*> krows, vrows;
+  int64_t head_stride = 0;  // AttentionBatch::kv_head_stride
   KvStore(int64_t n, int64_t dim, uint32_t seed) : n_pos(n), kv_dim(dim), k(n * dim), v(n * dim) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -292,6 +294,31 @@ struct KvStore {
     }
   }
 };
+
+// The same K/V laid out as the prefix cache's blocks hold it: `block`
+// positions per block, the blocks in a shuffled order, and in each block one
+// KV head's rows after another ([head][position][head_dim]).
+KvStore paged_head_major(const KvStore& src, int64_t n_head_kv, int64_t head_dim, int64_t block) {
+  KvStore kv(0, src.kv_dim, 0);
+  kv.n_pos = src.n_pos;
+  const int64_t n_blocks = (src.n_pos + block - 1) / block;
+  std::vector<int64_t> place(n_blocks);
+  std::iota(place.begin(), place.end(), 0);
+  std::shuffle(place.begin(), place.end(), std::mt19937(7));
+  kv.k.assign(n_blocks * block * src.kv_dim, 0);
+  kv.v.assign(kv.k.size(), 0);
+  kv.head_stride = block * head_dim;
+  for (int64_t p = 0; p < src.n_pos; ++p) {
+    const int64_t at = place[p / block] * block * src.kv_dim + (p % block) * head_dim;
+    for (int64_t j = 0; j < n_head_kv; ++j) {
+      std::copy_n(src.krows[p] + j * head_dim, head_dim, kv.k.begin() + at + j * kv.head_stride);
+      std::copy_n(src.vrows[p] + j * head_dim, head_dim, kv.v.begin() + at + j * kv.head_stride);
+    }
+    kv.krows.push_back(kv.k.data() + at);
+    kv.vrows.push_back(kv.v.data() + at);
+  }
+  return kv;
+}
 
 std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q, int64_t n_head, int64_t n_head_kv,
                                  int64_t head_dim, const std::vector<int64_t>& first, const std::vector<int64_t>& end,
@@ -308,6 +335,7 @@ std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q,
   a.end = end.data() + t0;
   a.key_rows = kv.krows.data();
   a.value_rows = kv.vrows.data();
+  a.kv_head_stride = kv.head_stride;
   std::vector<float> out(n * n_head * head_dim);
   a.out = out.data();
   attention(a, pool);
@@ -433,6 +461,37 @@ TEST(Attention, TiledRowsEqualTheirReference) {
           }
         }
         EXPECT_GT(tiled_rows, 30);
+      }
+    }
+}
+
+// Where a position's KV heads are is only a layout: K/V in cache-like blocks
+// with each head's rows adjacent give the same bits as whole rows, for
+// prompts and decode, on both numerics and every instruction set.
+TEST(Attention, KvHeadStrideIsOnlyALayout) {
+  IsaRestore restore;
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}})
+    for (int64_t head_dim : {8, 64, 128}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
+      const int64_t n_pos = 200, n_q = 24;
+      const KvStore rows(n_pos, n_head_kv * head_dim, 51);
+      const KvStore paged = paged_head_major(rows, n_head_kv, head_dim, 32);
+      std::vector<float> q = make_x(n_q * n_head * head_dim, 52);
+      std::vector<int64_t> first(n_q), end(n_q);
+      for (int64_t t = 0; t < n_q; ++t) {
+        end[t] = 20 + 7 * t + 1;  // 21 .. 182: both numerics
+        first[t] = t % 3 == 1 ? end[t] / 2 : 0;
+      }
+      for (KernelIsa isa : isas()) {
+        set_kernel_isa(isa);
+        SCOPED_TRACE(kernel_isa_name(isa));
+        EXPECT_TRUE(same_bits(run_attention(paged, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2),
+                              run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2)));
+        for (int64_t t : {0, 9, 23}) {  // decode-sized batches
+          EXPECT_TRUE(same_bits(run_attention(paged, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2),
+                                run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2)))
+              << "query " << t;
+        }
       }
     }
 }

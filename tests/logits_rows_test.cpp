@@ -57,12 +57,15 @@ TEST_P(LogitsRows, LastAndNoneEqualAll) {
     for (size_t l = 0; l < spec.layers.size(); ++l) {
       const LayerStateSpec& s = spec.layers[l];
       if (s.kind != LayerStateKind::Attention) continue;
-      for (int64_t p = 0; p < static_cast<int64_t>(n) - 1; ++p) {
-        const int il = static_cast<int>(l);
-        ASSERT_EQ(0, std::memcmp(m_all.key(il, p), m_none.key(il, p), s.key_floats() * 2)) << l << "/" << p;
-        ASSERT_EQ(0, std::memcmp(m_all.value(il, p), m_none.value(il, p), s.value_floats() * 2)) << l << "/" << p;
-        ASSERT_EQ(0, std::memcmp(m_all.key(il, p), m_last.key(il, p), s.key_floats() * 2)) << l << "/" << p;
-      }
+      const int il = static_cast<int>(l);
+      auto key = [&](FlatMemory& m, int64_t p, int64_t j) { return m.key(il, p) + j * m.kv_head_stride(il); };
+      auto value = [&](FlatMemory& m, int64_t p, int64_t j) { return m.value(il, p) + j * m.kv_head_stride(il); };
+      for (int64_t p = 0; p < static_cast<int64_t>(n) - 1; ++p)
+        for (int64_t j = 0; j < s.n_kv_heads; ++j) {
+          ASSERT_EQ(0, std::memcmp(key(m_all, p, j), key(m_none, p, j), s.head_dim_k * 2)) << l << "/" << p;
+          ASSERT_EQ(0, std::memcmp(value(m_all, p, j), value(m_none, p, j), s.head_dim_v * 2)) << l << "/" << p;
+          ASSERT_EQ(0, std::memcmp(key(m_all, p, j), key(m_last, p, j), s.head_dim_k * 2)) << l << "/" << p;
+        }
     }
     // And the same next step from each.
     const auto next_all = run(model, m_all, tokens, n - 1, n, LogitsFor::Last, 0, 0, pool);

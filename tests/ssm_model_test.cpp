@@ -65,10 +65,15 @@ void expect_same_state(const StateSpec& spec, FlatMemory& a, FlatMemory& b, int6
       EXPECT_TRUE(same_bits(a.ssm_state(il), b.ssm_state(il), s.ssm_state_floats * sizeof(float)))
           << "ssm state of layer " << l;
     } else if (s.kind == LayerStateKind::Attention) {
-      for (int64_t p = 0; p < n; ++p) {
-        EXPECT_TRUE(same_bits(a.key(il, p), b.key(il, p), s.key_floats() * 2)) << "key " << l << "/" << p;
-        EXPECT_TRUE(same_bits(a.value(il, p), b.value(il, p), s.value_floats() * 2)) << "value " << l << "/" << p;
-      }
+      for (int64_t p = 0; p < n; ++p)
+        for (int64_t j = 0; j < s.n_kv_heads; ++j) {
+          EXPECT_TRUE(same_bits(a.key(il, p) + j * a.kv_head_stride(il), b.key(il, p) + j * b.kv_head_stride(il),
+                                s.head_dim_k * 2))
+              << "key " << l << "/" << p << " head " << j;
+          EXPECT_TRUE(same_bits(a.value(il, p) + j * a.kv_head_stride(il), b.value(il, p) + j * b.kv_head_stride(il),
+                                s.head_dim_v * 2))
+              << "value " << l << "/" << p << " head " << j;
+        }
     }
   }
 }
@@ -83,10 +88,13 @@ void copy_state(const StateSpec& spec, FlatMemory& from, FlatMemory& to, int64_t
       std::memcpy(to.conv_state(il), from.conv_state(il), s.conv_state_floats * sizeof(float));
       std::memcpy(to.ssm_state(il), from.ssm_state(il), s.ssm_state_floats * sizeof(float));
     } else if (s.kind == LayerStateKind::Attention) {
-      for (int64_t p = 0; p < n; ++p) {
-        std::memcpy(to.key(il, p), from.key(il, p), s.key_floats() * 2);
-        std::memcpy(to.value(il, p), from.value(il, p), s.value_floats() * 2);
-      }
+      for (int64_t p = 0; p < n; ++p)
+        for (int64_t j = 0; j < s.n_kv_heads; ++j) {
+          std::memcpy(to.key(il, p) + j * to.kv_head_stride(il), from.key(il, p) + j * from.kv_head_stride(il),
+                      s.head_dim_k * 2);
+          std::memcpy(to.value(il, p) + j * to.kv_head_stride(il), from.value(il, p) + j * from.kv_head_stride(il),
+                      s.head_dim_v * 2);
+        }
     }
   }
 }

@@ -497,20 +497,22 @@ void CachedSequence::truncate(int64_t n) {
 
 uint16_t* CachedSequence::key(int layer, int64_t pos) {
   const int B = cache_.block_tokens_;
-  return table_[pos / B]->data.get() + cache_.key_offset_[layer] +
-         (pos % B) * cache_.spec_.layers[layer].key_floats();
+  return table_[pos / B]->data.get() + cache_.key_offset_[layer] + (pos % B) * cache_.spec_.layers[layer].head_dim_k;
 }
 
 uint16_t* CachedSequence::value(int layer, int64_t pos) {
   const int B = cache_.block_tokens_;
-  return table_[pos / B]->data.get() + cache_.value_offset_[layer] +
-         (pos % B) * cache_.spec_.layers[layer].value_floats();
+  return table_[pos / B]->data.get() + cache_.value_offset_[layer] + (pos % B) * cache_.spec_.layers[layer].head_dim_v;
+}
+
+int64_t CachedSequence::kv_head_stride(int layer) const {
+  return cache_.block_tokens_ * cache_.spec_.layers[layer].head_dim_k;
 }
 
 void CachedSequence::kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys,
                              const uint16_t** values) {
   const int B = cache_.block_tokens_;
-  const int64_t ks = cache_.spec_.layers[layer].key_floats(), vs = cache_.spec_.layers[layer].value_floats();
+  const int64_t ks = cache_.spec_.layers[layer].head_dim_k, vs = cache_.spec_.layers[layer].head_dim_v;
   for (int64_t p = first; p < end;) {
     const uint16_t* data = table_[p / B]->data.get();
     const uint16_t* k = data + cache_.key_offset_[layer];

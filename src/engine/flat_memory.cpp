@@ -26,23 +26,34 @@ void FlatMemory::clear() {
 void FlatMemory::prepare(int64_t /*first_write*/, int64_t n_positions) {
   if (n_positions <= capacity_) return;
   const int64_t grown = std::max(n_positions, capacity_ * 2);
+  // Per layer [head][position][head_dim]: each head's rows move to their
+  // place in the larger buffer.
+  auto regrow = [&](std::vector<uint16_t>& rows, int64_t n_heads, int64_t head_dim) {
+    std::vector<uint16_t> wider(static_cast<size_t>(n_heads * grown * head_dim));
+    for (int64_t j = 0; j < n_heads && capacity_ > 0; ++j)
+      std::copy_n(rows.begin() + j * capacity_ * head_dim, capacity_ * head_dim,
+                  wider.begin() + j * grown * head_dim);
+    rows.swap(wider);
+  };
   for (size_t l = 0; l < spec_.layers.size(); ++l) {
     const auto& s = spec_.layers[l];
     if (s.kind != LayerStateKind::Attention) continue;
-    keys_[l].resize(grown * s.key_floats());
-    values_[l].resize(grown * s.value_floats());
+    regrow(keys_[l], s.n_kv_heads, s.head_dim_k);
+    regrow(values_[l], s.n_kv_heads, s.head_dim_v);
   }
   capacity_ = grown;
 }
 
+int64_t FlatMemory::kv_head_stride(int layer) const { return capacity_ * spec_.layers[layer].head_dim_k; }
+
 uint16_t* FlatMemory::key(int layer, int64_t pos) {
-  return keys_[layer].data() + pos * spec_.layers[layer].key_floats();
+  return keys_[layer].data() + pos * spec_.layers[layer].head_dim_k;
 }
 uint16_t* FlatMemory::value(int layer, int64_t pos) {
-  return values_[layer].data() + pos * spec_.layers[layer].value_floats();
+  return values_[layer].data() + pos * spec_.layers[layer].head_dim_v;
 }
 void FlatMemory::kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) {
-  const int64_t ks = spec_.layers[layer].key_floats(), vs = spec_.layers[layer].value_floats();
+  const int64_t ks = spec_.layers[layer].head_dim_k, vs = spec_.layers[layer].head_dim_v;
   const uint16_t* k = keys_[layer].data() + first * ks;
   const uint16_t* v = values_[layer].data() + first * vs;
   for (int64_t i = 0; i < end - first; ++i) {

@@ -15,6 +15,8 @@ class FlatMemory final : public SequenceMemory {
   uint16_t* key(int layer, int64_t pos) override;
   uint16_t* value(int layer, int64_t pos) override;
   void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) override;
+  // capacity() positions per head: heads move when prepare() grows the buffers.
+  int64_t kv_head_stride(int layer) const override;
   float* conv_state(int layer) override;
   float* ssm_state(int layer) override;
   int64_t capacity() const { return capacity_; }

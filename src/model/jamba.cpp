@@ -215,8 +215,7 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
   for (const PassSegment& seg : segments) {
     for (int64_t i = 0; i < static_cast<int64_t>(seg.batch.tokens.size()); ++i) {
       const int64_t t = seg.row0 + i, pos = seg.batch.pos0 + i;
-      convert_f32_to_f16(k.data() + t * kv_dim, seg.memory->key(il, pos), kv_dim);
-      convert_f32_to_f16(v.data() + t * kv_dim, seg.memory->value(il, pos), kv_dim);
+      store_kv(*seg.memory, il, pos, L.n_head_kv, head_dim_, k.data() + t * kv_dim, v.data() + t * kv_dim);
     }
     per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
   }

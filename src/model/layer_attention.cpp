@@ -43,6 +43,7 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
   a.scale = shape.scale;
   a.first = rows.first.data();
   a.end = rows.end.data();
+  a.kv_head_stride = memory.kv_head_stride(layer);
   a.key_rows = rows.key_rows.data();
   a.value_rows = rows.value_rows.data();
   a.out = out;
@@ -50,6 +51,17 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
 }
 
 }  // namespace
+
+void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
+              const float* v) {
+  const int64_t stride = memory.kv_head_stride(layer);
+  uint16_t* kr = memory.key(layer, pos);
+  uint16_t* vr = memory.value(layer, pos);
+  for (int64_t j = 0; j < n_kv_heads; ++j) {
+    convert_f32_to_f16(k + j * head_dim, kr + j * stride, head_dim);
+    convert_f32_to_f16(v + j * head_dim, vr + j * stride, head_dim);
+  }
+}
 
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
                   const float* q, float* out, ThreadPool& pool) {

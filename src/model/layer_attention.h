@@ -21,6 +21,12 @@ struct LayerAttentionShape {
   float scale = 1.0f;
 };
 
+// Stores position pos's K and V (n_kv_heads x head_dim floats each) of
+// attention layer `layer` as f16, head by head (heads need not be adjacent
+// in memory; see SequenceMemory::kv_head_stride).
+void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
+              const float* v);
+
 // q: n_tokens x n_head x head_dim; out: the same shape.
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
                   const float* q, float* out, ThreadPool& pool);

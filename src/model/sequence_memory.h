@@ -17,9 +17,15 @@ class SequenceMemory {
   // shared storage on write, as the implementation needs).
   virtual void prepare(int64_t first_write, int64_t end) = 0;
   // Attention rows are IEEE half precision (what llama.cpp's default KV cache
-  // holds, and half the bytes of f32 for the same cached prefix).
+  // holds, and half the bytes of f32 for the same cached prefix). KV head j
+  // of position pos starts at key(layer, pos) + j * kv_head_stride(layer)
+  // (likewise value()): one head's rows of consecutive positions are
+  // adjacent, so decode attention, which reads one head's rows at a time,
+  // streams them instead of picking a slice out of every position's row.
   virtual uint16_t* key(int layer, int64_t pos) = 0;
   virtual uint16_t* value(int layer, int64_t pos) = 0;
+  // Valid until the next prepare(); the same for keys and values.
+  virtual int64_t kv_head_stride(int layer) const = 0;
   // Bulk form for attention: keys[i] = key(layer, first + i) and values[i] =
   // value(layer, first + i) for positions [first, end). Implementations
   // override it to avoid a virtual call per position.

@@ -341,8 +341,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
                  traits_.rope);
       rope_apply(kt, static_cast<int>(n_head_kv_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
                  traits_.rope);
-      convert_f32_to_f16(kt, memory.key(il, pos), kv_dim);
-      convert_f32_to_f16(v.data() + t * kv_dim, memory.value(il, pos), kv_dim);
+      store_kv(memory, il, pos, n_head_kv_, head_dim_, kt, v.data() + t * kv_dim);
     });
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};

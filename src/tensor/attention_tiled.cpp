@@ -240,6 +240,12 @@ template <int NQ>
 void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
                float scale, int64_t ts, int64_t lo, int64_t hi, float* kt, RowState* st) {
   const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
+  // The group's rows of the next tile, requested while this one computes.
+  for (int64_t p = ts + kTile; p < std::min(hi, ts + 2 * kTile); ++p)
+    for (int64_t off = 0; off < d; off += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(key_rows[p] + g.kv_off + off), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(value_rows[p] + g.kv_off + off), _MM_HINT_T0);
+    }
   for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, g.kv_off, ts + b0, lo, hi, d, kt + b0 * d);
   tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
 }

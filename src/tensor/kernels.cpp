@@ -1021,6 +1021,9 @@ namespace {
 // in place.
 constexpr int64_t kDecodeHeadsPerTask = 4;
 
+// Elements from KV head j to j + 1 of one position.
+int64_t kv_stride(const AttentionBatch& b) { return b.kv_head_stride > 0 ? b.kv_head_stride : b.head_dim; }
+
 bool all_tiled(const AttentionBatch& b) {
   for (int64_t t = 0; t < b.n_tokens; ++t)
     if (!takes_tiled_attention(b.head_dim, b.end[t])) return false;
@@ -1033,14 +1036,15 @@ bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
 
 // Tiled-numerics attention for heads [h0, h0 + nh) of token t, reading f16
 // K/V rows in place; heads that share a KV head share its transposed tiles.
-void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
+void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int64_t h0, int64_t nh) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
   kernels::TiledGroup groups[kernels::kMaxTiledGroups];
   int n = 0;
   static_assert(kDecodeHeadsPerTask <= kernels::kMaxTiledGroups);  // nh heads make at most nh groups
   for (int64_t h = h0; h < h0 + nh; ++h) {
-    if (n == 0 || groups[n - 1].kv_off != (h / group) * D || groups[n - 1].queries.n == kernels::kMaxTiledQueries)
-      groups[n++] = kernels::TiledGroup{(h / group) * D, {}};
+    const int64_t off = (h / group) * kv_stride(b);
+    if (n == 0 || groups[n - 1].kv_off != off || groups[n - 1].queries.n == kernels::kMaxTiledQueries)
+      groups[n++] = kernels::TiledGroup{off, {}};
     kernels::TiledQueries& qs = groups[n - 1].queries;
     qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
     qs.first[qs.n] = b.first[t];
@@ -1048,7 +1052,7 @@ void tiled_heads(const AttentionBatch& b, int64_t t, int64_t h0, int64_t nh) {
     qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
     ++qs.n;
   }
-  kernels::attend_tiled_rows(b.key_rows, b.value_rows, D, std::span(groups, n), b.scale);
+  isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
 }
 
 int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
@@ -1058,12 +1062,12 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv, chunks = decode_chunks(b);
   const int64_t t = task / chunks, h0 = (task % chunks) * kDecodeHeadsPerTask;
   const int64_t nh = std::min(kDecodeHeadsPerTask, b.n_head - h0);
-  if (takes_tiled_attention(D, b.end[t])) return tiled_heads(b, t, h0, nh);
+  if (takes_tiled_attention(D, b.end[t])) return tiled_heads(b, isa, t, h0, nh);
   alignas(64) float qh[kDecodeHeadsPerTask * 256];
   int64_t off[kDecodeHeadsPerTask];
   for (int64_t i = 0; i < nh; ++i) {
     convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
-    off[i] = ((h0 + i) / group) * D;
+    off[i] = ((h0 + i) / group) * kv_stride(b);
   }
   kernels::AttnRowsArgs a;
   a.q = qh;
@@ -1131,7 +1135,7 @@ WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
   // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
   pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
     const int64_t j = task / n_blocks, blk = task % n_blocks;
-    widen_kv_block(b.key_rows, b.value_rows, j * D, base + blk * 16, lo, hi, D, kt + (j * n_blocks + blk) * D * 16,
+    widen_kv_block(b.key_rows, b.value_rows, j * kv_stride(b), base + blk * 16, lo, hi, D, kt + (j * n_blocks + blk) * D * 16,
                    vf + (j * n_pos + blk * 16) * D);
   });
   return WidenedKv{kt, vf, base, n_blocks, n_pos};
@@ -1164,7 +1168,7 @@ void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
       for (int64_t i = task * kInterleave; i < std::min(n_items, (task + 1) * kInterleave); ++i) {
         const int64_t t = by_head ? i % b.n_tokens : i / b.n_head;
         const int64_t h = by_head ? i / b.n_tokens : i % b.n_head;
-        items[n++] = {b.q + (t * b.n_head + h) * D, b.key_rows, b.value_rows, (h / group) * D,
+        items[n++] = {b.q + (t * b.n_head + h) * D, b.key_rows, b.value_rows, (h / group) * kv_stride(b),
                       b.first[t], b.end[t], b.out + (t * b.n_head + h) * D};
       }
       attend_interleaved(items, n, D, b.scale);

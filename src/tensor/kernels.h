@@ -131,8 +131,9 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 
 // Batched attention for one layer: n_tokens queries of n_head heads
 // (q[(t * n_head + h) * head_dim + d]) attend to positions [first[t], end[t]).
-// key_rows[p] / value_rows[p] point at position p's row (all KV heads, kv
-// head j at offset j * head_dim) for every p below max(end). Numerics follow
+// key_rows[p] / value_rows[p] point at position p's KV head 0, and KV head j
+// is kv_head_stride elements further (head_dim when 0: whole rows), for
+// every p below max(end). Numerics follow
 // ggml's CPU flash-attention path (f16 query, online softmax with expf, f16
 // value accumulator) so logits track llama.cpp closely, and each query's
 // result is independent of the batch it is computed in.
@@ -147,6 +148,7 @@ struct AttentionBatch {
   const int64_t* end = nullptr;
   const uint16_t* const* key_rows = nullptr;
   const uint16_t* const* value_rows = nullptr;
+  int64_t kv_head_stride = 0;
   float* out = nullptr;
 };
 void attention(const AttentionBatch& batch, ThreadPool& pool);

@@ -195,10 +195,16 @@ struct IsaKernels {
   // Prompt rows with the tiled numerics (attention_tiled.h); every ISA's
   // gives the same bits.
   void (*attend_tiled)(const TiledKv& kv, const TiledQueries& queries, float scale);
+  // Decode rows with the same numerics, K and V read as f16 rows in place
+  // (attend_tiled_rows in attention_tiled.h).
+  void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
+                            const TiledGroup* groups, int n_groups, float scale);
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
 void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& queries, float scale);
+void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
+                              const TiledGroup* groups, int n_groups, float scale);
 
 // The AVX2 batched attention (attention_avx2.cpp): the AVX2 table's kernel,
 // and the fallback for head sizes another ISA's kernel does not take.
