@@ -78,9 +78,24 @@ uint64_t streamed_weight_bytes(const ModelBundle& b) {
   return total;
 }
 
+// Mean K/V bytes one decode step of one sequence reads over a tgN test that
+// starts at depth `depth`: every attention layer reads its K and V rows of
+// the positions the new token attends to (its window, if it has one).
+double kv_bytes_per_step(const StateSpec& spec, int depth, int n_gen) {
+  double total = 0;
+  for (int i = 0; i < n_gen; ++i)
+    for (const LayerStateSpec& l : spec.layers) {
+      if (l.kind != LayerStateKind::Attention) continue;
+      const int64_t seen = l.window > 0 ? std::min<int64_t>(l.window, depth + i + 1) : depth + i + 1;
+      total += static_cast<double>(seen) * (l.key_floats() + l.value_floats()) * sizeof(uint16_t);
+    }
+  return n_gen > 0 ? total / n_gen : 0;
+}
+
 struct Roofline {
   uint64_t weight_bytes = 0;    // all tensors (llama.cpp's convention for "model size")
-  uint64_t streamed_bytes = 0;  // what decode reads per token
+  uint64_t streamed_bytes = 0;  // weights decode reads per token
+  double kv_bytes = 0;          // K/V a tgN step reads per sequence, mean over the test
   double read_bw = 0;           // measured, bytes/s, working set = streamed_bytes
 };
 
@@ -95,20 +110,22 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
   const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
   const double streamed_gbps = passes_per_s * roof.streamed_bytes / 1e9;
+  // Each sequence of a pass reads its own K/V.
+  const double kv_gbps = decode ? s.mean * roof.kv_bytes / 1e9 : 0;
   const double read_gbps = roof.read_bw / 1e9;
-  const double fraction = read_gbps > 0 ? streamed_gbps / read_gbps : 0;
+  const double fraction = read_gbps > 0 ? (streamed_gbps + kv_gbps) / read_gbps : 0;
   if (o.json) {
     std::printf("{\"test\":\"%s\",\"n_depth\":%d,\"sequences\":%d,\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
                 "\"isa\":\"%s\",\"weight_bytes\":%llu,\"streamed_weight_bytes\":%llu,"
-                "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,"
-                "\"roofline_fraction\":%.3f}\n",
+                "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"kv_bytes_per_token\":%.0f,"
+                "\"streamed_kv_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,\"roofline_fraction\":%.3f}\n",
                 test.c_str(), o.n_depth, decode ? o.sequences : 1, s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
                 static_cast<unsigned long long>(roof.weight_bytes), static_cast<unsigned long long>(roof.streamed_bytes),
-                eff_gbps, streamed_gbps, read_gbps, fraction);
+                eff_gbps, streamed_gbps, decode ? roof.kv_bytes : 0.0, kv_gbps, read_gbps, fraction);
   } else {
-    std::printf("| %-40s | %12s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %5.1f%% |\n",
+    std::printf("| %-40s | %12s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %8.2f | %5.1f%% |\n",
                 b.path.substr(b.path.find_last_of('/') + 1).c_str(), test.c_str(), threads, s.mean, s.stddev, eff_gbps,
-                streamed_gbps, 100 * fraction);
+                streamed_gbps, kv_gbps, 100 * fraction);
   }
   std::fflush(stdout);
 }
@@ -143,11 +160,12 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
                 "kernels: %s\n",
                 roof.read_bw / 1e9, threads, roof.streamed_bytes / 1e6, kernel_isa_name(kernel_isa()));
     // weights GB/s: all tensors per pass (llama.cpp's model size); streamed
-    // GB/s: what a pass reads; of BW: streamed / measured read bandwidth.
-    std::printf("| %-40s | %12s | %7s | %21s | %12s | %13s | %6s |\n", "model", "test", "threads", "tokens/s",
-                "weights GB/s", "streamed GB/s", "of BW");
+    // GB/s: the weights a pass reads; K/V GB/s: the K/V rows decode reads;
+    // of BW: (streamed + K/V) / measured read bandwidth.
+    std::printf("| %-40s | %12s | %7s | %21s | %12s | %13s | %8s | %6s |\n", "model", "test", "threads", "tokens/s",
+                "weights GB/s", "streamed GB/s", "K/V GB/s", "of BW");
     std::printf("|------------------------------------------|--------------|---------|-----------------------|--------------|"
-                "---------------|--------|\n");
+                "---------------|----------|--------|\n");
   }
   std::vector<float> logits;
   // llama-bench names tests at depth "pp512 @ d4096"; one token keeps the
@@ -173,6 +191,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   if (o.n_gen > 0) {
     std::vector<double> rates;
     const int n_seq = o.sequences;
+    roof.kv_bytes = kv_bytes_per_step(model.state_spec(), o.n_depth, o.n_gen);
     for (int r = -1; r < o.reps; ++r) {
       // The VM's bandwidth moves from minute to minute: probe again between
       // repetitions and compare against the best the machine gave meanwhile.
