@@ -79,6 +79,10 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
       b->Args({t, 1536, 16, 512, threads});     // prefill, few rows: converting the activations dominates
     }
   }
+  // Small batches (several sequences decoding together) against 72-144 MB of
+  // weights, which they read from memory once per call, as decode does.
+  for (int t : {1, 3})
+    for (int n_tokens : {1, 2, 4, 8}) b->Args({t, 4096, 16384, n_tokens, 2});
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

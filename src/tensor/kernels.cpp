@@ -429,6 +429,14 @@ struct Job {
 
 thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
 
+// Groups a small batch's kernel call covers at once (see run_job_task): up
+// to 8, within ~512 KiB of weights (well inside L2), in multiples of 4 (the
+// widest small-batch tile).
+int64_t small_batch_groups(size_t group_bytes) {
+  const int64_t fit = static_cast<int64_t>((size_t{512} << 10) / group_bytes) / 4 * 4;
+  return std::clamp<int64_t>(fit, 4, 8);
+}
+
 inline __m256 load_h8_any(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -496,13 +504,27 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   // clear gain); REPRISE_PREFETCH=bytes overrides, 0 turns it off.
   static const int64_t prefetch =
       std::getenv("REPRISE_PREFETCH") ? std::atoll(std::getenv("REPRISE_PREFETCH")) : 1024;
-  a.prefetch = prefetch;
+  // Only decode-sized batches stream their weights once (larger ones tile
+  // them through L2).
+  a.prefetch = n_tokens < kTokenTile ? prefetch : 0;
   // k blocks keep a task's weight panel and token tile in L1 together.
   const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
-  for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
-    a.k_begin = k0;
-    a.k_end = std::min(n_in, k0 + kb);
-    fn(a);
+  // A kernel covers a batch wider than its token tile in several passes over
+  // the groups it is given: hand it 8 groups at a time, so the later passes
+  // find the weights in L2 instead of reading a decode task's (megabytes of)
+  // weights from memory again. Each output is computed as before.
+  const int64_t n_groups = a.n_groups;
+  const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(group_bytes) : n_groups;
+  for (int64_t g = 0; g < n_groups; g += chunk) {
+    a.w = w + g * group_bytes;
+    a.n_groups = std::min(chunk, n_groups - g);
+    a.n_rows = j.n_out - (g0 + g) * kGroupRows;
+    a.y = j.y + t0 * j.n_out + (g0 + g) * kGroupRows;
+    for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
+      a.k_begin = k0;
+      a.k_end = std::min(n_in, k0 + kb);
+      fn(a);
+    }
   }
 }
 

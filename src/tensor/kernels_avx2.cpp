@@ -76,10 +76,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
-    if constexpr (T == 1) {
-      // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
-      if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);  // one line per 2 k
-    }
+    // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
+    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);  // one line per 2 k
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -127,10 +125,8 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
-    if constexpr (T == 1) {
-      // Decode streams the weights once: prefetch each group's stream ahead.
-      if (a.prefetch > 0) prefetch_streams<G>(w + b * kBlockBytes, gb, kBlockBytes, a.prefetch);
-    }
+    // Decode streams the weights once: prefetch each group's stream ahead.
+    if (a.prefetch > 0) prefetch_streams<G>(w + b * kBlockBytes, gb, kBlockBytes, a.prefetch);
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
       const uint8_t* wb = w + g * gb + b * kBlockBytes;

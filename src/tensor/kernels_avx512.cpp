@@ -83,10 +83,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
-    if constexpr (T == 1) {
-      // Decode streams the weights once: prefetch ahead (one line per 2 k).
-      if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);  // one line per 2 k
-    }
+    // Decode streams the weights once: prefetch ahead (one line per 2 k).
+    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * kStep);
@@ -118,10 +116,8 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBlockBytes;
-    if constexpr (T == 1) {
-      // Decode streams the weights once: prefetch each group's stream ahead.
-      if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBlockBytes, a.prefetch);
-    }
+    // Decode streams the weights once: prefetch each group's stream ahead.
+    if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBlockBytes, a.prefetch);
 
     __m512i ia[G][T];
 #pragma GCC unroll 16
