@@ -254,9 +254,10 @@ void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_row
 
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                        std::span<const TiledGroup> groups, float scale) {
-  // Tiles in the outer loop, groups inside: the groups' parts of a position's
-  // row are adjacent, so each tile reads the rows once, in order. One tile's
-  // K of one group is transposed at a time ([4][d][16]); V is read in place.
+  // Tiles in the outer loop, groups inside: each group reads its KV head's
+  // rows (a stream of their own in the cache's head-major blocks) one tile
+  // at a time, requesting the next tile's while it computes. One tile's K of
+  // one group is transposed at a time ([4][d][16]); V is read in place.
   if (groups.size() > static_cast<size_t>(kMaxTiledGroups)) {
     attend_tiled_rows(key_rows, value_rows, d, groups.first(kMaxTiledGroups), scale);
     attend_tiled_rows(key_rows, value_rows, d, groups.subspan(kMaxTiledGroups), scale);

@@ -288,8 +288,7 @@ void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_row
 
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                               const TiledGroup* groups, int n_groups, float scale) {
-  // As attend_tiled_rows: tiles outside, groups inside, so each tile reads
-  // the groups' (adjacent) parts of its rows once, in order. (A pointer and a
+  // As attend_tiled_rows: tiles outside, groups inside. (A pointer and a
   // count, not a std::span: no library template is instantiated here.)
   if (n_groups > kMaxTiledGroups) {
     attend_tiled_rows_avx512(key_rows, value_rows, d, groups, kMaxTiledGroups, scale);

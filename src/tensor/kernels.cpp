@@ -510,9 +510,10 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   // k blocks keep a task's weight panel and token tile in L1 together.
   const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
   // A kernel covers a batch wider than its token tile in several passes over
-  // the groups it is given: hand it 8 groups at a time, so the later passes
-  // find the weights in L2 instead of reading a decode task's (megabytes of)
-  // weights from memory again. Each output is computed as before.
+  // the groups it is given: hand it a few groups at a time
+  // (small_batch_groups), so the later passes find the weights in L2 instead
+  // of reading a decode task's (megabytes of) weights from memory again.
+  // Each output is computed as before.
   const int64_t n_groups = a.n_groups;
   const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(group_bytes) : n_groups;
   for (int64_t g = 0; g < n_groups; g += chunk) {
