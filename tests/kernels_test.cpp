@@ -427,7 +427,7 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
 TEST(Attention, TiledRowsEqualTheirReference) {
   IsaRestore restore;
   for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}})
-    for (int64_t head_dim : {16, 32, 64, 128, 256}) {
+    for (int64_t head_dim : {16, 32, 64, 80, 128, 256}) {  // 80: a last 16-dimension chunk
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
       const int64_t n_pos = 300, n_q = 41;
       KvStore kv(n_pos, n_head_kv * head_dim, 31);
