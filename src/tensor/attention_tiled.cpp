@@ -235,18 +235,22 @@ void transpose_k_block(const uint16_t* const* key_rows, int64_t kv_off, int64_t 
   }
 }
 
-// One tile of one group (queries sharing a KV head) read in place.
+// One tile of one group (queries sharing a KV head) read in place; kt
+// already holds the tile's K when the previous group had the same KV head
+// (fresh = false).
 template <int NQ>
 void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               float scale, int64_t ts, int64_t lo, int64_t hi, float* kt, RowState* st) {
+               float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, float* kt, RowState* st) {
   const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
-  // The group's rows of the next tile, requested while this one computes.
-  for (int64_t p = ts + kTile; p < std::min(hi, ts + 2 * kTile); ++p)
-    for (int64_t off = 0; off < d; off += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(key_rows[p] + g.kv_off + off), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(value_rows[p] + g.kv_off + off), _MM_HINT_T0);
-    }
-  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, g.kv_off, ts + b0, lo, hi, d, kt + b0 * d);
+  if (fresh) {
+    // The group's rows of the next tile, requested while this one computes.
+    for (int64_t p = ts + kTile; p < std::min(hi, ts + 2 * kTile); ++p)
+      for (int64_t off = 0; off < d; off += 32) {
+        _mm_prefetch(reinterpret_cast<const char*>(key_rows[p] + g.kv_off + off), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(value_rows[p] + g.kv_off + off), _MM_HINT_T0);
+      }
+    for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) transpose_k_block(key_rows, g.kv_off, ts + b0, lo, hi, d, kt + b0 * d);
+  }
   tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
 }
 
@@ -275,11 +279,12 @@ void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* v
   for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
     for (size_t i = 0; i < groups.size(); ++i) {
       const TiledGroup& g = groups[i];
+      const bool fresh = i == 0 || groups[i - 1].kv_off != g.kv_off;
       switch (g.queries.n) {
-        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
         default: break;
       }
     }

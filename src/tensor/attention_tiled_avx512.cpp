@@ -259,28 +259,37 @@ RP_ALWAYS_INLINE inline void transpose_k16(const uint16_t* const* rows, int64_t 
 
 alignas(64) const uint16_t kZeroRow[256] = {};  // stands in for positions outside [lo, hi)
 
-// One tile of one group (queries sharing a KV head) read in place.
-template <int NQ>
-void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               float scale, int64_t ts, int64_t lo, int64_t hi, uint16_t* kt, RowState* st) {
-  const int64_t b_lo = (lo > ts ? lo - ts : 0) / 16 * 16, b_hi = hi - ts < kTile ? hi - ts : kTile;
+// The tile's K of KV head kv_off, blocks [b_lo, b_hi), transposed into kt;
+// the next tile's rows requested meanwhile.
+void transpose_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
+                    int64_t ts, int64_t lo, int64_t hi, int64_t b_lo, int64_t b_hi, uint16_t* kt) {
   // Request the group's rows of the next tile while this one computes (the
   // rows are latency-bound otherwise: +7-20 % decode tokens/s at depth 3000).
   const int64_t next_hi = hi < ts + 2 * kTile ? hi : ts + 2 * kTile;
   for (int64_t p = ts + kTile; p < next_hi; ++p)
     for (int64_t off = 0; off < d; off += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(key_rows[p] + g.kv_off + off), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(value_rows[p] + g.kv_off + off), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(key_rows[p] + kv_off + off), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(value_rows[p] + kv_off + off), _MM_HINT_T0);
     }
   for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
     const uint16_t* rows[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       const int64_t p = ts + b0 + i;
-      rows[i] = p >= lo && p < hi ? key_rows[p] + g.kv_off : kZeroRow;
+      rows[i] = p >= lo && p < hi ? key_rows[p] + kv_off : kZeroRow;
     }
     transpose_k16(rows, d, kt + b0 * d);
   }
+}
+
+// One tile of one group (queries sharing a KV head) read in place; kt
+// already holds the tile's K when the previous group had the same KV head
+// (fresh = false).
+template <int NQ>
+void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
+               float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, uint16_t* kt, RowState* st) {
+  const int64_t b_lo = (lo > ts ? lo - ts : 0) / 16 * 16, b_hi = hi - ts < kTile ? hi - ts : kTile;
+  if (fresh) transpose_tile(key_rows, value_rows, g.kv_off, d, ts, lo, hi, b_lo, b_hi, kt);
   tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, scale, ts, st, kt, value_rows, g.kv_off);
 }
 
@@ -307,11 +316,12 @@ void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* c
   for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
     for (int i = 0; i < n_groups; ++i) {
       const TiledGroup& g = groups[i];
+      const bool fresh = i == 0 || groups[i - 1].kv_off != g.kv_off;
       switch (g.queries.n) {
-        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
-        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, kt, st[i]); break;
+        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
+        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
         default: break;
       }
     }

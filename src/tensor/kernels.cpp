@@ -1239,9 +1239,34 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     return;
   }
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  const WidenedKv w = widen_kv(b, pool);
   constexpr int64_t kQueries = 16;
   const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
+  if (n_runs * b.n_head <= 4 * b.n_head_kv) {
+    // Few queries per KV head (a short chunk, e.g. a chat turn after a long
+    // history): each task transposes its head's K tiles for its 16 queries
+    // and reads f16 V in place, rather than every KV head's K/V being
+    // widened to f32 first, which costs about 4 such transposes and more
+    // memory traffic than the attention itself at depth. Same bits.
+    pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
+      const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
+      const int64_t t_end = std::min(b.n_tokens, (run + 1) * kQueries);
+      kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
+      int n = 0;
+      for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries, ++n) {
+        groups[n].kv_off = (h / group) * kv_stride(b);
+        kernels::TiledQueries& qs = groups[n].queries;
+        for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t, ++qs.n) {
+          qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
+          qs.first[qs.n] = b.first[t];
+          qs.end[qs.n] = b.end[t];
+          qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
+        }
+      }
+      isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
+    });
+    return;
+  }
+  const WidenedKv w = widen_kv(b, pool);
   // Later runs attend to more keys (causal): hand them out first.
   pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
     const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
