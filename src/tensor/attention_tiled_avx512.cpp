@@ -1,8 +1,10 @@
-// The tiled attention kernel for prompts (attention_tiled.h) with 16-lane
-// AVX-512 vectors: a 16-position block is one vector, 4 queries keep 16
-// score chains (a whole 64-position tile) or 16 value chains in flight. The
-// arithmetic is attention_tiled.cpp's, element for element (the shared steps
-// live in attention_tiled_state.h), so both give the same bits.
+// The tiled attention kernels (attention_tiled.h) with 16-lane AVX-512
+// vectors: a 16-position block is one vector, 4 queries keep 16 score chains
+// (a whole 64-position tile) or 16 value chains in flight. Prompts read the
+// layer's widened f32 K/V; decode and short prompt chunks read the f16 rows
+// in place, transposing each tile's K as 16-bit values. The arithmetic is
+// attention_tiled.cpp's, element for element (the shared steps live in
+// attention_tiled_state.h), so both give the same bits.
 //
 // Everything below the target pragma is compiled for AVX-512 and runs only
 // after the CPU check, so it uses intrinsics and the helpers included above
