@@ -372,13 +372,16 @@ std::vector<double> softmax_attention(const KvStore& kv, const float* q, int64_t
 
 TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   IsaRestore restore;
-  // Heads per KV head: 2, and 4 (a decode task's 4 heads then share one KV
-  // head, which the AVX-512 decode kernel handles separately).
-  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}})
+  // Heads per KV head: 2, 4 (a decode task's 4 heads then share one KV
+  // head, which the AVX-512 decode kernel handles separately) and 7 (a
+  // decode task takes a whole KV head: 4 heads, then 3, through this path).
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}, {14, 2}})
   for (int64_t head_dim : {64, 40, 16, 128, 8, 4, 12, 32, 96, 44, 80}) {
     if (n_head == 8 && head_dim % 32 != 0) continue;
+    if (n_head == 14 && head_dim != 64 && head_dim != 40) continue;
     SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
-    const int64_t n_pos = 150, n_q = 37;
+    // 14 heads: positions below 64, so head size 64 takes these numerics too.
+    const int64_t n_pos = n_head == 14 ? 60 : 150, n_q = 37;
     KvStore kv(n_pos, n_head_kv * head_dim, 7);
     std::vector<float> q = make_x(n_q * n_head * head_dim, 8);
     for (auto& e : q) e *= 0.5f;
@@ -426,7 +429,9 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
 // in double precision.
 TEST(Attention, TiledRowsEqualTheirReference) {
   IsaRestore restore;
-  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}})
+  // 14 / 2 and 20 / 1: query-head groups that are not a multiple of a
+  // decode task's 4 heads (a task then takes whole KV heads, or 16 heads).
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}, {14, 2}, {20, 1}})
     for (int64_t head_dim : {16, 32, 64, 80, 128, 256}) {  // 80: a last 16-dimension chunk
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
       const int64_t n_pos = 300, n_q = 41;

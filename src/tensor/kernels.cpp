@@ -1040,9 +1040,18 @@ void kernels::widen_kv_block(const uint16_t* const* key_rows, const uint16_t* co
 
 namespace {
 
-// Decode attention: tasks of up to 4 heads of one token, f16 K/V rows read
-// in place.
+// Decode attention: tasks of about 4 heads of one token, f16 K/V rows read
+// in place. With grouped heads a task takes whole KV heads (all their query
+// heads, up to 16), so each KV head's rows are read, and its tiles
+// transposed, by one task: groups of 6 or 7 query heads (Qwen2's) would
+// otherwise straddle two tasks.
 constexpr int64_t kDecodeHeadsPerTask = 4;
+
+int64_t decode_heads_per_task(const AttentionBatch& b) {
+  const int64_t group = b.n_head / b.n_head_kv;
+  const int64_t kv_heads = std::max<int64_t>(1, kDecodeHeadsPerTask / group);
+  return std::min<int64_t>(kv_heads * group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
+}
 
 // Elements from KV head j to j + 1 of one position.
 int64_t kv_stride(const AttentionBatch& b) { return b.kv_head_stride > 0 ? b.kv_head_stride : b.head_dim; }
@@ -1061,9 +1070,10 @@ bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
 // K/V rows in place; heads that share a KV head share its transposed tiles.
 void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int64_t h0, int64_t nh) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  kernels::TiledGroup groups[kernels::kMaxTiledGroups];
+  // At most 16 heads: a group per 4 query heads, and one more where a KV head
+  // starts mid-way.
+  kernels::TiledGroup groups[kernels::kMaxTiledGroups + 4];
   int n = 0;
-  static_assert(kDecodeHeadsPerTask <= kernels::kMaxTiledGroups);  // nh heads make at most nh groups
   for (int64_t h = h0; h < h0 + nh; ++h) {
     const int64_t off = (h / group) * kv_stride(b);
     if (n == 0 || groups[n - 1].kv_off != off || groups[n - 1].queries.n == kernels::kMaxTiledQueries)
@@ -1078,33 +1088,41 @@ void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int6
   isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
 }
 
-int64_t decode_chunks(const AttentionBatch& b) { return (b.n_head + kDecodeHeadsPerTask - 1) / kDecodeHeadsPerTask; }
+int64_t decode_chunks(const AttentionBatch& b) {
+  const int64_t per_task = decode_heads_per_task(b);
+  return (b.n_head + per_task - 1) / per_task;
+}
 
 // Task `task` (of n_tokens * decode_chunks) of b's decode attention.
 void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64_t task) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv, chunks = decode_chunks(b);
-  const int64_t t = task / chunks, h0 = (task % chunks) * kDecodeHeadsPerTask;
-  const int64_t nh = std::min(kDecodeHeadsPerTask, b.n_head - h0);
-  if (takes_tiled_attention(D, b.end[t])) return tiled_heads(b, isa, t, h0, nh);
-  alignas(64) float qh[kDecodeHeadsPerTask * 256];
-  int64_t off[kDecodeHeadsPerTask];
-  for (int64_t i = 0; i < nh; ++i) {
-    convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
-    off[i] = ((h0 + i) / group) * kv_stride(b);
+  const int64_t per_task = decode_heads_per_task(b);
+  const int64_t t = task / chunks, h_begin = (task % chunks) * per_task;
+  const int64_t h_end = std::min(b.n_head, h_begin + per_task);
+  if (takes_tiled_attention(D, b.end[t])) return tiled_heads(b, isa, t, h_begin, h_end - h_begin);
+  // The per-key kernel takes up to 4 heads at a time.
+  for (int64_t h0 = h_begin; h0 < h_end; h0 += kDecodeHeadsPerTask) {
+    const int64_t nh = std::min(kDecodeHeadsPerTask, h_end - h0);
+    alignas(64) float qh[kDecodeHeadsPerTask * 256];
+    int64_t off[kDecodeHeadsPerTask];
+    for (int64_t i = 0; i < nh; ++i) {
+      convert_row(ActKind::F16, b.q + (t * b.n_head + h0 + i) * D, D, qh + i * D);
+      off[i] = ((h0 + i) / group) * kv_stride(b);
+    }
+    kernels::AttnRowsArgs a;
+    a.q = qh;
+    a.n_heads = nh;
+    a.k_off = off;
+    a.v_off = off;
+    a.key_rows = b.key_rows;
+    a.value_rows = b.value_rows;
+    a.first = b.first[t];
+    a.end = b.end[t];
+    a.d = D;
+    a.scale = b.scale;
+    a.out = b.out + (t * b.n_head + h0) * D;
+    isa.attend_rows(a);
   }
-  kernels::AttnRowsArgs a;
-  a.q = qh;
-  a.n_heads = nh;
-  a.k_off = off;
-  a.v_off = off;
-  a.key_rows = b.key_rows;
-  a.value_rows = b.value_rows;
-  a.first = b.first[t];
-  a.end = b.end[t];
-  a.d = D;
-  a.scale = b.scale;
-  a.out = b.out + (t * b.n_head + h0) * D;
-  isa.attend_rows(a);
 }
 
 }  // namespace
