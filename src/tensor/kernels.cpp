@@ -487,17 +487,13 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
     fn = j.fn_f32;
   }
   MatmulArgs a;
-  a.w = w;
   a.group_bytes = group_bytes;
-  a.n_groups = g1 - g0;
-  a.n_rows = j.n_out - g0 * kGroupRows;
   a.x = j.x.data;
   a.x_tile = j.x.tile;
   a.x_k = j.x.k;
   a.t0 = t0;
   a.n_tokens = t1 - t0;
   a.n_in = n_in;
-  a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
   a.y_stride = j.n_out;
   // F-type decode tiles prefetch ~1 KiB ahead in each weight stream (+~10%
   // F16 tokens/s measured on the 2-vCPU VM; the quantized tiles showed no
@@ -514,7 +510,7 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   // (small_batch_groups), so the later passes find the weights in L2 instead
   // of reading a decode task's (megabytes of) weights from memory again.
   // Each output is computed as before.
-  const int64_t n_groups = a.n_groups;
+  const int64_t n_groups = g1 - g0;
   const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(group_bytes) : n_groups;
   for (int64_t g = 0; g < n_groups; g += chunk) {
     a.w = w + g * group_bytes;
@@ -1066,6 +1062,15 @@ bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {
   return b.n_tokens < 4 && ((isa.attend_rows && isa.attend_rows_supports(b.head_dim)) || all_tiled(b));
 }
 
+// Appends query (token t, head h) of b to qs (which has room).
+void add_query(kernels::TiledQueries& qs, const AttentionBatch& b, int64_t t, int64_t h) {
+  qs.q[qs.n] = b.q + (t * b.n_head + h) * b.head_dim;
+  qs.first[qs.n] = b.first[t];
+  qs.end[qs.n] = b.end[t];
+  qs.out[qs.n] = b.out + (t * b.n_head + h) * b.head_dim;
+  ++qs.n;
+}
+
 // Tiled-numerics attention for heads [h0, h0 + nh) of token t, reading f16
 // K/V rows in place; heads that share a KV head share its transposed tiles.
 void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int64_t h0, int64_t nh) {
@@ -1078,12 +1083,7 @@ void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int6
     const int64_t off = (h / group) * kv_stride(b);
     if (n == 0 || groups[n - 1].kv_off != off || groups[n - 1].queries.n == kernels::kMaxTiledQueries)
       groups[n++] = kernels::TiledGroup{off, {}};
-    kernels::TiledQueries& qs = groups[n - 1].queries;
-    qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
-    qs.first[qs.n] = b.first[t];
-    qs.end[qs.n] = b.end[t];
-    qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
-    ++qs.n;
+    add_query(groups[n - 1].queries, b, t, h);
   }
   isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
 }
@@ -1275,13 +1275,8 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
       int n = 0;
       for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries, ++n) {
         groups[n].kv_off = (h / group) * kv_stride(b);
-        kernels::TiledQueries& qs = groups[n].queries;
-        for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t, ++qs.n) {
-          qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
-          qs.first[qs.n] = b.first[t];
-          qs.end[qs.n] = b.end[t];
-          qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
-        }
+        for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t)
+          add_query(groups[n].queries, b, t, h);
       }
       isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
     });
@@ -1296,12 +1291,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     const kernels::TiledKv kv{w.kt + j * w.n_blocks * D * 16, w.v + j * w.n_pos * D, w.base, D};
     for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries) {
       kernels::TiledQueries qs;
-      for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t, ++qs.n) {
-        qs.q[qs.n] = b.q + (t * b.n_head + h) * D;
-        qs.first[qs.n] = b.first[t];
-        qs.end[qs.n] = b.end[t];
-        qs.out[qs.n] = b.out + (t * b.n_head + h) * D;
-      }
+      for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t) add_query(qs, b, t, h);
       isa.attend_tiled(kv, qs, b.scale);
     }
   });
