@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <climits>
 #include <limits>
 
 #include "tensor/attention_tiled_state.h"
@@ -254,41 +253,34 @@ void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_row
   tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
 }
 
+struct RowsContext {
+  const uint16_t* const* key_rows;
+  const uint16_t* const* value_rows;
+  int64_t d;
+  float scale;
+  float* kt;
+};
+
+void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
+  const RowsContext& c = *static_cast<const RowsContext*>(ctx);
+  switch (g.queries.n) {
+    case 1: return rows_tile<1>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 2: return rows_tile<2>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 3: return rows_tile<3>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 4: return rows_tile<4>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    default: return;
+  }
+}
+
 }  // namespace
 
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                        std::span<const TiledGroup> groups, float scale) {
-  // Tiles in the outer loop, groups inside: each group reads its KV head's
-  // rows (a stream of their own in the cache's head-major blocks) one tile
-  // at a time, requesting the next tile's while it computes. One tile's K of
-  // one group is transposed at a time ([4][d][16]); V is read in place.
-  if (groups.size() > static_cast<size_t>(kMaxTiledGroups)) {
-    attend_tiled_rows(key_rows, value_rows, d, groups.first(kMaxTiledGroups), scale);
-    attend_tiled_rows(key_rows, value_rows, d, groups.subspan(kMaxTiledGroups), scale);
-    return;
-  }
+  // One tile's K of one group is transposed at a time ([4][d][16]); V is
+  // read in place.
   alignas(64) static thread_local float kt[4 * 256 * 16];
-  RowState st[kMaxTiledGroups][kMaxTiledQueries];
-  int64_t lo = INT64_MAX, hi = 0;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    start(st[i], groups[i].queries.n, d);
-    const tiled::Span keys = tiled::query_span(groups[i].queries);
-    lo = std::min(lo, keys.lo);
-    hi = std::max(hi, keys.hi);
-  }
-  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
-    for (size_t i = 0; i < groups.size(); ++i) {
-      const TiledGroup& g = groups[i];
-      const bool fresh = i == 0 || groups[i - 1].kv_off != g.kv_off;
-      switch (g.queries.n) {
-        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        default: break;
-      }
-    }
-  for (size_t i = 0; i < groups.size(); ++i) finish(st[i], groups[i].queries, d);
+  RowsContext c{key_rows, value_rows, d, scale, kt};
+  tiled::walk_row_tiles(groups.data(), static_cast<int>(groups.size()), d, &rows_tile_any, &c);
 }
 
 namespace {

@@ -12,7 +12,6 @@
 // these options.
 #include <immintrin.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "tensor/attention_tiled_state.h"
@@ -295,39 +294,34 @@ void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_row
   tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, scale, ts, st, kt, value_rows, g.kv_off);
 }
 
+struct RowsContext {
+  const uint16_t* const* key_rows;
+  const uint16_t* const* value_rows;
+  int64_t d;
+  float scale;
+  uint16_t* kt;
+};
+
+void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
+  const RowsContext& c = *static_cast<const RowsContext*>(ctx);
+  switch (g.queries.n) {
+    case 1: return rows_tile<1>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 2: return rows_tile<2>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 3: return rows_tile<3>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    case 4: return rows_tile<4>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    default: return;
+  }
+}
+
 }  // namespace
 
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                               const TiledGroup* groups, int n_groups, float scale) {
-  // As attend_tiled_rows: tiles outside, groups inside. (A pointer and a
-  // count, not a std::span: no library template is instantiated here.)
-  if (n_groups > kMaxTiledGroups) {
-    attend_tiled_rows_avx512(key_rows, value_rows, d, groups, kMaxTiledGroups, scale);
-    attend_tiled_rows_avx512(key_rows, value_rows, d, groups + kMaxTiledGroups, n_groups - kMaxTiledGroups, scale);
-    return;
-  }
+  // (A pointer and a count, not a std::span: no library template is
+  // instantiated here.)
   alignas(64) static thread_local uint16_t kt[4 * 256 * 16];
-  RowState st[kMaxTiledGroups][kMaxTiledQueries];
-  int64_t lo = INT64_MAX, hi = 0;
-  for (int i = 0; i < n_groups; ++i) {
-    tiled::start(st[i], groups[i].queries.n, d);
-    const tiled::Span keys = tiled::query_span(groups[i].queries);
-    lo = keys.lo < lo ? keys.lo : lo;
-    hi = keys.hi > hi ? keys.hi : hi;
-  }
-  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
-    for (int i = 0; i < n_groups; ++i) {
-      const TiledGroup& g = groups[i];
-      const bool fresh = i == 0 || groups[i - 1].kv_off != g.kv_off;
-      switch (g.queries.n) {
-        case 1: rows_tile<1>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 2: rows_tile<2>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 3: rows_tile<3>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        case 4: rows_tile<4>(key_rows, value_rows, g, d, scale, ts, lo, hi, fresh, kt, st[i]); break;
-        default: break;
-      }
-    }
-  for (int i = 0; i < n_groups; ++i) tiled::finish(st[i], groups[i].queries, d);
+  RowsContext c{key_rows, value_rows, d, scale, kt};
+  tiled::walk_row_tiles(groups, n_groups, d, &rows_tile_any, &c);
 }
 
 void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& qs, float scale) {

@@ -103,4 +103,33 @@ inline TileRows tile_rows(const TiledQueries& qs, int n, int64_t ts) {
   return t;
 }
 
+// One tile of one group, for walk_row_tiles: group g's part of tile
+// [ts, ts + 64), the groups together reading [lo, hi); fresh when g's KV head
+// differs from the previous group's (the tile's K is not yet transposed).
+using RowTileFn = void (*)(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
+                           RowState* st);
+
+// The driver of both ISAs' attend_tiled_rows: up to kMaxTiledGroups groups
+// at a time, tiles outside and groups inside, so each group reads its KV
+// head's rows (a stream of their own in the cache's head-major blocks) one
+// tile at a time; the groups' states are started and finished here.
+inline void walk_row_tiles(const TiledGroup* groups, int n, int64_t d, RowTileFn tile, void* ctx) {
+  if (n > kMaxTiledGroups) {
+    walk_row_tiles(groups, kMaxTiledGroups, d, tile, ctx);
+    walk_row_tiles(groups + kMaxTiledGroups, n - kMaxTiledGroups, d, tile, ctx);
+    return;
+  }
+  RowState st[kMaxTiledGroups][kMaxTiledQueries];
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int i = 0; i < n; ++i) {
+    start(st[i], groups[i].queries.n, d);
+    const Span keys = query_span(groups[i].queries);
+    lo = std::min(lo, keys.lo);
+    hi = std::max(hi, keys.hi);
+  }
+  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
+    for (int i = 0; i < n; ++i) tile(ctx, groups[i], ts, lo, hi, i == 0 || groups[i - 1].kv_off != groups[i].kv_off, st[i]);
+  for (int i = 0; i < n; ++i) finish(st[i], groups[i].queries, d);
+}
+
 }  // namespace reprise::kernels::tiled
