@@ -198,6 +198,54 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   }
 }
 
+// Integer sums at their limits: every weight quant at its extreme (Q4_0
+// nibbles 15 or 0, Q8_0 quants -128, 127 and -127) against activations that
+// are all +127, all -127 or mixed. Kernels add integer products in narrower
+// types where the sums fit (AVX2 adds a Q4_0 block's unsigned nibble
+// products in 16 bits: 32 * 15 * 127 = 60960 over a row's two lanes, at most
+// 30480 per lane); these rows are where a lane would overflow if they did not.
+TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
+  IsaRestore restore;
+  const int64_t n_in = 32 * 4, n_out = 40, n_tokens = 7;
+  std::vector<float> x(n_tokens * n_in);
+  // amax 1 in every block, so every quant is +-127: all +127, all -127, or mixed.
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t k = 0; k < n_in; ++k)
+      x[t * n_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
+  for (DType type : {DType::Q8_0, DType::Q4_0}) {
+    Weights w{type, n_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, n_in) * n_out)};
+    for (int64_t r = 0; r < n_out; ++r) {
+      uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, n_in);
+      for (int64_t b = 0; b < n_in / 32; ++b) {
+        const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
+        if (type == DType::Q8_0) {
+          auto& blk = reinterpret_cast<BlockQ8_0*>(row)[b];
+          blk.d = d;
+          for (int i = 0; i < 32; ++i) blk.qs[i] = static_cast<int8_t>(r % 3 == 0 ? -128 : (r % 3 == 1 ? 127 : -127));
+        } else {
+          auto& blk = reinterpret_cast<BlockQ4_0*>(row)[b];
+          blk.d = d;
+          // Nibble 15 is +7 and nibble 0 is -8; unsigned kernels see 15 or 0.
+          for (int i = 0; i < 16; ++i) blk.qs[i] = r % 2 == 0 ? 0xff : 0x00;
+        }
+      }
+    }
+    std::vector<float> want(n_tokens * n_out);
+    for (int64_t tok = 0; tok < n_tokens; ++tok)
+      for (int64_t r = 0; r < n_out; ++r) want[tok * n_out + r] = canonical(w, r, x.data() + tok * n_in);
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(type)));
+      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
+      std::vector<float> one(n_tokens * n_out);
+      ThreadPool pool(1);
+      PackedMatrix pm(w.view());
+      for (int64_t tok = 0; tok < n_tokens; ++tok) matmul(pm, x.data() + tok * n_in, 1, one.data() + tok * n_out, pool);
+      EXPECT_TRUE(same_bits(one, want)) << "decode";
+    }
+  }
+}
+
 // Activations whose Q8_0 quantization hits the rule's edges: all-zero
 // blocks (d = 0, no division), exact halves after scaling (round half to
 // even), amax whose d is an f16 subnormal or overflows f16, and values that

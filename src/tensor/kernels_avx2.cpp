@@ -109,10 +109,6 @@ RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
-// Nibbles (0..15) against signed activations: no saturation possible.
-RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
-}
 
 template <bool Q4, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
@@ -148,7 +144,11 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
             i1 = _mm256_add_epi32(i1, dot_q8_chunk(_mm256_loadu_si256(wc + 1), xv));
           }
         } else {
-          i0 = i1 = _mm256_set1_epi32(xb.corr_q4);
+          // The nibble products of the whole block add up in 16 bits (each
+          // pair is at most 2 * 15 * 128 = 3840 in magnitude, 8 pairs per
+          // lane fit), so one vpmaddwd per block widens them: integer sums
+          // are exact, the same as widening every chunk.
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) {
             int32_t ql, qh;
@@ -157,11 +157,14 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
             const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
             const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
             const __m256i v0 = _mm256_loadu_si256(wc), v1 = _mm256_loadu_si256(wc + 1);
-            i0 = _mm256_add_epi32(i0, dot_u8_chunk(_mm256_and_si256(v0, nibble), xl));
-            i1 = _mm256_add_epi32(i1, dot_u8_chunk(_mm256_and_si256(v1, nibble), xl));
-            i0 = _mm256_add_epi32(i0, dot_u8_chunk(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble), xh));
-            i1 = _mm256_add_epi32(i1, dot_u8_chunk(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble), xh));
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(v0, nibble), xl));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(v1, nibble), xl));
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble), xh));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble), xh));
           }
+          const __m256i corr = _mm256_set1_epi32(xb.corr_q4), ones = _mm256_set1_epi16(1);
+          i0 = _mm256_add_epi32(corr, _mm256_madd_epi16(s0, ones));
+          i1 = _mm256_add_epi32(corr, _mm256_madd_epi16(s1, ones));
         }
         const __m256 dx = _mm256_set1_ps(xb.d);
         acc[g][t][0] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[g][t][0]);
