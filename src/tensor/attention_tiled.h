@@ -54,7 +54,6 @@ struct TiledQueries {
   int64_t end[kMaxTiledQueries];
   float* out[kMaxTiledQueries];
 };
-void attend_tiled(const TiledKv& kv, const TiledQueries& queries, float scale);
 
 // The same for queries that read K and V as f16 rows in place (decode), in
 // up to kMaxTiledGroups groups of queries that share a KV head; group g's
@@ -66,6 +65,12 @@ struct TiledGroup {
 };
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                        std::span<const TiledGroup> groups, float scale);
+
+// Groups of queries that all read one KV head's widened K/V (kv; the
+// groups' kv_off is not used), tiles outside and groups inside, so the
+// groups take a tile's K and V while they are in L1. Per query, the same
+// bits as a group alone.
+void attend_tiled(const TiledKv& kv, std::span<const TiledGroup> groups, float scale);
 
 // The numerics written plainly, one query, for tests.
 void attend_tiled_reference(const float* q, const uint16_t* const* key_rows, const uint16_t* const* value_rows,

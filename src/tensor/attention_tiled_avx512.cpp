@@ -199,13 +199,21 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   for (; c < d; c += 16) values.template operator()<1>(c);
 }
 
-template <int NQ>
-void attend_n(const TiledKv& kv, const TiledQueries& qs, float scale) {
-  RowState st[NQ];
-  tiled::start(st, NQ, kv.d);
-  const tiled::Span keys = tiled::query_span(qs);
-  for (int64_t ts = keys.lo / kTile * kTile; ts < keys.hi; ts += kTile) tile_step<NQ>(kv, qs, scale, ts, st);
-  tiled::finish(st, qs, kv.d);
+// One tile of one group of attend_tiled_avx512 (walk_row_tiles' callback).
+struct WidenedContext {
+  const TiledKv* kv;
+  float scale;
+};
+
+void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64_t, bool, RowState* st) {
+  const WidenedContext& c = *static_cast<const WidenedContext*>(ctx);
+  switch (g.queries.n) {
+    case 1: return tile_step<1>(*c.kv, g.queries, c.scale, ts, st);
+    case 2: return tile_step<2>(*c.kv, g.queries, c.scale, ts, st);
+    case 3: return tile_step<3>(*c.kv, g.queries, c.scale, ts, st);
+    case 4: return tile_step<4>(*c.kv, g.queries, c.scale, ts, st);
+    default: return;
+  }
 }
 
 // K of 16 positions (rows[i] + c for dimensions c of [0, d), d a multiple of
@@ -324,14 +332,9 @@ void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* c
   tiled::walk_row_tiles(groups, n_groups, d, &rows_tile_any, &c);
 }
 
-void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& qs, float scale) {
-  switch (qs.n) {
-    case 1: return attend_n<1>(kv, qs, scale);
-    case 2: return attend_n<2>(kv, qs, scale);
-    case 3: return attend_n<3>(kv, qs, scale);
-    case 4: return attend_n<4>(kv, qs, scale);
-    default: return;
-  }
+void attend_tiled_avx512(const TiledKv& kv, const TiledGroup* groups, int n_groups, float scale) {
+  WidenedContext c{&kv, scale};
+  tiled::walk_row_tiles(groups, n_groups, kv.d, &widened_tile_any, &c);
 }
 
 }  // namespace reprise::kernels

@@ -288,6 +288,10 @@ void quantize_q8(const float* x, int64_t n, XBlock* out, int64_t stride) {
   }
 }
 
+void attend_tiled_avx2(const TiledKv& kv, const TiledGroup* groups, int n_groups, float scale) {
+  attend_tiled(kv, std::span(groups, static_cast<size_t>(n_groups)), scale);
+}
+
 void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                             const TiledGroup* groups, int n_groups, float scale) {
   attend_tiled_rows(key_rows, value_rows, d, std::span(groups, static_cast<size_t>(n_groups)), scale);
@@ -296,7 +300,7 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled, &attend_tiled_rows_avx2};
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2};
   return k;
 }
 

@@ -194,7 +194,7 @@ struct IsaKernels {
   bool (*attend_rows_supports)(int64_t head_dim);
   // Prompt rows with the tiled numerics (attention_tiled.h); every ISA's
   // gives the same bits.
-  void (*attend_tiled)(const TiledKv& kv, const TiledQueries& queries, float scale);
+  void (*attend_tiled)(const TiledKv& kv, const TiledGroup* groups, int n_groups, float scale);
   // Decode rows with the same numerics, K and V read as f16 rows in place
   // (attend_tiled_rows in attention_tiled.h).
   void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
@@ -202,7 +202,7 @@ struct IsaKernels {
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
-void attend_tiled_avx512(const TiledKv& kv, const TiledQueries& queries, float scale);
+void attend_tiled_avx512(const TiledKv& kv, const TiledGroup* groups, int n_groups, float scale);
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                               const TiledGroup* groups, int n_groups, float scale);
 
