@@ -105,14 +105,16 @@ inline TileRows tile_rows(const TiledQueries& qs, int n, int64_t ts) {
 
 // One tile of one group, for walk_row_tiles: group g's part of tile
 // [ts, ts + 64), the groups together reading [lo, hi); fresh when g's KV head
-// differs from the previous group's (the tile's K is not yet transposed).
+// differs from the previous group's (for rows read in place: the tile's K is
+// not yet transposed).
 using RowTileFn = void (*)(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
                            RowState* st);
 
-// The driver of both ISAs' attend_tiled_rows: up to kMaxTiledGroups groups
-// at a time, tiles outside and groups inside, so each group reads its KV
-// head's rows (a stream of their own in the cache's head-major blocks) one
-// tile at a time; the groups' states are started and finished here.
+// The driver of both ISAs' attend_tiled_rows and attend_tiled: up to
+// kMaxTiledGroups groups at a time, tiles outside and groups inside, so each
+// group reads its KV head's rows (a stream of their own in the cache's
+// head-major blocks) one tile at a time, and groups of one head take a tile
+// while it is in L1; the groups' states are started and finished here.
 inline void walk_row_tiles(const TiledGroup* groups, int n, int64_t d, RowTileFn tile, void* ctx) {
   if (n > kMaxTiledGroups) {
     walk_row_tiles(groups, kMaxTiledGroups, d, tile, ctx);
