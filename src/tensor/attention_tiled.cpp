@@ -21,11 +21,9 @@ namespace {
 
 using avx2::exp8;
 using avx2::exp_scalar;
-using tiled::finish;
 using tiled::kNegInf;
 using tiled::kTile;
 using tiled::RowState;
-using tiled::start;
 using tiled::tree16;
 
 #define RP_ALWAYS_INLINE __attribute__((always_inline))
@@ -210,13 +208,7 @@ struct WidenedContext {
 
 void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64_t, bool, RowState* st) {
   const WidenedContext& c = *static_cast<const WidenedContext*>(ctx);
-  switch (g.queries.n) {
-    case 1: return tile_step<1>(*c.kv, g.queries, c.scale, ts, st);
-    case 2: return tile_step<2>(*c.kv, g.queries, c.scale, ts, st);
-    case 3: return tile_step<3>(*c.kv, g.queries, c.scale, ts, st);
-    case 4: return tile_step<4>(*c.kv, g.queries, c.scale, ts, st);
-    default: return;
-  }
+  tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
 // K of positions p0 .. p0+15 (those in [lo, hi); zeros elsewhere) as
@@ -271,13 +263,9 @@ struct RowsContext {
 
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
   const RowsContext& c = *static_cast<const RowsContext*>(ctx);
-  switch (g.queries.n) {
-    case 1: return rows_tile<1>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
-    case 2: return rows_tile<2>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
-    case 3: return rows_tile<3>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
-    case 4: return rows_tile<4>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
-    default: return;
-  }
+  tiled::with_query_count(g.queries.n, [&]<int NQ>() {
+    rows_tile<NQ>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+  });
 }
 
 }  // namespace

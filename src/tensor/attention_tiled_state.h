@@ -103,6 +103,20 @@ inline TileRows tile_rows(const TiledQueries& qs, int n, int64_t ts) {
   return t;
 }
 
+// f.template operator()<n>() for a group's query count n in
+// [1, kMaxTiledQueries]: the kernels are instantiated per count.
+template <class F>
+inline void with_query_count(int n, F&& f) {
+  static_assert(kMaxTiledQueries == 4);
+  switch (n) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    default: return;
+  }
+}
+
 // One tile of one group, for walk_row_tiles: group g's part of tile
 // [ts, ts + 64), the groups together reading [lo, hi); fresh when g's KV head
 // differs from the previous group's (for rows read in place: the tile's K is
