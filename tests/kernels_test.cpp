@@ -148,6 +148,25 @@ std::vector<KernelIsa> isas() {
   return v;
 }
 
+// Every ISA, as one batch on 2 threads and token by token (decode), gives
+// the bits of the canonical rule for these weights and activations.
+void expect_every_isa_follows_the_rule(const Weights& w, const std::vector<float>& x, int64_t n_tokens) {
+  std::vector<float> want(n_tokens * w.n_out);
+  for (int64_t tok = 0; tok < n_tokens; ++tok)
+    for (int64_t r = 0; r < w.n_out; ++r) want[tok * w.n_out + r] = canonical(w, r, x.data() + tok * w.n_in);
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(w.type)));
+    EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
+    std::vector<float> one(n_tokens * w.n_out);
+    ThreadPool pool(1);
+    PackedMatrix pm(w.view());
+    for (int64_t tok = 0; tok < n_tokens; ++tok)
+      matmul(pm, x.data() + tok * w.n_in, 1, one.data() + tok * w.n_out, pool);
+    EXPECT_TRUE(same_bits(one, want)) << "decode";
+  }
+}
+
 struct IsaRestore {
   KernelIsa saved = kernel_isa();
   ~IsaRestore() { set_kernel_isa(saved); }
@@ -230,19 +249,7 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
         }
       }
     }
-    std::vector<float> want(n_tokens * n_out);
-    for (int64_t tok = 0; tok < n_tokens; ++tok)
-      for (int64_t r = 0; r < n_out; ++r) want[tok * n_out + r] = canonical(w, r, x.data() + tok * n_in);
-    for (KernelIsa isa : isas()) {
-      set_kernel_isa(isa);
-      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(type)));
-      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
-      std::vector<float> one(n_tokens * n_out);
-      ThreadPool pool(1);
-      PackedMatrix pm(w.view());
-      for (int64_t tok = 0; tok < n_tokens; ++tok) matmul(pm, x.data() + tok * n_in, 1, one.data() + tok * n_out, pool);
-      EXPECT_TRUE(same_bits(one, want)) << "decode";
-    }
+    expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
 }
 
@@ -269,21 +276,7 @@ TEST(MatmulQuantizedActivations, EdgeCasesFollowTheRule) {
     row[193] = -1.0f + 1e-7f;                                                          // rounds to -127
   }
   for (DType t : {DType::Q8_0, DType::Q4_0}) {
-    const Weights w = make_weights(t, n_in, n_out, 23);
-    std::vector<float> want(n_tokens * n_out);
-    for (int64_t tok = 0; tok < n_tokens; ++tok)
-      for (int64_t r = 0; r < n_out; ++r) want[tok * n_out + r] = canonical(w, r, x.data() + tok * n_in);
-    for (KernelIsa isa : isas()) {
-      set_kernel_isa(isa);
-      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(t)));
-      EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
-      std::vector<float> one(n_tokens * n_out);
-      ThreadPool pool(1);
-      PackedMatrix pm(w.view());
-      for (int64_t tok = 0; tok < n_tokens; ++tok)
-        matmul(pm, x.data() + tok * n_in, 1, one.data() + tok * n_out, pool);
-      EXPECT_TRUE(same_bits(one, want)) << "decode";
-    }
+    expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 23), x, n_tokens);
   }
 }
 
