@@ -1071,6 +1071,18 @@ void add_query(kernels::TiledQueries& qs, const AttentionBatch& b, int64_t t, in
   ++qs.n;
 }
 
+// Head h's queries of tokens [t0, t1) of b as groups of kMaxTiledQueries
+// that read KV head h / group (at kv_off); returns the number of groups.
+int head_query_groups(const AttentionBatch& b, int64_t h, int64_t t0, int64_t t1, kernels::TiledGroup* groups) {
+  const int64_t kv_off = (h / (b.n_head / b.n_head_kv)) * kv_stride(b);
+  int n = 0;
+  for (int64_t g0 = t0; g0 < t1; g0 += kernels::kMaxTiledQueries, ++n) {
+    groups[n].kv_off = kv_off;
+    for (int64_t t = g0; t < std::min(t1, g0 + kernels::kMaxTiledQueries); ++t) add_query(groups[n].queries, b, t, h);
+  }
+  return n;
+}
+
 // Tiled-numerics attention for heads [h0, h0 + nh) of token t, reading f16
 // K/V rows in place; heads that share a KV head share its transposed tiles.
 void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int64_t h0, int64_t nh) {
@@ -1270,14 +1282,8 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     // at 512 tokens widening is faster.
     pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
       const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
-      const int64_t t_end = std::min(b.n_tokens, (run + 1) * kQueries);
       kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
-      int n = 0;
-      for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries, ++n) {
-        groups[n].kv_off = (h / group) * kv_stride(b);
-        for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t)
-          add_query(groups[n].queries, b, t, h);
-      }
+      const int n = head_query_groups(b, h, run * kQueries, std::min(b.n_tokens, (run + 1) * kQueries), groups);
       isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
     });
     return;
@@ -1286,14 +1292,10 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
   // Later runs attend to more keys (causal): hand them out first.
   pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
     const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
-    const int64_t t_end = std::min(b.n_tokens, (run + 1) * kQueries);
     const int64_t j = h / group;
     const kernels::TiledKv kv{w.kt + j * w.n_blocks * D * 16, w.v + j * w.n_pos * D, w.base, D};
     kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
-    int n = 0;
-    for (int64_t t0 = run * kQueries; t0 < t_end; t0 += kernels::kMaxTiledQueries, ++n)
-      for (int64_t t = t0; t < std::min(t_end, t0 + kernels::kMaxTiledQueries); ++t)
-        add_query(groups[n].queries, b, t, h);
+    const int n = head_query_groups(b, h, run * kQueries, std::min(b.n_tokens, (run + 1) * kQueries), groups);
     // A tile's widened K and V take 512 * D bytes. Up to D = 64 all groups
     // take a tile while it is in L1 (1.04-1.05x, same-time runs); larger
     // heads measured slower that way (0.9x at D = 128), so their groups
