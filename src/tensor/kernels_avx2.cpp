@@ -300,7 +300,8 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2};
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+                            /*decode_prefetch_bytes=*/1024};
   return k;
 }
 

@@ -929,7 +929,8 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512};
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+                            /*decode_prefetch_bytes=*/512};
   return k;
 }
 

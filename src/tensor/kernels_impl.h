@@ -199,6 +199,10 @@ struct IsaKernels {
   // (attend_tiled_rows in attention_tiled.h).
   void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                             const TiledGroup* groups, int n_groups, float scale);
+  // How far ahead (bytes) decode tiles prefetch each weight stream into L1
+  // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
+  // docs/performance.md.
+  int64_t decode_prefetch_bytes;
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
