@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
+#include "cli/lockstep.h"
 #include "cli/replay_bench.h"
 #include "engine/engine.h"
 #include "engine/flat_memory.h"
@@ -37,6 +39,8 @@ struct BenchOptions {
   int answer_tokens = 32;
   std::string draft_model;
   int draft_max = 8;
+  std::vector<std::string> lockstep;  // {in FIFO, out FIFO}: take turns with another bench process
+  std::string step_times;             // file: one line per timed step (test, index, seconds)
 };
 
 double now_seconds() {
@@ -145,15 +149,35 @@ void prefill_depth(Model& model, FlatMemory& memory, int depth, int64_t n_vocab,
   }
 }
 
+// Every timed step's seconds, per test, for --step-times.
+struct StepLog {
+  std::vector<std::pair<std::string, double>> steps;
+  void add(const std::string& test, double seconds) { steps.emplace_back(test, seconds); }
+  void write(const std::string& path) const {
+    if (path.empty()) return;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) throw Error("cannot write step times to '" + path + "'");
+    std::map<std::string, int> index;
+    for (const auto& [test, seconds] : steps) std::fprintf(f, "%s\t%d\t%.9f\n", test.c_str(), index[test]++, seconds);
+    std::fclose(f);
+  }
+};
+
 void throughput(const BenchOptions& o, ModelBundle& b) {
   const int threads = resolve_threads(o.threads);
   ThreadPool pool(threads);
   Model& model = *b.model;
   const int64_t n_vocab = model.info().n_vocab;
+  // With --lockstep every step below runs in a turn: wait_turn() before its
+  // untimed preparation, pass_turn() right after its timed part.
+  Lockstep turn = o.lockstep.empty() ? Lockstep() : Lockstep(o.lockstep[0], o.lockstep[1]);
+  StepLog log;
   Roofline roof;
   roof.weight_bytes = model.info().weight_bytes;
   roof.streamed_bytes = streamed_weight_bytes(b);
+  turn.wait_turn();
   roof.read_bw = measure_read_bandwidth(roof.streamed_bytes, pool);
+  turn.pass_turn();
   if (!o.json) {
     std::printf("measured read bandwidth: %.2f GB/s (%d threads, %.1f MB working set = weights streamed per token; "
                 "probed again during tgN, which is compared with the best probe); "
@@ -172,8 +196,10 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   // table's columns and the JSON field simple.
   const std::string depth_suffix = o.n_depth > 0 ? "@d" + std::to_string(o.n_depth) : "";
   if (o.n_prompt > 0) {
+    const std::string test = "pp" + std::to_string(o.n_prompt) + depth_suffix;
     std::vector<double> rates;
     for (int r = -1; r < o.reps; ++r) {  // r = -1 warms up
+      turn.wait_turn();
       FlatMemory memory(model.state_spec());
       memory.prepare(0, o.n_depth + o.n_prompt);  // KV allocated up front, as llama.cpp does at context creation
       prefill_depth(model, memory, o.n_depth, n_vocab, pool, logits);
@@ -184,15 +210,22 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       const double t0 = now_seconds();
       model.forward(batch, memory, logits, pool);
       const double dt = now_seconds() - t0;
-      if (r >= 0) rates.push_back(o.n_prompt / dt);
+      turn.pass_turn();
+      if (r >= 0) {
+        rates.push_back(o.n_prompt / dt);
+        log.add(test, dt);
+      }
     }
-    report(o, b, "pp" + std::to_string(o.n_prompt) + depth_suffix, spread(rates), threads, roof);
+    report(o, b, test, spread(rates), threads, roof);
   }
   if (o.n_gen > 0) {
-    std::vector<double> rates;
     const int n_seq = o.sequences;
+    const std::string test =
+        "tg" + std::to_string(o.n_gen) + (n_seq > 1 ? "x" + std::to_string(n_seq) : "") + depth_suffix;
+    std::vector<double> rates;
     roof.kv_bytes = kv_bytes_per_step(model.state_spec(), o.n_depth, o.n_gen);
     for (int r = -1; r < o.reps; ++r) {
+      turn.wait_turn();
       // The VM's bandwidth moves from minute to minute: probe again between
       // repetitions and compare against the best the machine gave meanwhile.
       roof.read_bw = std::max(roof.read_bw, measure_read_bandwidth(roof.streamed_bytes, pool, 2));
@@ -204,8 +237,10 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       }
       std::vector<SequenceStep> steps(n_seq);
       for (int s = 0; s < n_seq; ++s) steps[s] = SequenceStep{1 + s, o.n_depth, memory[s].get()};
-      const double t0 = now_seconds();
+      double busy = 0;  // the steps' own time (a lockstep partner's turns excluded)
       for (int i = 0; i < o.n_gen; ++i) {
+        if (i > 0) turn.wait_turn();
+        const double t0 = now_seconds();
         if (n_seq == 1) {  // exactly what a single sequence's decode runs
           ForwardBatch batch;
           batch.tokens = std::span<const int32_t>(&steps[0].token, 1);
@@ -214,17 +249,20 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
         } else {
           model.forward_steps(steps, logits, pool);
         }
+        const double dt = now_seconds() - t0;
+        turn.pass_turn();
+        busy += dt;
+        if (r >= 0) log.add(test, dt);
         for (int s = 0; s < n_seq; ++s) {
           steps[s].token = static_cast<int32_t>(3 + (i * 7919 + s * 104729) % (n_vocab - 3));
           ++steps[s].pos;
         }
       }
-      const double dt = now_seconds() - t0;
-      if (r >= 0) rates.push_back(static_cast<double>(o.n_gen) * n_seq / dt);
+      if (r >= 0) rates.push_back(static_cast<double>(o.n_gen) * n_seq / busy);
     }
-    report(o, b, "tg" + std::to_string(o.n_gen) + (n_seq > 1 ? "x" + std::to_string(n_seq) : "") + depth_suffix,
-           spread(rates), threads, roof);
+    report(o, b, test, spread(rates), threads, roof);
   }
+  log.write(o.step_times);
 }
 
 }  // namespace
@@ -244,6 +282,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per line per test");
+  cmd->add_option("--lockstep", o->lockstep,
+                  "IN,OUT: take turns with another bench process through two FIFOs, one timed step each, so both "
+                  "see the same moments of a noisy host (scripts/paired_bench.sh)")
+      ->expected(2)
+      ->delimiter(',');
+  cmd->add_option("--step-times", o->step_times, "Write every timed step's seconds to this file (test, index, seconds)");
   cmd->add_option("--replay", o->replay,
                   "Replay a scripted workload instead: 'chat', 'speculative' or 'parallel' (-s concurrent requests)");
   cmd->add_option("--draft-model", o->draft_model, "Replay speculative: the draft model");
