@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "cache/prefix_cache.h"
@@ -149,18 +150,25 @@ void prefill_depth(Model& model, FlatMemory& memory, int depth, int64_t n_vocab,
   }
 }
 
-// Every timed step's seconds, per test, for --step-times.
-struct StepLog {
-  std::vector<std::pair<std::string, double>> steps;
-  void add(const std::string& test, double seconds) { steps.emplace_back(test, seconds); }
-  void write(const std::string& path) const {
+// Every timed step's seconds, per test, for --step-times. The file is
+// opened up front, so a bad path fails before a long run, not after it.
+class StepLog {
+ public:
+  explicit StepLog(const std::string& path) {
     if (path.empty()) return;
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) throw Error("cannot write step times to '" + path + "'");
-    std::map<std::string, int> index;
-    for (const auto& [test, seconds] : steps) std::fprintf(f, "%s\t%d\t%.9f\n", test.c_str(), index[test]++, seconds);
-    std::fclose(f);
+    file_.reset(std::fopen(path.c_str(), "w"));
+    if (!file_) throw Error("cannot write step times to '" + path + "'");
   }
+  void add(const std::string& test, double seconds) {
+    if (file_) std::fprintf(file_.get(), "%s\t%d\t%.9f\n", test.c_str(), index_[test]++, seconds);
+  }
+
+ private:
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Close> file_;
+  std::map<std::string, int> index_;
 };
 
 void throughput(const BenchOptions& o, ModelBundle& b) {
@@ -171,7 +179,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   // With --lockstep every step below runs in a turn: wait_turn() before its
   // untimed preparation, pass_turn() right after its timed part.
   Lockstep turn = o.lockstep.empty() ? Lockstep() : Lockstep(o.lockstep[0], o.lockstep[1]);
-  StepLog log;
+  StepLog log(o.step_times);
   Roofline roof;
   roof.weight_bytes = model.info().weight_bytes;
   roof.streamed_bytes = streamed_weight_bytes(b);
@@ -262,7 +270,6 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     }
     report(o, b, test, spread(rates), threads, roof);
   }
-  log.write(o.step_times);
 }
 
 }  // namespace
@@ -300,6 +307,8 @@ void register_bench(CLI::App& app) {
     if (o->reps < 1) throw Error("--repetitions must be at least 1");
     if (o->n_depth < 0 || o->n_prompt < 0 || o->n_gen < 0) throw Error("-p, -n and -d must not be negative");
     if (o->sequences < 1 || o->sequences > 256) throw Error("--sequences must be between 1 and 256");
+    if (!o->replay.empty() && (!o->lockstep.empty() || !o->step_times.empty()))
+      throw Error("--lockstep and --step-times time the pp/tg tests, not --replay");
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,
