@@ -41,10 +41,20 @@ pid_a=$!
 # shellcheck disable=SC2086
 env $env_b "$bin_b" bench "$@" --lockstep "$dir/b,$dir/a" --step-times "$dir/b.tsv" >"$dir/b.out" 2>&1 &
 pid_b=$!
+# A side that fails would leave the other waiting for its turn (up to the
+# bench's lockstep timeout): stop the survivor at once.
 status=0
-wait $pid_a || { echo "A failed:"; cat "$dir/a.out"; status=1; }
-wait $pid_b || { echo "B failed:"; cat "$dir/b.out"; status=1; }
+for _ in 1 2; do  # the two benches are this shell's only jobs
+  if ! wait -n; then
+    status=1
+    kill $pid_a $pid_b 2>/dev/null || true
+  fi
+done
 exec 3>&-
+if [ $status -ne 0 ]; then
+  echo "a bench failed; its output (A, then B):" >&2
+  cat "$dir/a.out" "$dir/b.out" >&2
+fi
 [ $status -eq 0 ] || exit $status
 grep -h "lockstep:" "$dir/a.out" "$dir/b.out" >&2 || true
 

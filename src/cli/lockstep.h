@@ -26,8 +26,9 @@ class Lockstep {
   bool active() const { return in_ >= 0; }
   // Blocks until the partner passes the turn. A partner silent for
   // `timeout_ms` has gone (finished, or failed): the lockstep ends with a
-  // note on stderr and the process goes on alone.
-  void wait_turn(int timeout_ms = 30000);
+  // note on stderr and the process goes on alone. The default allows for a
+  // partner's untimed work within a turn (a large model's prefill to -d).
+  void wait_turn(int timeout_ms = 600000);
   // Hands the turn to the partner.
   void pass_turn();
 
