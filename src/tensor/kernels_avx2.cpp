@@ -77,7 +77,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
-    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);  // one line per 2 k
+    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
