@@ -65,9 +65,9 @@ if [ ! -s "$dir/pairs.tsv" ]; then
   echo "no paired steps (do both sides run the same tests?)" >&2
   exit 1
 fi
+# Quantile p of a column of numbers (median: 0.5), by nearest rank.
+q() { sort -g | awk -v p="$1" '{ v[NR] = $1 } END { i = int(p * (NR - 1) + 0.5) + 1; print v[i] }'; }
 for test in $(cut -f1 "$dir/pairs.tsv" | sort -u); do
-  # Median (and quartiles) of a sorted column, by nearest rank.
-  q() { sort -g | awk -v p="$1" '{ v[NR] = $1 } END { i = int(p * (NR - 1) + 0.5) + 1; print v[i] }'; }
   n=$(awk -F'\t' -v t="$test" '$1 == t' "$dir/pairs.tsv" | wc -l)
   ta=$(awk -F'\t' -v t="$test" '$1 == t { print $2 }' "$dir/pairs.tsv" | q 0.5)
   tb=$(awk -F'\t' -v t="$test" '$1 == t { print $3 }' "$dir/pairs.tsv" | q 0.5)
