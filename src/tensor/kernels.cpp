@@ -14,6 +14,7 @@
 #include "tensor/attention_tiled.h"
 #include "tensor/avx2_math.h"
 #include "tensor/fp16.h"
+#include "tensor/huge_pages.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
 #include "util/error.h"
@@ -256,19 +257,14 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
   }
 }
 
-struct AlignedDelete {
-  void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
-};
-
 }  // namespace
 
 PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
   group_bytes_ = group_bytes_for(w.type, w.n_in);
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
-  const size_t bytes = std::max<size_t>(group_bytes_ * n_groups_, 64);
-  auto* p = static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t(64)));
-  data_ = std::shared_ptr<uint8_t[]>(p, AlignedDelete{});
-  pack_groups(w, 0, n_groups_, p);
+  // Decode streams these once per token: huge pages (huge_pages.h).
+  data_ = allocate_streamed(group_bytes_ * n_groups_);
+  pack_groups(w, 0, n_groups_, data_.get());
 }
 
 // ---------------------------------------------------------------------------
@@ -624,8 +620,9 @@ double measure_read_bandwidth(size_t bytes, ThreadPool& pool, int passes) {
   constexpr size_t kChunk = 1 << 20;
   const size_t n_chunks = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
   const size_t total = n_chunks * kChunk;
-  auto* buf = static_cast<uint8_t*>(::operator new[](total, std::align_val_t(64)));
-  std::unique_ptr<uint8_t[], AlignedDelete> owner(buf);
+  // The same kind of memory as the weights, so the probe is their roofline.
+  const std::shared_ptr<uint8_t[]> owner = allocate_streamed(total);
+  uint8_t* buf = owner.get();
   pool.parallel_for(static_cast<int64_t>(n_chunks),
                     [&](int64_t c) { std::memset(buf + c * kChunk, static_cast<int>(c & 0xff), kChunk); });
   std::atomic<uint64_t> sink{0};

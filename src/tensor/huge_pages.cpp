@@ -1,0 +1,104 @@
+#include "tensor/huge_pages.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "util/error.h"
+
+namespace reprise {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kSlabBytes = size_t{32} << 20;
+// Larger allocations get a mapping of their own: carving them from slabs
+// would leave up to this much of a slab unused.
+constexpr size_t kOwnMappingBytes = kSlabBytes / 4;
+constexpr size_t kAlign = 64;
+
+std::atomic<int64_t> g_mappings{0};
+std::atomic<int64_t> g_mapped_bytes{0};
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// One anonymous mapping, 2 MiB-aligned and advised for huge pages.
+class Mapping {
+ public:
+  explicit Mapping(size_t bytes) : size_(round_up(bytes, 4096)) {
+    // Over-map by a huge page and trim, so the start is 2 MiB-aligned and
+    // every whole 2 MiB of the mapping can be a huge page.
+    const size_t span = size_ + kHugePage;
+    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+      throw Error("cannot map " + std::to_string(bytes) + " bytes for weights: " + std::strerror(errno));
+    auto* start = static_cast<uint8_t*>(raw);
+    auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePage));
+    if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
+    uint8_t* end = aligned + size_;
+    if (start + span > end) ::munmap(end, static_cast<size_t>(start + span - end));
+    base_ = aligned;
+    // Advice only: without THP the memory is ordinary pages.
+    ::madvise(base_, size_, MADV_HUGEPAGE);
+    g_mappings.fetch_add(1, std::memory_order_relaxed);
+    g_mapped_bytes.fetch_add(static_cast<int64_t>(size_), std::memory_order_relaxed);
+  }
+  ~Mapping() {
+    ::munmap(base_, size_);
+    g_mappings.fetch_sub(1, std::memory_order_relaxed);
+    g_mapped_bytes.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_;
+};
+
+// The slab small allocations are carved from. Held weakly: allocations keep
+// their slab alive, the allocator does not.
+struct SlabCursor {
+  std::mutex mutex;
+  std::weak_ptr<Mapping> slab;
+  size_t used = 0;
+};
+
+SlabCursor& cursor() {
+  static SlabCursor c;
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<uint8_t[]> allocate_streamed(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  if (bytes > kOwnMappingBytes) {
+    auto own = std::make_shared<Mapping>(bytes);
+    return std::shared_ptr<uint8_t[]>(own, own->base());
+  }
+  SlabCursor& c = cursor();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::shared_ptr<Mapping> slab = c.slab.lock();
+  if (!slab || c.used + bytes > slab->size()) {
+    slab = std::make_shared<Mapping>(kSlabBytes);
+    c.slab = slab;
+    c.used = 0;
+  }
+  uint8_t* p = slab->base() + c.used;
+  c.used = round_up(c.used + bytes, kAlign);
+  return std::shared_ptr<uint8_t[]>(slab, p);
+}
+
+StreamedMemoryStats streamed_memory_stats() {
+  return {g_mappings.load(std::memory_order_relaxed), g_mapped_bytes.load(std::memory_order_relaxed)};
+}
+
+}  // namespace reprise
