@@ -108,5 +108,19 @@ TEST(HugePages, MemoryIsAdvisedForHugePages) {
   }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Matrices share slabs, so only poisoning keeps AddressSanitizer reporting an
+// overrun from one into the next (REPRISE_SANITIZE builds).
+TEST(HugePagesDeathTest, AnOverrunIsReportedUnderAddressSanitizer) {
+  auto a = allocate_streamed(1000);
+  auto b = allocate_streamed(1000);
+  volatile uint8_t* p = a.get();
+  EXPECT_DEATH(p[1000] = 1, "AddressSanitizer");
+  auto big = allocate_streamed(9 * kMiB + 10);
+  volatile uint8_t* q = big.get();
+  EXPECT_DEATH(q[9 * kMiB + 10] = 1, "AddressSanitizer");
+}
+#endif
+
 }  // namespace
 }  // namespace reprise

@@ -11,6 +11,18 @@
 
 #include "util/error.h"
 
+// Under AddressSanitizer the parts of a mapping no allocation owns are
+// poisoned, so an overrun from one matrix into the next is still reported
+// as it was with one heap block per matrix.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define REPRISE_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define REPRISE_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define REPRISE_POISON(p, n) ((void)(p), (void)(n))
+#define REPRISE_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace reprise {
 namespace {
 
@@ -44,10 +56,12 @@ class Mapping {
     base_ = aligned;
     // Advice only: without THP the memory is ordinary pages.
     ::madvise(base_, size_, MADV_HUGEPAGE);
+    REPRISE_POISON(base_, size_);
     g_mappings.fetch_add(1, std::memory_order_relaxed);
     g_mapped_bytes.fetch_add(static_cast<int64_t>(size_), std::memory_order_relaxed);
   }
   ~Mapping() {
+    REPRISE_UNPOISON(base_, size_);  // the address range may be mapped again
     ::munmap(base_, size_);
     g_mappings.fetch_sub(1, std::memory_order_relaxed);
     g_mapped_bytes.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
@@ -82,6 +96,7 @@ std::shared_ptr<uint8_t[]> allocate_streamed(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);
   if (bytes > kOwnMappingBytes) {
     auto own = std::make_shared<Mapping>(bytes);
+    REPRISE_UNPOISON(own->base(), bytes);
     return std::shared_ptr<uint8_t[]>(own, own->base());
   }
   SlabCursor& c = cursor();
@@ -93,6 +108,7 @@ std::shared_ptr<uint8_t[]> allocate_streamed(size_t bytes) {
     c.used = 0;
   }
   uint8_t* p = slab->base() + c.used;
+  REPRISE_UNPOISON(p, bytes);
   c.used = round_up(c.used + bytes, kAlign);
   return std::shared_ptr<uint8_t[]>(slab, p);
 }
