@@ -1174,6 +1174,8 @@ TEST(ServeHttp, ModelsLoadOnDemandAndUnloadLeastRecentlyUsed) {
   json a = chat_body("hi", 2);
   EXPECT_EQ(post(s, "/v1/chat/completions", a).status, 200);
   EXPECT_EQ(loaded(), (std::vector<bool>{true, false}));
+  const double one_model_weights = metric(get(s, "/metrics").body, "reprise_weight_memory_bytes");
+  EXPECT_GT(one_model_weights, 0);
   json b = a;
   b["model"] = "tiny-b";
   EXPECT_EQ(post(s, "/v1/chat/completions", b).status, 200);
@@ -1197,6 +1199,8 @@ TEST(ServeHttp, ModelsLoadOnDemandAndUnloadLeastRecentlyUsed) {
   EXPECT_EQ(metric(metrics, R"(reprise_model_unloads_total{model="tiny-a"})"), 1);
   EXPECT_EQ(metric(metrics, R"(reprise_model_unloads_total{model="tiny-b"})"), 1);
   EXPECT_EQ(metric(metrics, R"(reprise_model_loads_total{model="tiny-a"})"), 2);
+  // Unloaded models returned their weights' memory: one model's worth is mapped.
+  EXPECT_EQ(metric(metrics, "reprise_weight_memory_bytes"), one_model_weights);
   // Cache counters survive the unload.
   EXPECT_GE(metric(metrics, R"(reprise_cache_lookups_total{model="tiny-a"})"), 2);
 }

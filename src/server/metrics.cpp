@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <functional>
 
+#include "tensor/huge_pages.h"
+
 namespace reprise {
 
 std::string prometheus_label_value(const std::string& value) {
@@ -125,6 +127,10 @@ std::string Metrics::prometheus(const std::vector<ModelStatus>& models, const Sc
   w.family("reprise_generation_requests_in_flight", "gauge",
            "Chat and completion requests queued, generating or streaming their response.");
   w.sample("reprise_generation_requests_in_flight", "", generation_requests);
+  const StreamedMemoryStats weights = streamed_memory_stats();
+  w.family("reprise_weight_memory_bytes", "gauge",
+           "Memory mapped for the loaded models' packed weights (huge-page slabs; unmapped when a model unloads).");
+  w.sample("reprise_weight_memory_bytes", "", static_cast<double>(weights.mapped_bytes));
 
   struct ModelGauge {
     const char* name;
