@@ -2,7 +2,7 @@
 // packed weights, which decode reads once per token.
 //
 // The memory is 2 MiB-aligned and advised for transparent huge pages
-// (MADV_HUGEPAGE; Debian's default THP mode only backs advised memory). With
+// (MADV_HUGEPAGE: in THP's common `madvise` mode only advised memory gets them). With
 // 4 KiB pages, a decode token's ~90 MB of weights cross ~22 000 pages, and in
 // a KVM guest each TLB miss is a two-level page walk; 2 MiB pages made F16,
 // Q8_0 and Q4_0 decode 4-7 % faster (docs/performance.md). Where THP is off
