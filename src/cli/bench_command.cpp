@@ -286,7 +286,7 @@ void register_bench(CLI::App& app) {
                   "tgN: sequences decoded together, one shared pass per step (continuous batching); "
                   "reports all sequences' tokens/s as tgNxS. Replay parallel: concurrent requests")
       ->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: one per physical core this process may use)");
   cmd->add_option("-r,--repetitions", o->reps, "Repetitions per test")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per line per test");
   cmd->add_option("--lockstep", o->lockstep,

@@ -1,9 +1,9 @@
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 
 #include "cli/commands.h"
 #include "model/synthetic_model.h"
+#include "tensor/cpu_topology.h"
 
 namespace reprise::cli {
 
@@ -27,8 +27,7 @@ std::string default_model_path() {
 
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? static_cast<int>(hw) : 1;
+  return default_thread_count();
 }
 
 }  // namespace reprise::cli

@@ -24,7 +24,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "GGUF model")->required();
   cmd->add_option("-f,--file", o->prompts_file, "Prompts file (prompts separated by '-----' lines)")->required();
   cmd->add_option("--json", o->json_out, "Output JSON path (logits files are written beside it)")->required();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: one per physical core this process may use)");
   cmd->add_option("--greedy", o->n_greedy, "Greedy tokens per prompt")->capture_default_str();
   cmd->callback([o] {
     namespace fs = std::filesystem;

@@ -127,7 +127,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--repeat-last-n", o->sampling.repeat_last_n, "Tokens the penalty looks back over")
       ->capture_default_str();
   cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: one per physical core this process may use)");
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget in MiB (0 disables)")->capture_default_str();
   cmd->add_option("--cache-salt", o->cache_salt, "Cache namespace salt (tenant isolation)");
   cmd->add_option("--snapshot-ram", o->snapshot_ram_mib,

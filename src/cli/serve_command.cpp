@@ -59,6 +59,7 @@ void serve(const ServeOptions& options) {
   HttpServer server(options, registry, log_line);
   const int port = server.bind();
   log_line("listening on http://" + options.host + ":" + std::to_string(port) + " (" +
+           std::to_string(registry_options.threads) + " compute threads per model, " +
            std::to_string(options.parallel) + " parallel sequences, " +
            std::to_string(options.resolved_http_threads()) + " HTTP threads" +
            (options.api_key.empty() ? "" : ", API key required") + ")");
@@ -91,7 +92,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--models-dir", o->models_dir, "Offer every *.gguf in DIR (id = file name without .gguf)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = pick a free one)")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "Compute threads per model (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Compute threads per model (default: one per physical core this process may use)");
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (all endpoints but /health)");
   cmd->add_option("--parallel", o->parallel, "Sequences generated concurrently; more requests queue")
       ->capture_default_str();

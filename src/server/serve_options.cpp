@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
+#include "tensor/cpu_topology.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -82,7 +82,7 @@ std::vector<ModelSource> resolve_model_sources(const ServeOptions& options) {
 
 RegistryOptions make_registry_options(const ServeOptions& options) {
   RegistryOptions r;
-  r.threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  r.threads = options.threads > 0 ? options.threads : default_thread_count();
   r.cache_budget_bytes = static_cast<uint64_t>(options.cache_ram_mib * 1024 * 1024);
   r.snapshot_budget_bytes = static_cast<uint64_t>(options.snapshot_ram_mib * 1024 * 1024);
   r.max_decode_batch = options.decode_batch;

@@ -20,7 +20,7 @@ struct ServeOptions {
 
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   int port = 8080;                 // 0: an ephemeral port
-  int threads = 0;                 // compute threads per model; 0: all cores
+  int threads = 0;                 // compute threads per model; 0: default_thread_count()
   std::string api_key;             // "": no authentication
   int parallel = 4;                // concurrent sequences across all models
   int decode_batch = 16;           // most sequences of one model sharing a decode pass; 1: no batching

@@ -1,0 +1,153 @@
+#include "tensor/cpu_topology.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace reprise {
+namespace {
+
+// The first line of a small text file, or nullopt.
+std::optional<std::string> read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  return line;
+}
+
+std::optional<double> parse_number(const std::string& s) {
+  std::istringstream in(s);
+  double v;
+  if (!(in >> v) || !std::isfinite(v)) return std::nullopt;
+  std::string rest;
+  if (in >> rest) return std::nullopt;
+  return v;
+}
+
+// "max 100000" -> none; "150000 100000" -> 1.5.
+std::optional<double> quota_v2(const std::string& dir) {
+  const auto line = read_line(dir + "/cpu.max");
+  if (!line) return std::nullopt;
+  std::istringstream in(*line);
+  std::string quota, period;
+  if (!(in >> quota >> period) || quota == "max") return std::nullopt;
+  const auto q = parse_number(quota), p = parse_number(period);
+  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
+  return *q / *p;
+}
+
+// cpu.cfs_quota_us of -1 means no limit.
+std::optional<double> quota_v1(const std::string& dir) {
+  const auto quota = read_line(dir + "/cpu.cfs_quota_us");
+  const auto period = read_line(dir + "/cpu.cfs_period_us");
+  if (!quota || !period) return std::nullopt;
+  const auto q = parse_number(*quota), p = parse_number(*period);
+  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
+  return *q / *p;
+}
+
+// The tightest quota on the way from `path` (a cgroup path, "/a/b") up to the
+// hierarchy's root, mounted at `mount`. Inside a cgroup namespace the path
+// the process sees may not exist under the mount; its ancestors are still
+// tried, and the root is the container's own cgroup.
+template <typename Read>
+std::optional<double> tightest_quota(const std::string& mount, std::string path, Read read) {
+  std::optional<double> best;
+  while (true) {
+    if (path.size() > 1 && path.back() == '/') path.pop_back();
+    const auto q = read(mount + (path == "/" ? "" : path));
+    if (q && (!best || *q < *best)) best = q;
+    if (path.empty() || path == "/") break;
+    const size_t slash = path.rfind('/');
+    path = slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return best;
+}
+
+}  // namespace
+
+int count_physical_cores(std::span<const int> cpus, const std::string& sys_cpu_dir) {
+  std::set<std::string> cores;
+  for (int cpu : cpus) {
+    const std::string topology = sys_cpu_dir + "/cpu" + std::to_string(cpu) + "/topology/";
+    auto siblings = read_line(topology + "core_cpus_list");
+    if (!siblings || siblings->empty()) siblings = read_line(topology + "thread_siblings_list");
+    cores.insert(siblings && !siblings->empty() ? "core " + *siblings : "cpu " + std::to_string(cpu));
+  }
+  return static_cast<int>(cores.size());
+}
+
+std::optional<double> cgroup_cpu_quota(const CpuFacts& facts) {
+  std::ifstream in(facts.proc_self_cgroup);
+  std::optional<double> best;
+  auto keep = [&](std::optional<double> q) {
+    if (q && (!best || *q < *best)) best = q;
+  };
+  std::string line;
+  while (std::getline(in, line)) {
+    // hierarchy-id:controllers:path
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (path.empty() || path[0] != '/') continue;
+    if (id == "0" && controllers.empty()) {
+      // cgroup v2: mounted at the root, or under "unified" on hybrid systems.
+      for (const char* mount : {"", "/unified"})
+        keep(tightest_quota(facts.cgroup_root + mount, path, quota_v2));
+    } else {
+      std::istringstream names(controllers);
+      std::string name;
+      bool cpu = false;
+      while (std::getline(names, name, ',')) cpu = cpu || name == "cpu";
+      if (!cpu) continue;
+      // cgroup v1: the cpu controller's mount is named after its controllers.
+      for (const std::string& mount : {controllers, std::string("cpu"), std::string("cpu,cpuacct")})
+        keep(tightest_quota(facts.cgroup_root + "/" + mount, path, quota_v1));
+    }
+  }
+  return best;
+}
+
+int default_thread_count(std::span<const int> allowed_cpus, const CpuFacts& facts) {
+  int threads = count_physical_cores(allowed_cpus, facts.sys_cpu_dir);
+  if (const auto quota = cgroup_cpu_quota(facts)) {
+    // Within int range for any real quota; a huge one leaves the cores.
+    const double cap = std::ceil(*quota);
+    if (cap < threads) threads = static_cast<int>(cap);
+  }
+  return std::max(threads, 1);
+}
+
+int default_thread_count() {
+  std::vector<int> cpus;
+  // The mask grows until it holds every CPU the kernel knows.
+  for (int n = 1024; n <= (1 << 20) && cpus.empty(); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) break;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    if (sched_getaffinity(0, bytes, set) == 0) {
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(c, bytes, set)) cpus.push_back(c);
+      CPU_FREE(set);
+      break;
+    }
+    CPU_FREE(set);
+    if (errno != EINVAL) break;
+  }
+  if (cpus.empty()) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    for (unsigned c = 0; c < std::max(hw, 1u); ++c) cpus.push_back(static_cast<int>(c));
+  }
+  return default_thread_count(cpus, CpuFacts{});
+}
+
+}  // namespace reprise
