@@ -32,7 +32,7 @@ class FakeTree {
     std::ofstream(p) << text;
   }
   std::string path(const std::string& rel = "") const { return (root_ / rel).string(); }
-  CpuFacts facts() const { return {path("sys/cpu"), path("proc/self/cgroup"), path("cgroup")}; }
+  CpuFacts facts() const { return {path("sys/cpu"), path("proc/self/cgroup"), path("cgroup"), path("sys/devices")}; }
 
  private:
   static inline int next_id_ = 0;
@@ -146,6 +146,50 @@ TEST(CpuTopology, DefaultIsPhysicalCoresCappedByTheQuotaRoundedUp) {
   const std::vector<int> pinned = {3, 11, 4};  // taskset: two cores' worth
   EXPECT_EQ(default_thread_count(pinned, t.facts()), 2) << "a quota above the cores leaves the cores";
   EXPECT_EQ(default_thread_count(std::vector<int>{}, t.facts()), 1);
+}
+
+TEST(CpuTopology, ParsesKernelCpuLists) {
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("5"), (std::vector<int>{5}));
+  EXPECT_EQ(parse_cpu_list(""), (std::vector<int>{}));
+  for (const char* bad : {"a", "3-", "-3", "4-2", "1-3-5", "1,,x", "2x", "0-99999999"})
+    EXPECT_FALSE(parse_cpu_list(bad)) << bad;
+}
+
+// Alder Lake-like: 8 performance cores with two threads each (CPUs 2c and
+// 2c + 1), then 8 single-threaded efficiency cores (CPUs 16-23).
+void write_hybrid_machine(const FakeTree& t) {
+  for (int c = 0; c < 24; ++c) {
+    const std::string siblings = c < 16 ? std::to_string(c / 2 * 2) + "-" + std::to_string(c / 2 * 2 + 1)
+                                        : std::to_string(c);
+    t.write("sys/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list", siblings + "\n");
+  }
+  t.write("sys/devices/cpu_core/cpus", "0-15\n");
+  t.write("sys/devices/cpu_atom/cpus", "16-23\n");
+}
+
+TEST(CpuTopology, HybridCpusCountOnlyPerformanceCores) {
+  FakeTree t;
+  write_hybrid_machine(t);
+  std::vector<int> all;
+  for (int c = 0; c < 24; ++c) all.push_back(c);
+  EXPECT_EQ(performance_cpus(all, t.facts()).size(), 16u);
+  EXPECT_EQ(default_thread_count(all, t.facts()), 8);
+  // Pinned to efficiency cores only: those are what there is.
+  const std::vector<int> small = {16, 17, 18};
+  EXPECT_EQ(default_thread_count(small, t.facts()), 3);
+  // One performance core and some efficiency cores: the performance core.
+  const std::vector<int> mixed = {4, 5, 20, 21};
+  EXPECT_EQ(default_thread_count(mixed, t.facts()), 1);
+  // Not hybrid (no cpu_atom): every core counts.
+  FakeTree plain;
+  write_hybrid_machine(plain);
+  fs::remove_all(plain.path("sys/devices/cpu_atom"));
+  EXPECT_EQ(default_thread_count(all, plain.facts()), 16);
+  // A malformed performance list is ignored rather than trusted.
+  plain.write("sys/devices/cpu_atom/cpus", "16-23\n");
+  plain.write("sys/devices/cpu_core/cpus", "zero to fifteen\n");
+  EXPECT_EQ(default_thread_count(all, plain.facts()), 16);
 }
 
 TEST(CpuTopology, ThisProcessGetsAtLeastOneAndNoMoreThanItsCpus) {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -73,6 +75,46 @@ std::optional<double> tightest_quota(const std::string& mount, std::string path,
 
 }  // namespace
 
+std::optional<std::vector<int>> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::istringstream in(text);
+  std::string range;
+  // Bounded so a hostile file cannot make a huge list.
+  constexpr long kMaxCpu = 1 << 20;
+  while (std::getline(in, range, ',')) {
+    while (!range.empty() && std::isspace(static_cast<unsigned char>(range.back()))) range.pop_back();
+    if (range.empty()) continue;
+    const size_t dash = range.find('-');
+    char* end = nullptr;
+    const long lo = std::strtol(range.c_str(), &end, 10);
+    if (end == range.c_str() || lo < 0 || lo > kMaxCpu) return std::nullopt;
+    long hi = lo;
+    if (dash != std::string::npos) {
+      if (end != range.c_str() + dash) return std::nullopt;
+      const char* hi_text = range.c_str() + dash + 1;
+      hi = std::strtol(hi_text, &end, 10);
+      if (end == hi_text || hi < lo || hi > kMaxCpu) return std::nullopt;
+    }
+    if (*end != '\0') return std::nullopt;
+    for (long c = lo; c <= hi; ++c) cpus.push_back(static_cast<int>(c));
+  }
+  return cpus;
+}
+
+std::vector<int> performance_cpus(std::span<const int> cpus, const CpuFacts& facts) {
+  std::vector<int> all(cpus.begin(), cpus.end());
+  // Both PMU directories exist only on hybrid CPUs.
+  const auto big = read_line(facts.sys_devices_dir + "/cpu_core/cpus");
+  if (!big || !read_line(facts.sys_devices_dir + "/cpu_atom/cpus")) return all;
+  const auto listed = parse_cpu_list(*big);
+  if (!listed) return all;
+  const std::set<int> performance(listed->begin(), listed->end());
+  std::vector<int> kept;
+  for (int c : all)
+    if (performance.count(c)) kept.push_back(c);
+  return kept.empty() ? all : kept;
+}
+
 int count_physical_cores(std::span<const int> cpus, const std::string& sys_cpu_dir) {
   std::set<std::string> cores;
   for (int cpu : cpus) {
@@ -117,7 +159,7 @@ std::optional<double> cgroup_cpu_quota(const CpuFacts& facts) {
 }
 
 int default_thread_count(std::span<const int> allowed_cpus, const CpuFacts& facts) {
-  int threads = count_physical_cores(allowed_cpus, facts.sys_cpu_dir);
+  int threads = count_physical_cores(performance_cpus(allowed_cpus, facts), facts.sys_cpu_dir);
   if (const auto quota = cgroup_cpu_quota(facts)) {
     // Within int range for any real quota; a huge one leaves the cores.
     const double cap = std::ceil(*quota);

@@ -8,11 +8,15 @@
 // `--cpus`), only steals time from the threads that do the work; and decode
 // is bound by memory bandwidth, which a core's sibling thread does not add.
 // So the default is one thread per physical core in the process's affinity
-// mask, capped by its cgroup CPU quota (rounded up), and at least one.
+// mask, capped by its cgroup CPU quota (rounded up), and at least one. On
+// hybrid CPUs (Intel's performance + efficiency cores) only the performance
+// cores count when the mask has any: every product waits for its slowest
+// task, and an efficiency core's task is the slowest.
 #pragma once
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace reprise {
 
@@ -21,7 +25,16 @@ struct CpuFacts {
   std::string sys_cpu_dir = "/sys/devices/system/cpu";
   std::string proc_self_cgroup = "/proc/self/cgroup";
   std::string cgroup_root = "/sys/fs/cgroup";
+  // Hybrid CPUs list their performance cores in cpu_core/cpus.
+  std::string sys_devices_dir = "/sys/devices";
 };
+
+// A kernel CPU list ("0-3,8,10-11") as CPU numbers; nullopt if malformed.
+std::optional<std::vector<int>> parse_cpu_list(const std::string& text);
+
+// The CPUs of `cpus` on performance cores when the CPU is hybrid and some
+// are; otherwise `cpus` unchanged.
+std::vector<int> performance_cpus(std::span<const int> cpus, const CpuFacts& facts);
 
 // Physical cores among `cpus` (logical CPU numbers): CPUs that share a core
 // (the same topology/core_cpus_list or thread_siblings_list) count once; a
@@ -34,7 +47,8 @@ int count_physical_cores(std::span<const int> cpus, const std::string& sys_cpu_d
 // Unreadable or malformed files are ignored.
 std::optional<double> cgroup_cpu_quota(const CpuFacts& facts);
 
-// min(physical cores of allowed_cpus, ceil(quota)), at least 1.
+// min(physical cores of performance_cpus(allowed_cpus), ceil(quota)), at
+// least 1.
 int default_thread_count(std::span<const int> allowed_cpus, const CpuFacts& facts);
 
 // The same for this process: its affinity mask and the real /sys and /proc.
