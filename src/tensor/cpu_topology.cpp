@@ -33,6 +33,13 @@ std::optional<double> parse_number(const std::string& s) {
   return v;
 }
 
+// quota / period in CPUs; none unless both are positive numbers.
+std::optional<double> quota_ratio(const std::string& quota, const std::string& period) {
+  const auto q = parse_number(quota), p = parse_number(period);
+  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
+  return *q / *p;
+}
+
 // "max 100000" -> none; "150000 100000" -> 1.5.
 std::optional<double> quota_v2(const std::string& dir) {
   const auto line = read_line(dir + "/cpu.max");
@@ -40,9 +47,7 @@ std::optional<double> quota_v2(const std::string& dir) {
   std::istringstream in(*line);
   std::string quota, period;
   if (!(in >> quota >> period) || quota == "max") return std::nullopt;
-  const auto q = parse_number(quota), p = parse_number(period);
-  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
-  return *q / *p;
+  return quota_ratio(quota, period);
 }
 
 // cpu.cfs_quota_us of -1 means no limit.
@@ -50,9 +55,12 @@ std::optional<double> quota_v1(const std::string& dir) {
   const auto quota = read_line(dir + "/cpu.cfs_quota_us");
   const auto period = read_line(dir + "/cpu.cfs_period_us");
   if (!quota || !period) return std::nullopt;
-  const auto q = parse_number(*quota), p = parse_number(*period);
-  if (!q || !p || *q <= 0 || *p <= 0) return std::nullopt;
-  return *q / *p;
+  return quota_ratio(*quota, *period);
+}
+
+// best becomes q when q is a tighter limit.
+void keep_tightest(std::optional<double>& best, std::optional<double> q) {
+  if (q && (!best || *q < *best)) best = q;
 }
 
 // The tightest quota on the way from `path` (a cgroup path, "/a/b") up to the
@@ -64,8 +72,7 @@ std::optional<double> tightest_quota(const std::string& mount, std::string path,
   std::optional<double> best;
   while (true) {
     if (path.size() > 1 && path.back() == '/') path.pop_back();
-    const auto q = read(mount + (path == "/" ? "" : path));
-    if (q && (!best || *q < *best)) best = q;
+    keep_tightest(best, read(mount + (path == "/" ? "" : path)));
     if (path.empty() || path == "/") break;
     const size_t slash = path.rfind('/');
     path = slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
@@ -129,9 +136,6 @@ int count_physical_cores(std::span<const int> cpus, const std::string& sys_cpu_d
 std::optional<double> cgroup_cpu_quota(const CpuFacts& facts) {
   std::ifstream in(facts.proc_self_cgroup);
   std::optional<double> best;
-  auto keep = [&](std::optional<double> q) {
-    if (q && (!best || *q < *best)) best = q;
-  };
   std::string line;
   while (std::getline(in, line)) {
     // hierarchy-id:controllers:path
@@ -143,16 +147,17 @@ std::optional<double> cgroup_cpu_quota(const CpuFacts& facts) {
     if (id == "0" && controllers.empty()) {
       // cgroup v2: mounted at the root, or under "unified" on hybrid systems.
       for (const char* mount : {"", "/unified"})
-        keep(tightest_quota(facts.cgroup_root + mount, path, quota_v2));
+        keep_tightest(best, tightest_quota(facts.cgroup_root + mount, path, quota_v2));
     } else {
       std::istringstream names(controllers);
       std::string name;
       bool cpu = false;
       while (std::getline(names, name, ',')) cpu = cpu || name == "cpu";
       if (!cpu) continue;
-      // cgroup v1: the cpu controller's mount is named after its controllers.
-      for (const std::string& mount : {controllers, std::string("cpu"), std::string("cpu,cpuacct")})
-        keep(tightest_quota(facts.cgroup_root + "/" + mount, path, quota_v1));
+      // cgroup v1: the cpu controller's mount is named after its controllers
+      // (a set, so a name listed twice is read once).
+      for (const std::string& mount : std::set<std::string>{controllers, "cpu", "cpu,cpuacct"})
+        keep_tightest(best, tightest_quota(facts.cgroup_root + "/" + mount, path, quota_v1));
     }
   }
   return best;
