@@ -609,6 +609,7 @@ TEST(GgufWriter, RoundTripsEveryDtypeAndShape) {
       {DType::F32, {5}},           {DType::F32, {3, 2, 2, 2}}, {DType::F16, {7, 3}},
       {DType::BF16, {9, 1, 2}},    {DType::Q8_0, {64, 3}},     {DType::Q8_0, {32, 2, 2}},
       {DType::Q4_0, {96, 5}},      {DType::Q4_0, {32}},        {DType::F16, {1, 1, 1, 1}},
+      {DType::Q4_K, {256, 3}},     {DType::Q5_K, {512}},       {DType::Q6_K, {256, 2, 2}},
   };
   Writer w;
   std::vector<Bytes> expected;
@@ -752,7 +753,8 @@ TEST(GgufWriter, RejectsInvalidInput) {
   EXPECT_THROW(w.add_tensor_f32("s", {4, 0}, DType::F32, {}), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {8}, DType::F32, std::vector<float>(7)), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {48}, DType::Q8_0, std::vector<float>(48)), Error);
-  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::Q4_K, std::vector<float>(256)), Error);
+  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::Q3_K, std::vector<float>(256)), Error);
+  EXPECT_THROW(w.add_tensor_f32("s", {128}, DType::Q4_K, std::vector<float>(128)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, DType::Q8_0, Bytes(33)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, static_cast<DType>(77), Bytes(32)), Error);
   EXPECT_THROW(w.add_tensor_rows("s", {32}, DType::F32, nullptr), Error);
@@ -874,10 +876,114 @@ TEST(Quantize, RoundTripErrorIsWithinEachTypesBound) {
   }
 }
 
+// The K types' quantizers: every element within its sub-block's budget
+// (half a step, plus what rounding the sub-block scales and mins to integers
+// and the super-block scales to f16 can add), read back as ggml reads the
+// blocks (dequantize_row).
+TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
+  const int64_t n = 256 * 8;
+  for (float scale : {1e-3f, 1.0f, 300.0f}) {
+    std::vector<float> x = bell_values(n, 7, scale);
+    for (int i = 0; i < 32; ++i) x[256 + i] = 0.0f;                          // an all-zero sub-block
+    for (int i = 0; i < 256; ++i) x[512 + i] = std::fabs(x[512 + i]) + scale;  // all positive: no min
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+      SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)) + " scale " + std::to_string(scale));
+      Bytes q = quantized(t, x);
+      ASSERT_EQ(q.size(), dtype_row_bytes(t, n));
+      std::vector<float> y(n);
+      dequantize_row(t, q.data(), y.data(), n);
+      const int sub = t == DType::Q6_K ? 16 : 32;
+      for (int64_t sb = 0; sb < n / 256; ++sb) {
+        const uint8_t* blk = q.data() + sb * dtype_row_bytes(t, 256);
+        uint16_t h[2];
+        std::memcpy(h, t == DType::Q6_K ? blk + 208 : blk, t == DType::Q6_K ? 2 : 4);
+        const float d = f16_to_f32(h[0]), dmin = t == DType::Q6_K ? 0.0f : f16_to_f32(h[1]);
+        for (int64_t s0 = sb * 256; s0 < (sb + 1) * 256; s0 += sub) {
+          float lo = 0, hi = 0, amax = 0;
+          for (int i = 0; i < sub; ++i) {
+            lo = std::min(lo, x[s0 + i]);
+            hi = std::max(hi, x[s0 + i]);
+            amax = std::max(amax, std::fabs(x[s0 + i]));
+          }
+          float bound;
+          if (t == DType::Q6_K) {
+            // The extreme maps to -32 steps, so the other side tops out at
+            // +31: a whole step there, and 32 steps of scale rounding.
+            bound = amax / 32 + 20 * d + amax * 0x1p-12f;
+          } else {
+            const float levels = t == DType::Q4_K ? 15 : 31;
+            bound = (hi - lo) / levels / 2 + (levels / 2 + 1) * d + dmin / 2 + amax * 0x1p-12f;
+          }
+          for (int i = 0; i < sub; ++i)
+            ASSERT_LE(std::fabs(y[s0 + i] - x[s0 + i]), bound) << "element " << s0 + i << " x " << x[s0 + i];
+        }
+      }
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(y[256 + i], 0.0f) << "a zero sub-block stays zero";
+    }
+  }
+}
+
+// Hand-built blocks in ggml's layouts (see quant_blocks.h), so the element
+// order, the 6-bit scale packing and the Q5_K/Q6_K high bits are pinned.
+TEST(Quantize, KTypeLayoutsMatchGgml) {
+  {
+    BlockQ5_K b{};
+    b.d = f32_to_f16(1.0f);
+    b.dmin = f32_to_f16(0.5f);
+    // Scales j + 1 and mins 2 j + 40 (j >= 4 needs the top bits of bytes 0..7).
+    for (int j = 0; j < 8; ++j) {
+      const int sc = j + 1 + (j >= 4 ? 48 : 0), m = 2 * j + 40;
+      if (j < 4) {
+        b.scales[j] = static_cast<uint8_t>(sc);
+        b.scales[j + 4] = static_cast<uint8_t>(m);
+      } else {
+        b.scales[j + 4] = static_cast<uint8_t>((sc & 15) | ((m & 15) << 4));
+        b.scales[j - 4] = static_cast<uint8_t>(b.scales[j - 4] | ((sc >> 4) << 6));
+        b.scales[j] = static_cast<uint8_t>(b.scales[j] | ((m >> 4) << 6));
+      }
+    }
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) b.qs[32 * p + l] = static_cast<uint8_t>((l % 16) | ((15 - l % 16) << 4));
+    for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<uint8_t>(l % 2 ? 0xaa : 0x55);  // odd l: odd sub-blocks
+    float y5[256], y4[256];
+    dequantize_row(DType::Q5_K, &b, y5, 256);
+    BlockQ4_K b4{};
+    b4.d = b.d;
+    b4.dmin = b.dmin;
+    std::memcpy(b4.scales, b.scales, 12);
+    std::memcpy(b4.qs, b.qs, 128);
+    dequantize_row(DType::Q4_K, &b4, y4, 256);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int q = j % 2 ? 15 - l % 16 : l % 16;
+        const float sc = static_cast<float>(j + 1 + (j >= 4 ? 48 : 0)), m = static_cast<float>(2 * j + 40);
+        ASSERT_EQ(y4[32 * j + l], sc * q - 0.5f * m) << "Q4_K sub-block " << j << " element " << l;
+        const int high = (j % 2) == (l % 2) ? 16 : 0;
+        ASSERT_EQ(y5[32 * j + l], sc * (q + high) - 0.5f * m) << "Q5_K sub-block " << j << " element " << l;
+      }
+  }
+  {
+    BlockQ6_K b{};
+    b.d = f32_to_f16(0.5f);
+    for (int s = 0; s < 16; ++s) b.scales[s] = static_cast<int8_t>(s - 8);
+    for (int i = 0; i < 256; ++i) {
+      const int u = (i * 7) % 64, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
+      uint8_t& lo = b.ql[64 * h + e + 32 * (quarter % 2)];
+      lo = static_cast<uint8_t>(lo | (quarter < 2 ? u & 15 : (u & 15) << 4));
+      b.qh[32 * h + e] = static_cast<uint8_t>(b.qh[32 * h + e] | ((u >> 4) << (2 * quarter)));
+    }
+    float y[256];
+    dequantize_row(DType::Q6_K, &b, y, 256);
+    for (int i = 0; i < 256; ++i)
+      ASSERT_EQ(y[i], 0.5f * static_cast<float>(i / 16 - 8) * static_cast<float>((i * 7) % 64 - 32)) << i;
+  }
+}
+
 TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   float x[64] = {};
   uint8_t out[256];
-  EXPECT_THROW(quantize_row(DType::Q4_K, x, out, 64), Error);
+  EXPECT_THROW(quantize_row(DType::Q3_K, x, out, 64), Error);
+  EXPECT_THROW(quantize_row(DType::Q4_K, x, out, 64), Error);  // not a whole super-block
   EXPECT_THROW(dequantize_row(DType::Q5_0, out, x, 32), Error);
   EXPECT_THROW(quantize_row(DType::Q8_0, x, out, 48), Error);
   EXPECT_THROW(dequantize_row(DType::Q4_0, out, x, 16), Error);
@@ -1620,7 +1726,7 @@ TEST(SyntheticModel, RejectsInconsistentSpecs) {
   expect_bad([](auto& s) { s.arch = "gpt9"; }, "unknown architecture");
   expect_bad([](auto& s) { s.n_head_kv = 3; }, "n_head_kv");
   expect_bad([](auto& s) { s.n_vocab = 100; }, "n_vocab");
-  expect_bad([](auto& s) { s.dtype = DType::Q4_K; }, "dtype");
+  expect_bad([](auto& s) { s.dtype = DType::Q3_K; }, "dtype");
   expect_bad([](auto& s) { s.head_dim = 31; }, "head_dim");
   expect_bad([](auto& s) {
     s.arch = "mamba2";

@@ -19,7 +19,10 @@ using namespace reprise;
 
 namespace {
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                        DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+int64_t block_elems(DType t) { return dtype_info(static_cast<uint32_t>(t))->block_elems; }
 
 struct Weights {
   DType type;
@@ -124,6 +127,61 @@ float canonical(const Weights& w, int64_t r, const float* x) {
       }
       return y;
     }
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: {
+      QuantX qx = quantize_x(x, w.n_in);
+      for (int64_t b = 0; b < w.n_in / 32; ++b) {
+        const int64_t s = b / 8;
+        const int j = static_cast<int>(b % 8);
+        const float dx = qx.d[b];
+        const int8_t* xq = qx.q.data() + b * 32;
+        if (w.type == DType::Q6_K) {
+          // ggml's block_q6_K: element i of the super-block is
+          // d * scales[i / 16] * (u - 32), u from ql nibbles and qh bit pairs.
+          auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[s];
+          int32_t half[2] = {0, 0};
+          for (int l = 0; l < 32; ++l) {
+            const int i = 32 * j + l, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
+            const uint8_t lo = blk.ql[64 * h + e + 32 * (quarter % 2)];
+            const int u = (quarter < 2 ? lo & 15 : lo >> 4) | (((blk.qh[32 * h + e] >> (2 * quarter)) & 3) << 4);
+            half[l / 16] += (u - 32) * xq[l];
+          }
+          const int32_t isum = blk.scales[2 * j] * half[0] + blk.scales[2 * j + 1] * half[1];
+          y = std::fma(f16_to_f32(blk.d) * dx, static_cast<float>(isum), y);
+        } else {
+          // ggml's block_q4_K / block_q5_K: sub-block j's quants are the low
+          // (even j) or high (odd j) nibbles of qs[32 * (j / 2) + l], plus
+          // 16 * bit j of qh[l] for Q5_K; scale and min from get_scale_min_k4.
+          const uint8_t* blk = row + s * dtype_row_bytes(w.type, 256);
+          uint16_t d16, dmin16;
+          std::memcpy(&d16, blk, 2);
+          std::memcpy(&dmin16, blk + 2, 2);
+          const uint8_t* scales = blk + 4;
+          const uint8_t* qh = w.type == DType::Q5_K ? blk + 16 : nullptr;
+          const uint8_t* qs = blk + (w.type == DType::Q5_K ? 48 : 16);
+          int sc, m;
+          if (j < 4) {
+            sc = scales[j] & 63;
+            m = scales[j + 4] & 63;
+          } else {
+            sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
+            m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+          }
+          int32_t isum = 0, xsum = 0;
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = qs[32 * (j / 2) + l];
+            int u = j % 2 ? byte >> 4 : byte & 15;
+            if (qh) u += ((qh[l] >> j) & 1) * 16;
+            isum += u * xq[l];
+            xsum += xq[l];
+          }
+          y = std::fma(f16_to_f32(d16) * static_cast<float>(sc) * dx, static_cast<float>(isum), y);
+          y = std::fma(f16_to_f32(dmin16) * static_cast<float>(m) * dx, static_cast<float>(-xsum), y);
+        }
+      }
+      return y;
+    }
     default:
       return 0;
   }
@@ -179,11 +237,13 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   const DType t = GetParam();
   IsaRestore restore;
   // 1056 inputs: 33 Q8_0 activation blocks, more than the 16 quantized at once.
+  // 512 and 768 inputs: two and three super-blocks of the K types.
   // 600 outputs: a small batch's task then has more groups than one kernel
   // call takes (run_job_task's chunks).
   for (auto [n_in, n_out] :
-       {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}, {72, 50}, {1056, 21}, {64, 600}}) {
-    if (n_in % 32 != 0 && (t == DType::Q8_0 || t == DType::Q4_0)) continue;
+       {std::pair<int64_t, int64_t>{96, 77}, {256, 33}, {64, 200}, {72, 50}, {1056, 21}, {64, 600}, {512, 77},
+        {768, 600}}) {
+    if (n_in % block_elems(t) != 0) continue;
     SCOPED_TRACE("n_in " + std::to_string(n_in) + " n_out " + std::to_string(n_out));
     const Weights w = make_weights(t, n_in, n_out, 11 + static_cast<uint32_t>(n_out));
     const int64_t n_tokens = 53;
@@ -251,6 +311,36 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
     }
     expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
+  // K types: every quant at its top (all bits set) or bottom (zero), with
+  // the largest sub-block scales and mins (Q6_K: -128 and 127, so the
+  // products reach 63 * 127 * 128 per element before the sub-block sums).
+  const int64_t k_in = 512;
+  std::vector<float> xk(n_tokens * k_in);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t k = 0; k < k_in; ++k)
+      xk[t * k_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const size_t block = dtype_row_bytes(type, 256);
+    Weights w{type, k_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, k_in) * n_out)};
+    for (int64_t r = 0; r < n_out; ++r) {
+      uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, k_in);
+      std::memset(row, r % 2 == 0 ? 0xff : 0x00, dtype_row_bytes(type, k_in));
+      for (int64_t b = 0; b < k_in / 256; ++b) {
+        uint8_t* blk = row + b * block;
+        const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
+        if (type == DType::Q6_K) {
+          auto& q6 = *reinterpret_cast<BlockQ6_K*>(blk);
+          q6.d = d;
+          for (int j = 0; j < 16; ++j) q6.scales[j] = static_cast<int8_t>((j + r) % 2 == 0 ? -128 : 127);
+        } else {
+          std::memcpy(blk, &d, 2);
+          std::memcpy(blk + 2, &d, 2);
+          std::memset(blk + 4, 0xff, 12);  // every scale and min 63
+        }
+      }
+    }
+    expect_every_isa_follows_the_rule(w, xk, n_tokens);
+  }
 }
 
 // Activations whose Q8_0 quantization hits the rule's edges: all-zero
@@ -305,7 +395,7 @@ TEST_P(MatmulTest, CloseToDoublePrecision) {
 
 TEST_P(MatmulTest, ManyEqualsSingle) {
   const DType t = GetParam();
-  const int64_t n_in = 128;
+  const int64_t n_in = block_elems(t) == 256 ? 256 : 128;
   const Weights a = make_weights(t, n_in, 40, 1), b = make_weights(t, n_in, 17, 2);
   for (int64_t n_tokens : {1, 30}) {
     const std::vector<float> x = make_x(n_tokens * n_in, 4);

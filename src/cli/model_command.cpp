@@ -1,6 +1,7 @@
 // reprise model: make deterministic synthetic models and inspect GGUF files.
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -11,13 +12,15 @@
 namespace reprise::cli {
 
 namespace {
+constexpr const char* kDtypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K";
+
 DType parse_dtype(const std::string& s) {
-  if (s == "F32" || s == "f32") return DType::F32;
-  if (s == "F16" || s == "f16") return DType::F16;
-  if (s == "BF16" || s == "bf16") return DType::BF16;
-  if (s == "Q8_0" || s == "q8_0") return DType::Q8_0;
-  if (s == "Q4_0" || s == "q4_0") return DType::Q4_0;
-  throw Error("unsupported dtype '" + s + "' (supported: F32, F16, BF16, Q8_0, Q4_0)");
+  std::string upper = s;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K})
+    if (upper == dtype_name(static_cast<uint32_t>(t))) return t;
+  throw Error("unsupported dtype '" + s + "' (supported: " + kDtypes + ")");
 }
 }  // namespace
 
@@ -35,7 +38,9 @@ void register_model(CLI::App& app) {
   CLI::App* make = cmd->add_subcommand("make", "Write a deterministic synthetic model");
   make->add_option("--preset", mo->preset, "Base shape (see 'reprise model presets')")->capture_default_str();
   make->add_option("--arch", mo->arch, "Architecture override");
-  make->add_option("--dtype", mo->dtype, "Weight type: F32, F16, BF16, Q8_0, Q4_0");
+  make->add_option("--dtype", mo->dtype,
+                   std::string("Weight type: ") + kDtypes +
+                       " (K types: matrices whose rows are not whole 256-element blocks are Q8_0)");
   make->add_option("--embd", mo->n_embd, "Embedding width");
   make->add_option("--layers", mo->n_layer, "Layers");
   make->add_option("--heads", mo->n_head, "Attention heads");

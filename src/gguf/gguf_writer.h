@@ -113,7 +113,7 @@ class Writer {
   // Raw bytes the caller keeps alive until write() returns (no copy at all).
   void add_tensor_view(const std::string& name, std::vector<uint64_t> shape, DType type,
                        std::span<const uint8_t> bytes);
-  // f32 values converted to `type` (F32/F16/BF16/Q8_0/Q4_0) row by row while
+  // f32 values converted to `type` (any quantize_supported type) row by row while
   // writing.
   void add_tensor_f32(const std::string& name, std::vector<uint64_t> shape, DType type,
                       std::vector<float> values);

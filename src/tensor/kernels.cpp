@@ -17,6 +17,7 @@
 #include "tensor/huge_pages.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
+#include "tensor/quantize.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -28,6 +29,9 @@ using kernels::takes_tiled_attention;
 using kernels::widen_kv_block;
 using kernels::MatmulArgs;
 using kernels::XBlock;
+using kernels::kSectionQ4K;
+using kernels::kSectionQ5K;
+using kernels::kSectionQ6K;
 using kernels::avx2::exp8;
 using kernels::avx2::exp_scalar;
 using kernels::avx2::expf_exact8;
@@ -92,6 +96,9 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
     case DType::Q8_0: return static_cast<size_t>(n_in / kQK8_0) * (32 + 512);
     case DType::Q4_0: return static_cast<size_t>(n_in / kQK4_0) * (32 + 256);
+    case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
+    case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
+    case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(type)));
   }
 }
@@ -143,6 +150,57 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
       for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
     }
   return k8;
+}
+
+// One group's K-type sections (kernels_impl.h); rows at or beyond `rows` are
+// zero (their outputs are never stored). Load-time work, so plain loops.
+void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  const int64_t n_sections = w.n_in / kQK_K;
+  const size_t section = group_bytes_for(w.type, kQK_K);
+  std::memset(out, 0, section * n_sections);
+  for (int64_t s = 0; s < n_sections; ++s) {
+    uint8_t* o = out + s * section;
+    auto* d = reinterpret_cast<float*>(o);
+    for (int r = 0; r < rows; ++r) {
+      const uint8_t* row = w.row(r0 + r);
+      if (w.type == DType::Q6_K) {
+        const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[s];
+        d[r] = f16_to_f32(blk.d);
+        for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
+        for (int i = 0; i < kQK_K; ++i) {
+          const int h = i / 128, q = (i % 128) / 32, l = i % 32;
+          const uint8_t lo = blk.ql[64 * h + l + 32 * (q & 1)];
+          const int u = (q < 2 ? lo & 0x0f : lo >> 4) | (((blk.qh[32 * h + l] >> (2 * q)) & 3) << 4);
+          const int j = i / 32, c = (i % 32) / 4, e = i % 4;
+          o[320 + j * 512 + c * 64 + r * 4 + e] = static_cast<uint8_t>(u);
+        }
+        continue;
+      }
+      // Q4_K and Q5_K share the block head and the nibble layout.
+      const uint8_t* head = row + s * dtype_row_bytes(w.type, kQK_K);
+      uint16_t dh, dminh;
+      std::memcpy(&dh, head, 2);
+      std::memcpy(&dminh, head + 2, 2);
+      d[r] = f16_to_f32(dh);
+      d[16 + r] = f16_to_f32(dminh);
+      for (int j = 0; j < 8; ++j) k_scale_min(j, head + 4, &o[128 + j * 16 + r], &o[256 + j * 16 + r]);
+      const uint8_t* qs = w.type == DType::Q4_K ? reinterpret_cast<const BlockQ4_K*>(head)->qs
+                                                : reinterpret_cast<const BlockQ5_K*>(head)->qs;
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 8; ++c) std::memcpy(o + 384 + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
+      if (w.type == DType::Q5_K) {
+        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
+        for (int p = 0; p < 4; ++p)
+          for (int c = 0; c < 8; ++c)
+            for (int e = 0; e < 4; ++e) {
+              const int l = 4 * c + e, h = c / 4, bit = 2 * (c % 4);
+              uint8_t& plane = o[kSectionQ4K + p * 128 + h * 64 + r * 4 + e];
+              plane = static_cast<uint8_t>(plane | (((qh[l] >> (2 * p)) & 1) << bit) |
+                                           (((qh[l] >> (2 * p + 1)) & 1) << (bit + 1)));
+            }
+      }
+    }
+  }
 }
 
 // Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
@@ -251,6 +309,11 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
         }
         break;
       }
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K:
+        pack_group_k(w, r0, rows, out);
+        break;
       default:
         throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(w.type)));
     }
@@ -280,7 +343,10 @@ ActKind act_kind(DType t) {
     case DType::F16: return ActKind::F16;
     case DType::BF16: return ActKind::BF16;
     case DType::Q8_0:
-    case DType::Q4_0: return ActKind::Q8;
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: return ActKind::Q8;
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(t)));
   }
 }
@@ -399,6 +465,9 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
     case DType::BF16: return k.matmul_bf16;
     case DType::Q8_0: return k.matmul_q8_0;
     case DType::Q4_0: return k.matmul_q4_0;
+    case DType::Q4_K: return k.matmul_q4_k;
+    case DType::Q5_K: return k.matmul_q5_k;
+    case DType::Q6_K: return k.matmul_q6_k;
     default: throw Error("matmul: unsupported weight type");
   }
 }
@@ -682,7 +751,8 @@ void dequantize_row(const MatrixView& w, int64_t r, float* out) {
       }
       return;
     }
-    default:
+    default:  // the K types
+      reprise::dequantize_row(w.type, p, out, w.n_in);
       return;
   }
 }

@@ -180,6 +180,151 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                  acc[g][t][0], acc[g][t][1]);
 }
 
+enum class KType { Q4K, Q5K, Q6K };
+template <KType KT>
+constexpr size_t kSection = KT == KType::Q4K ? kSectionQ4K : KT == KType::Q5K ? kSectionQ5K : kSectionQ6K;
+
+// Exact per-row dots (8 rows) of 4 unsigned weight bytes (at most 63: the
+// 16-bit pair sums cannot saturate) with 4 signed activation bytes.
+RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
+}
+
+// Rows 8h..8h+7 of chunk C's unsigned quants of a Q4_K/Q5_K sub-block (the
+// high nibbles when Odd); see the AVX-512 version.
+template <KType KT, bool Odd, int C>
+RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 384 + pair * 512 + C * 64 + 32 * h));
+  __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
+  if constexpr (KT == KType::Q5K) {
+    constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
+    const __m256i p = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sec + kSectionQ4K + pair * 128 + (C / 4) * 64 + 32 * h));
+    const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
+    q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+  }
+  return q;
+}
+
+inline __m256 load_scales8(const uint8_t* f32s, const uint8_t* bytes, bool is_signed) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+  const __m256i i = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  return _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(f32s)), _mm256_cvtepi32_ps(i));
+}
+
+// One 32-element block (sub-block 2 * pair + Odd) of Q4_K/Q5_K weights.
+template <KType KT, bool Odd, int G, int T>
+RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+  const int j = 2 * pair + (Odd ? 1 : 0);
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const uint8_t* sec = ws + g * gb;
+    __m256 scale[2], min[2];
+    for (int h = 0; h < 2; ++h) {
+      scale[h] = load_scales8(sec + 32 * h, sec + 128 + j * 16 + 8 * h, false);
+      min[h] = load_scales8(sec + 64 + 32 * h, sec + 256 + j * 16 + 8 * h, false);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        (
+            [&] {
+              int32_t q;
+              std::memcpy(&q, xb[t].qs + 4 * C, 4);
+              const __m256i xv = _mm256_set1_epi32(q);
+              for (int h = 0; h < 2; ++h)
+                is[h] = _mm256_add_epi32(is[h], dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv));
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, 8>{});
+      const __m256 dx = _mm256_set1_ps(xb[t].d);
+      const __m256 neg_sum = _mm256_set1_ps(static_cast<float>(-(xb[t].sum_lo + xb[t].sum_hi)));
+      for (int h = 0; h < 2; ++h) {
+        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale[h], dx), _mm256_cvtepi32_ps(is[h]), acc[g][t][h]);
+        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(min[h], dx), neg_sum, acc[g][t][h]);
+      }
+    }
+  }
+}
+
+// One 32-element block j of Q6_K weights.
+template <int G, int T>
+RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const uint8_t* sec = ws + g * gb;
+    __m256i sc_lo[2], sc_hi[2];
+    for (int h = 0; h < 2; ++h) {
+      sc_lo[h] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + 2 * j * 16 + 8 * h)));
+      sc_hi[h] =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + 1) * 16 + 8 * h)));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m256i lo0 = _mm256_set1_epi32(-32 * xb[t].sum_lo), hi0 = _mm256_set1_epi32(-32 * xb[t].sum_hi);
+      __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        int32_t q;
+        std::memcpy(&q, xb[t].qs + 4 * c, 4);
+        const __m256i xv = _mm256_set1_epi32(q);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 320 + j * 512 + c * 64 + 32 * h));
+          if (c < 4) lo[h] = _mm256_add_epi32(lo[h], dot_u8_chunk(wv, xv));
+          else hi[h] = _mm256_add_epi32(hi[h], dot_u8_chunk(wv, xv));
+        }
+      }
+      const __m256 dx = _mm256_set1_ps(xb[t].d);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc_lo[h]), _mm256_mullo_epi32(hi[h], sc_hi[h]));
+        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
+        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[g][t][h]);
+      }
+    }
+  }
+}
+
+// Q4_K / Q5_K / Q6_K weights against Q8_0 activations (rule in kernels_impl.h).
+template <KType KT, int G, int T>
+void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  constexpr size_t kSec = kSection<KT>;
+  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
+  const size_t gb = a.group_bytes;
+  const int64_t xs = a.x_tile;
+  __m256 acc[G][T][2];
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
+    const uint8_t* ws = w + s * kSec;
+    if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
+    for (int p = 0; p < 4; ++p) {
+      if constexpr (KT == KType::Q6K) {
+        q6k_block<G, T>(ws, gb, 2 * p, x + (s * 8 + 2 * p) * xs, acc);
+        q6k_block<G, T>(ws, gb, 2 * p + 1, x + (s * 8 + 2 * p + 1) * xs, acc);
+      } else {
+        k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t][0], acc[g][t][1]);
+}
+
+template <KType KT>
+struct KKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k<KT, G, T>(a, g0, t0); }
+  };
+};
+
 template <FType W>
 struct FKernel {
   template <int G, int T>
@@ -203,6 +348,9 @@ void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, k
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 1, 4, 2, 1>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 1, 4, 2, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
 
 // Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {
@@ -264,6 +412,13 @@ void quantize_block_with(const float* x, float d, float id, XBlock& out) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   const int32_t sum = _mm_cvtsi128_si32(s);
+  // Lanes 0-3 of s32 hold quants 0..15: the first sub-block of 16.
+  __m128i lo = _mm256_castsi256_si128(s32);
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4e));
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0xb1));
+  const int32_t sum_lo = _mm_cvtsi128_si32(lo);
+  out.sum_lo = static_cast<int16_t>(sum_lo);
+  out.sum_hi = static_cast<int16_t>(sum - sum_lo);
   out.d = d;
   out.corr_q8 = -128 * sum;
   out.corr_q4 = -8 * sum;
@@ -300,7 +455,7 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

@@ -180,6 +180,154 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                  acc[g][t]);
 }
 
+enum class KType { Q4K, Q5K, Q6K };
+template <KType KT>
+constexpr size_t kSection = KT == KType::Q4K ? kSectionQ4K : KT == KType::Q5K ? kSectionQ5K : kSectionQ6K;
+
+// The unsigned quants (0..15 or 0..31) of chunk C of a Q4_K/Q5_K sub-block
+// (the high nibbles when Odd) for 16 rows of the section at sec.
+template <KType KT, bool Odd, int C>
+RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const __m512i v = _mm512_loadu_si512(sec + 384 + pair * 512 + C * 64);
+  __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
+  if constexpr (KT == KType::Q5K) {
+    // The fifth bit sits at bit 2(C % 4) + Odd of the plane byte; move it to
+    // bit 4 (16-bit shifts: spill from the neighbouring byte stays outside bit 4).
+    constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
+    const __m512i h = _mm512_loadu_si512(sec + kSectionQ4K + pair * 128 + (C / 4) * 64);
+    const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
+    q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+  }
+  return q;
+}
+
+// ia[g][t] += the dots of chunk c's weight quants wv (4 per row) with token
+// t's activation quants 4c..4c+3 of block xb.
+template <int G, int T>
+RP_INLINE void dot_chunk_k(__m512i (&ia)[G][T], const __m512i (&wv)[G], const XBlock* xb, int c) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    int32_t q;
+    std::memcpy(&q, xb[t].qs + 4 * c, 4);
+    const __m512i xv = _mm512_set1_epi32(q);
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
+  }
+}
+
+// One 32-element block (sub-block 2 * pair + Odd) of Q4_K/Q5_K weights.
+template <KType KT, bool Odd, int G, int T>
+RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512 (&acc)[G][T]) {
+  const int j = 2 * pair + (Odd ? 1 : 0);
+  __m512i ia[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) ia[g][t] = _mm512_setzero_si512();
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    (
+        [&] {
+          __m512i wv[G];
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KT, Odd, C>(ws + g * gb, pair);
+          dot_chunk_k<G, T>(ia, wv, xb, C);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 8>{});
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const uint8_t* sec = ws + g * gb;
+    const __m512 scale = _mm512_mul_ps(
+        _mm512_loadu_ps(sec),
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 128 + j * 16)))));
+    const __m512 min = _mm512_mul_ps(
+        _mm512_loadu_ps(sec + 64),
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + j * 16)))));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 dx = _mm512_set1_ps(xb[t].d);
+      const __m512 neg_sum = _mm512_set1_ps(static_cast<float>(-(xb[t].sum_lo + xb[t].sum_hi)));
+      acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(scale, dx), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
+      acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(min, dx), neg_sum, acc[g][t]);
+    }
+  }
+}
+
+// ia[g][t] = sc (the group's 16 signed sub-block scales at p) * (the dots of
+// chunks C0..C0+3 of block j's u quants with the activations - 32 * sum).
+template <int C0, int G, int T>
+RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int j, const XBlock* xb, __m512i (&isum)[G][T]) {
+  __m512i ia[G][T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512i c = _mm512_set1_epi32(-32 * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) ia[g][t] = c;
+  }
+#pragma GCC unroll 4
+  for (int c = C0; c < C0 + 4; ++c) {
+    __m512i wv[G];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(ws + g * gb + 320 + j * 512 + c * 64);
+    dot_chunk_k<G, T>(ia, wv, xb, c);
+  }
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m512i sc = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 64 + (2 * j + C0 / 4) * 16)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i v = _mm512_mullo_epi32(ia[g][t], sc);
+      isum[g][t] = C0 == 0 ? v : _mm512_add_epi32(isum[g][t], v);
+    }
+  }
+}
+
+// Q4_K / Q5_K / Q6_K weights against Q8_0 activations (rule in kernels_impl.h).
+template <KType KT, int G, int T>
+void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  constexpr size_t kSec = kSection<KT>;
+  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
+  const size_t gb = a.group_bytes;
+  const int64_t xs = a.x_tile;
+  __m512 acc[G][T];
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
+    const uint8_t* ws = w + s * kSec;
+    // Decode streams the weights once: prefetch each group's stream ahead.
+    if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
+    for (int p = 0; p < 4; ++p) {
+      if constexpr (KT == KType::Q6K) {
+        for (int j = 2 * p; j < 2 * p + 2; ++j) {
+          const XBlock* xb = x + (s * 8 + j) * xs;
+          __m512i isum[G][T];
+          q6k_half<0, G, T>(ws, gb, j, xb, isum);
+          q6k_half<4, G, T>(ws, gb, j, xb, isum);
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g) {
+            const __m512 d = _mm512_loadu_ps(ws + g * gb);
+#pragma GCC unroll 16
+            for (int t = 0; t < T; ++t)
+              acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
+                                          acc[g][t]);
+          }
+        }
+      } else {
+        k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t]);
+}
+
 template <FType W>
 struct FKernel {
   template <int G, int T>
@@ -195,6 +343,14 @@ struct QKernel {
   };
 };
 
+template <KType KT>
+struct KKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k<KT, G, T>(a, g0, t0); }
+  };
+};
+
 constexpr int kTileF = 6;   // 4 groups x 6 tokens = 24 accumulators
 constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumulators
 
@@ -205,6 +361,11 @@ void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTil
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, 8, 4, 1>(a); }
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 2, kTileQ, 8, 4, 1>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 2, kTileQ, 8, 4, 1>(a); }
+// K types: 2 groups x 6 tokens (Q6_K: x 4, its two halves hold 3 register
+// sets); decode as the others.
+void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 8, 4, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 8, 4, 1>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 8, 4, 1>(a); }
 
 // r[i][j] <- r[j][i] for a 16 x 16 block.
 RP_INLINE void transpose16(__m512 (&r)[16]) {
@@ -897,6 +1058,9 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
       const __m512i s = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q0, lo), hi),
                                          _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi));
       const int32_t sum = _mm512_reduce_add_epi32(s);
+      const int32_t sum_lo = _mm512_reduce_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q0, lo), hi));
+      o.sum_lo = static_cast<int16_t>(sum_lo);
+      o.sum_hi = static_cast<int16_t>(sum - sum_lo);
       o.d = ds[j];
       o.corr_q8 = -128 * sum;
       o.corr_q4 = -8 * sum;
@@ -929,7 +1093,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

@@ -12,6 +12,19 @@
 //         bytes: chunk c holds, for each row, the block's packed bytes
 //         4c..4c+3 (low nibbles: elements 4c..4c+3, high nibbles: elements
 //         16+4c..16+4c+3). 288 bytes per block.
+//   K types, per 256-element super-block ("section"; k ranges given to these
+//   kernels are whole super-blocks), sub-block scales unpacked to bytes:
+//   Q4_K: 16 f32 d, 16 f32 dmin, 8 x 16 scales (u8), 8 x 16 mins (u8), then
+//         for each sub-block pair p 8 chunks of 64 bytes: chunk c holds, for
+//         each row, the pair's packed bytes 4c..4c+3 (low nibbles: sub-block
+//         2p elements 4c..4c+3, high nibbles: sub-block 2p+1's). 2432 bytes.
+//   Q5_K: the Q4_K section, then per pair p two 64-byte planes of fifth bits:
+//         plane h, row r, byte i has, for c = 4h..4h+3, sub-block 2p's bit of
+//         element 4c+i at bit 2(c-4h) and sub-block 2p+1's at bit 2(c-4h)+1.
+//         2944 bytes.
+//   Q6_K: 16 f32 d, 16 x 16 scales (i8), then for each 32-element block j 8
+//         chunks of 64 bytes: chunk c holds, for each row, u (q + 32, 0..63)
+//         of elements 4c..4c+3 of the block. 4416 bytes.
 // Vectors run across the 16 rows of a group, so every output is accumulated
 // on its own, in input order, by the same operations whatever the tile shape
 // or instruction set:
@@ -19,6 +32,16 @@
 //   Q8_0/Q4_0:    y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y) for
 //                 b = 0, 1, ..., where isum[b] is the exact integer dot of the
 //                 block's quants (Q4_0 quants are nibble - 8).
+//   Q4_K/Q5_K:    per 32-element block b (sub-block j of super-block s):
+//                 y = fma((d[s] * sc[j]) * dx[b], float(isum[b]), y), then
+//                 y = fma((dmin[s] * m[j]) * dx[b], float(-xsum[b]), y),
+//                 isum[b] the exact dot of the unsigned quants, xsum[b] the
+//                 sum of the activation quants (d * sc and dmin * m are exact).
+//   Q6_K:         per block b: y = fma(d[s] * dx[b], float(isum[b]), y),
+//                 isum[b] = sc[2j] * dot(q, x over the first 16) +
+//                 sc[2j+1] * dot(q, x over the last 16), exact integers.
+// All activations are Q8_0 blocks (ggml's CPU backend uses Q8_K for the K
+// types; its GPU backends use 32-element blocks, as here).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,15 +54,23 @@ namespace reprise::kernels {
 constexpr int kGroupRows = 16;
 
 // One 32-element block of Q8_0 activations in the form the integer kernels
-// read: quants, scale as f32, and the offset corrections for unsigned weights
-// (-128 * sum(qs) for Q8_0 stored as q + 128; -8 * sum(qs) for Q4_0 nibbles).
+// read: quants, scale as f32, the offset corrections for unsigned weights
+// (-128 * sum(qs) for Q8_0 stored as q + 128; -8 * sum(qs) for Q4_0 nibbles),
+// and the sums of the first and last 16 quants (the K types' sub-blocks).
 struct XBlock {
   int8_t qs[kQK8_0];
   float d;
   int32_t corr_q8;
   int32_t corr_q4;
+  int16_t sum_lo;
+  int16_t sum_hi;
 };
-static_assert(sizeof(XBlock) == 44);
+static_assert(sizeof(XBlock) == 48);
+
+// Packed section bytes per 256-element super-block (see the layout above).
+constexpr size_t kSectionQ4K = 2432;
+constexpr size_t kSectionQ5K = 2944;
+constexpr size_t kSectionQ6K = 4416;
 
 // Activations are stored in token tiles of x_tile tokens: element k (a float
 // for F-types, an XBlock per block for Q types) of token t is at
@@ -57,7 +88,8 @@ inline int64_t x_offset(int64_t t, int64_t k, int64_t x_tile, int64_t x_k) {
 // rows of groups [0, n_groups) starting at w (groups group_bytes apart); rows
 // at or beyond n_rows (relative to the first group) are not written. t0 must
 // be a multiple of the kernels' tile sizes (multiples of kTokenTile are).
-// Only inputs [k_begin, k_end) are accumulated (multiples of 32 for Q types):
+// Only inputs [k_begin, k_end) are accumulated (multiples of 32 for Q8_0/Q4_0,
+// of 256 for the K types):
 // when k_begin > 0 the accumulators start from the values in y, so running
 // consecutive k ranges gives the same bits as one pass over all of k.
 struct MatmulArgs {
@@ -172,6 +204,9 @@ struct IsaKernels {
   void (*matmul_bf16)(const MatmulArgs&);
   void (*matmul_q8_0)(const MatmulArgs&);
   void (*matmul_q4_0)(const MatmulArgs&);
+  void (*matmul_q4_k)(const MatmulArgs&);
+  void (*matmul_q5_k)(const MatmulArgs&);
+  void (*matmul_q6_k)(const MatmulArgs&);
   // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads; the
   // result only defeats dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n);

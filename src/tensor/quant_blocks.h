@@ -1,5 +1,6 @@
 // Block layouts of the quantized weight types reprise computes with. These are
-// the on-disk GGUF layouts, so tensor data is used in place.
+// the on-disk GGUF layouts (ggml's block_q8_0 ... block_q6_K), so tensor data
+// is read in place.
 #pragma once
 #include <cstdint>
 
@@ -22,5 +23,58 @@ struct BlockQ4_0 {
   uint8_t qs[kQK4_0 / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
+
+// The "K" types: super-blocks of 256 elements split into sub-blocks that have
+// their own small integer scales, themselves scaled by f16 super-block scales.
+constexpr int kQK_K = 256;
+
+// Q4_K: 8 sub-blocks of 32; sub-block j has a 6-bit scale sc[j] and 6-bit
+// min m[j] (packed into `scales`, see k_scale_min): x = d*sc[j]*q - dmin*m[j]
+// with q in 0..15. Bytes qs[32p .. 32p+31] hold sub-block 2p in their low
+// nibbles and sub-block 2p+1 in their high nibbles.
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// Q5_K: Q4_K plus a fifth bit: element l of sub-block j (l < 32) adds 16 when
+// bit j of qh[l] is set, so q is in 0..31.
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+// Q6_K: 16 sub-blocks of 16 with signed 8-bit scales: x = d * scales[i/16] *
+// (u - 32), u in 0..63. Per half h (128 elements) and l < 32, u of elements
+// 128h + l + 32s (s = 0..3) has its low 4 bits in ql[64h + l + 32(s&1)]
+// (low nibble for s < 2, high for s >= 2) and its high 2 bits in bits 2s..2s+1
+// of qh[32h + l].
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];
+  uint8_t qh[kQK_K / 4];
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// Sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K `scales` array:
+// j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of
+// byte j + 4 with their top 2 bits in the top bits of bytes j - 4 and j.
+inline void k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 }  // namespace reprise

@@ -82,6 +82,110 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n) {
   }
 }
 
+namespace {
+
+inline int nearest(float v) { return static_cast<int>(std::nearbyint(v)); }
+
+// The inverse of k_scale_min: 8 six-bit scales and mins into 12 bytes.
+void pack_scale_mins(const uint8_t (&sc)[8], const uint8_t (&m)[8], uint8_t* out) {
+  for (int j = 0; j < 4; ++j) {
+    out[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    out[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+    out[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
+  }
+}
+
+// Q4_K (levels 15) and Q5_K (levels 31): one super-block's d, dmin, packed
+// scales and the quants q[256] (0..levels).
+void quantize_k_affine(const float* x, int levels, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales_out,
+                       uint8_t (&q)[kQK_K]) {
+  float scale[8], min[8], max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.0f, hi = -INFINITY;
+    for (int l = 0; l < 32; ++l) {
+      lo = std::min(lo, x[32 * j + l]);
+      hi = std::max(hi, x[32 * j + l]);
+    }
+    scale[j] = std::max(0.0f, hi - lo) / static_cast<float>(levels);
+    min[j] = -lo;
+    max_scale = std::max(max_scale, scale[j]);
+    max_min = std::max(max_min, min[j]);
+  }
+  *d_out = f32_to_f16(max_scale / 63.0f);
+  *dmin_out = f32_to_f16(max_min / 63.0f);
+  const float d = f16_to_f32(*d_out), dmin = f16_to_f32(*dmin_out);
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(d > 0 ? std::clamp(nearest(scale[j] / d), 0, 63) : 0);
+    m[j] = static_cast<uint8_t>(dmin > 0 ? std::clamp(nearest(min[j] / dmin), 0, 63) : 0);
+    const float step = d * sc[j], offset = dmin * m[j];
+    for (int l = 0; l < 32; ++l)
+      q[32 * j + l] =
+          static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[32 * j + l] + offset) / step), 0, levels) : 0);
+  }
+  pack_scale_mins(sc, m, scales_out);
+}
+
+}  // namespace
+
+void quantize_row_q4_k(const float* src, BlockQ4_K* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    uint8_t q[kQK_K];
+    quantize_k_affine(src + b * kQK_K, 15, &dst[b].d, &dst[b].dmin, dst[b].scales, q);
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l)
+        dst[b].qs[32 * p + l] = static_cast<uint8_t>(q[64 * p + l] | (q[64 * p + 32 + l] << 4));
+  }
+}
+
+void quantize_row_q5_k(const float* src, BlockQ5_K* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    uint8_t q[kQK_K];
+    quantize_k_affine(src + b * kQK_K, 31, &dst[b].d, &dst[b].dmin, dst[b].scales, q);
+    std::memset(dst[b].qh, 0, sizeof(dst[b].qh));
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t lo = q[64 * p + l], hi = q[64 * p + 32 + l];
+        dst[b].qs[32 * p + l] = static_cast<uint8_t>((lo & 0x0f) | ((hi & 0x0f) << 4));
+        dst[b].qh[l] |= static_cast<uint8_t>(((lo >> 4) << (2 * p)) | ((hi >> 4) << (2 * p + 1)));
+      }
+  }
+}
+
+void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float* x = src + b * kQK_K;
+    float scale[16], max_abs_scale = 0;
+    for (int s = 0; s < 16; ++s) {
+      float amax = 0, extreme = 0;
+      for (int l = 0; l < 16; ++l)
+        if (std::fabs(x[16 * s + l]) > amax) {
+          amax = std::fabs(x[16 * s + l]);
+          extreme = x[16 * s + l];
+        }
+      scale[s] = extreme / -32.0f;
+      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
+    }
+    BlockQ6_K& o = dst[b];
+    o.d = f32_to_f16(max_abs_scale / 127.0f);
+    const float d = f16_to_f32(o.d);
+    uint8_t u[kQK_K];
+    for (int s = 0; s < 16; ++s) {
+      o.scales[s] = static_cast<int8_t>(d > 0 ? std::clamp(nearest(scale[s] / d), -128, 127) : 0);
+      const float step = d * o.scales[s];
+      for (int l = 0; l < 16; ++l)
+        u[16 * s + l] = static_cast<uint8_t>(32 + (step != 0 ? std::clamp(nearest(x[16 * s + l] / step), -32, 31) : 0));
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* v = u + 128 * h + l;
+        o.ql[64 * h + l] = static_cast<uint8_t>((v[0] & 0x0f) | ((v[64] & 0x0f) << 4));
+        o.ql[64 * h + 32 + l] = static_cast<uint8_t>((v[32] & 0x0f) | ((v[96] & 0x0f) << 4));
+        o.qh[32 * h + l] = static_cast<uint8_t>((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) | ((v[96] >> 4) << 6));
+      }
+  }
+}
+
 void dequantize_row_f16(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
@@ -109,6 +213,50 @@ void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
+    float* y = dst + b * kQK_K;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      k_scale_min(j, src[b].scales, &sc, &m);
+      const float step = d * sc, offset = dmin * m;
+      const uint8_t* q = src[b].qs + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) y[32 * j + l] = step * ((j & 1) ? q[l] >> 4 : q[l] & 0x0f) - offset;
+    }
+  }
+}
+
+void dequantize_row_q5_k(const BlockQ5_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
+    float* y = dst + b * kQK_K;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      k_scale_min(j, src[b].scales, &sc, &m);
+      const float step = d * sc, offset = dmin * m;
+      const uint8_t* q = src[b].qs + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int v = ((j & 1) ? q[l] >> 4 : q[l] & 0x0f) + (((src[b].qh[l] >> j) & 1) << 4);
+        y[32 * j + l] = step * v - offset;
+      }
+    }
+  }
+}
+
+void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d);
+    float* y = dst + b * kQK_K;
+    for (int i = 0; i < kQK_K; ++i) {
+      const int h = i / 128, s = (i % 128) / 32, l = i % 32;
+      const uint8_t lo = src[b].ql[64 * h + l + 32 * (s & 1)];
+      const int u = ((s < 2 ? lo & 0x0f : lo >> 4) | (((src[b].qh[32 * h + l] >> (2 * s)) & 3) << 4));
+      y[i] = d * src[b].scales[i / 16] * (u - 32);
+    }
+  }
+}
+
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   check_length(t, n, "quantize_row");
   switch (t) {
@@ -117,6 +265,9 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::BF16: quantize_row_bf16(src, static_cast<uint16_t*>(dst), n); return;
     case DType::Q8_0: quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
     case DType::Q4_0: quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
+    case DType::Q4_K: quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n); return;
+    case DType::Q5_K: quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n); return;
+    case DType::Q6_K: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
     default: break;
   }
 }
@@ -129,6 +280,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::BF16: dequantize_row_bf16(static_cast<const uint16_t*>(src), dst, n); return;
     case DType::Q8_0: dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n); return;
     case DType::Q4_0: dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n); return;
+    case DType::Q4_K: dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n); return;
+    case DType::Q5_K: dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n); return;
+    case DType::Q6_K: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
     default: break;
   }
 }

@@ -1,11 +1,14 @@
 // Reference (scalar) conversions between f32 rows and the on-disk GGUF types
-// reprise computes with: F32, F16, BF16, Q8_0 and Q4_0.
+// reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K.
 //
-// The quantizers reproduce ggml's reference quantizers bit for bit
+// The Q8_0/Q4_0 quantizers reproduce ggml's reference quantizers bit for bit
 // (quantize_row_q8_0_ref / quantize_row_q4_0_ref, evaluated without fused
 // multiply-add), so files written by the model maker look exactly like files
 // llama-quantize would write, and kernel tests can build expected values from
-// the same blocks ggml would have produced.
+// the same blocks ggml would have produced. The K-type quantizers are simpler
+// than llama-quantize's (which searches for error-minimizing scales): they
+// take each sub-block's range, so they write valid blocks of a little lower
+// quality. Dequantization follows ggml's dequantize_row_* exactly.
 #pragma once
 #include <cstdint>
 
@@ -25,7 +28,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n);
 // Expands n elements of type t at src to f32. Same preconditions.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// Per-type entry points (n a multiple of 32 for the block types).
+// Per-type entry points (n a multiple of 32 for Q8_0/Q4_0, of 256 for the K types).
 void quantize_row_f16(const float* src, uint16_t* dst, int64_t n);
 void quantize_row_bf16(const float* src, uint16_t* dst, int64_t n);
 // d = max|x| / 127, q = round(x / d) (as x * (1/d), like ggml).
@@ -34,9 +37,19 @@ void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
 // q = min(15, trunc(x * (1/d) + 8.5)).
 void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
 
+// Per 256-element super-block: each sub-block's scale from its range (Q4_K,
+// Q5_K: [min(0, x), max(x)]; Q6_K: the value of largest magnitude maps to
+// -32), the sub-block scales quantized against the largest.
+void quantize_row_q4_k(const float* src, BlockQ4_K* dst, int64_t n);
+void quantize_row_q5_k(const float* src, BlockQ5_K* dst, int64_t n);
+void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n);
+
 void dequantize_row_f16(const uint16_t* src, float* dst, int64_t n);
 void dequantize_row_bf16(const uint16_t* src, float* dst, int64_t n);
 void dequantize_row_q8_0(const BlockQ8_0* src, float* dst, int64_t n);
 void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t n);
+void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n);
+void dequantize_row_q5_k(const BlockQ5_K* src, float* dst, int64_t n);
+void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n);
 
 }  // namespace reprise
