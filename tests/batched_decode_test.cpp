@@ -132,6 +132,12 @@ SyntheticModelSpec small(const std::string& arch, DType dtype) {
   SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
   s.dtype = dtype;
   s.n_vocab = 320;
+  if (dtype_info(static_cast<uint32_t>(dtype))->block_elems == 256) {
+    // Rows of whole K-type super-blocks (narrower ones would fall back to Q8_0).
+    s.n_embd = 256;
+    s.head_dim = 64;
+    s.n_ff = 512;
+  }
   if (arch == "gemma3") {
     s.sliding_window = 8;  // windows far shorter than the sequences
     s.sliding_window_pattern = 2;
@@ -169,6 +175,8 @@ TEST_P(ForwardStepsSynthetic, BitIdenticalToOneSequenceAtATime) {
 INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
                          ::testing::Values(Case{"llama", DType::F32}, Case{"llama", DType::F16},
                                            Case{"llama", DType::Q8_0}, Case{"llama", DType::Q4_0},
+                                           Case{"llama", DType::Q4_K}, Case{"llama", DType::Q5_K},
+                                           Case{"qwen3", DType::Q6_K},
                                            Case{"qwen2", DType::F16}, Case{"qwen3", DType::Q8_0},
                                            Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
                                            Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16}),

@@ -1616,10 +1616,14 @@ TEST(SyntheticModel, EveryWeightDtype) {
   TempDir dir;
   SyntheticModelSpec spec = synthetic_preset("tiny");
   spec.n_layer = 1;
+  // Rows of 256 and 512, so the K types fill whole super-blocks.
+  spec.n_embd = 256;
+  spec.head_dim = 64;
+  spec.n_ff = 512;
   spec.dtype = DType::F32;
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1633,7 +1637,11 @@ TEST(SyntheticModel, EveryWeightDtype) {
       dequantize_row(info.type, info.data, got.data(), n);
       dequantize_row(ref.type, ref.data, want.data(), n);
       // Same underlying values: the difference is only the type's rounding.
-      const double tol = t == DType::Q4_0 ? 0.25 : t == DType::Q8_0 ? 0.02 : 0.01;
+      const double tol = t == DType::Q4_0 || t == DType::Q4_K ? 0.25
+                         : t == DType::Q5_K                   ? 0.12
+                         : t == DType::Q6_K                   ? 0.06
+                         : t == DType::Q8_0                   ? 0.02
+                                                              : 0.01;
       double worst = 0, scale = 0;
       for (int64_t i = 0; i < n; ++i) {
         worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
@@ -1642,8 +1650,16 @@ TEST(SyntheticModel, EveryWeightDtype) {
       EXPECT_LE(worst, tol * scale) << info.name;
     }
     const int64_t file_type = f->require_int("general.file_type");
-    EXPECT_EQ(file_type, t == DType::F16 ? 1 : t == DType::BF16 ? 32 : t == DType::Q8_0 ? 7 : 2);
-    EXPECT_EQ(f->find("general.quantization_version") != nullptr, t == DType::Q8_0 || t == DType::Q4_0);
+    // llama.cpp's LLAMA_FTYPE values (the K types as their _S variants).
+    const int64_t want_type = t == DType::F16    ? 1
+                              : t == DType::BF16 ? 32
+                              : t == DType::Q8_0 ? 7
+                              : t == DType::Q4_0 ? 2
+                              : t == DType::Q4_K ? 14
+                              : t == DType::Q5_K ? 16
+                                                 : 18;
+    EXPECT_EQ(file_type, want_type);
+    EXPECT_EQ(f->find("general.quantization_version") != nullptr, t != DType::F16 && t != DType::BF16);
   }
 }
 
