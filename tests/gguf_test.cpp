@@ -843,15 +843,20 @@ TEST(Quantize, RoundTripErrorIsWithinEachTypesBound) {
   for (float scale : {1e-3f, 1.0f, 300.0f}) {
     std::vector<float> x = bell_values(n, 42, scale);
     x[5] = 0.0f;
-    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                    DType::Q5_1}) {
       SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)) + " scale " + std::to_string(scale));
       Bytes q = quantized(t, x);
       ASSERT_EQ(q.size(), dtype_row_bytes(t, n));
       std::vector<float> y(n);
       dequantize_row(t, q.data(), y.data(), n);
       for (int64_t blk = 0; blk < n / 32; ++blk) {
-        float amax = 0;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[blk * 32 + j]));
+        float amax = 0, lo = INFINITY, hi = -INFINITY;
+        for (int j = 0; j < 32; ++j) {
+          amax = std::max(amax, std::fabs(x[blk * 32 + j]));
+          lo = std::min(lo, x[blk * 32 + j]);
+          hi = std::max(hi, x[blk * 32 + j]);
+        }
         for (int j = 0; j < 32; ++j) {
           const float v = x[blk * 32 + j], err = std::fabs(y[blk * 32 + j] - v);
           float bound = 0;
@@ -865,6 +870,11 @@ TEST(Quantize, RoundTripErrorIsWithinEachTypesBound) {
             // Q4_0 maps the signed extreme to -8, so the other side tops out
             // at +7 steps: values there may be off by a whole step.
             case DType::Q4_0: bound = amax / 8 + amax * 0x1p-10f + 8 * 0x1p-25f; break;
+            case DType::Q5_0: bound = amax / 16 + amax * 0x1p-10f + 16 * 0x1p-25f; break;
+            // Half a step of (max - min) / levels, plus the f16 rounding of
+            // the step (over up to 31 steps) and of the min.
+            case DType::Q4_1: bound = (hi - lo) / 30 + (hi - lo) * 0x1p-10f + amax * 0x1p-10f + 0x1p-24f; break;
+            case DType::Q5_1: bound = (hi - lo) / 62 + (hi - lo) * 0x1p-10f + amax * 0x1p-10f + 0x1p-24f; break;
             default: break;
           }
           ASSERT_LE(err, bound) << "block " << blk << " elem " << j << " x " << v;
@@ -984,12 +994,13 @@ TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   uint8_t out[256];
   EXPECT_THROW(quantize_row(DType::Q3_K, x, out, 64), Error);
   EXPECT_THROW(quantize_row(DType::Q4_K, x, out, 64), Error);  // not a whole super-block
-  EXPECT_THROW(dequantize_row(DType::Q5_0, out, x, 32), Error);
+  EXPECT_THROW(dequantize_row(DType::Q8_1, out, x, 32), Error);
   EXPECT_THROW(quantize_row(DType::Q8_0, x, out, 48), Error);
   EXPECT_THROW(dequantize_row(DType::Q4_0, out, x, 16), Error);
   EXPECT_NO_THROW(quantize_row(DType::F16, x, out, 3));
   EXPECT_TRUE(quantize_supported(DType::BF16));
-  EXPECT_FALSE(quantize_supported(DType::Q4_1));
+  EXPECT_TRUE(quantize_supported(DType::Q5_1));
+  EXPECT_FALSE(quantize_supported(DType::IQ4_NL));
 }
 
 // Dequantizing a llama-quantize tensor and quantizing it again must give the
@@ -1623,7 +1634,8 @@ TEST(SyntheticModel, EveryWeightDtype) {
   spec.dtype = DType::F32;
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1638,7 +1650,8 @@ TEST(SyntheticModel, EveryWeightDtype) {
       dequantize_row(ref.type, ref.data, want.data(), n);
       // Same underlying values: the difference is only the type's rounding.
       const double tol = t == DType::Q4_0 || t == DType::Q4_K ? 0.25
-                         : t == DType::Q5_K                   ? 0.12
+                         : t == DType::Q4_1                   ? 0.15
+                         : t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q5_K ? 0.12
                          : t == DType::Q6_K                   ? 0.06
                          : t == DType::Q8_0                   ? 0.02
                                                               : 0.01;
@@ -1655,11 +1668,32 @@ TEST(SyntheticModel, EveryWeightDtype) {
                               : t == DType::BF16 ? 32
                               : t == DType::Q8_0 ? 7
                               : t == DType::Q4_0 ? 2
+                              : t == DType::Q4_1 ? 3
+                              : t == DType::Q5_0 ? 8
+                              : t == DType::Q5_1 ? 9
                               : t == DType::Q4_K ? 14
                               : t == DType::Q5_K ? 16
                                                  : 18;
     EXPECT_EQ(file_type, want_type);
     EXPECT_EQ(f->find("general.quantization_version") != nullptr, t != DType::F16 && t != DType::BF16);
+  }
+}
+
+// Rows that are not whole 256-element super-blocks (the tiny preset's 128
+// and 384) fall back as llama-quantize's do: Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0.
+TEST(SyntheticModel, KTypesFallBackLikeLlamaQuantize) {
+  TempDir dir;
+  SyntheticModelSpec spec = synthetic_preset("tiny");
+  spec.n_layer = 1;
+  for (auto [k, fallback] : {std::pair{DType::Q4_K, DType::Q5_0}, {DType::Q5_K, DType::Q5_1}, {DType::Q6_K, DType::Q8_0}}) {
+    SCOPED_TRACE(dtype_name(static_cast<uint32_t>(k)));
+    spec.dtype = k;
+    const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(k))) + ".gguf");
+    make_synthetic_model(spec, path);
+    auto f = File::open(path);
+    for (const auto& info : f->tensors())
+      EXPECT_EQ(info.type, info.shape.size() == 1 ? DType::F32 : fallback) << info.name;
   }
 }
 

@@ -19,8 +19,8 @@ using namespace reprise;
 
 namespace {
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
-                        DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                        DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 int64_t block_elems(DType t) { return dtype_info(static_cast<uint32_t>(t))->block_elems; }
 
@@ -124,6 +124,34 @@ float canonical(const Weights& w, int64_t r, const float* x) {
         }
         const float d = dw * qx.d[b];
         y = std::fma(d, static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1: {
+      // ggml's block_q4_1 {d, m, qs}, block_q5_0 {d, qh, qs}, block_q5_1
+      // {d, m, qh, qs}: element i's quant is the low (i < 16) or high nibble
+      // of qs[i % 16], plus 16 * bit i of qh.
+      QuantX qx = quantize_x(x, w.n_in);
+      const size_t bytes = dtype_row_bytes(w.type, 32);
+      const bool has_min = w.type != DType::Q5_0, has_qh = w.type != DType::Q4_1;
+      for (int64_t b = 0; b < w.n_in / 32; ++b) {
+        const uint8_t* blk = row + b * bytes;
+        uint16_t d16, m16 = 0;
+        std::memcpy(&d16, blk, 2);
+        if (has_min) std::memcpy(&m16, blk + 2, 2);
+        const uint8_t* qs = blk + bytes - 16;
+        uint32_t qh = 0;
+        if (has_qh) std::memcpy(&qh, qs - 4, 4);
+        int32_t isum = 0, xsum = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int u = (i < 16 ? qs[i] & 15 : qs[i - 16] >> 4) | static_cast<int>(((qh >> i) & 1) << 4);
+          isum += (u - (w.type == DType::Q5_0 ? 16 : 0)) * qx.q[b * 32 + i];
+          xsum += qx.q[b * 32 + i];
+        }
+        y = std::fma(f16_to_f32(d16) * qx.d[b], static_cast<float>(isum), y);
+        if (has_min) y = std::fma(f16_to_f32(m16) * qx.d[b], static_cast<float>(xsum), y);
       }
       return y;
     }
@@ -311,6 +339,22 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
     }
     expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
+  // Q4_1 / Q5_0 / Q5_1: every quant at 15 or 31 (all bits set) or 0, scale
+  // and min bytes kept finite.
+  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+    const size_t block = dtype_row_bytes(type, 32);
+    Weights w{type, n_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, n_in) * n_out)};
+    for (int64_t r = 0; r < n_out; ++r) {
+      uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, n_in);
+      std::memset(row, r % 2 == 0 ? 0xff : 0x00, dtype_row_bytes(type, n_in));
+      for (int64_t b = 0; b < n_in / 32; ++b) {
+        const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
+        std::memcpy(row + b * block, &d, 2);
+        if (type != DType::Q5_0) std::memcpy(row + b * block + 2, &d, 2);
+      }
+    }
+    expect_every_isa_follows_the_rule(w, x, n_tokens);
+  }
   // K types: every quant at its top (all bits set) or bottom (zero), with
   // the largest sub-block scales and mins (Q6_K: -128 and 127, so the
   // products reach 63 * 127 * 128 per element before the sub-block sums).
@@ -365,7 +409,7 @@ TEST(MatmulQuantizedActivations, EdgeCasesFollowTheRule) {
     row[192] = 1.0f;
     row[193] = -1.0f + 1e-7f;                                                          // rounds to -127
   }
-  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 23), x, n_tokens);
   }
 }

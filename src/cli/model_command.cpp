@@ -12,13 +12,13 @@
 namespace reprise::cli {
 
 namespace {
-constexpr const char* kDtypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K";
+constexpr const char* kDtypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 
 DType parse_dtype(const std::string& s) {
   std::string upper = s;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K,
-                  DType::Q6_K})
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                  DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K})
     if (upper == dtype_name(static_cast<uint32_t>(t))) return t;
   throw Error("unsupported dtype '" + s + "' (supported: " + kDtypes + ")");
 }
@@ -40,7 +40,7 @@ void register_model(CLI::App& app) {
   make->add_option("--arch", mo->arch, "Architecture override");
   make->add_option("--dtype", mo->dtype,
                    std::string("Weight type: ") + kDtypes +
-                       " (K types: matrices whose rows are not whole 256-element blocks are Q8_0)");
+                       " (K types: matrices whose rows are not whole 256-element blocks fall back as llama-quantize's do)");
   make->add_option("--embd", mo->n_embd, "Embedding width");
   make->add_option("--layers", mo->n_layer, "Layers");
   make->add_option("--heads", mo->n_head, "Attention heads");

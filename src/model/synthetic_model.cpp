@@ -148,7 +148,8 @@ bool is_known_arch(const std::string& a) {
   return is_attention_arch(a) || a == "mamba" || a == "mamba2" || a == "jamba";
 }
 bool is_block_type(DType t) {
-  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+  const auto info = dtype_info(static_cast<uint32_t>(t));
+  return info && info->block_elems > 1;
 }
 
 // Fills the derived defaults so the rest of the maker sees concrete values.
@@ -178,6 +179,9 @@ uint32_t file_type_of(DType t) {
     case DType::F16: return 1;
     case DType::Q4_0: return 2;
     case DType::Q8_0: return 7;
+    case DType::Q4_1: return 3;
+    case DType::Q5_0: return 8;
+    case DType::Q5_1: return 9;
     case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S
     case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
@@ -213,14 +217,15 @@ class Planner {
   std::vector<PlannedTensor> take() { return std::move(plan_); }
 
  private:
-  // Rows that do not fill whole blocks: a K type falls back to Q8_0 (rows of
-  // 32) and then F16, as llama-quantize falls back to types with smaller
-  // blocks (it picks Q5_0/Q5_1 for some, which reprise does not compute with).
+  // Rows that do not fill whole blocks fall back as llama-quantize's do: a
+  // K type to its 32-element counterpart (Q4_K -> Q5_0, Q5_K -> Q5_1,
+  // Q6_K -> Q8_0), and rows that are not whole 32-element blocks to F16.
   static DType fitted(DType t, uint64_t row_len) {
     if (!is_block_type(t)) return t;
     const uint64_t block = dtype_info(static_cast<uint32_t>(t))->block_elems;
     if (row_len % block == 0) return t;
-    return row_len % 32 == 0 ? DType::Q8_0 : DType::F16;
+    if (row_len % 32 != 0) return DType::F16;
+    return t == DType::Q4_K ? DType::Q5_0 : t == DType::Q5_K ? DType::Q5_1 : DType::Q8_0;
   }
   void add(const std::string& name, std::vector<uint64_t> shape, DType t, Init init, float scale) {
     plan_.push_back(PlannedTensor{name, std::move(shape), t, init, scale});

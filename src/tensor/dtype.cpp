@@ -48,6 +48,7 @@ std::string dtype_name(uint32_t raw) {
 bool dtype_supported(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
+    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
     case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:

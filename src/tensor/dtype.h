@@ -29,8 +29,8 @@ std::optional<DTypeInfo> dtype_info(uint32_t raw_type);
 // Name for messages, e.g. "Q4_K" or "type#99".
 std::string dtype_name(uint32_t raw_type);
 
-// True for the types reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K,
-// Q5_K, Q6_K.
+// True for the types reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 bool dtype_supported(DType t);
 
 // Bytes for n elements (n must be a multiple of the block size).

@@ -96,6 +96,9 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
     case DType::Q8_0: return static_cast<size_t>(n_in / kQK8_0) * (32 + 512);
     case DType::Q4_0: return static_cast<size_t>(n_in / kQK4_0) * (32 + 256);
+    case DType::Q4_1: return static_cast<size_t>(n_in / 32) * 320;
+    case DType::Q5_0: return static_cast<size_t>(n_in / 32) * 352;
+    case DType::Q5_1: return static_cast<size_t>(n_in / 32) * 384;
     case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
     case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
     case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;
@@ -150,6 +153,34 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
       for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
     }
   return k8;
+}
+
+// One group of Q4_1 / Q5_0 / Q5_1 blocks (kernels_impl.h); rows at or beyond
+// `rows` are zero. Load-time work, so plain loops.
+void pack_group_q5(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  const bool has_min = w.type != DType::Q5_0, has_plane = w.type != DType::Q4_1;
+  const size_t block = group_bytes_for(w.type, 32), quants = has_min ? 64 : 32;
+  const size_t src_block = dtype_row_bytes(w.type, 32);
+  std::memset(out, 0, block * (w.n_in / 32));
+  for (int64_t b = 0; b < w.n_in / 32; ++b) {
+    uint8_t* o = out + b * block;
+    for (int r = 0; r < rows; ++r) {
+      const uint8_t* blk = w.row(r0 + r) + b * src_block;
+      std::memcpy(o + 2 * r, blk, 2);                    // d
+      if (has_min) std::memcpy(o + 32 + 2 * r, blk + 2, 2);  // m
+      const uint8_t* qs = blk + src_block - 16;
+      for (int c = 0; c < 4; ++c) std::memcpy(o + quants + c * 64 + r * 4, qs + 4 * c, 4);
+      if (has_plane) {
+        uint32_t qh;
+        std::memcpy(&qh, qs - 4, 4);
+        for (int e = 0; e < 4; ++e) {
+          uint8_t bits = 0;
+          for (int k = 0; k < 8; ++k) bits = static_cast<uint8_t>(bits | (((qh >> (4 * k + e)) & 1) << k));
+          o[quants + 256 + r * 4 + e] = bits;
+        }
+      }
+    }
+  }
 }
 
 // One group's K-type sections (kernels_impl.h); rows at or beyond `rows` are
@@ -309,6 +340,11 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
         }
         break;
       }
+      case DType::Q4_1:
+      case DType::Q5_0:
+      case DType::Q5_1:
+        pack_group_q5(w, r0, rows, out);
+        break;
       case DType::Q4_K:
       case DType::Q5_K:
       case DType::Q6_K:
@@ -344,6 +380,9 @@ ActKind act_kind(DType t) {
     case DType::BF16: return ActKind::BF16;
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K: return ActKind::Q8;
@@ -465,6 +504,9 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
     case DType::BF16: return k.matmul_bf16;
     case DType::Q8_0: return k.matmul_q8_0;
     case DType::Q4_0: return k.matmul_q4_0;
+    case DType::Q4_1: return k.matmul_q4_1;
+    case DType::Q5_0: return k.matmul_q5_0;
+    case DType::Q5_1: return k.matmul_q5_1;
     case DType::Q4_K: return k.matmul_q4_k;
     case DType::Q5_K: return k.matmul_q5_k;
     case DType::Q6_K: return k.matmul_q6_k;
@@ -751,7 +793,7 @@ void dequantize_row(const MatrixView& w, int64_t r, float* out) {
       }
       return;
     }
-    default:  // the K types
+    default:  // the other block types
       reprise::dequantize_row(w.type, p, out, w.n_in);
       return;
   }

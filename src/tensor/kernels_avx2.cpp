@@ -110,9 +110,28 @@ RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-template <bool Q4, int G, int T>
+// The 32-element block types (layouts and rule in kernels_impl.h).
+enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
+template <QType Q>
+constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
+template <QType Q>
+constexpr bool kHasFifthBit = Q == QType::Q5_0 || Q == QType::Q5_1;
+template <QType Q>
+constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
+template <QType Q>
+constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
+
+// Plane bit K of each byte moved to bit 4 (see the AVX-512 version).
+template <int K>
+RP_INLINE __m256i fifth_bits(__m256i plane) {
+  const __m256i v = K <= 4 ? _mm256_slli_epi16(plane, 4 - K) : _mm256_srli_epi16(plane, K - 4);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+template <QType Q, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
-  constexpr size_t kBlockBytes = Q4 ? 32 + 256 : 32 + 512;
+  constexpr size_t kBytes = kBlockBytes<Q>;
+  constexpr size_t kQuants = kQuantOffset<Q>;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -122,17 +141,17 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_streams<G>(w + b * kBlockBytes, gb, kBlockBytes, a.prefetch);
+    if (a.prefetch > 0) prefetch_streams<G>(w + b * kBytes, gb, kBytes, a.prefetch);
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-      const uint8_t* wb = w + g * gb + b * kBlockBytes;
+      const uint8_t* wb = w + g * gb + b * kBytes;
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
       const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb) + 1));
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {
         const XBlock& xb = x[b * xs + t];
         __m256i i0, i1;
-        if constexpr (!Q4) {
+        if constexpr (Q == QType::Q8_0) {
           i0 = i1 = _mm256_setzero_si256();  // the signed path needs no correction
 #pragma GCC unroll 8
           for (int c = 0; c < 8; ++c) {
@@ -144,31 +163,55 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
             i1 = _mm256_add_epi32(i1, dot_q8_chunk(_mm256_loadu_si256(wc + 1), xv));
           }
         } else {
-          // The nibble products of the whole block add up in 16 bits (each
-          // pair is at most 2 * 15 * 128 = 3840 in magnitude, 8 pairs per
-          // lane fit), so one vpmaddwd per block widens them: integer sums
-          // are exact, the same as widening every chunk.
-          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) {
-            int32_t ql, qh;
-            std::memcpy(&ql, xb.qs + 4 * c, 4);
-            std::memcpy(&qh, xb.qs + 16 + 4 * c, 4);
-            const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
-            const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
-            const __m256i v0 = _mm256_loadu_si256(wc), v1 = _mm256_loadu_si256(wc + 1);
-            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(v0, nibble), xl));
-            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(v1, nibble), xl));
-            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble), xh));
-            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble), xh));
+          // Products of unsigned quants add up in 16 bits before widening:
+          // 4-bit quants over the whole block (a pair is at most 2 * 15 *
+          // 128 = 3840 in magnitude, 8 pairs per lane fit), 5-bit ones over
+          // each half (7936, 4 pairs). Integer sums are exact either way.
+          __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          __m256i hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          [&]<int... C>(std::integer_sequence<int, C...>) {
+            (
+                [&] {
+                  int32_t ql, qh;
+                  std::memcpy(&ql, xb.qs + 4 * C, 4);
+                  std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
+                  const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+                  for (int h = 0; h < 2; ++h) {
+                    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + C * 64) + h);
+                    __m256i ul = _mm256_and_si256(v, nibble);
+                    __m256i uh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                    if constexpr (kHasFifthBit<Q>) {
+                      const __m256i plane =
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + 256) + h);
+                      ul = _mm256_or_si256(ul, fifth_bits<C>(plane));
+                      uh = _mm256_or_si256(uh, fifth_bits<4 + C>(plane));
+                    }
+                    lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(ul, xl));
+                    hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(uh, xh));
+                  }
+                }(),
+                ...);
+          }(std::make_integer_sequence<int, 4>{});
+          const int32_t corr = Q == QType::Q4_0 ? xb.corr_q4 : Q == QType::Q5_0 ? 2 * xb.corr_q4 : 0;
+          const __m256i c = _mm256_set1_epi32(corr), ones = _mm256_set1_epi16(1);
+          if constexpr (kHasFifthBit<Q>) {
+            i0 = _mm256_add_epi32(c, _mm256_add_epi32(_mm256_madd_epi16(lo[0], ones), _mm256_madd_epi16(hi[0], ones)));
+            i1 = _mm256_add_epi32(c, _mm256_add_epi32(_mm256_madd_epi16(lo[1], ones), _mm256_madd_epi16(hi[1], ones)));
+          } else {
+            i0 = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_add_epi16(lo[0], hi[0]), ones));
+            i1 = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_add_epi16(lo[1], hi[1]), ones));
           }
-          const __m256i corr = _mm256_set1_epi32(xb.corr_q4), ones = _mm256_set1_epi16(1);
-          i0 = _mm256_add_epi32(corr, _mm256_madd_epi16(s0, ones));
-          i1 = _mm256_add_epi32(corr, _mm256_madd_epi16(s1, ones));
         }
         const __m256 dx = _mm256_set1_ps(xb.d);
         acc[g][t][0] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[g][t][0]);
         acc[g][t][1] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dx), _mm256_cvtepi32_ps(i1), acc[g][t][1]);
+        if constexpr (kHasMin<Q>) {
+          const __m256 mw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 32)));
+          const __m256 mw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 32) + 1));
+          const __m256 sum = _mm256_set1_ps(static_cast<float>(xb.sum_lo + xb.sum_hi));
+          acc[g][t][0] = _mm256_fmadd_ps(_mm256_mul_ps(mw0, dx), sum, acc[g][t][0]);
+          acc[g][t][1] = _mm256_fmadd_ps(_mm256_mul_ps(mw1, dx), sum, acc[g][t][1]);
+        }
       }
     }
   }
@@ -332,11 +375,11 @@ struct FKernel {
     static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_f<W, G, T>(a, g0, t0); }
   };
 };
-template <bool Q4>
+template <QType Q>
 struct QKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q4, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q, G, T>(a, g0, t0); }
   };
 };
 
@@ -346,8 +389,11 @@ constexpr int kDecodeGroupsF = 4;
 void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 1, 4, 2, 1>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 1, 4, 2, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 1, 4, 2, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4, 2, 1>(a); }
+void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, 2, 1>(a); }
+void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, 2, 1>(a); }
+void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, 2, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
@@ -455,7 +501,7 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

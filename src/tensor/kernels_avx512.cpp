@@ -103,10 +103,31 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
                  acc[g][t]);
 }
 
-// Q8_0 (Q4 = false) or Q4_0 (Q4 = true) weights against Q8_0 activations.
-template <bool Q4, int G, int T>
+// The 32-element block types, against Q8_0 activations.
+enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
+template <QType Q>
+constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
+template <QType Q>
+constexpr bool kHasFifthBit = Q == QType::Q5_0 || Q == QType::Q5_1;
+// Bytes before the quants (f16 scales, and mins) and per block (kernels_impl.h).
+template <QType Q>
+constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
+template <QType Q>
+constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
+
+// Fifth bits of the 4 elements a nibble chunk's row bytes hold: plane bit k
+// (k = c for low nibbles, 4 + c for high ones) moved to bit 4 (16-bit shifts:
+// what spills from the neighbouring byte stays outside bit 4).
+template <int K>
+RP_INLINE __m512i fifth_bits(__m512i plane) {
+  const __m512i v = K <= 4 ? _mm512_slli_epi16(plane, 4 - K) : _mm512_srli_epi16(plane, K - 4);
+  return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+}
+
+template <QType Q, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
-  constexpr size_t kBlockBytes = Q4 ? 32 + 256 : 32 + 512;
+  constexpr size_t kBytes = kBlockBytes<Q>;
+  constexpr size_t kQuants = kQuantOffset<Q>;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -115,15 +136,21 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
-    const uint8_t* wb = w + b * kBlockBytes;
+    const uint8_t* wb = w + b * kBytes;
     // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBlockBytes, a.prefetch);
+    if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBytes, a.prefetch);
 
     __m512i ia[G][T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const XBlock& xb = x[b * xs + t];
-      const __m512i c = _mm512_set1_epi32(Q4 ? xb.corr_q4 : xb.corr_q8);
+      // Offsets of the unsigned quants: Q8_0 stores q + 128, Q4_0 nibble =
+      // q + 8, Q5_0 u = q + 16; the _1 types' quants are unsigned already.
+      const int32_t corr = Q == QType::Q8_0 ? xb.corr_q8
+                           : Q == QType::Q4_0 ? xb.corr_q4
+                           : Q == QType::Q5_0 ? 2 * xb.corr_q4
+                                              : 0;
+      const __m512i c = _mm512_set1_epi32(corr);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) ia[g][t] = c;
     }
@@ -139,7 +166,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         for (int g = 0; g < G; ++g) ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv[g], xv);
       }
     };
-    if constexpr (!Q4) {
+    if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         __m512i wv[G];
@@ -148,17 +175,29 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         dot_chunk(wv, 4 * c);
       }
     } else {
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        __m512i wv[G];
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        (
+            [&] {
+              __m512i wv[G];
 #pragma GCC unroll 16
-        for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(_mm512_loadu_si512(wb + g * gb + 32 + c * 64), nibble);
-        dot_chunk(wv, 4 * c);
+              for (int g = 0; g < G; ++g) {
+                wv[g] = _mm512_and_si512(_mm512_loadu_si512(wb + g * gb + kQuants + C * 64), nibble);
+                if constexpr (kHasFifthBit<Q>)
+                  wv[g] = _mm512_or_si512(wv[g], fifth_bits<C>(_mm512_loadu_si512(wb + g * gb + kQuants + 256)));
+              }
+              dot_chunk(wv, 4 * C);
 #pragma GCC unroll 16
-        for (int g = 0; g < G; ++g)
-          wv[g] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(wb + g * gb + 32 + c * 64), 4), nibble);
-        dot_chunk(wv, 16 + 4 * c);
-      }
+              for (int g = 0; g < G; ++g) {
+                wv[g] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(wb + g * gb + kQuants + C * 64), 4),
+                                         nibble);
+                if constexpr (kHasFifthBit<Q>)
+                  wv[g] =
+                      _mm512_or_si512(wv[g], fifth_bits<4 + C>(_mm512_loadu_si512(wb + g * gb + kQuants + 256)));
+              }
+              dot_chunk(wv, 16 + 4 * C);
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, 4>{});
     }
     __m512 dw[G];
 #pragma GCC unroll 16
@@ -170,6 +209,18 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g)
         acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
+    }
+    if constexpr (kHasMin<Q>) {
+#pragma GCC unroll 16
+      for (int g = 0; g < G; ++g) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + g * gb + 32)));
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const XBlock& xb = x[b * xs + t];
+          const __m512 sum = _mm512_set1_ps(static_cast<float>(xb.sum_lo + xb.sum_hi));
+          acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(mw, _mm512_set1_ps(xb.d)), sum, acc[g][t]);
+        }
+      }
     }
   }
 #pragma GCC unroll 16
@@ -335,11 +386,11 @@ struct FKernel {
     static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_f<W, G, T>(a, g0, t0); }
   };
 };
-template <bool Q4>
+template <QType Q>
 struct QKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q4, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q, G, T>(a, g0, t0); }
   };
 };
 
@@ -359,8 +410,11 @@ constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumu
 void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 4, kTileF, 8, 4, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTileF, 8, 4, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, 8, 4, 1>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<false>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<true>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kTileQ, 8, 4, 1>(a); }
 // K types: 2 groups x 6 tokens (Q6_K: x 4, its two halves hold 3 register
 // sets); decode as the others.
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 8, 4, 1>(a); }
@@ -1093,7 +1147,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

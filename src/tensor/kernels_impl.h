@@ -12,6 +12,12 @@
 //         bytes: chunk c holds, for each row, the block's packed bytes
 //         4c..4c+3 (low nibbles: elements 4c..4c+3, high nibbles: elements
 //         16+4c..16+4c+3). 288 bytes per block.
+//   Q4_1: for each block: 16 f16 scales, 16 f16 mins, then Q4_0's 4 chunks.
+//         320 bytes per block.
+//   Q5_0: for each block: Q4_0's layout, then a 64-byte plane of fifth bits:
+//         row r's byte i has, at bit k, the bit of element 4k + i (so chunk
+//         c's low nibbles take bit c, its high nibbles bit 4 + c). 352 bytes.
+//   Q5_1: Q4_1's layout, then Q5_0's plane. 384 bytes.
 //   K types, per 256-element super-block ("section"; k ranges given to these
 //   kernels are whole super-blocks), sub-block scales unpacked to bytes:
 //   Q4_K: 16 f32 d, 16 f32 dmin, 8 x 16 scales (u8), 8 x 16 mins (u8), then
@@ -32,6 +38,11 @@
 //   Q8_0/Q4_0:    y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y) for
 //                 b = 0, 1, ..., where isum[b] is the exact integer dot of the
 //                 block's quants (Q4_0 quants are nibble - 8).
+//   Q5_0:         as Q4_0, quants u - 16.
+//   Q4_1/Q5_1:    y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y), then
+//                 y = fma(f32(mw[b]) * f32(dx[b]), float(xsum[b]), y), isum
+//                 the exact dot of the unsigned quants, xsum the sum of the
+//                 activation quants.
 //   Q4_K/Q5_K:    per 32-element block b (sub-block j of super-block s):
 //                 y = fma((d[s] * sc[j]) * dx[b], float(isum[b]), y), then
 //                 y = fma((dmin[s] * m[j]) * dx[b], float(-xsum[b]), y),
@@ -204,6 +215,9 @@ struct IsaKernels {
   void (*matmul_bf16)(const MatmulArgs&);
   void (*matmul_q8_0)(const MatmulArgs&);
   void (*matmul_q4_0)(const MatmulArgs&);
+  void (*matmul_q4_1)(const MatmulArgs&);
+  void (*matmul_q5_0)(const MatmulArgs&);
+  void (*matmul_q5_1)(const MatmulArgs&);
   void (*matmul_q4_k)(const MatmulArgs&);
   void (*matmul_q5_k)(const MatmulArgs&);
   void (*matmul_q6_k)(const MatmulArgs&);

@@ -24,6 +24,31 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
+// Q4_1: x[i] = d * nibble + m (nibbles as Q4_0).
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
+
+// Q5_0: x[i] = d * (u - 16), u = nibble (as Q4_0) + 16 * bit i of qh.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+// Q5_1: x[i] = d * u + m, u as Q5_0's.
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
 // The "K" types: super-blocks of 256 elements split into sub-blocks that have
 // their own small integer scales, themselves scaled by f16 super-block scales.
 constexpr int kQK_K = 256;

@@ -83,6 +83,74 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n) {
 }
 
 namespace {
+// Q4_1 (levels 15) and Q5_1 (levels 31): d = (max - min) / levels, m = min,
+// q = min(levels, trunc((x - min) / d + 0.5)), as ggml's reference.
+template <int Levels>
+void quantize_affine_block(const float* x, uint16_t* d_out, uint16_t* m_out, uint8_t (&q)[32]) {
+  float lo = INFINITY, hi = -INFINITY;
+  for (int j = 0; j < 32; ++j) {
+    lo = std::min(lo, x[j]);
+    hi = std::max(hi, x[j]);
+  }
+  const float d = (hi - lo) / Levels;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d_out = f32_to_f16(d);
+  *m_out = f32_to_f16(lo);
+  for (int j = 0; j < 32; ++j) {
+    const float v = materialized((x[j] - lo) * id);
+    q[j] = static_cast<uint8_t>(std::min<int>(Levels, static_cast<int8_t>(v + 0.5f)));
+  }
+}
+}  // namespace
+
+void quantize_row_q4_1(const float* src, BlockQ4_1* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    uint8_t q[32];
+    quantize_affine_block<15>(src + b * 32, &dst[b].d, &dst[b].m, q);
+    for (int j = 0; j < 16; ++j) dst[b].qs[j] = static_cast<uint8_t>(q[j] | (q[16 + j] << 4));
+  }
+}
+
+void quantize_row_q5_1(const float* src, BlockQ5_1* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    uint8_t q[32];
+    quantize_affine_block<31>(src + b * 32, &dst[b].d, &dst[b].m, q);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      dst[b].qs[j] = static_cast<uint8_t>((q[j] & 0x0f) | ((q[16 + j] & 0x0f) << 4));
+      qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+      qh |= static_cast<uint32_t>(q[16 + j] >> 4) << (16 + j);
+    }
+    std::memcpy(dst[b].qh, &qh, 4);
+  }
+}
+
+void quantize_row_q5_0(const float* src, BlockQ5_0* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* x = src + b * 32;
+    float amax = 0.0f, extreme = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        extreme = x[j];
+      }
+    const float d = extreme / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    dst[b].d = f32_to_f16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = materialized(x[j] * id), x1 = materialized(x[16 + j] * id);
+      const auto q0 = static_cast<uint8_t>(std::min<int>(31, static_cast<int8_t>(x0 + 16.5f)));
+      const auto q1 = static_cast<uint8_t>(std::min<int>(31, static_cast<int8_t>(x1 + 16.5f)));
+      dst[b].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<uint32_t>(q0 >> 4) << j;
+      qh |= static_cast<uint32_t>(q1 >> 4) << (16 + j);
+    }
+    std::memcpy(dst[b].qh, &qh, 4);
+  }
+}
+
+namespace {
 
 inline int nearest(float v) { return static_cast<int>(std::nearbyint(v)); }
 
@@ -213,6 +281,40 @@ void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_q4_1(const BlockQ4_1* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float d = f16_to_f32(src[b].d), m = f16_to_f32(src[b].m);
+    for (int j = 0; j < 16; ++j) {
+      dst[b * 32 + j] = (src[b].qs[j] & 0x0f) * d + m;
+      dst[b * 32 + 16 + j] = (src[b].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+namespace {
+// Element j's (0..31) 5-bit quant of a Q5_0/Q5_1 block.
+inline int q5_quant(const uint8_t* qs, const uint8_t* qh_bytes, int j) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const int nibble = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
+  return nibble | static_cast<int>(((qh >> j) & 1) << 4);
+}
+}  // namespace
+
+void dequantize_row_q5_0(const BlockQ5_0* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float d = f16_to_f32(src[b].d);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + j] = (q5_quant(src[b].qs, src[b].qh, j) - 16) * d;
+  }
+}
+
+void dequantize_row_q5_1(const BlockQ5_1* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float d = f16_to_f32(src[b].d), m = f16_to_f32(src[b].m);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + j] = q5_quant(src[b].qs, src[b].qh, j) * d + m;
+  }
+}
+
 void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
@@ -265,6 +367,9 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::BF16: quantize_row_bf16(src, static_cast<uint16_t*>(dst), n); return;
     case DType::Q8_0: quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
     case DType::Q4_0: quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
+    case DType::Q4_1: quantize_row_q4_1(src, static_cast<BlockQ4_1*>(dst), n); return;
+    case DType::Q5_0: quantize_row_q5_0(src, static_cast<BlockQ5_0*>(dst), n); return;
+    case DType::Q5_1: quantize_row_q5_1(src, static_cast<BlockQ5_1*>(dst), n); return;
     case DType::Q4_K: quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n); return;
     case DType::Q5_K: quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n); return;
     case DType::Q6_K: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
@@ -280,6 +385,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::BF16: dequantize_row_bf16(static_cast<const uint16_t*>(src), dst, n); return;
     case DType::Q8_0: dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n); return;
     case DType::Q4_0: dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n); return;
+    case DType::Q4_1: dequantize_row_q4_1(static_cast<const BlockQ4_1*>(src), dst, n); return;
+    case DType::Q5_0: dequantize_row_q5_0(static_cast<const BlockQ5_0*>(src), dst, n); return;
+    case DType::Q5_1: dequantize_row_q5_1(static_cast<const BlockQ5_1*>(src), dst, n); return;
     case DType::Q4_K: dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n); return;
     case DType::Q5_K: dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n); return;
     case DType::Q6_K: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
