@@ -157,7 +157,7 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
 
 // One group of Q4_1 / Q5_0 / Q5_1 blocks (kernels_impl.h); rows at or beyond
 // `rows` are zero. Load-time work, so plain loops.
-void pack_group_q5(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+void pack_group_q4_1_q5(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   const bool has_min = w.type != DType::Q5_0, has_plane = w.type != DType::Q4_1;
   const size_t block = group_bytes_for(w.type, 32), quants = has_min ? 64 : 32;
   const size_t src_block = dtype_row_bytes(w.type, 32);
@@ -199,11 +199,8 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         d[r] = f16_to_f32(blk.d);
         for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
         for (int i = 0; i < kQK_K; ++i) {
-          const int h = i / 128, q = (i % 128) / 32, l = i % 32;
-          const uint8_t lo = blk.ql[64 * h + l + 32 * (q & 1)];
-          const int u = (q < 2 ? lo & 0x0f : lo >> 4) | (((blk.qh[32 * h + l] >> (2 * q)) & 3) << 4);
           const int j = i / 32, c = (i % 32) / 4, e = i % 4;
-          o[320 + j * 512 + c * 64 + r * 4 + e] = static_cast<uint8_t>(u);
+          o[320 + j * 512 + c * 64 + r * 4 + e] = static_cast<uint8_t>(q6_k_quant(blk, i));
         }
         continue;
       }
@@ -343,7 +340,7 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       case DType::Q4_1:
       case DType::Q5_0:
       case DType::Q5_1:
-        pack_group_q5(w, r0, rows, out);
+        pack_group_q4_1_q5(w, r0, rows, out);
         break;
       case DType::Q4_K:
       case DType::Q5_K:

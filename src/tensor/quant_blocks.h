@@ -89,6 +89,13 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// Element i's (0..255) unsigned quant u (0..63) of a Q6_K block.
+inline int q6_k_quant(const BlockQ6_K& b, int i) {
+  const int h = i / 128, s = (i % 128) / 32, l = i % 32;
+  const uint8_t lo = b.ql[64 * h + l + 32 * (s & 1)];
+  return (s < 2 ? lo & 0x0f : lo >> 4) | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
+}
+
 // Sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K `scales` array:
 // j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of
 // byte j + 4 with their top 2 bits in the top bits of bytes j - 4 and j.

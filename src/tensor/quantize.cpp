@@ -350,12 +350,7 @@ void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const float d = f16_to_f32(src[b].d);
     float* y = dst + b * kQK_K;
-    for (int i = 0; i < kQK_K; ++i) {
-      const int h = i / 128, s = (i % 128) / 32, l = i % 32;
-      const uint8_t lo = src[b].ql[64 * h + l + 32 * (s & 1)];
-      const int u = ((s < 2 ? lo & 0x0f : lo >> 4) | (((src[b].qh[32 * h + l] >> (2 * s)) & 3) << 4));
-      y[i] = d * src[b].scales[i / 16] * (u - 32);
-    }
+    for (int i = 0; i < kQK_K; ++i) y[i] = d * src[b].scales[i / 16] * (q6_k_quant(src[b], i) - 32);
   }
 }
 
