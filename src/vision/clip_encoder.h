@@ -7,8 +7,8 @@
 // bidirectional multi-head attention, layer norm, GELU MLP), post layer norm.
 // gemma3 projector: average pooling of the patch grid by the GGUF's scale
 // factor, RMS norm with the soft-embedding weight, input projection into the
-// text model's width. Weights may be F32/F16/BF16/Q8_0/Q4_0 (the projection
-// F32/F16/BF16: it is used transposed).
+// text model's width. Weights may be any supported type (dtype_supported;
+// the projection F32/F16/BF16: it is used transposed).
 //
 // Numerics follow llama.cpp's CPU graph: activations are rounded to the
 // weight type for matmuls, attention is plain f32 (llama.cpp's non-flash
