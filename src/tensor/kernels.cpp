@@ -756,44 +756,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 // Row lookups and conversions.
 
 void dequantize_row(const MatrixView& w, int64_t r, float* out) {
-  const uint8_t* p = w.row(r);
-  switch (w.type) {
-    case DType::F32:
-      std::memcpy(out, p, w.n_in * sizeof(float));
-      return;
-    case DType::F16: {
-      auto* h = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t i = 0; i < w.n_in; ++i) out[i] = f16_to_f32(h[i]);
-      return;
-    }
-    case DType::BF16: {
-      auto* h = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t i = 0; i < w.n_in; ++i) out[i] = bf16_to_f32(h[i]);
-      return;
-    }
-    case DType::Q8_0: {
-      auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-      for (int64_t k = 0; k < w.n_in / kQK8_0; ++k) {
-        float d = f16_to_f32(b[k].d);
-        for (int i = 0; i < kQK8_0; ++i) out[k * kQK8_0 + i] = d * b[k].qs[i];
-      }
-      return;
-    }
-    case DType::Q4_0: {
-      auto* b = reinterpret_cast<const BlockQ4_0*>(p);
-      for (int64_t k = 0; k < w.n_in / kQK4_0; ++k) {
-        float d = f16_to_f32(b[k].d);
-        for (int i = 0; i < kQK4_0 / 2; ++i) {
-          out[k * kQK4_0 + i] = d * ((b[k].qs[i] & 0x0f) - 8);
-          out[k * kQK4_0 + i + kQK4_0 / 2] = d * ((b[k].qs[i] >> 4) - 8);
-        }
-      }
-      return;
-    }
-    default:  // the other block types
-      reprise::dequantize_row(w.type, p, out, w.n_in);
-      return;
-  }
+  reprise::dequantize_row(w.type, w.row(r), out, w.n_in);
 }
 
 void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n) {

@@ -66,6 +66,17 @@ RP_INLINE void init_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m256 (&ac
     }
 }
 
+// Stores the tile's outputs (rows beyond n_rows are not written).
+template <int G, int T>
+RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m256 (&acc)[G][T][2]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t][0], acc[g][t][1]);
+}
+
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
@@ -94,12 +105,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t][0], acc[g][t][1]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 // Exact per-row integer dots of 4-byte chunks: 8 rows of unsigned weights
@@ -215,12 +221,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t][0], acc[g][t][1]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 enum class KType { Q4K, Q5K, Q6K };
@@ -352,12 +353,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t][0], acc[g][t][1]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 template <KType KT>

@@ -72,6 +72,17 @@ RP_INLINE void init_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m512 (&ac
     }
 }
 
+// Stores the tile's outputs (rows beyond n_rows are not written).
+template <int G, int T>
+RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m512 (&acc)[G][T]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
+                 acc[g][t]);
+}
+
 // G groups x T tokens; every output is one sequential FMA chain over k.
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
@@ -95,12 +106,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int g = 0; g < G; ++g) acc[g][t] = _mm512_fmadd_ps(wv[g], xb, acc[g][t]);
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 // The 32-element block types, against Q8_0 activations.
@@ -223,12 +229,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 enum class KType { Q4K, Q5K, Q6K };
@@ -371,12 +372,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-      store_rows(a.y + (t0 + t) * a.y_stride + (g0 + g) * kGroupRows, a.n_rows - (g0 + g) * kGroupRows,
-                 acc[g][t]);
+  store_acc<G, T>(a, g0, t0, acc);
 }
 
 template <FType W>

@@ -315,35 +315,34 @@ void dequantize_row_q5_1(const BlockQ5_1* src, float* dst, int64_t n) {
   }
 }
 
-void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK_K; ++b) {
-    const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
-    float* y = dst + b * kQK_K;
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      k_scale_min(j, src[b].scales, &sc, &m);
-      const float step = d * sc, offset = dmin * m;
-      const uint8_t* q = src[b].qs + 32 * (j / 2);
-      for (int l = 0; l < 32; ++l) y[32 * j + l] = step * ((j & 1) ? q[l] >> 4 : q[l] & 0x0f) - offset;
+namespace {
+// Q4_K and Q5_K: sub-block j's quants are the low (even j) or high (odd j)
+// nibbles of qs[32 * (j / 2) + l], plus 16 * bit j of qh[l] for Q5_K (qh
+// non-null); x = d * sc * q - dmin * m.
+void dequantize_k_affine(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
+                         const uint8_t* qs, float* y) {
+  const float d = f16_to_f32(d16), dmin = f16_to_f32(dmin16);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    k_scale_min(j, scales, &sc, &m);
+    const float step = d * sc, offset = dmin * m;
+    const uint8_t* q = qs + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((j & 1) ? q[l] >> 4 : q[l] & 0x0f) + (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+      y[32 * j + l] = step * v - offset;
     }
   }
 }
+}  // namespace
+
+void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b)
+    dequantize_k_affine(src[b].d, src[b].dmin, src[b].scales, nullptr, src[b].qs, dst + b * kQK_K);
+}
 
 void dequantize_row_q5_k(const BlockQ5_K* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK_K; ++b) {
-    const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
-    float* y = dst + b * kQK_K;
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      k_scale_min(j, src[b].scales, &sc, &m);
-      const float step = d * sc, offset = dmin * m;
-      const uint8_t* q = src[b].qs + 32 * (j / 2);
-      for (int l = 0; l < 32; ++l) {
-        const int v = ((j & 1) ? q[l] >> 4 : q[l] & 0x0f) + (((src[b].qh[l] >> j) & 1) << 4);
-        y[32 * j + l] = step * v - offset;
-      }
-    }
-  }
+  for (int64_t b = 0; b < n / kQK_K; ++b)
+    dequantize_k_affine(src[b].d, src[b].dmin, src[b].scales, src[b].qh, src[b].qs, dst + b * kQK_K);
 }
 
 void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n) {
