@@ -339,50 +339,48 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
     }
     expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
-  // Q4_1 / Q5_0 / Q5_1: every quant at 15 or 31 (all bits set) or 0, scale
-  // and min bytes kept finite.
-  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
-    const size_t block = dtype_row_bytes(type, 32);
-    Weights w{type, n_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, n_in) * n_out)};
+  // Rows alternately with every bit set (quants at their top: 15, 31 or 63)
+  // and all zero, then set_block(row, block bytes) writes finite scales.
+  auto saturated = [&](DType type, int64_t in, auto set_block) {
+    const size_t block = dtype_row_bytes(type, block_elems(type)), row_bytes = dtype_row_bytes(type, in);
+    Weights w{type, in, n_out, std::vector<uint8_t>(row_bytes * n_out)};
     for (int64_t r = 0; r < n_out; ++r) {
-      uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, n_in);
-      std::memset(row, r % 2 == 0 ? 0xff : 0x00, dtype_row_bytes(type, n_in));
-      for (int64_t b = 0; b < n_in / 32; ++b) {
-        const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
-        std::memcpy(row + b * block, &d, 2);
-        if (type != DType::Q5_0) std::memcpy(row + b * block + 2, &d, 2);
-      }
+      uint8_t* row = w.bytes.data() + r * row_bytes;
+      std::memset(row, r % 2 == 0 ? 0xff : 0x00, row_bytes);
+      for (int64_t b = 0; b < in / block_elems(type); ++b) set_block(r, row + b * block);
     }
+    return w;
+  };
+  // Q4_1 / Q5_0 / Q5_1: scale (and min) 1 or 0.25.
+  for (DType type : {DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+    const Weights w = saturated(type, n_in, [&](int64_t r, uint8_t* blk) {
+      const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
+      std::memcpy(blk, &d, 2);
+      if (type != DType::Q5_0) std::memcpy(blk + 2, &d, 2);
+    });
     expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
-  // K types: every quant at its top (all bits set) or bottom (zero), with
-  // the largest sub-block scales and mins (Q6_K: -128 and 127, so the
-  // products reach 63 * 127 * 128 per element before the sub-block sums).
+  // K types, with the largest sub-block scales and mins (Q6_K: -128 and
+  // 127, so the products reach 63 * 127 * 128 per element before the
+  // sub-block sums).
   const int64_t k_in = 512;
   std::vector<float> xk(n_tokens * k_in);
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k = 0; k < k_in; ++k)
       xk[t * k_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
   for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
-    const size_t block = dtype_row_bytes(type, 256);
-    Weights w{type, k_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, k_in) * n_out)};
-    for (int64_t r = 0; r < n_out; ++r) {
-      uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, k_in);
-      std::memset(row, r % 2 == 0 ? 0xff : 0x00, dtype_row_bytes(type, k_in));
-      for (int64_t b = 0; b < k_in / 256; ++b) {
-        uint8_t* blk = row + b * block;
-        const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
-        if (type == DType::Q6_K) {
-          auto& q6 = *reinterpret_cast<BlockQ6_K*>(blk);
-          q6.d = d;
-          for (int j = 0; j < 16; ++j) q6.scales[j] = static_cast<int8_t>((j + r) % 2 == 0 ? -128 : 127);
-        } else {
-          std::memcpy(blk, &d, 2);
-          std::memcpy(blk + 2, &d, 2);
-          std::memset(blk + 4, 0xff, 12);  // every scale and min 63
-        }
+    const Weights w = saturated(type, k_in, [&](int64_t r, uint8_t* blk) {
+      const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
+      if (type == DType::Q6_K) {
+        auto& q6 = *reinterpret_cast<BlockQ6_K*>(blk);
+        q6.d = d;
+        for (int j = 0; j < 16; ++j) q6.scales[j] = static_cast<int8_t>((j + r) % 2 == 0 ? -128 : 127);
+      } else {
+        std::memcpy(blk, &d, 2);
+        std::memcpy(blk + 2, &d, 2);
+        std::memset(blk + 4, 0xff, 12);  // every scale and min 63
       }
-    }
+    });
     expect_every_isa_follows_the_rule(w, xk, n_tokens);
   }
 }
