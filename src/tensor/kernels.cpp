@@ -199,8 +199,9 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         d[r] = f16_to_f32(blk.d);
         for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
         for (int i = 0; i < kQK_K; ++i) {
-          const int j = i / 32, c = (i % 32) / 4, e = i % 4;
-          o[320 + j * 512 + c * 64 + r * 4 + e] = static_cast<uint8_t>(q6_k_quant(blk, i));
+          const int u = q6_k_quant(blk, i), p = i / 64, odd = (i / 32) % 2, c = (i % 32) / 4, e = i % 4;
+          o[kernels::kQ6KNibbles + p * 512 + c * 64 + r * 4 + e] |= static_cast<uint8_t>((u & 0x0f) << (4 * odd));
+          o[kernels::kQ6KHighBits + p * 256 + (c / 2) * 64 + r * 4 + e] |= static_cast<uint8_t>((u >> 4) << (2 * (2 * (c % 2) + odd)));
         }
         continue;
       }

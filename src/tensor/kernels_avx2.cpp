@@ -234,12 +234,13 @@ RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
 }
 
-// Rows 8h..8h+7 of chunk C's unsigned quants of a Q4_K/Q5_K sub-block (the
-// high nibbles when Odd); see the AVX-512 version.
+// Rows 8h..8h+7 of chunk C's unsigned quants of sub-block 2 * pair + Odd of
+// a K-type section; see the AVX-512 version.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 384 + pair * 512 + C * 64 + 32 * h));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
   __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
   if constexpr (KT == KType::Q5K) {
     constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
@@ -247,6 +248,12 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
         reinterpret_cast<const __m256i*>(sec + kSectionQ4K + pair * 128 + (C / 4) * 64 + 32 * h));
     const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
     q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+  } else if constexpr (KT == KType::Q6K) {
+    constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
+    const __m256i p = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64 + 32 * h));
+    const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
+    q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
   }
   return q;
 }
@@ -293,9 +300,10 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
   }
 }
 
-// One 32-element block j of Q6_K weights.
-template <int G, int T>
-RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+// One 32-element block (2 * pair + Odd) of Q6_K weights.
+template <bool Odd, int G, int T>
+RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+  const int j = 2 * pair + (Odd ? 1 : 0);
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
     const uint8_t* sec = ws + g * gb;
@@ -309,17 +317,20 @@ RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb, 
     for (int t = 0; t < T; ++t) {
       const __m256i lo0 = _mm256_set1_epi32(-32 * xb[t].sum_lo), hi0 = _mm256_set1_epi32(-32 * xb[t].sum_hi);
       __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        int32_t q;
-        std::memcpy(&q, xb[t].qs + 4 * c, 4);
-        const __m256i xv = _mm256_set1_epi32(q);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 320 + j * 512 + c * 64 + 32 * h));
-          if (c < 4) lo[h] = _mm256_add_epi32(lo[h], dot_u8_chunk(wv, xv));
-          else hi[h] = _mm256_add_epi32(hi[h], dot_u8_chunk(wv, xv));
-        }
-      }
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        (
+            [&] {
+              int32_t q;
+              std::memcpy(&q, xb[t].qs + 4 * C, 4);
+              const __m256i xv = _mm256_set1_epi32(q);
+              for (int h = 0; h < 2; ++h) {
+                const __m256i d = dot_u8_chunk(k_affine_chunk<KType::Q6K, Odd, C>(sec, pair, h), xv);
+                if constexpr (C < 4) lo[h] = _mm256_add_epi32(lo[h], d);
+                else hi[h] = _mm256_add_epi32(hi[h], d);
+              }
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, 8>{});
       const __m256 dx = _mm256_set1_ps(xb[t].d);
       for (int h = 0; h < 2; ++h) {
         const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc_lo[h]), _mm256_mullo_epi32(hi[h], sc_hi[h]));
@@ -345,8 +356,8 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
     for (int p = 0; p < 4; ++p) {
       if constexpr (KT == KType::Q6K) {
-        q6k_block<G, T>(ws, gb, 2 * p, x + (s * 8 + 2 * p) * xs, acc);
-        q6k_block<G, T>(ws, gb, 2 * p + 1, x + (s * 8 + 2 * p + 1) * xs, acc);
+        q6k_block<false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        q6k_block<true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
       } else {
         k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);

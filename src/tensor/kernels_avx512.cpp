@@ -236,20 +236,26 @@ enum class KType { Q4K, Q5K, Q6K };
 template <KType KT>
 constexpr size_t kSection = KT == KType::Q4K ? kSectionQ4K : KT == KType::Q5K ? kSectionQ5K : kSectionQ6K;
 
-// The unsigned quants (0..15 or 0..31) of chunk C of a Q4_K/Q5_K sub-block
-// (the high nibbles when Odd) for 16 rows of the section at sec.
+// The unsigned quants (0..15, 0..31 or 0..63) of chunk C of sub-block
+// 2 * pair + Odd of a K-type section at sec, for 16 rows.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  const __m512i v = _mm512_loadu_si512(sec + 384 + pair * 512 + C * 64);
+  const __m512i v = _mm512_loadu_si512(sec + kNibbles + pair * 512 + C * 64);
   __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
+  // The high bits sit at bit kBit of a plane byte; 16-bit shifts move them to
+  // bit 4 (what spills from the neighbouring byte falls outside the mask).
   if constexpr (KT == KType::Q5K) {
-    // The fifth bit sits at bit 2(C % 4) + Odd of the plane byte; move it to
-    // bit 4 (16-bit shifts: spill from the neighbouring byte stays outside bit 4).
     constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
     const __m512i h = _mm512_loadu_si512(sec + kSectionQ4K + pair * 128 + (C / 4) * 64);
     const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
     q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+  } else if constexpr (KT == KType::Q6K) {
+    constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
+    const __m512i h = _mm512_loadu_si512(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64);
+    const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
+    q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
   }
   return q;
 }
@@ -306,10 +312,12 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
   }
 }
 
-// ia[g][t] = sc (the group's 16 signed sub-block scales at p) * (the dots of
-// chunks C0..C0+3 of block j's u quants with the activations - 32 * sum).
-template <int C0, int G, int T>
-RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int j, const XBlock* xb, __m512i (&isum)[G][T]) {
+// isum[g][t] (+)= sc (the group's 16 signed scales of this half of block
+// j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
+// activations - 32 * their sum).
+template <bool Odd, int C0, int G, int T>
+RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
+  const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
@@ -317,13 +325,16 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int j, const XBlock* xb, _
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = c;
   }
-#pragma GCC unroll 4
-  for (int c = C0; c < C0 + 4; ++c) {
-    __m512i wv[G];
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    (
+        [&] {
+          __m512i wv[G];
 #pragma GCC unroll 16
-    for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(ws + g * gb + 320 + j * 512 + c * 64);
-    dot_chunk_k<G, T>(ia, wv, xb, c);
-  }
+          for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KType::Q6K, Odd, C0 + C>(ws + g * gb, pair);
+          dot_chunk_k<G, T>(ia, wv, xb, C0 + C);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
     const __m512i sc = _mm512_cvtepi8_epi32(
@@ -333,6 +344,22 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int j, const XBlock* xb, _
       const __m512i v = _mm512_mullo_epi32(ia[g][t], sc);
       isum[g][t] = C0 == 0 ? v : _mm512_add_epi32(isum[g][t], v);
     }
+  }
+}
+
+// One 32-element block (2 * pair + Odd) of Q6_K weights.
+template <bool Odd, int G, int T>
+RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512 (&acc)[G][T]) {
+  __m512i isum[G][T];
+  q6k_half<Odd, 0, G, T>(ws, gb, pair, xb, isum);
+  q6k_half<Odd, 4, G, T>(ws, gb, pair, xb, isum);
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m512 d = _mm512_loadu_ps(ws + g * gb);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      acc[g][t] =
+          _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[t].d)), _mm512_cvtepi32_ps(isum[g][t]), acc[g][t]);
   }
 }
 
@@ -352,20 +379,8 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
     for (int p = 0; p < 4; ++p) {
       if constexpr (KT == KType::Q6K) {
-        for (int j = 2 * p; j < 2 * p + 2; ++j) {
-          const XBlock* xb = x + (s * 8 + j) * xs;
-          __m512i isum[G][T];
-          q6k_half<0, G, T>(ws, gb, j, xb, isum);
-          q6k_half<4, G, T>(ws, gb, j, xb, isum);
-#pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) {
-            const __m512 d = _mm512_loadu_ps(ws + g * gb);
-#pragma GCC unroll 16
-            for (int t = 0; t < T; ++t)
-              acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
-                                          acc[g][t]);
-          }
-        }
+        q6k_block<false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        q6k_block<true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
       } else {
         k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);

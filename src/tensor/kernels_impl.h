@@ -28,9 +28,12 @@
 //         plane h, row r, byte i has, for c = 4h..4h+3, sub-block 2p's bit of
 //         element 4c+i at bit 2(c-4h) and sub-block 2p+1's at bit 2(c-4h)+1.
 //         2944 bytes.
-//   Q6_K: 16 f32 d, 16 x 16 scales (i8), then for each 32-element block j 8
-//         chunks of 64 bytes: chunk c holds, for each row, u (q + 32, 0..63)
-//         of elements 4c..4c+3 of the block. 4416 bytes.
+//   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the low 4 bits of u (q + 32,
+//         0..63) in Q4_K's nibble chunks (per pair p 8 chunks of 64 bytes),
+//         then their high 2 bits: per pair p four 64-byte planes; plane h,
+//         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
+//         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
+//         3392 bytes (6.6 bits per weight; the file's 6.56).
 // Vectors run across the 16 rows of a group, so every output is accumulated
 // on its own, in input order, by the same operations whatever the tile shape
 // or instruction set:
@@ -81,7 +84,10 @@ static_assert(sizeof(XBlock) == 48);
 // Packed section bytes per 256-element super-block (see the layout above).
 constexpr size_t kSectionQ4K = 2432;
 constexpr size_t kSectionQ5K = 2944;
-constexpr size_t kSectionQ6K = 4416;
+constexpr size_t kSectionQ6K = 3392;
+// Where a Q6_K section's nibble chunks and high-bit planes start.
+constexpr size_t kQ6KNibbles = 320;
+constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
 
 // Activations are stored in token tiles of x_tile tokens: element k (a float
 // for F-types, an XBlock per block for Q types) of token t is at
