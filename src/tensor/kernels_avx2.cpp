@@ -224,9 +224,12 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-enum class KType { Q4K, Q5K, Q6K };
+enum class KType { Q4K, Q5K, Q6K, Q6KWide };
 template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K ? kSectionQ4K : KT == KType::Q5K ? kSectionQ5K : kSectionQ6K;
+constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
+                             : KT == KType::Q5K ? kSectionQ5K
+                             : KT == KType::Q6K ? kSectionQ6K
+                                                : kSectionQ6KWide;
 
 // Exact per-row dots (8 rows) of 4 unsigned weight bytes (at most 63: the
 // 16-bit pair sums cannot saturate) with 4 signed activation bytes.
@@ -238,6 +241,9 @@ RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
 // a K-type section; see the AVX-512 version.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
+  if constexpr (KT == KType::Q6KWide)
+    return _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
   constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
@@ -301,7 +307,7 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
 }
 
 // One 32-element block (2 * pair + Odd) of Q6_K weights.
-template <bool Odd, int G, int T>
+template <KType KT, bool Odd, int G, int T>
 RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m256 (&acc)[G][T][2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
 #pragma GCC unroll 16
@@ -324,7 +330,7 @@ RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* x
               std::memcpy(&q, xb[t].qs + 4 * C, 4);
               const __m256i xv = _mm256_set1_epi32(q);
               for (int h = 0; h < 2; ++h) {
-                const __m256i d = dot_u8_chunk(k_affine_chunk<KType::Q6K, Odd, C>(sec, pair, h), xv);
+                const __m256i d = dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
                 if constexpr (C < 4) lo[h] = _mm256_add_epi32(lo[h], d);
                 else hi[h] = _mm256_add_epi32(hi[h], d);
               }
@@ -355,9 +361,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     const uint8_t* ws = w + s * kSec;
     if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
     for (int p = 0; p < 4; ++p) {
-      if constexpr (KT == KType::Q6K) {
-        q6k_block<false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        q6k_block<true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+      if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
+        q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
       } else {
         k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
@@ -404,6 +410,7 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4,
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
+void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, 2, 1>(a); }
 
 // Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {
@@ -508,7 +515,7 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

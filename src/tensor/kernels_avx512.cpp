@@ -232,14 +232,18 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-enum class KType { Q4K, Q5K, Q6K };
+enum class KType { Q4K, Q5K, Q6K, Q6KWide };
 template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K ? kSectionQ4K : KT == KType::Q5K ? kSectionQ5K : kSectionQ6K;
+constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
+                             : KT == KType::Q5K ? kSectionQ5K
+                             : KT == KType::Q6K ? kSectionQ6K
+                                                : kSectionQ6KWide;
 
 // The unsigned quants (0..15, 0..31 or 0..63) of chunk C of sub-block
 // 2 * pair + Odd of a K-type section at sec, for 16 rows.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
+  if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
   constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const __m512i v = _mm512_loadu_si512(sec + kNibbles + pair * 512 + C * 64);
@@ -315,7 +319,7 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
 // isum[g][t] (+)= sc (the group's 16 signed scales of this half of block
 // j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
 // activations - 32 * their sum).
-template <bool Odd, int C0, int G, int T>
+template <KType KT, bool Odd, int C0, int G, int T>
 RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
@@ -330,7 +334,7 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
         [&] {
           __m512i wv[G];
 #pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KType::Q6K, Odd, C0 + C>(ws + g * gb, pair);
+          for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KT, Odd, C0 + C>(ws + g * gb, pair);
           dot_chunk_k<G, T>(ia, wv, xb, C0 + C);
         }(),
         ...);
@@ -348,11 +352,11 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
 }
 
 // One 32-element block (2 * pair + Odd) of Q6_K weights.
-template <bool Odd, int G, int T>
+template <KType KT, bool Odd, int G, int T>
 RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512 (&acc)[G][T]) {
   __m512i isum[G][T];
-  q6k_half<Odd, 0, G, T>(ws, gb, pair, xb, isum);
-  q6k_half<Odd, 4, G, T>(ws, gb, pair, xb, isum);
+  q6k_half<KT, Odd, 0, G, T>(ws, gb, pair, xb, isum);
+  q6k_half<KT, Odd, 4, G, T>(ws, gb, pair, xb, isum);
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
     const __m512 d = _mm512_loadu_ps(ws + g * gb);
@@ -378,9 +382,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     // Decode streams the weights once: prefetch each group's stream ahead.
     if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
     for (int p = 0; p < 4; ++p) {
-      if constexpr (KT == KType::Q6K) {
-        q6k_block<false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        q6k_block<true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+      if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
+        q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
+        q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
       } else {
         k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
@@ -431,6 +435,7 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 8, 4, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 8, 4, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 8, 4, 1>(a); }
+void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
 
 // r[i][j] <- r[j][i] for a 16 x 16 block.
 RP_INLINE void transpose16(__m512 (&r)[16]) {
@@ -1158,7 +1163,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

@@ -34,6 +34,9 @@
 //         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
 //         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
 //         3392 bytes (6.6 bits per weight; the file's 6.56).
+//   Q6_K wide (a prompt's scratch only, see matmul_q6_k_wide): the same d and
+//         scales, then for each 32-element block j 8 chunks of 64 bytes: chunk
+//         c holds, for each row, u of elements 4c..4c+3. 4416 bytes.
 // Vectors run across the 16 rows of a group, so every output is accumulated
 // on its own, in input order, by the same operations whatever the tile shape
 // or instruction set:
@@ -88,6 +91,7 @@ constexpr size_t kSectionQ6K = 3392;
 // Where a Q6_K section's nibble chunks and high-bit planes start.
 constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
+constexpr size_t kSectionQ6KWide = 4416;
 
 // Activations are stored in token tiles of x_tile tokens: element k (a float
 // for F-types, an XBlock per block for Q types) of token t is at
@@ -227,6 +231,9 @@ struct IsaKernels {
   void (*matmul_q4_k)(const MatmulArgs&);
   void (*matmul_q5_k)(const MatmulArgs&);
   void (*matmul_q6_k)(const MatmulArgs&);
+  // Q6_K groups widened to bytes (the "Q6_K wide" layout): the same bits as
+  // matmul_q6_k without unpacking the quants for every token tile.
+  void (*matmul_q6_k_wide)(const MatmulArgs&);
   // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads; the
   // result only defeats dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n);
