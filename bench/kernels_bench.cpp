@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -45,7 +46,9 @@ std::vector<float> make_x(int64_t n) {
   return x;
 }
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                        DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr int kFirstNewType = 5;  // the types below carry only a few shapes
 
 // Args: dtype index, n_in, n_out, n_tokens, threads.
 void BM_Matmul(benchmark::State& state) {
@@ -79,12 +82,33 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
       b->Args({t, 1536, 16, 512, threads});     // prefill, few rows: converting the activations dominates
     }
   }
+  for (int t = kFirstNewType; t < static_cast<int>(std::size(kTypes)); ++t) {
+    b->Args({t, 512, 1536, 1, 2});
+    b->Args({t, 512, 32000, 1, 2});
+    b->Args({t, 1536, 512, 512, 2});
+  }
   // Small batches (several sequences decoding together) against 72-144 MB of
   // weights, which they read from memory once per call, as decode does.
   for (int t : {1, 3})
     for (int n_tokens : {1, 2, 4, 8}) b->Args({t, 4096, 16384, n_tokens, 2});
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Load-time repacking of a 4096 x 4096 matrix (a 7B model's attention
+// projection), on one thread per core; bytes are the file's.
+void BM_PackMatrix(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  Weights w = make_weights(t, 4096, 4096);
+  for (auto _ : state) {
+    PackedMatrix pm(w.view);
+    benchmark::DoNotOptimize(pm.groups());
+  }
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)));
+  state.counters["file_GBps"] = benchmark::Counter(static_cast<double>(w.bytes.size()),
+                                                   benchmark::Counter::kIsIterationInvariantRate,
+                                                   benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_PackMatrix)->DenseRange(0, std::size(kTypes) - 1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Unpacked views pack the rows they need per call (other model families).
 void BM_MatmulUnpacked(benchmark::State& state) {

@@ -305,6 +305,18 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   }
 }
 
+// Matrices of 8 MiB and more are packed at load on one thread per core
+// (PackedMatrix), in pieces; the pieces' bytes must not depend on the split.
+// On a one-core machine this is the single-piece path again.
+TEST(MatmulLargeMatrix, PackedInPiecesFollowsTheRule) {
+  IsaRestore restore;
+  for (DType t : {DType::Q6_K, DType::Q5_K, DType::Q5_0, DType::F16}) {
+    const Weights w = make_weights(t, 4096, 3072, 29);
+    ASSERT_GE(PackedMatrix(w.view()).packed_bytes(), size_t{8} << 20);
+    expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2);
+  }
+}
+
 // Integer sums at their limits: every weight quant at its extreme (Q4_0
 // nibbles 15 or 0, Q8_0 quants -128, 127 and -127) against activations that
 // are all +127, all -127 or mixed. Kernels add integer products in narrower

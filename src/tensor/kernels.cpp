@@ -8,11 +8,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tensor/attention_tiled.h"
 #include "tensor/avx2_math.h"
+#include "tensor/cpu_topology.h"
 #include "tensor/fp16.h"
 #include "tensor/huge_pages.h"
 #include "tensor/kernels_impl.h"
@@ -155,6 +159,12 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
   return k8;
 }
 
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 // One group of Q4_1 / Q5_0 / Q5_1 blocks (kernels_impl.h); rows at or beyond
 // `rows` are zero. Load-time work, so plain loops.
 void pack_group_q4_1_q5(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
@@ -173,11 +183,8 @@ void pack_group_q4_1_q5(const MatrixView& w, int64_t r0, int rows, uint8_t* out)
       if (has_plane) {
         uint32_t qh;
         std::memcpy(&qh, qs - 4, 4);
-        for (int e = 0; e < 4; ++e) {
-          uint8_t bits = 0;
-          for (int k = 0; k < 8; ++k) bits = static_cast<uint8_t>(bits | (((qh >> (4 * k + e)) & 1) << k));
-          o[quants + 256 + r * 4 + e] = bits;
-        }
+        // Byte e takes bits e, 4 + e, ..., 28 + e of qh (element 4k + e's at bit k).
+        for (int e = 0; e < 4; ++e) o[quants + 256 + r * 4 + e] = static_cast<uint8_t>(_pext_u32(qh, 0x11111111u << e));
       }
     }
   }
@@ -198,10 +205,25 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[s];
         d[r] = f16_to_f32(blk.d);
         for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
-        for (int i = 0; i < kQK_K; ++i) {
-          const int u = q6_k_quant(blk, i), p = i / 64, odd = (i / 32) % 2, c = (i % 32) / 4, e = i % 4;
-          o[kernels::kQ6KNibbles + p * 512 + c * 64 + r * 4 + e] |= static_cast<uint8_t>((u & 0x0f) << (4 * odd));
-          o[kernels::kQ6KHighBits + p * 256 + (c / 2) * 64 + r * 4 + e] |= static_cast<uint8_t>((u >> 4) << (2 * (2 * (c % 2) + odd)));
+        // ggml: element 128h + 32s + l has its low 4 bits in ql[64h + 32(s & 1) + l]
+        // (the high nibble when s >= 2) and its high 2 bits at bit 2s of
+        // qh[32h + l]. Pair p = 2h + s / 2 holds blocks s = 2(s / 2) + odd.
+        // Four elements at a time, as 32-bit words of bytes.
+        for (int p = 0; p < 4; ++p) {
+          const int shift = 4 * (p % 2);
+          const uint8_t* ql = blk.ql + 64 * (p / 2);
+          const uint8_t* qh = blk.qh + 32 * (p / 2);
+          for (int c = 0; c < 8; ++c) {
+            const uint32_t chunk = ((load_u32(ql + 4 * c) >> shift) & 0x0f0f0f0fu) |
+                                   (((load_u32(ql + 32 + 4 * c) >> shift) & 0x0f0f0f0fu) << 4);
+            std::memcpy(o + kernels::kQ6KNibbles + p * 512 + c * 64 + r * 4, &chunk, 4);
+          }
+          // Plane byte (h, e) holds elements 4c + e of both blocks for c = 2h, 2h + 1.
+          for (int h = 0; h < 4; ++h) {
+            const uint32_t plane = ((load_u32(qh + 8 * h) >> shift) & 0x0f0f0f0fu) |
+                                   (((load_u32(qh + 8 * h + 4) >> shift) & 0x0f0f0f0fu) << 4);
+            std::memcpy(o + kernels::kQ6KHighBits + p * 256 + h * 64 + r * 4, &plane, 4);
+          }
         }
         continue;
       }
@@ -219,14 +241,14 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         for (int c = 0; c < 8; ++c) std::memcpy(o + 384 + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
       if (w.type == DType::Q5_K) {
         const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
+        // Element l's fifth bits of sub-blocks 2p and 2p + 1 are bits 2p, 2p + 1 of
+        // qh[l]; plane h, byte e gathers them for l = 4c + e, c = 4h..4h+3.
         for (int p = 0; p < 4; ++p)
-          for (int c = 0; c < 8; ++c)
-            for (int e = 0; e < 4; ++e) {
-              const int l = 4 * c + e, h = c / 4, bit = 2 * (c % 4);
-              uint8_t& plane = o[kSectionQ4K + p * 128 + h * 64 + r * 4 + e];
-              plane = static_cast<uint8_t>(plane | (((qh[l] >> (2 * p)) & 1) << bit) |
-                                           (((qh[l] >> (2 * p + 1)) & 1) << (bit + 1)));
-            }
+          for (int h = 0; h < 2; ++h) {
+            uint32_t plane = 0;
+            for (int c = 0; c < 4; ++c) plane |= ((load_u32(qh + 4 * (4 * h + c)) >> (2 * p)) & 0x03030303u) << (2 * c);
+            std::memcpy(o + kSectionQ4K + p * 128 + h * 64 + r * 4, &plane, 4);
+          }
       }
     }
   }
@@ -356,12 +378,44 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
 
 }  // namespace
 
+namespace {
+
+// Packs all groups of w to dst on up to one thread per core, in pieces of at
+// least 4 MiB: a multi-gigabyte model's repacking (and the first touch of
+// its pages, which the kernel zeroes) is otherwise seconds of one core's
+// work at load. The pieces are disjoint, so the bytes do not depend on the
+// split.
+void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, uint8_t* dst) {
+  static const int cores = default_thread_count();
+  const int64_t min_groups = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / group_bytes));
+  const int n = static_cast<int>(std::clamp<int64_t>(n_groups / min_groups, 1, cores));
+  if (n == 1) return pack_groups(w, 0, n_groups, dst);
+  std::vector<std::exception_ptr> errors(n);
+  {
+    std::vector<std::jthread> threads;
+    auto piece = [&](int i) {
+      const int64_t g0 = n_groups * i / n, g1 = n_groups * (i + 1) / n;
+      try {
+        pack_groups(w, g0, g1, dst + g0 * group_bytes);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    };
+    for (int i = 1; i < n; ++i) threads.emplace_back(piece, i);
+    piece(0);
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
 PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
   group_bytes_ = group_bytes_for(w.type, w.n_in);
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
   // Decode streams these once per token: huge pages (huge_pages.h).
   data_ = allocate_streamed(group_bytes_ * n_groups_);
-  pack_groups(w, 0, n_groups_, data_.get());
+  pack_all_groups(w, n_groups_, group_bytes_, data_.get());
 }
 
 // ---------------------------------------------------------------------------
