@@ -91,6 +91,8 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   // weights, which they read from memory once per call, as decode does.
   for (int t : {1, 3})
     for (int n_tokens : {1, 2, 4, 8}) b->Args({t, 4096, 16384, n_tokens, 2});
+  // Decode from memory for the 4-6-bit types (Q4_0, Q4_K, Q5_K, Q6_K).
+  for (int t : {4, 8, 9, 10}) b->Args({t, 4096, 16384, 1, 2});
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

@@ -379,9 +379,15 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     const uint8_t* ws = w + s * kSec;
-    // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_streams<G>(ws, gb, kSec, a.prefetch);
     for (int p = 0; p < 4; ++p) {
+      // A quarter of the section's lines per pair: a burst of a whole
+      // section's prefetches (38-69 lines per stream) would wait for fill
+      // buffers.
+      if (a.prefetch > 0) {
+        constexpr size_t kLines = (kSec + 63) / 64;
+        const size_t l0 = p * kLines / 4, l1 = (p + 1) * kLines / 4;
+        prefetch_streams<G>(ws + l0 * 64, gb, (l1 - l0) * 64, a.prefetch);
+      }
       if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
         q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
