@@ -143,8 +143,9 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBytes;
-    // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_streams<G>(wb, gb, kBytes, a.prefetch);
+    // Decode streams the weights once: prefetch each group's stream ahead
+    // (Q8_0: a line per chunk, not a block's 9 lines at once).
+    if (a.prefetch > 0 && Q != QType::Q8_0) prefetch_streams<G>(wb, gb, kBytes, a.prefetch);
 
     __m512i ia[G][T];
 #pragma GCC unroll 16
@@ -175,6 +176,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
+        if (a.prefetch > 0) prefetch_streams<G>(wb + (c == 0 ? 0 : 64 + 64 * c), gb, c == 0 ? 128 : 64, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
