@@ -143,10 +143,9 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBytes;
-    // Decode streams the weights once: prefetch each group's stream ahead
-    // (Q8_0: a line per chunk, not a block's 9 lines at once).
-    if (a.prefetch > 0 && Q != QType::Q8_0) prefetch_streams<G>(wb, gb, kBytes, a.prefetch);
-
+    // Decode streams the weights once: each chunk prefetches its share of
+    // the block's lines in every group's stream ahead (not a block's lines at
+    // once: a burst waits for fill buffers).
     __m512i ia[G][T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
@@ -186,6 +185,10 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       [&]<int... C>(std::integer_sequence<int, C...>) {
         (
             [&] {
+              if (a.prefetch > 0) {
+                constexpr size_t kLines = (kBytes + 63) / 64, l0 = C * kLines / 4, l1 = (C + 1) * kLines / 4;
+                prefetch_streams<G>(wb + l0 * 64, gb, (l1 - l0) * 64, a.prefetch);
+              }
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
