@@ -622,34 +622,6 @@ void widen_groups(DType type, const uint8_t* src, int64_t n_groups, int64_t n_in
   for (; i < n; ++i) dst[i] = type == DType::F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
 }
 
-// Q6_K groups to the Q6_K wide layout (kernels_impl.h): the same quants as
-// bytes, so a prompt unpacks each weight once instead of once per token tile.
-void widen_q6_k_groups(const uint8_t* src, int64_t n_groups, int64_t n_in, uint8_t* dst) {
-  const __m256i nibble = _mm256_set1_epi8(0x0f), high = _mm256_set1_epi8(0x30);
-  for (int64_t s = 0; s < n_groups * (n_in / kQK_K); ++s) {
-    const uint8_t* in = src + s * kSectionQ6K;
-    uint8_t* out = dst + s * kernels::kSectionQ6KWide;
-    std::memcpy(out, in, kernels::kQ6KNibbles);  // d and scales
-    for (int p = 0; p < 4; ++p)
-      for (int c = 0; c < 8; ++c)
-        for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(in + kernels::kQ6KNibbles + p * 512 + c * 64 + 32 * h));
-          const __m256i plane = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(in + kernels::kQ6KHighBits + p * 256 + (c / 2) * 64 + 32 * h));
-          for (int odd = 0; odd < 2; ++odd) {
-            const __m256i q = _mm256_and_si256(odd ? _mm256_srli_epi16(v, 4) : v, nibble);
-            const int bit = 2 * (2 * (c % 2) + odd);
-            const __m256i hb = bit <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - bit))
-                                        : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(bit - 4));
-            _mm256_storeu_si256(
-                reinterpret_cast<__m256i*>(out + kernels::kQ6KNibbles + (2 * p + odd) * 512 + c * 64 + 32 * h),
-                _mm256_or_si256(q, _mm256_and_si256(hb, high)));
-          }
-        }
-  }
-}
-
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
   const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.n_groups, g0 + j.groups_per_task);
@@ -670,7 +642,7 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
     if (j.view->type == DType::Q6_K) {
       group_bytes = static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ6KWide;
       uint8_t* wide = aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes);
-      widen_q6_k_groups(w, g1 - g0, n_in, wide);
+      kernels::widen_q6_k_sections(w, (g1 - g0) * (n_in / kQK_K), wide);
       w = wide;
     } else {
       group_bytes = static_cast<size_t>(n_in) * kGroupRows * sizeof(float);
@@ -765,21 +737,14 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;
       // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
-      // and reuse them over up to 16 token tiles.
-      if ((v.type == DType::F16 || v.type == DType::BF16) && n_tokens >= 4 * kTokenTile) {
+      // (Q6_K: its quants to bytes) and reuse them over up to 44 token tiles.
+      const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
+      if ((f16_like || v.type == DType::Q6_K) && n_tokens >= 4 * kTokenTile) {
         j.widen = true;
-        j.fn_wide = isa.matmul_f32;
+        j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
         j.groups_per_task = 4;
         j.tokens_per_task = 44 * kTokenTile;  // 528: a 512-token prompt widens each weight once
-        j.k_block = 512;
-      }
-      // Q6_K: likewise to bytes, 4 groups (4416 bytes per 256 inputs each)
-      // per task.
-      if (v.type == DType::Q6_K && n_tokens >= 4 * kTokenTile) {
-        j.widen = true;
-        j.fn_wide = isa.matmul_q6_k_wide;
-        j.groups_per_task = 4;
-        j.tokens_per_task = 44 * kTokenTile;
+        if (f16_like) j.k_block = 512;
       }
     }
     j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;

@@ -360,14 +360,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     const uint8_t* ws = w + s * kSec;
     for (int p = 0; p < 4; ++p) {
-      // A quarter of the section's lines per pair: a burst of a whole
-      // section's prefetches (38-69 lines per stream) would wait for fill
-      // buffers.
-      if (a.prefetch > 0) {
-        constexpr size_t kLines = (kSec + 63) / 64;
-        const size_t l0 = p * kLines / 4, l1 = (p + 1) * kLines / 4;
-        prefetch_streams<G>(ws + l0 * 64, gb, (l1 - l0) * 64, a.prefetch);
-      }
+      if (a.prefetch > 0) prefetch_share<G, kSec, 4>(ws, gb, p, a.prefetch);
       if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
         q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
@@ -520,6 +513,28 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }
 
 }  // namespace
+
+void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
+  for (int64_t s = 0; s < n_sections; ++s) {
+    const uint8_t* in = src + s * kSectionQ6K;
+    uint8_t* out = dst + s * kSectionQ6KWide;
+    std::memcpy(out, in, kQ6KNibbles);  // d and scales
+    for (int pair = 0; pair < 4; ++pair)
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        (
+            [&] {
+              for (int h = 0; h < 2; ++h) {
+                auto chunk = [&](int block) {
+                  return reinterpret_cast<__m256i*>(out + kQ6KNibbles + block * 512 + C * 64 + 32 * h);
+                };
+                _mm256_storeu_si256(chunk(2 * pair), k_affine_chunk<KType::Q6K, false, C>(in, pair, h));
+                _mm256_storeu_si256(chunk(2 * pair + 1), k_affine_chunk<KType::Q6K, true, C>(in, pair, h));
+              }
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, 8>{});
+  }
+}
 
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,

@@ -144,8 +144,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     const uint8_t* wb = w + b * kBytes;
     // Decode streams the weights once: each chunk prefetches its share of
-    // the block's lines in every group's stream ahead (not a block's lines at
-    // once: a burst waits for fill buffers).
+    // the block's lines ahead (prefetch_share).
     __m512i ia[G][T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
@@ -175,7 +174,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        if (a.prefetch > 0) prefetch_streams<G>(wb + (c == 0 ? 0 : 64 + 64 * c), gb, c == 0 ? 128 : 64, a.prefetch);
+        if (a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, c, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
@@ -185,10 +184,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       [&]<int... C>(std::integer_sequence<int, C...>) {
         (
             [&] {
-              if (a.prefetch > 0) {
-                constexpr size_t kLines = (kBytes + 63) / 64, l0 = C * kLines / 4, l1 = (C + 1) * kLines / 4;
-                prefetch_streams<G>(wb + l0 * 64, gb, (l1 - l0) * 64, a.prefetch);
-              }
+              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, C, a.prefetch);
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
@@ -385,14 +381,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     const uint8_t* ws = w + s * kSec;
     for (int p = 0; p < 4; ++p) {
-      // A quarter of the section's lines per pair: a burst of a whole
-      // section's prefetches (38-69 lines per stream) would wait for fill
-      // buffers.
-      if (a.prefetch > 0) {
-        constexpr size_t kLines = (kSec + 63) / 64;
-        const size_t l0 = p * kLines / 4, l1 = (p + 1) * kLines / 4;
-        prefetch_streams<G>(ws + l0 * 64, gb, (l1 - l0) * 64, a.prefetch);
-      }
+      if (a.prefetch > 0) prefetch_share<G, kSec, 4>(ws, gb, p, a.prefetch);
       if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
         q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
         q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);

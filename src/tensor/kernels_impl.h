@@ -278,6 +278,9 @@ void attention_avx2(const AttnArgs& a);
 bool attention_avx2_supports(int64_t head_dim);
 
 const IsaKernels& avx2_kernels();
+// Q6_K sections (packed layout) to the Q6_K wide layout, n_sections of them
+// (a group holds n_in / 256). AVX2 is every supported CPU's baseline.
+void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
 // Only valid when the CPU supports AVX-512 F/BW/VL/DQ and VNNI.
 const IsaKernels& avx512_kernels();
 

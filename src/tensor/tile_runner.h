@@ -27,6 +27,19 @@ inline __attribute__((always_inline)) void prefetch_streams(const uint8_t* p, si
       _mm_prefetch(reinterpret_cast<const char*>(p + g * group_bytes + off + ahead), _MM_HINT_T0);
 }
 
+// Share `part` of `Parts` of the lines of a kBytes-long unit (a block or a
+// section) at p, prefetched in every stream as prefetch_streams does; the
+// first parts take the extra lines. Decode tiles spread a unit's prefetches
+// over its parts: a burst of a whole unit's lines times 8 streams waits for
+// fill buffers.
+template <int G, size_t kBytes, int Parts>
+inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size_t group_bytes, int part,
+                                                          int64_t ahead) {
+  constexpr size_t kLines = (kBytes + 63) / 64;
+  const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
+  prefetch_streams<G>(p + l0 * 64, group_bytes, (l1 - l0) * 64, ahead);
+}
+
 // All groups at tokens [t0, t0 + T), with tiles of the widths Gs..., widest
 // first (the last should be 1 so every group is covered).
 template <template <int, int> class K, int T, int... Gs>
