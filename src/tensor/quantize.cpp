@@ -31,6 +31,18 @@ void check_length(DType t, int64_t n, const char* what) {
                 info->name + " block size " + std::to_string(info->block_elems));
 }
 
+// The first of x[0..n) with the largest magnitude, with its sign (ggml's
+// rule for the symmetric types, whose scale maps it to the negative end).
+float signed_extreme(const float* x, int n) {
+  float amax = 0.0f, extreme = 0.0f;
+  for (int j = 0; j < n; ++j)
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      extreme = x[j];
+    }
+  return extreme;
+}
+
 }  // namespace
 
 bool quantize_supported(DType t) { return dtype_supported(t); }
@@ -60,16 +72,8 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK4_0; ++b) {
     const float* x = src + b * kQK4_0;
     // The signed extreme maps to -8, so the full [-8, 7] range is used on the
-    // side that needs it (ggml keeps the first element of largest magnitude).
-    float amax = 0.0f;
-    float extreme = 0.0f;
-    for (int j = 0; j < kQK4_0; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        extreme = x[j];
-      }
-    }
-    const float d = extreme / -8.0f;
+    // side that needs it.
+    const float d = signed_extreme(x, kQK4_0) / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     dst[b].d = f32_to_f16(d);
     for (int j = 0; j < kHalf; ++j) {
@@ -128,13 +132,7 @@ void quantize_row_q5_1(const float* src, BlockQ5_1* dst, int64_t n) {
 void quantize_row_q5_0(const float* src, BlockQ5_0* dst, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* x = src + b * 32;
-    float amax = 0.0f, extreme = 0.0f;
-    for (int j = 0; j < 32; ++j)
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        extreme = x[j];
-      }
-    const float d = extreme / -16.0f;
+    const float d = signed_extreme(x, 32) / -16.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     dst[b].d = f32_to_f16(d);
     uint32_t qh = 0;
@@ -225,13 +223,7 @@ void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n) {
     const float* x = src + b * kQK_K;
     float scale[16], max_abs_scale = 0;
     for (int s = 0; s < 16; ++s) {
-      float amax = 0, extreme = 0;
-      for (int l = 0; l < 16; ++l)
-        if (std::fabs(x[16 * s + l]) > amax) {
-          amax = std::fabs(x[16 * s + l]);
-          extreme = x[16 * s + l];
-        }
-      scale[s] = extreme / -32.0f;
+      scale[s] = signed_extreme(x + 16 * s, 16) / -32.0f;
       max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
     }
     BlockQ6_K& o = dst[b];
