@@ -12,22 +12,12 @@
 namespace reprise::cli {
 
 namespace {
-constexpr DType kMakeDtypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                                  DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
-
-// "F32, F16, ..." for the help text and errors.
-std::string make_dtype_list() {
-  std::string list;
-  for (DType t : kMakeDtypes) list += (list.empty() ? "" : ", ") + dtype_name(static_cast<uint32_t>(t));
-  return list;
-}
-
 DType parse_dtype(const std::string& s) {
   std::string upper = s;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  for (DType t : kMakeDtypes)
+  for (DType t : supported_dtypes())
     if (upper == dtype_name(static_cast<uint32_t>(t))) return t;
-  throw Error("unsupported dtype '" + s + "' (supported: " + make_dtype_list() + ")");
+  throw Error("unsupported dtype '" + s + "' (supported: " + supported_dtype_names() + ")");
 }
 }  // namespace
 
@@ -46,7 +36,7 @@ void register_model(CLI::App& app) {
   make->add_option("--preset", mo->preset, "Base shape (see 'reprise model presets')")->capture_default_str();
   make->add_option("--arch", mo->arch, "Architecture override");
   make->add_option("--dtype", mo->dtype,
-                   "Weight type: " + make_dtype_list() +
+                   "Weight type: " + supported_dtype_names() +
                        " (K types: matrices whose rows are not whole 256-element blocks fall back as llama-quantize's do)");
   make->add_option("--embd", mo->n_embd, "Embedding width");
   make->add_option("--layers", mo->n_layer, "Layers");

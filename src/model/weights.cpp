@@ -29,7 +29,7 @@ const gguf::TensorInfo& WeightLoader::checked(const std::string& name,
   }
   if (!dtype_supported(t.type))
     file_.fail("tensor '" + name + "' has unsupported type " + dtype_name(t.raw_type) +
-               " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+               " (supported: " + supported_dtype_names() + ")");
   return t;
 }
 

@@ -1,5 +1,7 @@
 #include "tensor/dtype.h"
 
+#include <algorithm>
+
 namespace reprise {
 
 std::optional<DTypeInfo> dtype_info(uint32_t raw) {
@@ -45,15 +47,18 @@ std::string dtype_name(uint32_t raw) {
   return "type#" + std::to_string(raw);
 }
 
-bool dtype_supported(DType t) {
-  switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
-      return true;
-    default:
-      return false;
-  }
+std::span<const DType> supported_dtypes() {
+  static constexpr DType kSupported[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                                         DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  return kSupported;
+}
+
+bool dtype_supported(DType t) { return std::ranges::find(supported_dtypes(), t) != supported_dtypes().end(); }
+
+std::string supported_dtype_names() {
+  std::string names;
+  for (DType t : supported_dtypes()) names += (names.empty() ? "" : ", ") + dtype_name(static_cast<uint32_t>(t));
+  return names;
 }
 
 size_t dtype_row_bytes(DType t, uint64_t n) {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace reprise {
@@ -29,9 +30,12 @@ std::optional<DTypeInfo> dtype_info(uint32_t raw_type);
 // Name for messages, e.g. "Q4_K" or "type#99".
 std::string dtype_name(uint32_t raw_type);
 
-// True for the types reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+// The types reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q4_K, Q5_K, Q6_K.
+std::span<const DType> supported_dtypes();
 bool dtype_supported(DType t);
+// "F32, F16, ..." for messages.
+std::string supported_dtype_names();
 
 // Bytes for n elements (n must be a multiple of the block size).
 size_t dtype_row_bytes(DType t, uint64_t n);
