@@ -85,6 +85,29 @@ QuantX quantize_x(const float* x, int64_t n) {
   return out;
 }
 
+// ggml's quantize_row_q8_K, per 256 elements: max = the first element of
+// largest magnitude, q = min(127, rne(x * (-127 / max))), d = 1 / (-127 / max).
+QuantX quantize_x_k(const float* x, int64_t n) {
+  QuantX out;
+  out.q.assign(n, 0);
+  out.d.assign(n / 256, 0.0f);
+  for (int64_t s = 0; s < n / 256; ++s) {
+    const float* xs = x + s * 256;
+    float amax = 0, max = 0;
+    for (int i = 0; i < 256; ++i)
+      if (std::fabs(xs[i]) > amax) {
+        amax = std::fabs(xs[i]);
+        max = xs[i];
+      }
+    if (amax == 0) continue;
+    const float iscale = -127.0f / max;
+    for (int i = 0; i < 256; ++i)
+      out.q[s * 256 + i] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(iscale * xs[i])));
+    out.d[s] = 1.0f / iscale;
+  }
+  return out;
+}
+
 float canonical(const Weights& w, int64_t r, const float* x) {
   const uint8_t* row = w.bytes.data() + r * dtype_row_bytes(w.type, w.n_in);
   float y = 0.0f;
@@ -158,24 +181,27 @@ float canonical(const Weights& w, int64_t r, const float* x) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K: {
-      QuantX qx = quantize_x(x, w.n_in);
-      for (int64_t b = 0; b < w.n_in / 32; ++b) {
-        const int64_t s = b / 8;
-        const int j = static_cast<int>(b % 8);
-        const float dx = qx.d[b];
-        const int8_t* xq = qx.q.data() + b * 32;
+      // Per super-block, against Q8_K activations: the sub-blocks add up in
+      // integers, then one (Q6_K) or two float updates.
+      QuantX qx = quantize_x_k(x, w.n_in);
+      for (int64_t s = 0; s < w.n_in / 256; ++s) {
+        const float dx = qx.d[s];
+        const int8_t* xq = qx.q.data() + s * 256;
         if (w.type == DType::Q6_K) {
           // ggml's block_q6_K: element i of the super-block is
           // d * scales[i / 16] * (u - 32), u from ql nibbles and qh bit pairs.
           auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[s];
-          int32_t half[2] = {0, 0};
-          for (int l = 0; l < 32; ++l) {
-            const int i = 32 * j + l, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
-            const uint8_t lo = blk.ql[64 * h + e + 32 * (quarter % 2)];
-            const int u = (quarter < 2 ? lo & 15 : lo >> 4) | (((blk.qh[32 * h + e] >> (2 * quarter)) & 3) << 4);
-            half[l / 16] += (u - 32) * xq[l];
+          int32_t isum = 0;
+          for (int half = 0; half < 16; ++half) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; ++l) {
+              const int i = 16 * half + l, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
+              const uint8_t lo = blk.ql[64 * h + e + 32 * (quarter % 2)];
+              const int u = (quarter < 2 ? lo & 15 : lo >> 4) | (((blk.qh[32 * h + e] >> (2 * quarter)) & 3) << 4);
+              dot += (u - 32) * xq[i];
+            }
+            isum += blk.scales[half] * dot;
           }
-          const int32_t isum = blk.scales[2 * j] * half[0] + blk.scales[2 * j + 1] * half[1];
           y = std::fma(f16_to_f32(blk.d) * dx, static_cast<float>(isum), y);
         } else {
           // ggml's block_q4_K / block_q5_K: sub-block j's quants are the low
@@ -188,24 +214,29 @@ float canonical(const Weights& w, int64_t r, const float* x) {
           const uint8_t* scales = blk + 4;
           const uint8_t* qh = w.type == DType::Q5_K ? blk + 16 : nullptr;
           const uint8_t* qs = blk + (w.type == DType::Q5_K ? 48 : 16);
-          int sc, m;
-          if (j < 4) {
-            sc = scales[j] & 63;
-            m = scales[j + 4] & 63;
-          } else {
-            sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
-            m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+          int32_t isum = 0, msum = 0;
+          for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            if (j < 4) {
+              sc = scales[j] & 63;
+              m = scales[j + 4] & 63;
+            } else {
+              sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
+              m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+            }
+            int32_t dot = 0, xsum = 0;
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t byte = qs[32 * (j / 2) + l];
+              int u = j % 2 ? byte >> 4 : byte & 15;
+              if (qh) u += ((qh[l] >> j) & 1) * 16;
+              dot += u * xq[32 * j + l];
+              xsum += xq[32 * j + l];
+            }
+            isum += sc * dot;
+            msum += m * xsum;
           }
-          int32_t isum = 0, xsum = 0;
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t byte = qs[32 * (j / 2) + l];
-            int u = j % 2 ? byte >> 4 : byte & 15;
-            if (qh) u += ((qh[l] >> j) & 1) * 16;
-            isum += u * xq[l];
-            xsum += xq[l];
-          }
-          y = std::fma(f16_to_f32(d16) * static_cast<float>(sc) * dx, static_cast<float>(isum), y);
-          y = std::fma(f16_to_f32(dmin16) * static_cast<float>(m) * dx, static_cast<float>(-xsum), y);
+          y = std::fma(f16_to_f32(d16) * dx, static_cast<float>(isum), y);
+          y = std::fma(f16_to_f32(dmin16) * dx, static_cast<float>(-msum), y);
         }
       }
       return y;
@@ -373,8 +404,8 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
     expect_every_isa_follows_the_rule(w, x, n_tokens);
   }
   // K types, with the largest sub-block scales and mins (Q6_K: -128 and
-  // 127, so the products reach 63 * 127 * 128 per element before the
-  // sub-block sums).
+  // 127, so the products reach 63 * 127 * 128 per element, and the integer
+  // sums over a super-block their largest magnitude).
   const int64_t k_in = 512;
   std::vector<float> xk(n_tokens * k_in);
   for (int64_t t = 0; t < n_tokens; ++t)
@@ -421,6 +452,36 @@ TEST(MatmulQuantizedActivations, EdgeCasesFollowTheRule) {
   }
   for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 23), x, n_tokens);
+  }
+}
+
+// Activations whose Q8_K quantization (the K types) hits the rule's edges:
+// an all-zero section (d = 0), negative zeros, the largest magnitude held by
+// both signs (which one sets the scale's sign changes no product: the quants
+// and the scale flip together), exact halves after
+// scaling (round half to even), and a section whose max is positive (every
+// quant's sign flips). Every ISA, decode and batch, against the rule.
+TEST(MatmulQuantizedActivations, SectionEdgeCasesFollowTheRule) {
+  IsaRestore restore;
+  const int64_t n_in = 256 * 5, n_out = 21, n_tokens = 13;
+  std::vector<float> x = make_x(n_tokens * n_in, 29);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* row = x.data() + t * n_in;
+    const float f = static_cast<float>(t % 4 + 1);
+    std::fill(row, row + 256, 0.0f);         // section 0: zeros
+    std::fill(row + 256, row + 512, -0.0f);  // section 1: negative zeros
+    // Section 2: max -127 * f then +127 * f; scale -127 / max = 1 / f, so
+    // halves (times f) tie.
+    for (int i = 0; i < 256; ++i) row[512 + i] = f * (i % 2 ? 1.0f : -1.0f) * (0.5f * static_cast<float>(i % 255));
+    row[512] = -127.0f * f;
+    row[513] = 127.0f * f;
+    row[767] = 127.0f * f;
+    // Section 3: max +127: every quant is the negated rounded value.
+    for (int i = 0; i < 256; ++i) row[768 + i] = 0.5f * static_cast<float>(i % 200) - 37.25f;
+    row[768 + 100] = 127.0f;
+  }
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 31), x, n_tokens);
   }
 }
 

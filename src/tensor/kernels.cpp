@@ -234,7 +234,7 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
       std::memcpy(&dminh, head + 2, 2);
       d[r] = f16_to_f32(dh);
       d[16 + r] = f16_to_f32(dminh);
-      for (int j = 0; j < 8; ++j) k_scale_min(j, head + 4, &o[128 + j * 16 + r], &o[256 + j * 16 + r]);
+      for (int j = 0; j < 8; ++j) k_scale_min(j, head + 4, &o[128 + j * 16 + r], &o[256 + (j / 2) * 32 + 2 * r + j % 2]);
       const uint8_t* qs = w.type == DType::Q4_K ? reinterpret_cast<const BlockQ4_K*>(head)->qs
                                                 : reinterpret_cast<const BlockQ5_K*>(head)->qs;
       for (int p = 0; p < 4; ++p)
@@ -423,7 +423,9 @@ PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
 
 namespace {
 
-enum class ActKind { F32, F16, BF16, Q8 };
+// Q8: Q8_0 blocks of 32; Q8K: Q8_K sections of 256 (the K types).
+enum class ActKind { F32, F16, BF16, Q8, Q8K };
+constexpr int kActKinds = 5;
 
 ActKind act_kind(DType t) {
   switch (t) {
@@ -434,10 +436,10 @@ ActKind act_kind(DType t) {
     case DType::Q4_0:
     case DType::Q4_1:
     case DType::Q5_0:
-    case DType::Q5_1:
+    case DType::Q5_1: return ActKind::Q8;
     case DType::Q4_K:
     case DType::Q5_K:
-    case DType::Q6_K: return ActKind::Q8;
+    case DType::Q6_K: return ActKind::Q8K;
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(t)));
   }
 }
@@ -479,6 +481,9 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
       isa_kernels().quantize_q8(x, n / kQK8_0, o, 1);
       return;
     }
+    case ActKind::Q8K:
+      kernels::quantize_q8_k(x, n / kQK_K, static_cast<XBlock*>(out), 1);
+      return;
     case ActKind::F32:
       std::memcpy(out, x, n * sizeof(float));
       return;
@@ -506,8 +511,9 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
                          ThreadPool& pool) {
   PackedX px;
   px.tile = std::min<int64_t>(kTokenTile, n_tokens);
-  px.k = kind == ActKind::Q8 ? n_in / kQK8_0 : n_in;
-  const size_t elem = kind == ActKind::Q8 ? sizeof(XBlock) : sizeof(float);
+  const bool blocks = kind == ActKind::Q8 || kind == ActKind::Q8K;
+  px.k = blocks ? n_in / kQK8_0 : n_in;
+  const size_t elem = blocks ? sizeof(XBlock) : sizeof(float);
   const int64_t n_tiles = (n_tokens + px.tile - 1) / px.tile;
   auto* out = static_cast<uint8_t*>(buf.ensure(elem * px.k * px.tile * n_tiles));
   px.data = out;
@@ -520,12 +526,13 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
       convert_row(kind, x + t0 * n_in, n_in, base);
       return;
     }
-    if (kind == ActKind::Q8) {
+    if (blocks) {
       auto* dst = reinterpret_cast<XBlock*>(base);
       if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
       for (int64_t j = 0; j < nt; ++j) {
         const float* row = x + (t0 + j) * n_in;
-        isa.quantize_q8(row, px.k, dst + j, px.tile);
+        if (kind == ActKind::Q8K) kernels::quantize_q8_k(row, n_in / kQK_K, dst + j, px.tile);
+        else isa.quantize_q8(row, px.k, dst + j, px.tile);
       }
       return;
     }
@@ -702,8 +709,8 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
   if (mats.empty() || n_tokens <= 0) return;
   const IsaKernels& isa = isa_kernels();
   const int64_t n_in = mats[0].view->n_in;
-  thread_local ActBuffer bufs[4];
-  PackedX packed[4];
+  thread_local ActBuffer bufs[kActKinds];
+  PackedX packed[kActKinds];
   std::vector<Job> jobs;
   jobs.reserve(mats.size());
   const int threads = pool.size();

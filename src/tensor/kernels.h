@@ -11,7 +11,9 @@
 //     starting from +0, with x rounded to the weight's type first;
 //   Q8_0/Q4_0 weights: x is quantized to Q8_0 blocks, then for each block b
 //     in order y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y), where
-//     isum[b] is the exact integer dot product of the block's quants.
+//     isum[b] is the exact integer dot product of the block's quants;
+//   the K types likewise per 256-element super-block against Q8_K
+//     activations (kernels_impl.h states every type's rule).
 // Vectors run across output rows (16 at a time), never along k, so the GEMV
 // (decode), every GEMM tile shape and both instruction sets (AVX2, AVX-512)
 // produce the same bits. Attention is likewise per query (see below).
@@ -69,7 +71,8 @@ class PackedMatrix {
 
 // y[t * n_out + r] = dot(W.row(r), x[t * n_in ...]) for t < n_tokens.
 // Activations are converted to the weight's dot type first, as ggml does
-// (F16 weights -> F16 activations, Q8_0/Q4_0 -> Q8_0 blocks, BF16 -> BF16).
+// (F16 weights -> F16 activations, Q8_0/Q4_0/Q5_0... -> Q8_0 blocks, the K
+// types -> Q8_K sections of 256, BF16 -> BF16).
 void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 // Same results from an unpacked view (packs the rows it needs on the fly;
 // prefer PackedMatrix for weights used repeatedly).

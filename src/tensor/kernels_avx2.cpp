@@ -264,93 +264,74 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   return q;
 }
 
-inline __m256 load_scales8(const uint8_t* f32s, const uint8_t* bytes, bool is_signed) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
-  const __m256i i = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
-  return _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(f32s)), _mm256_cvtepi32_ps(i));
-}
-
-// One 32-element block (sub-block 2 * pair + Odd) of Q4_K/Q5_K weights.
-template <KType KT, bool Odd, int G, int T>
-RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+// isum[h] += sc[j] * (rows 8h..8h+7's dots of sub-block j = 2 * pair + Odd's
+// unsigned Q4_K/Q5_K quants with the activation block xb).
+template <KType KT, bool Odd>
+RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const uint8_t* sec = ws + g * gb;
-    __m256 scale[2], min[2];
-    for (int h = 0; h < 2; ++h) {
-      scale[h] = load_scales8(sec + 32 * h, sec + 128 + j * 16 + 8 * h, false);
-      min[h] = load_scales8(sec + 64 + 32 * h, sec + 256 + j * 16 + 8 * h, false);
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      [&]<int... C>(std::integer_sequence<int, C...>) {
-        (
-            [&] {
-              int32_t q;
-              std::memcpy(&q, xb[t].qs + 4 * C, 4);
-              const __m256i xv = _mm256_set1_epi32(q);
-              for (int h = 0; h < 2; ++h)
-                is[h] = _mm256_add_epi32(is[h], dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv));
-            }(),
-            ...);
-      }(std::make_integer_sequence<int, 8>{});
-      const __m256 dx = _mm256_set1_ps(xb[t].d);
-      const __m256 neg_sum = _mm256_set1_ps(static_cast<float>(-(xb[t].sum_lo + xb[t].sum_hi)));
-      for (int h = 0; h < 2; ++h) {
-        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(scale[h], dx), _mm256_cvtepi32_ps(is[h]), acc[g][t][h]);
-        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(min[h], dx), neg_sum, acc[g][t][h]);
-      }
-    }
+  __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    (
+        [&] {
+          int32_t q;
+          std::memcpy(&q, xb.qs + 4 * C, 4);
+          const __m256i xv = _mm256_set1_epi32(q);
+          for (int h = 0; h < 2; ++h)
+            is[h] = _mm256_add_epi32(is[h], dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv));
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 8>{});
+  for (int h = 0; h < 2; ++h) {
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 128 + j * 16 + 8 * h)));
+    isum[h] = _mm256_add_epi32(isum[h], _mm256_mullo_epi32(is[h], sc));
   }
 }
 
-// One 32-element block (2 * pair + Odd) of Q6_K weights.
-template <KType KT, bool Odd, int G, int T>
-RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m256 (&acc)[G][T][2]) {
+// The same for block 2 * pair + Odd of Q6_K weights: each half's dot of u
+// with the activations, less 32 * their sum, times its signed scale.
+template <KType KT, bool Odd>
+RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const uint8_t* sec = ws + g * gb;
-    __m256i sc_lo[2], sc_hi[2];
-    for (int h = 0; h < 2; ++h) {
-      sc_lo[h] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + 2 * j * 16 + 8 * h)));
-      sc_hi[h] =
-          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + 1) * 16 + 8 * h)));
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m256i lo0 = _mm256_set1_epi32(-32 * xb[t].sum_lo), hi0 = _mm256_set1_epi32(-32 * xb[t].sum_hi);
-      __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
-      [&]<int... C>(std::integer_sequence<int, C...>) {
-        (
-            [&] {
-              int32_t q;
-              std::memcpy(&q, xb[t].qs + 4 * C, 4);
-              const __m256i xv = _mm256_set1_epi32(q);
-              for (int h = 0; h < 2; ++h) {
-                const __m256i d = dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
-                if constexpr (C < 4) lo[h] = _mm256_add_epi32(lo[h], d);
-                else hi[h] = _mm256_add_epi32(hi[h], d);
-              }
-            }(),
-            ...);
-      }(std::make_integer_sequence<int, 8>{});
-      const __m256 dx = _mm256_set1_ps(xb[t].d);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc_lo[h]), _mm256_mullo_epi32(hi[h], sc_hi[h]));
-        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
-        acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc[g][t][h]);
-      }
-    }
+  const __m256i lo0 = _mm256_set1_epi32(-32 * xb.sum_lo), hi0 = _mm256_set1_epi32(-32 * xb.sum_hi);
+  __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    (
+        [&] {
+          int32_t q;
+          std::memcpy(&q, xb.qs + 4 * C, 4);
+          const __m256i xv = _mm256_set1_epi32(q);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i d = dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
+            if constexpr (C < 4) lo[h] = _mm256_add_epi32(lo[h], d);
+            else hi[h] = _mm256_add_epi32(hi[h], d);
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 8>{});
+  for (int h = 0; h < 2; ++h) {
+    const __m256i sc_lo =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + 2 * j * 16 + 8 * h)));
+    const __m256i sc_hi =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + 1) * 16 + 8 * h)));
+    isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc_lo), _mm256_mullo_epi32(hi[h], sc_hi)));
   }
 }
 
-// Q4_K / Q5_K / Q6_K weights against Q8_0 activations (rule in kernels_impl.h).
+// See the AVX-512 version.
+RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
+  const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
+  const auto hi = static_cast<uint16_t>(-(odd.sum_lo + odd.sum_hi));
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
+}
+
+// Q4_K / Q5_K / Q6_K weights against Q8_K activations (rule in
+// kernels_impl.h). One (group, token) at a time through a whole super-block,
+// so its integer sums stay in registers; the section is in L1 for the next
+// token.
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
+  constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -358,15 +339,43 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
-    const uint8_t* ws = w + s * kSec;
-    for (int p = 0; p < 4; ++p) {
-      if (a.prefetch > 0) prefetch_share<G, kSec, 4>(ws, gb, p, a.prefetch);
-      if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
-        q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
-      } else {
-        k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+    const XBlock* xsec = x + s * 8 * xs;
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* sec = w + g * gb + s * kSec;
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int p = 0; p < 4; ++p) {
+          if (t == 0 && a.prefetch > 0) prefetch_share<1, kSec, 4>(sec, gb, p, a.prefetch);
+          if constexpr (kAffine) {
+            k_affine_block<KT, false>(sec, p, xsec[2 * p * xs + t], isum);
+            k_affine_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs + t], isum);
+          } else {
+            q6k_block<KT, false>(sec, p, xsec[2 * p * xs + t], isum);
+            q6k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs + t], isum);
+          }
+        }
+        const __m256 dx = _mm256_set1_ps(xsec[t].d);
+        for (int h = 0; h < 2; ++h) {
+          const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
+          acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[h]), acc[g][t][h]);
+        }
+        if constexpr (kAffine) {
+          __m256i msum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          for (int p = 0; p < 4; ++p) {
+            const __m256i np = _mm256_set1_epi32(neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
+            for (int h = 0; h < 2; ++h) {
+              const __m256i m = _mm256_cvtepu8_epi16(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + p * 32 + 16 * h)));
+              msum[h] = _mm256_add_epi32(msum[h], _mm256_madd_epi16(m, np));
+            }
+          }
+          for (int h = 0; h < 2; ++h) {
+            const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 16 + 8 * h);
+            acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[h]), acc[g][t][h]);
+          }
+        }
       }
     }
   }
@@ -513,6 +522,49 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }
 
 }  // namespace
+
+void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
+  const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t s = 0; s < n_sections; ++s) {
+    const float* xs = x + s * kQK_K;
+    XBlock* o = out + s * 8 * out_stride;
+    // max_ps returns its second operand when either is NaN: NaNs are skipped,
+    // as ggml's `ax > amax` skips them.
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < kQK_K; i += 8) m = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), m);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    float amax = 0;
+    for (float v : lanes) amax = v > amax ? v : amax;
+    float max = 0;
+    for (int i = 0; i < kQK_K && amax > 0; ++i)
+      if (__builtin_fabsf(xs[i]) == amax) {
+        max = xs[i];
+        break;
+      }
+    const float iscale = max != 0 ? -127.0f / max : 0.0f;
+    const float d = max != 0 ? 1.0f / iscale : 0.0f;
+    const __m256 is = _mm256_set1_ps(iscale);
+    for (int b = 0; b < 8; ++b) {
+      XBlock& xb = o[b * out_stride];
+      __m256i v[4];
+      for (int h = 0; h < 4; ++h) v[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + 32 * b + 8 * h), is));
+      const __m256i q = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), lane_order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.qs), q);
+      alignas(32) int32_t sums[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums),
+                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1)));
+      xb.d = d;
+      xb.corr_q8 = 0;
+      xb.corr_q4 = 0;
+      xb.sum_lo = static_cast<int16_t>(sums[0] + sums[1] + sums[2] + sums[3]);
+      xb.sum_hi = static_cast<int16_t>(sums[4] + sums[5] + sums[6] + sums[7]);
+    }
+  }
+}
 
 void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
   for (int64_t s = 0; s < n_sections; ++s) {

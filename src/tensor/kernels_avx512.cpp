@@ -279,9 +279,10 @@ RP_INLINE void dot_chunk_k(__m512i (&ia)[G][T], const __m512i (&wv)[G], const XB
   }
 }
 
-// One 32-element block (sub-block 2 * pair + Odd) of Q4_K/Q5_K weights.
+// isum[g][t] += sc[j] * (the dots of sub-block j = 2 * pair + Odd's unsigned
+// Q4_K/Q5_K quants with token t's activation quants).
 template <KType KT, bool Odd, int G, int T>
-RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512 (&acc)[G][T]) {
+RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
 #pragma GCC unroll 16
@@ -300,24 +301,14 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
   }(std::make_integer_sequence<int, 8>{});
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
-    const uint8_t* sec = ws + g * gb;
-    const __m512 scale = _mm512_mul_ps(
-        _mm512_loadu_ps(sec),
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 128 + j * 16)))));
-    const __m512 min = _mm512_mul_ps(
-        _mm512_loadu_ps(sec + 64),
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + j * 16)))));
+    const __m512i sc =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 128 + j * 16)));
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512 dx = _mm512_set1_ps(xb[t].d);
-      const __m512 neg_sum = _mm512_set1_ps(static_cast<float>(-(xb[t].sum_lo + xb[t].sum_hi)));
-      acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(scale, dx), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
-      acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(min, dx), neg_sum, acc[g][t]);
-    }
+    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
   }
 }
 
-// isum[g][t] (+)= sc (the group's 16 signed scales of this half of block
+// isum[g][t] += sc (the group's 16 signed scales of this half of block
 // j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
 // activations - 32 * their sum).
 template <KType KT, bool Odd, int C0, int G, int T>
@@ -345,33 +336,25 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
     const __m512i sc = _mm512_cvtepi8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 64 + (2 * j + C0 / 4) * 16)));
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512i v = _mm512_mullo_epi32(ia[g][t], sc);
-      isum[g][t] = C0 == 0 ? v : _mm512_add_epi32(isum[g][t], v);
-    }
+    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
   }
 }
 
-// One 32-element block (2 * pair + Odd) of Q6_K weights.
-template <KType KT, bool Odd, int G, int T>
-RP_INLINE void q6k_block(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512 (&acc)[G][T]) {
-  __m512i isum[G][T];
-  q6k_half<KT, Odd, 0, G, T>(ws, gb, pair, xb, isum);
-  q6k_half<KT, Odd, 4, G, T>(ws, gb, pair, xb, isum);
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512 d = _mm512_loadu_ps(ws + g * gb);
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t)
-      acc[g][t] =
-          _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[t].d)), _mm512_cvtepi32_ps(isum[g][t]), acc[g][t]);
-  }
+// The pair sums -(xsum of sub-block 2p, xsum of 2p + 1) as 16-bit halves of
+// one word, for vpdpwssd against a pair's mins.
+RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
+  const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
+  const auto hi = static_cast<uint16_t>(-(odd.sum_lo + odd.sum_hi));
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Q4_K / Q5_K / Q6_K weights against Q8_0 activations (rule in kernels_impl.h).
+// Q4_K / Q5_K / Q6_K weights against Q8_K activations (rule in
+// kernels_impl.h): the sub-blocks add up in integers, and each super-block
+// costs two (Q6_K: one) float updates per output.
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
+  constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -380,14 +363,53 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     const uint8_t* ws = w + s * kSec;
+    const XBlock* xsec = x + s * 8 * xs;
+    __m512i isum[G][T];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       if (a.prefetch > 0) prefetch_share<G, kSec, 4>(ws, gb, p, a.prefetch);
-      if constexpr (KT == KType::Q6K || KT == KType::Q6KWide) {
-        q6k_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        q6k_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+      if constexpr (kAffine) {
+        k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
+        k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
       } else {
-        k_affine_block<KT, false, G, T>(ws, gb, p, x + (s * 8 + 2 * p) * xs, acc);
-        k_affine_block<KT, true, G, T>(ws, gb, p, x + (s * 8 + 2 * p + 1) * xs, acc);
+        q6k_half<KT, false, 0, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
+        q6k_half<KT, false, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
+        q6k_half<KT, true, 0, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
+        q6k_half<KT, true, 4, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
+      }
+    }
+    int32_t npair[T][4];
+    if constexpr (kAffine) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t)
+        for (int p = 0; p < 4; ++p) npair[t][p] = neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]);
+    }
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* sec = ws + g * gb;
+      const __m512 d = _mm512_loadu_ps(sec);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t)
+        acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
+                                    acc[g][t]);
+      if constexpr (kAffine) {
+        __m512i msum[T];
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) msum[t] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; ++p) {
+          const __m512i m =
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 256 + p * 32)));
+#pragma GCC unroll 16
+          for (int t = 0; t < T; ++t) msum[t] = _mm512_dpwssd_epi32(msum[t], m, _mm512_set1_epi32(npair[t][p]));
+        }
+        const __m512 dmin = _mm512_loadu_ps(sec + 64);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t)
+          acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(msum[t]),
+                                      acc[g][t]);
       }
     }
   }

@@ -20,7 +20,8 @@
 //   Q5_1: Q4_1's layout, then Q5_0's plane. 384 bytes.
 //   K types, per 256-element super-block ("section"; k ranges given to these
 //   kernels are whole super-blocks), sub-block scales unpacked to bytes:
-//   Q4_K: 16 f32 d, 16 f32 dmin, 8 x 16 scales (u8), 8 x 16 mins (u8), then
+//   Q4_K: 16 f32 d, 16 f32 dmin, 8 x 16 scales (u8), then the mins (u8) per
+//         sub-block pair p: 16 rows x (m[2p], m[2p+1]), 32 bytes; then
 //         for each sub-block pair p 8 chunks of 64 bytes: chunk c holds, for
 //         each row, the pair's packed bytes 4c..4c+3 (low nibbles: sub-block
 //         2p elements 4c..4c+3, high nibbles: sub-block 2p+1's). 2432 bytes.
@@ -49,16 +50,19 @@
 //                 y = fma(f32(mw[b]) * f32(dx[b]), float(xsum[b]), y), isum
 //                 the exact dot of the unsigned quants, xsum the sum of the
 //                 activation quants.
-//   Q4_K/Q5_K:    per 32-element block b (sub-block j of super-block s):
-//                 y = fma((d[s] * sc[j]) * dx[b], float(isum[b]), y), then
-//                 y = fma((dmin[s] * m[j]) * dx[b], float(-xsum[b]), y),
-//                 isum[b] the exact dot of the unsigned quants, xsum[b] the
-//                 sum of the activation quants (d * sc and dmin * m are exact).
-//   Q6_K:         per block b: y = fma(d[s] * dx[b], float(isum[b]), y),
-//                 isum[b] = sc[2j] * dot(q, x over the first 16) +
-//                 sc[2j+1] * dot(q, x over the last 16), exact integers.
-// All activations are Q8_0 blocks (ggml's CPU backend uses Q8_K for the K
-// types; its GPU backends use 32-element blocks, as here).
+//   Q4_K/Q5_K:    per super-block s (8 sub-blocks j of 32 elements):
+//                 y = fma(d[s] * dx[s], float(isum[s]), y), then
+//                 y = fma(dmin[s] * dx[s], float(-msum[s]), y), where
+//                 isum[s] = sum_j sc[j] * (exact dot of sub-block j's unsigned
+//                 quants with the activation quants) and msum[s] = sum_j
+//                 m[j] * (sum of sub-block j's activation quants), exact
+//                 integers.
+//   Q6_K:         per super-block s: y = fma(d[s] * dx[s], float(isum[s]), y),
+//                 isum[s] = sum over its 16 sixteen-element halves i of
+//                 sc[i] * dot(u - 32, x over the half), exact integers.
+// Activations for the K types are Q8_K (one f32 scale dx per 256 elements,
+// ggml's quantize_row_q8_K, as ggml's CPU backend quantizes them for these
+// types); for the others they are Q8_0 blocks of 32 (ggml's AVX2 rule).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -70,10 +74,11 @@ namespace reprise::kernels {
 
 constexpr int kGroupRows = 16;
 
-// One 32-element block of Q8_0 activations in the form the integer kernels
-// read: quants, scale as f32, the offset corrections for unsigned weights
+// One 32-element block of activations in the form the integer kernels read:
+// quants, scale as f32, the offset corrections for unsigned weights
 // (-128 * sum(qs) for Q8_0 stored as q + 128; -8 * sum(qs) for Q4_0 nibbles),
 // and the sums of the first and last 16 quants (the K types' sub-blocks).
+// Q8_K activations are 8 consecutive blocks sharing one d (corrections 0).
 struct XBlock {
   int8_t qs[kQK8_0];
   float d;
@@ -278,6 +283,14 @@ void attention_avx2(const AttnArgs& a);
 bool attention_avx2_supports(int64_t head_dim);
 
 const IsaKernels& avx2_kernels();
+// Quantizes n_sections consecutive 256-float sections of x to Q8_K
+// activations (8 XBlocks each, out[b * out_stride] for block b) by ggml's
+// quantize_row_q8_K: per section, max = the first element of largest
+// magnitude, q = clamp(round-half-even(x * (-127 / max)), -128, 127) (the
+// clamp only matters for non-finite x), d = 1 / (-127 / max); an all-zero
+// section has d = 0. One implementation (AVX2, every supported CPU's
+// baseline), so every ISA's kernels read the same activations.
+void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride);
 // Q6_K sections (packed layout) to the Q6_K wide layout, n_sections of them
 // (a group holds n_in / 256). AVX2 is every supported CPU's baseline.
 void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
