@@ -86,6 +86,9 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
     b->Args({t, 512, 1536, 1, 2});
     b->Args({t, 512, 32000, 1, 2});
     b->Args({t, 1536, 512, 512, 2});
+    // One thread: what scripts/ab_kernels.py can compare (two builds at once).
+    b->Args({t, 512, 1536, 1, 1});
+    b->Args({t, 1536, 512, 512, 1});
   }
   // Small batches (several sequences decoding together) against 72-144 MB of
   // weights, which they read from memory once per call, as decode does.

@@ -539,11 +539,14 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
     float amax = 0;
     for (float v : lanes) amax = v > amax ? v : amax;
     float max = 0;
-    for (int i = 0; i < kQK_K && amax > 0; ++i)
-      if (__builtin_fabsf(xs[i]) == amax) {
-        max = xs[i];
+    const __m256 target = _mm256_set1_ps(amax);
+    for (int i = 0; i < kQK_K && amax > 0; i += 8) {
+      const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), target, _CMP_EQ_OQ);
+      if (const int bits = _mm256_movemask_ps(hit)) {
+        max = xs[i + __builtin_ctz(static_cast<unsigned>(bits))];
         break;
       }
+    }
     const float iscale = max != 0 ? -127.0f / max : 0.0f;
     const float d = max != 0 ? 1.0f / iscale : 0.0f;
     const __m256 is = _mm256_set1_ps(iscale);

@@ -240,14 +240,21 @@ constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
                              : KT == KType::Q6K ? kSectionQ6K
                                                 : kSectionQ6KWide;
 
-// The unsigned quants (0..15, 0..31 or 0..63) of chunk C of sub-block
-// 2 * pair + Odd of a K-type section at sec, for 16 rows.
+// Q4_K's odd sub-blocks are read in place as 16 * u (the high nibble masked,
+// not shifted: shifts issue only on port 0, beside vpdpbusd); their dots are
+// divided by 16 (exactly) once per block instead.
+template <KType KT, bool Odd>
+constexpr bool kTimes16 = KT == KType::Q4K && Odd;
+
+// The unsigned quants (0..15, 0..31 or 0..63; 16 * 0..15 when kTimes16) of
+// chunk C of sub-block 2 * pair + Odd of a K-type section at sec, for 16 rows.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
   constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const __m512i v = _mm512_loadu_si512(sec + kNibbles + pair * 512 + C * 64);
+  if constexpr (kTimes16<KT, Odd>) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
   __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
   // The high bits sit at bit kBit of a plane byte; 16-bit shifts move them to
   // bit 4 (what spills from the neighbouring byte falls outside the mask).
@@ -304,7 +311,10 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
     const __m512i sc =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 128 + j * 16)));
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
+    for (int t = 0; t < T; ++t) {
+      const __m512i dot = kTimes16<KT, Odd> ? _mm512_srai_epi32(ia[g][t], 4) : ia[g][t];
+      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
+    }
   }
 }
 
@@ -359,9 +369,21 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
   const int64_t xs = a.x_tile;
-  __m512 acc[G][T];
-  init_acc<G, T>(a, g0, t0, acc);
+  // The float accumulators change once per super-block: they wait in memory
+  // (the barrier below keeps the compiler from holding them in registers),
+  // which leaves the registers to the integer sums; in registers they made
+  // the compiler spill inside the block loop.
+  alignas(64) float acc_mem[G][T][16];
+  {
+    __m512 acc[G][T];
+    init_acc<G, T>(a, g0, t0, acc);
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) _mm512_store_ps(acc_mem[g][t], acc[g][t]);
+  }
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
+    asm volatile("" : : "r"(acc_mem) : "memory");
     const uint8_t* ws = w + s * kSec;
     const XBlock* xsec = x + s * 8 * xs;
     __m512i isum[G][T];
@@ -391,10 +413,11 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     for (int g = 0; g < G; ++g) {
       const uint8_t* sec = ws + g * gb;
       const __m512 d = _mm512_loadu_ps(sec);
+      __m512 acc[T];
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t)
-        acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
-                                    acc[g][t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
+                                 _mm512_load_ps(acc_mem[g][t]));
       if constexpr (kAffine) {
         __m512i msum[T];
 #pragma GCC unroll 16
@@ -408,11 +431,18 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         const __m512 dmin = _mm512_loadu_ps(sec + 64);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t)
-          acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(msum[t]),
-                                      acc[g][t]);
+          acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(msum[t]),
+                                   acc[t]);
       }
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) _mm512_store_ps(acc_mem[g][t], acc[t]);
     }
   }
+  __m512 acc[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_load_ps(acc_mem[g][t]);
   store_acc<G, T>(a, g0, t0, acc);
 }
 
