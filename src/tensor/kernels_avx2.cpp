@@ -347,7 +347,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t) {
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
-          if (t == 0 && a.prefetch > 0) prefetch_share<1, kSec, 4>(sec, gb, p, a.prefetch);
+          if (t == 0 && a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
           if constexpr (kAffine) {
             k_affine_block<KT, false>(sec, p, xsec[2 * p * xs + t], isum);
             k_affine_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs + t], isum);

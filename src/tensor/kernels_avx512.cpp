@@ -392,7 +392,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-      if (a.prefetch > 0) prefetch_share<G, kSec, 4>(ws, gb, p, a.prefetch);
+      if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, p, a.prefetch);
       if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);

@@ -40,6 +40,18 @@ inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size
   prefetch_streams<G>(p + l0 * 64, group_bytes, (l1 - l0) * 64, ahead);
 }
 
+// prefetch_share for a part known only at run time (a loop over a unit's
+// parts): dispatches to the compile-time part, so every case is unrolled. A
+// loop over a run-time line count took more instructions than the prefetches
+// it issued (and a register per stream).
+template <int G, size_t kBytes, int Parts>
+inline __attribute__((always_inline)) void prefetch_share_at(const uint8_t* p, size_t group_bytes, int part,
+                                                             int64_t ahead) {
+  [&]<int... P>(std::integer_sequence<int, P...>) {
+    ((part == P ? prefetch_share<G, kBytes, Parts>(p, group_bytes, P, ahead) : void()), ...);
+  }(std::make_integer_sequence<int, Parts>{});
+}
+
 // All groups at tokens [t0, t0 + T), with tiles of the widths Gs..., widest
 // first (the last should be 1 so every group is covered).
 template <template <int, int> class K, int T, int... Gs>
