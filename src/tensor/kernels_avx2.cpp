@@ -15,6 +15,7 @@ namespace reprise::kernels {
 namespace {
 
 #define RP_INLINE inline __attribute__((always_inline))
+#define RP_INLINE_LAMBDA __attribute__((always_inline))
 
 enum class FType { F32, F16, BF16 };
 
@@ -175,9 +176,9 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
           // each half (7936, 4 pairs). Integer sums are exact either way.
           __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
           __m256i hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-          [&]<int... C>(std::integer_sequence<int, C...>) {
+          [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
             (
-                [&] {
+                [&]() RP_INLINE_LAMBDA {
                   int32_t ql, qh;
                   std::memcpy(&ql, xb.qs + 4 * C, 4);
                   std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
@@ -270,9 +271,9 @@ template <KType KT, bool Odd>
 RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  [&]<int... C>(std::integer_sequence<int, C...>) {
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
-        [&] {
+        [&]() RP_INLINE_LAMBDA {
           int32_t q;
           std::memcpy(&q, xb.qs + 4 * C, 4);
           const __m256i xv = _mm256_set1_epi32(q);
@@ -294,9 +295,9 @@ RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i
   const int j = 2 * pair + (Odd ? 1 : 0);
   const __m256i lo0 = _mm256_set1_epi32(-32 * xb.sum_lo), hi0 = _mm256_set1_epi32(-32 * xb.sum_hi);
   __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
-  [&]<int... C>(std::integer_sequence<int, C...>) {
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
-        [&] {
+        [&]() RP_INLINE_LAMBDA {
           int32_t q;
           std::memcpy(&q, xb.qs + 4 * C, 4);
           const __m256i xv = _mm256_set1_epi32(q);
@@ -324,14 +325,99 @@ RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
 }
 
+// Adds a super-block's float updates for one (group, token) to acc (rows
+// 0-7, 8-15): y = fma(d * dx, float(isum), y), and for Q4_K/Q5_K the mins'
+// y = fma(dmin * dx, float(-msum), y).
+template <KType KT>
+RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int t, const __m256i (&isum)[2],
+                        __m256 (&acc)[2]) {
+  const __m256 dx = _mm256_set1_ps(xsec[t].d);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
+    acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
+  }
+  if constexpr (KT == KType::Q4K || KT == KType::Q5K) {
+    __m256i msum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int p = 0; p < 4; ++p) {
+      const __m256i np = _mm256_set1_epi32(neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i m =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + p * 32 + 16 * h)));
+        msum[h] = _mm256_add_epi32(msum[h], _mm256_madd_epi16(m, np));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 16 + 8 * h);
+      acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[h]), acc[h]);
+    }
+  }
+}
+
+// isum += the block 2 * pair + Odd's scaled dots (k_affine_block or q6k_block).
+template <KType KT, bool Odd>
+RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
+  if constexpr (KT == KType::Q4K || KT == KType::Q5K) k_affine_block<KT, Odd>(sec, pair, xb, isum);
+  else q6k_block<KT, Odd>(sec, pair, xb, isum);
+}
+
+// For T tokens (activation blocks xb[t]): isum[t] += block 2 * pair + Odd's
+// scaled dots, as k_block does for one; the block's chunks are unpacked once
+// for all the tokens.
+template <KType KT, bool Odd, int T>
+RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, int32_t (*isum)[16]) {
+  constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
+  const int j = 2 * pair + (Odd ? 1 : 0);
+  __m256i wq[8][2];
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    ((wq[C][0] = k_affine_chunk<KT, Odd, C>(sec, pair, 0), wq[C][1] = k_affine_chunk<KT, Odd, C>(sec, pair, 1)), ...);
+  }(std::make_integer_sequence<int, 8>{});
+  // Scales of the block's first and last 16 elements (the same for Q4_K/Q5_K).
+  __m256i sc[2][2];
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kAffine) {
+      sc[0][h] = sc[1][h] =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 128 + j * 16 + 8 * h)));
+    } else {
+      for (int half = 0; half < 2; ++half)
+        sc[half][h] = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + half) * 16 + 8 * h)));
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m256i lo0 = _mm256_set1_epi32(kAffine ? 0 : -32 * xb[t].sum_lo);
+    const __m256i hi0 = _mm256_set1_epi32(kAffine ? 0 : -32 * xb[t].sum_hi);
+    __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      int32_t q;
+      std::memcpy(&q, xb[t].qs + 4 * c, 4);
+      const __m256i xv = _mm256_set1_epi32(q);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i d = dot_u8_chunk(wq[c][h], xv);
+        if (c < 4) lo[h] = _mm256_add_epi32(lo[h], d);
+        else hi[h] = _mm256_add_epi32(hi[h], d);
+      }
+    }
+    auto* m = reinterpret_cast<__m256i*>(isum[t]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = kAffine ? _mm256_mullo_epi32(_mm256_add_epi32(lo[h], hi[h]), sc[0][h])
+                                : _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc[0][h]), _mm256_mullo_epi32(hi[h], sc[1][h]));
+      _mm256_store_si256(m + h, _mm256_add_epi32(_mm256_load_si256(m + h), v));
+    }
+  }
+}
+
 // Q4_K / Q5_K / Q6_K weights against Q8_K activations (rule in
-// kernels_impl.h). One (group, token) at a time through a whole super-block,
-// so its integer sums stay in registers; the section is in L1 for the next
-// token.
+// kernels_impl.h); 16 registers shape the loops.
+//   Decode (T = 1): one group at a time through a whole super-block, its
+//   integer sums and float accumulators in registers.
+//   Prompts: block by block over the groups (k_block_tokens), the float
+//   accumulators in registers and the integer sums in memory (one load and
+//   store per block per output).
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
-  constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -340,43 +426,35 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     const XBlock* xsec = x + s * 8 * xs;
+    if constexpr (T == 1) {
 #pragma GCC unroll 16
-    for (int g = 0; g < G; ++g) {
-      const uint8_t* sec = w + g * gb + s * kSec;
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) {
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* sec = w + g * gb + s * kSec;
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
-          if (t == 0 && a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
-          if constexpr (kAffine) {
-            k_affine_block<KT, false>(sec, p, xsec[2 * p * xs + t], isum);
-            k_affine_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs + t], isum);
-          } else {
-            q6k_block<KT, false>(sec, p, xsec[2 * p * xs + t], isum);
-            q6k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs + t], isum);
-          }
+          if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
+          k_block<KT, false>(sec, p, xsec[2 * p * xs], isum);
+          k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs], isum);
         }
-        const __m256 dx = _mm256_set1_ps(xsec[t].d);
-        for (int h = 0; h < 2; ++h) {
-          const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
-          acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[h]), acc[g][t][h]);
-        }
-        if constexpr (kAffine) {
-          __m256i msum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-          for (int p = 0; p < 4; ++p) {
-            const __m256i np = _mm256_set1_epi32(neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
-            for (int h = 0; h < 2; ++h) {
-              const __m256i m = _mm256_cvtepu8_epi16(
-                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + p * 32 + 16 * h)));
-              msum[h] = _mm256_add_epi32(msum[h], _mm256_madd_epi16(m, np));
-            }
-          }
-          for (int h = 0; h < 2; ++h) {
-            const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 16 + 8 * h);
-            acc[g][t][h] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[h]), acc[g][t][h]);
-          }
-        }
+        k_finish<KT>(sec, xsec, xs, 0, isum, acc[g][0]);
       }
+    } else {
+      alignas(32) int32_t isum_mem[G][T][16] = {};
+      for (int p = 0; p < 4; ++p)
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g) {
+          const uint8_t* sec = w + g * gb + s * kSec;
+          k_block_tokens<KT, false, T>(sec, p, xsec + 2 * p * xs, isum_mem[g]);
+          k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
+        }
+#pragma GCC unroll 16
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const auto* m = reinterpret_cast<const __m256i*>(isum_mem[g][t]);
+          const __m256i isum[2] = {_mm256_load_si256(m), _mm256_load_si256(m + 1)};
+          k_finish<KT>(w + g * gb + s * kSec, xsec, xs, t, isum, acc[g][t]);
+        }
     }
   }
   store_acc<G, T>(a, g0, t0, acc);
@@ -575,9 +653,9 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
     uint8_t* out = dst + s * kSectionQ6KWide;
     std::memcpy(out, in, kQ6KNibbles);  // d and scales
     for (int pair = 0; pair < 4; ++pair)
-      [&]<int... C>(std::integer_sequence<int, C...>) {
+      [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
-            [&] {
+            [&]() RP_INLINE_LAMBDA {
               for (int h = 0; h < 2; ++h) {
                 auto chunk = [&](int block) {
                   return reinterpret_cast<__m256i*>(out + kQ6KNibbles + block * 512 + C * 64 + 32 * h);

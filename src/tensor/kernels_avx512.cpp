@@ -181,9 +181,9 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         dot_chunk(wv, 4 * c);
       }
     } else {
-      [&]<int... C>(std::integer_sequence<int, C...>) {
+      [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
-            [&] {
+            [&]() RP_INLINE_LAMBDA {
               if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, C, a.prefetch);
               __m512i wv[G];
 #pragma GCC unroll 16
@@ -296,9 +296,9 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) ia[g][t] = _mm512_setzero_si512();
-  [&]<int... C>(std::integer_sequence<int, C...>) {
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
-        [&] {
+        [&]() RP_INLINE_LAMBDA {
           __m512i wv[G];
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KT, Odd, C>(ws + g * gb, pair);
@@ -331,9 +331,9 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = c;
   }
-  [&]<int... C>(std::integer_sequence<int, C...>) {
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
-        [&] {
+        [&]() RP_INLINE_LAMBDA {
           __m512i wv[G];
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) wv[g] = k_affine_chunk<KT, Odd, C0 + C>(ws + g * gb, pair);
