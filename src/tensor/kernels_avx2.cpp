@@ -362,7 +362,8 @@ RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (
 
 // For T tokens (activation blocks xb[t]): isum[t] += block 2 * pair + Odd's
 // scaled dots, as k_block does for one; the block's chunks are unpacked once
-// for all the tokens.
+// for all the tokens. (Decode through this function, sums in memory,
+// measured 0.86-0.97x the k_block path, so both stay.)
 template <KType KT, bool Odd, int T>
 RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, int32_t (*isum)[16]) {
   constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
