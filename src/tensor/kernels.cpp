@@ -98,11 +98,11 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::F32: return static_cast<size_t>(n_in) * kGroupRows * 4;
     case DType::F16:
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
-    case DType::Q8_0: return static_cast<size_t>(n_in / kQK8_0) * (32 + 512);
-    case DType::Q4_0: return static_cast<size_t>(n_in / kQK4_0) * (32 + 256);
-    case DType::Q4_1: return static_cast<size_t>(n_in / 32) * 320;
-    case DType::Q5_0: return static_cast<size_t>(n_in / 32) * 352;
-    case DType::Q5_1: return static_cast<size_t>(n_in / 32) * 384;
+    case DType::Q8_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q8_0>;
+    case DType::Q4_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q4_0>;
+    case DType::Q4_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q4_1>;
+    case DType::Q5_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_0>;
+    case DType::Q5_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_1>;
     case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
     case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
     case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;

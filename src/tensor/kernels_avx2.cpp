@@ -117,17 +117,6 @@ RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-// The 32-element block types (layouts and rule in kernels_impl.h).
-enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
-template <QType Q>
-constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
-template <QType Q>
-constexpr bool kHasFifthBit = Q == QType::Q5_0 || Q == QType::Q5_1;
-template <QType Q>
-constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
-template <QType Q>
-constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
-
 // Plane bit K of each byte moved to bit 4 (see the AVX-512 version).
 template <int K>
 RP_INLINE __m256i fifth_bits(__m256i plane) {
@@ -225,12 +214,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-enum class KType { Q4K, Q5K, Q6K, Q6KWide };
-template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
-                             : KT == KType::Q5K ? kSectionQ5K
-                             : KT == KType::Q6K ? kSectionQ6K
-                                                : kSectionQ6KWide;
 
 // Exact per-row dots (8 rows) of 4 unsigned weight bytes (at most 63: the
 // 16-bit pair sums cannot saturate) with 4 signed activation bytes.

@@ -109,18 +109,6 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-// The 32-element block types, against Q8_0 activations.
-enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
-template <QType Q>
-constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
-template <QType Q>
-constexpr bool kHasFifthBit = Q == QType::Q5_0 || Q == QType::Q5_1;
-// Bytes before the quants (f16 scales, and mins) and per block (kernels_impl.h).
-template <QType Q>
-constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
-template <QType Q>
-constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
-
 // Fifth bits of the 4 elements a nibble chunk's row bytes hold: plane bit k
 // (k = c for low nibbles, 4 + c for high ones) moved to bit 4 (16-bit shifts:
 // what spills from the neighbouring byte stays outside bit 4).
@@ -233,12 +221,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-enum class KType { Q4K, Q5K, Q6K, Q6KWide };
-template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
-                             : KT == KType::Q5K ? kSectionQ5K
-                             : KT == KType::Q6K ? kSectionQ6K
-                                                : kSectionQ6KWide;
 
 // Q4_K's odd sub-blocks are read in place as 16 * u (the high nibble masked,
 // not shifted: shifts issue only on port 0, beside vpdpbusd); their dots are

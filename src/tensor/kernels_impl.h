@@ -98,6 +98,28 @@ constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
 constexpr size_t kSectionQ6KWide = 4416;
 
+// The per-type facts both ISA files' kernels (and the driver's sizes) read:
+// constants only, no code, so sharing them shares nothing compiled for one
+// instruction set with the other.
+// 32-element block types: bytes before the quants (f16 scales, and mins)
+// and per block.
+enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
+template <QType Q>
+constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
+template <QType Q>
+constexpr bool kHasFifthBit = Q == QType::Q5_0 || Q == QType::Q5_1;
+template <QType Q>
+constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
+template <QType Q>
+constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
+// K types (Q6KWide: a prompt's widened Q6_K scratch): bytes per section.
+enum class KType { Q4K, Q5K, Q6K, Q6KWide };
+template <KType KT>
+constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
+                             : KT == KType::Q5K ? kSectionQ5K
+                             : KT == KType::Q6K ? kSectionQ6K
+                                                : kSectionQ6KWide;
+
 // Activations are stored in token tiles of x_tile tokens: element k (a float
 // for F-types, an XBlock per block for Q types) of token t is at
 //   (t / x_tile) * x_tile * x_k + k * x_tile + t % x_tile
