@@ -234,11 +234,12 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
       std::memcpy(&dminh, head + 2, 2);
       d[r] = f16_to_f32(dh);
       d[16 + r] = f16_to_f32(dminh);
-      for (int j = 0; j < 8; ++j) k_scale_min(j, head + 4, &o[128 + j * 16 + r], &o[256 + (j / 2) * 32 + 2 * r + j % 2]);
+      for (int j = 0; j < 8; ++j) k_scale_min(j, head + 4, &o[kernels::kQ4KScales + j * 16 + r],
+                                                  &o[kernels::kQ4KMins + (j / 2) * 32 + 2 * r + j % 2]);
       const uint8_t* qs = w.type == DType::Q4_K ? reinterpret_cast<const BlockQ4_K*>(head)->qs
                                                 : reinterpret_cast<const BlockQ5_K*>(head)->qs;
       for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 8; ++c) std::memcpy(o + 384 + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
+        for (int c = 0; c < 8; ++c) std::memcpy(o + kernels::kQ4KNibbles + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
       if (w.type == DType::Q5_K) {
         const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
         // Element l's fifth bits of sub-blocks 2p and 2p + 1 are bits 2p, 2p + 1 of

@@ -228,7 +228,7 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   if constexpr (KT == KType::Q6KWide)
     return _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
   __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
@@ -266,7 +266,7 @@ RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __
         ...);
   }(std::make_integer_sequence<int, 8>{});
   for (int h = 0; h < 2; ++h) {
-    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 128 + j * 16 + 8 * h)));
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
     isum[h] = _mm256_add_epi32(isum[h], _mm256_mullo_epi32(is[h], sc));
   }
 }
@@ -325,7 +325,7 @@ RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int 
       const __m256i np = _mm256_set1_epi32(neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
       for (int h = 0; h < 2; ++h) {
         const __m256i m =
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + 256 + p * 32 + 16 * h)));
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + kQ4KMins + p * 32 + 16 * h)));
         msum[h] = _mm256_add_epi32(msum[h], _mm256_madd_epi16(m, np));
       }
     }
@@ -360,7 +360,7 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
   for (int h = 0; h < 2; ++h) {
     if constexpr (kAffine) {
       sc[0][h] = sc[1][h] =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 128 + j * 16 + 8 * h)));
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
     } else {
       for (int half = 0; half < 2; ++half)
         sc[half][h] = _mm256_cvtepi8_epi32(

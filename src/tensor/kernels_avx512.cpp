@@ -233,7 +233,7 @@ constexpr bool kTimes16 = KT == KType::Q4K && Odd;
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : 384;
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const __m512i v = _mm512_loadu_si512(sec + kNibbles + pair * 512 + C * 64);
   if constexpr (kTimes16<KT, Odd>) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
@@ -291,7 +291,7 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g) {
     const __m512i sc =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 128 + j * 16)));
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ4KScales + j * 16)));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512i dot = kTimes16<KT, Odd> ? _mm512_srai_epi32(ia[g][t], 4) : ia[g][t];
@@ -406,7 +406,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         for (int t = 0; t < T; ++t) msum[t] = _mm512_setzero_si512();
         for (int p = 0; p < 4; ++p) {
           const __m512i m =
-              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + 256 + p * 32)));
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ4KMins + p * 32)));
 #pragma GCC unroll 16
           for (int t = 0; t < T; ++t) msum[t] = _mm512_dpwssd_epi32(msum[t], m, _mm512_set1_epi32(npair[t][p]));
         }

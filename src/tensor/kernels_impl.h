@@ -93,6 +93,10 @@ static_assert(sizeof(XBlock) == 48);
 constexpr size_t kSectionQ4K = 2432;
 constexpr size_t kSectionQ5K = 2944;
 constexpr size_t kSectionQ6K = 3392;
+// Where a Q4_K/Q5_K section's scales, min pairs and nibble chunks start.
+constexpr size_t kQ4KScales = 128;
+constexpr size_t kQ4KMins = 256;
+constexpr size_t kQ4KNibbles = 384;
 // Where a Q6_K section's nibble chunks and high-bit planes start.
 constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
