@@ -180,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
                                            Case{"llama", DType::Q5_1}, Case{"gemma3", DType::Q4_1},
                                            Case{"qwen2", DType::F16}, Case{"qwen3", DType::Q8_0},
                                            Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
-                                           Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16}),
+                                           Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16},
+                                           Case{"llama", DType::Q3_K}, Case{"gemma3", DType::IQ4_NL}),
                          [](const auto& info) {
                            return info.param.arch + "_" + dtype_name(static_cast<uint32_t>(info.param.dtype));
                          });

@@ -610,6 +610,7 @@ TEST(GgufWriter, RoundTripsEveryDtypeAndShape) {
       {DType::BF16, {9, 1, 2}},    {DType::Q8_0, {64, 3}},     {DType::Q8_0, {32, 2, 2}},
       {DType::Q4_0, {96, 5}},      {DType::Q4_0, {32}},        {DType::F16, {1, 1, 1, 1}},
       {DType::Q4_K, {256, 3}},     {DType::Q5_K, {512}},       {DType::Q6_K, {256, 2, 2}},
+      {DType::Q3_K, {256, 2}},     {DType::IQ4_NL, {64, 3}},
   };
   Writer w;
   std::vector<Bytes> expected;
@@ -753,7 +754,7 @@ TEST(GgufWriter, RejectsInvalidInput) {
   EXPECT_THROW(w.add_tensor_f32("s", {4, 0}, DType::F32, {}), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {8}, DType::F32, std::vector<float>(7)), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {48}, DType::Q8_0, std::vector<float>(48)), Error);
-  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::Q3_K, std::vector<float>(256)), Error);
+  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::Q2_K, std::vector<float>(256)), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {128}, DType::Q4_K, std::vector<float>(128)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, DType::Q8_0, Bytes(33)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, static_cast<DType>(77), Bytes(32)), Error);
@@ -896,18 +897,20 @@ TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
     std::vector<float> x = bell_values(n, 7, scale);
     for (int i = 0; i < 32; ++i) x[256 + i] = 0.0f;                          // an all-zero sub-block
     for (int i = 0; i < 256; ++i) x[512 + i] = std::fabs(x[512 + i]) + scale;  // all positive: no min
-    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
       SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)) + " scale " + std::to_string(scale));
       Bytes q = quantized(t, x);
       ASSERT_EQ(q.size(), dtype_row_bytes(t, n));
       std::vector<float> y(n);
       dequantize_row(t, q.data(), y.data(), n);
-      const int sub = t == DType::Q6_K ? 16 : 32;
+      const bool symmetric = t == DType::Q6_K || t == DType::Q3_K;
+      const int sub = symmetric ? 16 : 32;
       for (int64_t sb = 0; sb < n / 256; ++sb) {
         const uint8_t* blk = q.data() + sb * dtype_row_bytes(t, 256);
         uint16_t h[2];
-        std::memcpy(h, t == DType::Q6_K ? blk + 208 : blk, t == DType::Q6_K ? 2 : 4);
-        const float d = f16_to_f32(h[0]), dmin = t == DType::Q6_K ? 0.0f : f16_to_f32(h[1]);
+        const size_t d_at = t == DType::Q6_K ? 208 : t == DType::Q3_K ? 108 : 0;
+        std::memcpy(h, blk + d_at, symmetric ? 2 : 4);
+        const float d = f16_to_f32(h[0]), dmin = symmetric ? 0.0f : f16_to_f32(h[1]);
         for (int64_t s0 = sb * 256; s0 < (sb + 1) * 256; s0 += sub) {
           float lo = 0, hi = 0, amax = 0;
           for (int i = 0; i < sub; ++i) {
@@ -920,6 +923,10 @@ TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
             // The extreme maps to -32 steps, so the other side tops out at
             // +31: a whole step there, and 32 steps of scale rounding.
             bound = amax / 32 + 20 * d + amax * 0x1p-12f;
+          } else if (t == DType::Q3_K) {
+            // Likewise -4 and +3, with 4 steps of scale rounding (up to d
+            // each where the largest scale clamps from 32 to 31).
+            bound = amax / 4 + 4 * d + amax * 0x1p-12f;
           } else {
             const float levels = t == DType::Q4_K ? 15 : 31;
             bound = (hi - lo) / levels / 2 + (levels / 2 + 1) * d + dmin / 2 + amax * 0x1p-12f;
@@ -987,12 +994,69 @@ TEST(Quantize, KTypeLayoutsMatchGgml) {
     for (int i = 0; i < 256; ++i)
       ASSERT_EQ(y[i], 0.5f * static_cast<float>(i / 16 - 8) * static_cast<float>((i * 7) % 64 - 32)) << i;
   }
+  {
+    // Q3_K: sub-block k's scale 2k - 17 (its biased 6 bits 2k + 15 split
+    // into a nibble and 2 top bits), element i's quant (i * 5) % 8 - 4 (low
+    // 2 bits in qs, and the hmask bit set when the quant is >= 0).
+    BlockQ3_K b{};
+    b.d = f32_to_f16(0.25f);
+    for (int k = 0; k < 16; ++k) {
+      const int biased = 2 * k + 15;
+      b.scales[k % 8] = static_cast<uint8_t>(b.scales[k % 8] | ((biased & 15) << (k < 8 ? 0 : 4)));
+      b.scales[8 + k % 4] = static_cast<uint8_t>(b.scales[8 + k % 4] | ((biased >> 4) << (2 * (k / 4))));
+    }
+    for (int i = 0; i < 256; ++i) {
+      const int u = (i * 5) % 8, h = i / 128, quarter = (i % 128) / 32, l = i % 32;
+      b.qs[32 * h + l] = static_cast<uint8_t>(b.qs[32 * h + l] | ((u & 3) << (2 * quarter)));
+      if (u & 4) b.hmask[l] = static_cast<uint8_t>(b.hmask[l] | (1 << (4 * h + quarter)));
+    }
+    float y[256];
+    dequantize_row(DType::Q3_K, &b, y, 256);
+    for (int i = 0; i < 256; ++i)
+      ASSERT_EQ(y[i], 0.25f * static_cast<float>(2 * (i / 16) - 17) * static_cast<float>((i * 5) % 8 - 4)) << i;
+  }
+  {
+    // IQ4_NL: nibble v is kvalues_iq4nl[v]; low nibbles are elements 0..15.
+    const float table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    BlockIQ4_NL b{};
+    b.d = f32_to_f16(0.5f);
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    float y[32];
+    dequantize_row(DType::IQ4_NL, &b, y, 32);
+    for (int j = 0; j < 16; ++j) {
+      ASSERT_EQ(y[j], 0.5f * table[j]) << j;
+      ASSERT_EQ(y[16 + j], 0.5f * table[15 - j]) << 16 + j;
+    }
+  }
+}
+
+// IQ4_NL: each element is the nearest of the 16 table values times d, d set
+// so the largest magnitude is the table's -127 end: within half the widest
+// gap of the table (24 / 2 steps) or, above +113, 14 steps.
+TEST(Quantize, Iq4NlRoundTripsWithinItsTableGaps) {
+  const int64_t n = 32 * 16;
+  for (float scale : {1e-3f, 1.0f, 300.0f}) {
+    std::vector<float> x = bell_values(n, 9, scale);
+    for (int i = 0; i < 32; ++i) x[64 + i] = 0.0f;  // an all-zero block
+    Bytes q = quantized(DType::IQ4_NL, x);
+    ASSERT_EQ(q.size(), dtype_row_bytes(DType::IQ4_NL, n));
+    std::vector<float> y(n);
+    dequantize_row(DType::IQ4_NL, q.data(), y.data(), n);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+      const float bound = amax * 14 / 127 + amax * 0x1p-9f;
+      for (int i = 0; i < 32; ++i)
+        ASSERT_LE(std::fabs(y[b * 32 + i] - x[b * 32 + i]), bound) << "element " << b * 32 + i;
+    }
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(y[64 + i], 0.0f) << "a zero block stays zero";
+  }
 }
 
 TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   float x[64] = {};
   uint8_t out[256];
-  EXPECT_THROW(quantize_row(DType::Q3_K, x, out, 64), Error);
+  EXPECT_THROW(quantize_row(DType::Q2_K, x, out, 64), Error);
   EXPECT_THROW(quantize_row(DType::Q4_K, x, out, 64), Error);  // not a whole super-block
   EXPECT_THROW(dequantize_row(DType::Q8_1, out, x, 32), Error);
   EXPECT_THROW(quantize_row(DType::Q8_0, x, out, 48), Error);
@@ -1000,7 +1064,9 @@ TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   EXPECT_NO_THROW(quantize_row(DType::F16, x, out, 3));
   EXPECT_TRUE(quantize_supported(DType::BF16));
   EXPECT_TRUE(quantize_supported(DType::Q5_1));
-  EXPECT_FALSE(quantize_supported(DType::IQ4_NL));
+  EXPECT_TRUE(quantize_supported(DType::IQ4_NL));
+  EXPECT_FALSE(quantize_supported(DType::Q2_K));
+  EXPECT_FALSE(quantize_supported(DType::IQ4_XS));
 }
 
 // Dequantizing a llama-quantize tensor and quantizing it again must give the
@@ -1635,7 +1701,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                  DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                  DType::IQ4_NL, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1649,7 +1715,9 @@ TEST(SyntheticModel, EveryWeightDtype) {
       dequantize_row(info.type, info.data, got.data(), n);
       dequantize_row(ref.type, ref.data, want.data(), n);
       // Same underlying values: the difference is only the type's rounding.
-      const double tol = t == DType::Q4_0 || t == DType::Q4_K ? 0.25
+      const double tol = t == DType::Q3_K                     ? 0.3
+                         : t == DType::Q4_0 || t == DType::Q4_K ? 0.25
+                         : t == DType::IQ4_NL                 ? 0.12
                          : t == DType::Q4_1                   ? 0.15
                          : t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q5_K ? 0.12
                          : t == DType::Q6_K                   ? 0.06
@@ -1673,6 +1741,8 @@ TEST(SyntheticModel, EveryWeightDtype) {
                               : t == DType::Q5_1 ? 9
                               : t == DType::Q4_K ? 14
                               : t == DType::Q5_K ? 16
+                              : t == DType::Q3_K ? 11
+                              : t == DType::IQ4_NL ? 25
                                                  : 18;
     EXPECT_EQ(file_type, want_type);
     EXPECT_EQ(f->find("general.quantization_version") != nullptr, t != DType::F16 && t != DType::BF16);
@@ -1680,13 +1750,14 @@ TEST(SyntheticModel, EveryWeightDtype) {
 }
 
 // Rows that are not whole 256-element super-blocks (the tiny preset's 128
-// and 384) fall back as llama-quantize's do: Q4_K -> Q5_0, Q5_K -> Q5_1,
-// Q6_K -> Q8_0.
+// and 384) fall back as llama-quantize's do: Q3_K -> IQ4_NL, Q4_K -> Q5_0,
+// Q5_K -> Q5_1, Q6_K -> Q8_0.
 TEST(SyntheticModel, KTypesFallBackLikeLlamaQuantize) {
   TempDir dir;
   SyntheticModelSpec spec = synthetic_preset("tiny");
   spec.n_layer = 1;
-  for (auto [k, fallback] : {std::pair{DType::Q4_K, DType::Q5_0}, {DType::Q5_K, DType::Q5_1}, {DType::Q6_K, DType::Q8_0}}) {
+  for (auto [k, fallback] : {std::pair{DType::Q3_K, DType::IQ4_NL}, {DType::Q4_K, DType::Q5_0},
+                             {DType::Q5_K, DType::Q5_1}, {DType::Q6_K, DType::Q8_0}}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(k)));
     spec.dtype = k;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(k))) + ".gguf");
@@ -1776,7 +1847,7 @@ TEST(SyntheticModel, RejectsInconsistentSpecs) {
   expect_bad([](auto& s) { s.arch = "gpt9"; }, "unknown architecture");
   expect_bad([](auto& s) { s.n_head_kv = 3; }, "n_head_kv");
   expect_bad([](auto& s) { s.n_vocab = 100; }, "n_vocab");
-  expect_bad([](auto& s) { s.dtype = DType::Q3_K; }, "dtype");
+  expect_bad([](auto& s) { s.dtype = DType::Q2_K; }, "dtype");
   expect_bad([](auto& s) { s.head_dim = 31; }, "head_dim");
   expect_bad([](auto& s) {
     s.arch = "mamba2";

@@ -19,8 +19,9 @@ using namespace reprise;
 
 namespace {
 
-const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                        DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q8_0, DType::Q4_0,
+                        DType::Q4_1, DType::Q5_0, DType::Q5_1,   DType::IQ4_NL, DType::Q3_K,
+                        DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 int64_t block_elems(DType t) { return dtype_info(static_cast<uint32_t>(t))->block_elems; }
 
@@ -147,6 +148,54 @@ float canonical(const Weights& w, int64_t r, const float* x) {
         }
         const float d = dw * qx.d[b];
         y = std::fma(d, static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    case DType::IQ4_NL: {
+      // ggml's vec_dot_iq4_nl_q8_0: the table values of the nibbles (low
+      // nibbles elements 0..15) against Q8_0 activations, Q8_0's float step.
+      static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      QuantX qx = quantize_x(x, w.n_in);
+      for (int64_t b = 0; b < w.n_in / 32; ++b) {
+        const uint8_t* blk = row + b * 18;
+        uint16_t d16;
+        std::memcpy(&d16, blk, 2);
+        int32_t isum = 0;
+        for (int i = 0; i < 16; ++i) {
+          isum += kValues[blk[2 + i] & 15] * qx.q[b * 32 + i];
+          isum += kValues[blk[2 + i] >> 4] * qx.q[b * 32 + 16 + i];
+        }
+        y = std::fma(f16_to_f32(d16) * qx.d[b], static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    case DType::Q3_K: {
+      // ggml's block_q3_K {hmask[32], qs[64], scales[12], d} against Q8_K:
+      // element 128h + 32s + l has q = ((qs[32h + l] >> 2s) & 3) - 4, the -4
+      // dropped when bit 4h + s of hmask[l] is set; sub-block k's 6-bit scale
+      // (minus 32) has its low nibble in scales[k % 8] (high nibble for k >= 8)
+      // and its top bits at bit 2(k / 4) of scales[8 + k % 4]. Per
+      // super-block: isum = sum_k scale_k * dot_k, then one float update.
+      QuantX qx = quantize_x_k(x, w.n_in);
+      for (int64_t s = 0; s < w.n_in / 256; ++s) {
+        const uint8_t* blk = row + s * 110;
+        const uint8_t *hmask = blk, *qs = blk + 32, *scales = blk + 96;
+        uint16_t d16;
+        std::memcpy(&d16, blk + 108, 2);
+        const int8_t* xq = qx.q.data() + s * 256;
+        int32_t isum = 0;
+        for (int k = 0; k < 16; ++k) {
+          const int low = k < 8 ? scales[k] & 15 : scales[k - 8] >> 4;
+          const int sc = (low | (((scales[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+          int32_t dot = 0;
+          for (int e = 0; e < 16; ++e) {
+            const int i = 16 * k + e, h = i / 128, quarter = (i % 128) / 32, l = i % 32;
+            const int q = ((qs[32 * h + l] >> (2 * quarter)) & 3) - (((hmask[l] >> (4 * h + quarter)) & 1) ? 0 : 4);
+            dot += q * xq[i];
+          }
+          isum += sc * dot;
+        }
+        y = std::fma(f16_to_f32(d16) * qx.d[s], static_cast<float>(isum), y);
       }
       return y;
     }
@@ -341,7 +390,7 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
 // On a one-core machine this is the single-piece path again.
 TEST(MatmulLargeMatrix, PackedInPiecesFollowsTheRule) {
   IsaRestore restore;
-  for (DType t : {DType::Q6_K, DType::Q5_K, DType::Q5_0, DType::F16}) {
+  for (DType t : {DType::Q6_K, DType::Q3_K, DType::Q5_K, DType::Q5_0, DType::F16}) {
     const Weights w = make_weights(t, 4096, 3072, 29);
     ASSERT_GE(PackedMatrix(w.view()).packed_bytes(), size_t{8} << 20);
     expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2);
@@ -362,7 +411,7 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k = 0; k < n_in; ++k)
       x[t * n_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
-  for (DType type : {DType::Q8_0, DType::Q4_0}) {
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL}) {
     Weights w{type, n_in, n_out, std::vector<uint8_t>(dtype_row_bytes(type, n_in) * n_out)};
     for (int64_t r = 0; r < n_out; ++r) {
       uint8_t* row = w.bytes.data() + r * dtype_row_bytes(type, n_in);
@@ -372,10 +421,15 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
           auto& blk = reinterpret_cast<BlockQ8_0*>(row)[b];
           blk.d = d;
           for (int i = 0; i < 32; ++i) blk.qs[i] = static_cast<int8_t>(r % 3 == 0 ? -128 : (r % 3 == 1 ? 127 : -127));
-        } else {
+        } else if (type == DType::Q4_0) {
           auto& blk = reinterpret_cast<BlockQ4_0*>(row)[b];
           blk.d = d;
           // Nibble 15 is +7 and nibble 0 is -8; unsigned kernels see 15 or 0.
+          for (int i = 0; i < 16; ++i) blk.qs[i] = r % 2 == 0 ? 0xff : 0x00;
+        } else {
+          // IQ4_NL's table ends: nibble 0 is -127, nibble 15 is +113.
+          auto& blk = reinterpret_cast<BlockIQ4_NL*>(row)[b];
+          blk.d = d;
           for (int i = 0; i < 16; ++i) blk.qs[i] = r % 2 == 0 ? 0xff : 0x00;
         }
       }
@@ -411,10 +465,16 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k = 0; k < k_in; ++k)
       xk[t * k_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
-  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType type : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const Weights w = saturated(type, k_in, [&](int64_t r, uint8_t* blk) {
       const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
-      if (type == DType::Q6_K) {
+      if (type == DType::Q3_K) {
+        // Quants +3 (every bit set, even rows) or -4 (none, odd rows);
+        // scales -32 (bytes zero) or +31 (bytes 0xff), by row % 3.
+        auto& q3 = *reinterpret_cast<BlockQ3_K*>(blk);
+        q3.d = d;
+        std::memset(q3.scales, r % 3 == 0 ? 0x00 : 0xff, 12);
+      } else if (type == DType::Q6_K) {
         auto& q6 = *reinterpret_cast<BlockQ6_K*>(blk);
         q6.d = d;
         for (int j = 0; j < 16; ++j) q6.scales[j] = static_cast<int8_t>((j + r) % 2 == 0 ? -128 : 127);
@@ -450,7 +510,7 @@ TEST(MatmulQuantizedActivations, EdgeCasesFollowTheRule) {
     row[192] = 1.0f;
     row[193] = -1.0f + 1e-7f;                                                          // rounds to -127
   }
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 23), x, n_tokens);
   }
 }
@@ -480,7 +540,7 @@ TEST(MatmulQuantizedActivations, SectionEdgeCasesFollowTheRule) {
     for (int i = 0; i < 256; ++i) row[768 + i] = 0.5f * static_cast<float>(i % 200) - 37.25f;
     row[768 + 100] = 127.0f;
   }
-  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 31), x, n_tokens);
   }
 }

@@ -185,6 +185,8 @@ uint32_t file_type_of(DType t) {
     case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S
     case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
+    case DType::Q3_K: return 11;  // MOSTLY_Q3_K_S
+    case DType::IQ4_NL: return 25;  // MOSTLY_IQ4_NL
     case DType::BF16: return 32;
     default: return 0;
   }
@@ -218,14 +220,20 @@ class Planner {
 
  private:
   // Rows that do not fill whole blocks fall back as llama-quantize's do: a
-  // K type to its 32-element counterpart (Q4_K -> Q5_0, Q5_K -> Q5_1,
-  // Q6_K -> Q8_0), and rows that are not whole 32-element blocks to F16.
+  // K type to its 32-element counterpart (Q3_K -> IQ4_NL, Q4_K -> Q5_0,
+  // Q5_K -> Q5_1, Q6_K -> Q8_0), and rows that are not whole 32-element
+  // blocks to F16.
   static DType fitted(DType t, uint64_t row_len) {
     if (!is_block_type(t)) return t;
     const uint64_t block = dtype_info(static_cast<uint32_t>(t))->block_elems;
     if (row_len % block == 0) return t;
     if (row_len % 32 != 0) return DType::F16;
-    return t == DType::Q4_K ? DType::Q5_0 : t == DType::Q5_K ? DType::Q5_1 : DType::Q8_0;
+    switch (t) {
+      case DType::Q3_K: return DType::IQ4_NL;
+      case DType::Q4_K: return DType::Q5_0;
+      case DType::Q5_K: return DType::Q5_1;
+      default: return DType::Q8_0;
+    }
   }
   void add(const std::string& name, std::vector<uint64_t> shape, DType t, Init init, float scale) {
     plan_.push_back(PlannedTensor{name, std::move(shape), t, init, scale});

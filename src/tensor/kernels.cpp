@@ -93,8 +93,42 @@ const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::Avx512 ? "
 
 namespace {
 
+// Q3_K and IQ4_NL are packed as the types that hold the same integers: a
+// Q3_K quant q (-4..3) as the Q6_K quant u = q + 32 with the same signed
+// scales and d, an IQ4_NL nibble as the Q8_0 quant of its table value. So
+// their products follow Q6_K's and Q8_0's rules (kernels_impl.h), which form
+// the integers ggml's own Q3_K x Q8_K and IQ4_NL x Q8_0 dot products form,
+// at the cost of the wider type's bytes (no kernel of their own yet).
+DType packed_type(DType t) {
+  return t == DType::Q3_K ? DType::Q6_K : t == DType::IQ4_NL ? DType::Q8_0 : t;
+}
+
+BlockQ6_K q6_k_from_q3_k(const BlockQ3_K& b) {
+  BlockQ6_K o{};
+  o.d = b.d;
+  for (int s = 0; s < 16; ++s) o.scales[s] = static_cast<int8_t>(q3_k_scale(b, s));
+  for (int i = 0; i < kQK_K; ++i) {
+    // Where q6_k_quant reads u from.
+    const int u = q3_k_quant(b, i) + 32, h = i / 128, quarter = (i % 128) / 32, l = i % 32;
+    uint8_t& lo = o.ql[64 * h + l + 32 * (quarter & 1)];
+    lo = static_cast<uint8_t>(lo | (quarter < 2 ? u & 0x0f : (u & 0x0f) << 4));
+    o.qh[32 * h + l] = static_cast<uint8_t>(o.qh[32 * h + l] | ((u >> 4) << (2 * quarter)));
+  }
+  return o;
+}
+
+BlockQ8_0 q8_0_from_iq4_nl(const BlockIQ4_NL& b) {
+  BlockQ8_0 o;
+  o.d = b.d;
+  for (int j = 0; j < 16; ++j) {
+    o.qs[j] = kIq4nlValues[b.qs[j] & 0x0f];
+    o.qs[j + 16] = kIq4nlValues[b.qs[j] >> 4];
+  }
+  return o;
+}
+
 size_t group_bytes_for(DType type, int64_t n_in) {
-  switch (type) {
+  switch (packed_type(type)) {
     case DType::F32: return static_cast<size_t>(n_in) * kGroupRows * 4;
     case DType::F16:
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
@@ -255,8 +289,34 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   }
 }
 
+void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst);
+
+// Q3_K / IQ4_NL groups (see packed_type): each group's rows converted to the
+// packed type's blocks, then packed as that type's.
+template <typename From, typename To, To (*Convert)(const From&)>
+void pack_converted_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
+  const int64_t n_blocks = w.n_in / dtype_info(static_cast<uint32_t>(w.type))->block_elems;
+  std::vector<To> rows(static_cast<size_t>(kGroupRows * n_blocks));
+  MatrixView converted = w;
+  converted.type = packed_type(w.type);
+  converted.row_bytes = n_blocks * sizeof(To);
+  converted.data = reinterpret_cast<const uint8_t*>(rows.data());
+  const size_t gb = group_bytes_for(w.type, w.n_in);
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t r0 = g * kGroupRows;
+    converted.n_out = std::min<int64_t>(kGroupRows, w.n_out - r0);
+    for (int64_t r = 0; r < converted.n_out; ++r)
+      for (int64_t b = 0; b < n_blocks; ++b)
+        rows[r * n_blocks + b] = Convert(reinterpret_cast<const From*>(w.row(r0 + r))[b]);
+    pack_groups(converted, 0, 1, dst + (g - g0) * gb);
+  }
+}
+
 // Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
+  if (w.type == DType::Q3_K) return pack_converted_groups<BlockQ3_K, BlockQ6_K, &q6_k_from_q3_k>(w, g0, g1, dst);
+  if (w.type == DType::IQ4_NL)
+    return pack_converted_groups<BlockIQ4_NL, BlockQ8_0, &q8_0_from_iq4_nl>(w, g0, g1, dst);
   const size_t gb = group_bytes_for(w.type, w.n_in);
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* out = dst + (g - g0) * gb;
@@ -429,7 +489,7 @@ enum class ActKind { F32, F16, BF16, Q8, Q8K };
 constexpr int kActKinds = 5;
 
 ActKind act_kind(DType t) {
-  switch (t) {
+  switch (packed_type(t)) {
     case DType::F32: return ActKind::F32;
     case DType::F16: return ActKind::F16;
     case DType::BF16: return ActKind::BF16;
@@ -558,7 +618,7 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
 
 using MatmulFn = void (*)(const MatmulArgs&);
 MatmulFn matmul_fn(const IsaKernels& k, DType t) {
-  switch (t) {
+  switch (packed_type(t)) {
     case DType::F32: return k.matmul_f32;
     case DType::F16: return k.matmul_f16;
     case DType::BF16: return k.matmul_bf16;
@@ -647,7 +707,7 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   if (j.widen) {
     // Same values, same operations as the packed kernels: identical bits,
     // without a conversion or unpacking per weight per token tile.
-    if (j.view->type == DType::Q6_K) {
+    if (packed_type(j.view->type) == DType::Q6_K) {
       group_bytes = static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ6KWide;
       uint8_t* wide = aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes);
       kernels::widen_q6_k_sections(w, (g1 - g0) * (n_in / kQK_K), wide);
@@ -747,7 +807,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
       // (Q6_K: its quants to bytes) and reuse them over up to 44 token tiles.
       const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
-      if ((f16_like || v.type == DType::Q6_K) && n_tokens >= 4 * kTokenTile) {
+      if ((f16_like || packed_type(v.type) == DType::Q6_K) && n_tokens >= 4 * kTokenTile) {
         j.widen = true;
         j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
         j.groups_per_task = 4;

@@ -96,6 +96,43 @@ inline int q6_k_quant(const BlockQ6_K& b, int i) {
   return (s < 2 ? lo & 0x0f : lo >> 4) | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
 }
 
+// Q3_K: 16 sub-blocks of 16 with signed 6-bit scales: x = d * sc[i/16] * q,
+// q in -4..3. Element 128h + 32s + l (l < 32) has its low 2 bits at bits
+// 2s..2s+1 of qs[32h + l]; q = low - 4 unless bit 4h + s of hmask[l] is set.
+// Scale k's low 4 bits are the low (k < 8) or high nibble of scales[k % 8],
+// its top 2 bits bits 2(k/4)..2(k/4)+1 of scales[8 + k % 4]; sc = that - 32.
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// Element i's (0..255) quant (-4..3) of a Q3_K block.
+inline int q3_k_quant(const BlockQ3_K& b, int i) {
+  const int h = i / 128, s = (i % 128) / 32, l = i % 32;
+  const int low = (b.qs[32 * h + l] >> (2 * s)) & 3;
+  return ((b.hmask[l] >> (4 * h + s)) & 1) ? low : low - 4;
+}
+
+// Sub-block k's (0..15) scale (-32..31) of a Q3_K block.
+inline int q3_k_scale(const BlockQ3_K& b, int k) {
+  const int low = k < 8 ? b.scales[k] & 0x0f : b.scales[k - 8] >> 4;
+  return (low | (((b.scales[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+}
+
+// IQ4_NL: 32 elements, x = d * kIq4nlValues[nibble], nibbles ordered as
+// Q4_0's (low nibbles elements 0..15, high nibbles 16..31). llama-quantize
+// writes it for rows that are not whole super-blocks in Q2_K/Q3_K files.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,   38,  53,  69,  89,  113};
+
 // Sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K `scales` array:
 // j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of
 // byte j + 4 with their top 2 bits in the top bits of bytes j - 4 and j.

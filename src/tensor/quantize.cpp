@@ -246,6 +246,60 @@ void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n) {
   }
 }
 
+void quantize_row_q3_k(const float* src, BlockQ3_K* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float* x = src + b * kQK_K;
+    float scale[16], max_abs_scale = 0;
+    for (int s = 0; s < 16; ++s) {
+      scale[s] = signed_extreme(x + 16 * s, 16) / -4.0f;
+      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
+    }
+    BlockQ3_K& o = dst[b];
+    std::memset(&o, 0, sizeof(o));
+    o.d = f32_to_f16(max_abs_scale / 32.0f);
+    const float d = f16_to_f32(o.d);
+    for (int s = 0; s < 16; ++s) {
+      const int sc = d > 0 ? std::clamp(nearest(scale[s] / d), -32, 31) : 0;
+      const int biased = sc + 32;  // 6 bits: low nibble, then the top 2 bits
+      o.scales[s % 8] = static_cast<uint8_t>(o.scales[s % 8] | ((biased & 0x0f) << (s < 8 ? 0 : 4)));
+      o.scales[8 + s % 4] = static_cast<uint8_t>(o.scales[8 + s % 4] | ((biased >> 4) << (2 * (s / 4))));
+      const float step = d * sc;
+      for (int l = 0; l < 16; ++l) {
+        const int i = 16 * s + l, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
+        const int q = step != 0 ? std::clamp(nearest(x[i] / step), -4, 3) : 0;
+        // Stored as low 2 bits of q + 4 and a high bit that means "no -4".
+        const int u = q + 4;
+        o.qs[32 * h + e] = static_cast<uint8_t>(o.qs[32 * h + e] | ((u & 3) << (2 * quarter)));
+        if (u & 4) o.hmask[e] = static_cast<uint8_t>(o.hmask[e] | (1 << (4 * h + quarter)));
+      }
+    }
+  }
+}
+
+void quantize_row_iq4_nl(const float* src, BlockIQ4_NL* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* x = src + b * 32;
+    // The largest magnitude maps to the table's -127 end (as ggml's first guess).
+    BlockIQ4_NL& o = dst[b];
+    o.d = f32_to_f16(signed_extreme(x, 32) / -127.0f);
+    const float d = f16_to_f32(o.d);
+    uint8_t idx[32];
+    for (int j = 0; j < 32; ++j) {
+      int best = 0;
+      float best_err = INFINITY;
+      for (int v = 0; v < 16; ++v) {
+        const float err = std::fabs(x[j] - d * kIq4nlValues[v]);
+        if (err < best_err) {
+          best_err = err;
+          best = v;
+        }
+      }
+      idx[j] = static_cast<uint8_t>(best);
+    }
+    for (int j = 0; j < 16; ++j) o.qs[j] = static_cast<uint8_t>(idx[j] | (idx[j + 16] << 4));
+  }
+}
+
 void dequantize_row_f16(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
@@ -345,6 +399,27 @@ void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_q3_k(const BlockQ3_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d);
+    float* y = dst + b * kQK_K;
+    for (int s = 0; s < 16; ++s) {
+      const float step = d * static_cast<float>(q3_k_scale(src[b], s));
+      for (int l = 0; l < 16; ++l) y[16 * s + l] = step * static_cast<float>(q3_k_quant(src[b], 16 * s + l));
+    }
+  }
+}
+
+void dequantize_row_iq4_nl(const BlockIQ4_NL* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float d = f16_to_f32(src[b].d);
+    for (int j = 0; j < 16; ++j) {
+      dst[b * 32 + j] = d * kIq4nlValues[src[b].qs[j] & 0x0f];
+      dst[b * 32 + 16 + j] = d * kIq4nlValues[src[b].qs[j] >> 4];
+    }
+  }
+}
+
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   check_length(t, n, "quantize_row");
   switch (t) {
@@ -359,6 +434,8 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_K: quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n); return;
     case DType::Q5_K: quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n); return;
     case DType::Q6_K: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
+    case DType::Q3_K: quantize_row_q3_k(src, static_cast<BlockQ3_K*>(dst), n); return;
+    case DType::IQ4_NL: quantize_row_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n); return;
     default: break;
   }
 }
@@ -377,6 +454,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_K: dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n); return;
     case DType::Q5_K: dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n); return;
     case DType::Q6_K: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
+    case DType::Q3_K: dequantize_row_q3_k(static_cast<const BlockQ3_K*>(src), dst, n); return;
+    case DType::IQ4_NL: dequantize_row_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, n); return;
     default: break;
   }
 }
