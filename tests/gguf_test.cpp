@@ -18,7 +18,9 @@
 
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
+#include "model/model.h"
 #include "model/synthetic_model.h"
+#include "tensor/kernels.h"
 #include "tensor/fp16.h"
 #include "tensor/quantize.h"
 #include "test_support.h"
@@ -1746,6 +1748,46 @@ TEST(SyntheticModel, EveryWeightDtype) {
                                                  : 18;
     EXPECT_EQ(file_type, want_type);
     EXPECT_EQ(f->find("general.quantization_version") != nullptr, t != DType::F16 && t != DType::BF16);
+  }
+}
+
+// Memory accounting (--models-max-ram) counts a model as its file plus what
+// packing adds: nothing for the types packed at their stored size, about
+// 0.9x the stored bytes for Q3_K and IQ4_NL (packed as Q6_K and Q8_0).
+TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
+  TempDir dir;
+  SyntheticModelSpec spec = synthetic_preset("tiny");
+  spec.n_layer = 1;
+  spec.n_embd = 256;
+  spec.head_dim = 64;
+  spec.n_ff = 512;
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::IQ4_NL}) {
+    SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
+    spec.dtype = t;
+    const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
+    make_synthetic_model(spec, path);
+    auto f = File::open(path);
+    uint64_t want = 0, stored = 0;
+    for (const auto& info : f->tensors()) {
+      if (info.shape.size() != 2) continue;
+      MatrixView v;
+      v.type = info.type;
+      v.data = info.data;
+      v.n_in = static_cast<int64_t>(info.shape[0]);
+      v.n_out = static_cast<int64_t>(info.shape[1]);
+      v.row_bytes = dtype_row_bytes(info.type, info.shape[0]);
+      const size_t packed = PackedMatrix(v).packed_bytes();
+      EXPECT_EQ(packed_matrix_bytes(info.type, v.n_in, v.n_out), packed) << info.name;
+      if (packed > info.n_bytes) want += packed - info.n_bytes;
+      stored += info.n_bytes;
+    }
+    const uint64_t growth = packing_growth_bytes(*f);
+    EXPECT_EQ(growth, want);
+    if (t == DType::Q3_K || t == DType::IQ4_NL) {
+      EXPECT_GT(growth, stored * 8 / 10);
+    } else if (t != DType::Q4_K) {
+      EXPECT_EQ(growth, 0u) << "packed at the stored size";
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include "model/mamba.h"
 #include "model/model.h"
 #include "model/transformer.h"
+#include "tensor/kernels.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -14,6 +15,16 @@ std::unique_ptr<Model> load_model(const gguf::File& file) {
   if (is_jamba_arch(arch)) return load_jamba(file);
   file.fail("unsupported architecture '" + arch +
             "' (supported: llama, qwen2, qwen3, gemma3, mamba, mamba2, jamba)");
+}
+
+uint64_t packing_growth_bytes(const gguf::File& file) {
+  uint64_t growth = 0;
+  for (const auto& t : file.tensors()) {
+    if (t.shape.size() != 2 || !dtype_supported(t.type)) continue;
+    const uint64_t packed = packed_matrix_bytes(t.type, static_cast<int64_t>(t.shape[0]), static_cast<int64_t>(t.shape[1]));
+    if (packed > t.n_bytes) growth += packed - t.n_bytes;
+  }
+  return growth;
 }
 
 }  // namespace reprise

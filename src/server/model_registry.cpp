@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "gguf/gguf_file.h"
+#include "model/model.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -43,7 +45,8 @@ uint64_t e_extra_bytes(const LoadedModel& m) {
   if (m.vision) extra += m.vision->encoder_cache_stats().budget_bytes;
   if (m.draft) {
     std::error_code ec;
-    extra += std::filesystem::file_size(m.draft->path, ec) + m.draft_cache->stats().budget_bytes;
+    extra += std::filesystem::file_size(m.draft->path, ec) + packing_growth_bytes(*m.draft->file) +
+             m.draft_cache->stats().budget_bytes;
   }
   return extra;
 }
@@ -96,7 +99,14 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
   const uint64_t file_bytes = std::filesystem::file_size(e.source.path, ec);
   if (ec) return ApiError::server("cannot load model '" + id + "': " + e.source.path + ": " + ec.message(),
                                   "model_load_failed");
-  const uint64_t footprint = file_bytes + options_.cache_budget_bytes;
+  // The weights take the file's bytes, more where packing widens a type; a
+  // file that does not open counts as its size and fails to load below.
+  uint64_t growth = 0;
+  try {
+    growth = packing_growth_bytes(*gguf::File::open(e.source.path));
+  } catch (const std::exception&) {
+  }
+  const uint64_t footprint = file_bytes + growth + options_.cache_budget_bytes;
   std::vector<std::shared_ptr<LoadedModel>> doomed;
   if (!make_room_locked(index, footprint, doomed))
     return ApiError{503,

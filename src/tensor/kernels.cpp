@@ -471,6 +471,10 @@ void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, 
 
 }  // namespace
 
+size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
+  return group_bytes_for(type, n_in) * static_cast<size_t>((n_out + kGroupRows - 1) / kGroupRows);
+}
+
 PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
   group_bytes_ = group_bytes_for(w.type, w.n_in);
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;

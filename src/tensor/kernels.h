@@ -42,6 +42,10 @@ const char* kernel_isa_name(KernelIsa isa);
 // ---------------------------------------------------------------------------
 // Matrix products.
 
+// The bytes PackedMatrix takes for an n_out x n_in matrix of a supported
+// type (more than the file's for Q3_K and IQ4_NL, see kernels.cpp).
+size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out);
+
 // A weight matrix rearranged for the kernels (rows interleaved in groups of
 // 16). Packing copies the data once; the source view stays valid for row
 // lookups (embeddings). Copies share the packed storage.
