@@ -103,17 +103,32 @@ DType packed_type(DType t) {
   return t == DType::Q3_K ? DType::Q6_K : t == DType::IQ4_NL ? DType::Q8_0 : t;
 }
 
+// Load-time work for every weight of a Q3_K file, so 8 elements at a time
+// in 64-bit words (element by element it packed ~60 MB/s of file: ~25 s for
+// a 7B model on two cores).
 BlockQ6_K q6_k_from_q3_k(const BlockQ3_K& b) {
   BlockQ6_K o{};
   o.d = b.d;
   for (int s = 0; s < 16; ++s) o.scales[s] = static_cast<int8_t>(q3_k_scale(b, s));
-  for (int i = 0; i < kQK_K; ++i) {
-    // Where q6_k_quant reads u from.
-    const int u = q3_k_quant(b, i) + 32, h = i / 128, quarter = (i % 128) / 32, l = i % 32;
-    uint8_t& lo = o.ql[64 * h + l + 32 * (quarter & 1)];
-    lo = static_cast<uint8_t>(lo | (quarter < 2 ? u & 0x0f : (u & 0x0f) << 4));
-    o.qh[32 * h + l] = static_cast<uint8_t>(o.qh[32 * h + l] | ((u >> 4) << (2 * quarter)));
-  }
+  // Element 128h + 32s + l (as q3_k_quant and q6_k_quant index them): Q3_K
+  // holds v = low 2 bits | hmask bit << 2 = q + 4, Q6_K wants u = q + 32 =
+  // v + 28 (no byte carries: u <= 35), its low 4 bits in ql and its top 2
+  // bits in qh.
+  constexpr uint64_t kBytes = 0x0101010101010101ull;
+  uint64_t ql[16] = {}, qh[8] = {};
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int w = 0; w < 4; ++w) {
+        uint64_t q, m;
+        std::memcpy(&q, b.qs + 32 * h + 8 * w, 8);
+        std::memcpy(&m, b.hmask + 8 * w, 8);
+        const uint64_t v = ((q >> (2 * s)) & 3 * kBytes) | (((m >> (4 * h + s)) & kBytes) << 2);
+        const uint64_t u = v + 28 * kBytes;
+        ql[8 * h + 4 * (s & 1) + w] |= (u & 0x0f * kBytes) << (s < 2 ? 0 : 4);
+        qh[4 * h + w] |= ((u >> 4) & 3 * kBytes) << (2 * s);
+      }
+  std::memcpy(o.ql, ql, sizeof(ql));
+  std::memcpy(o.qh, qh, sizeof(qh));
   return o;
 }
 
