@@ -1691,14 +1691,20 @@ TEST(SyntheticModel, IsDeterministicAndSeeded) {
     EXPECT_FALSE(std::equal(t.data, t.data + t.n_bytes, fc->require_tensor(t.name).data)) << t.name;
 }
 
-TEST(SyntheticModel, EveryWeightDtype) {
-  TempDir dir;
+// One layer of the tiny preset with rows of 256 and 512, so the K types fill
+// whole super-blocks.
+SyntheticModelSpec whole_super_block_spec() {
   SyntheticModelSpec spec = synthetic_preset("tiny");
   spec.n_layer = 1;
-  // Rows of 256 and 512, so the K types fill whole super-blocks.
   spec.n_embd = 256;
   spec.head_dim = 64;
   spec.n_ff = 512;
+  return spec;
+}
+
+TEST(SyntheticModel, EveryWeightDtype) {
+  TempDir dir;
+  SyntheticModelSpec spec = whole_super_block_spec();
   spec.dtype = DType::F32;
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
@@ -1756,11 +1762,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
 // 0.9x the stored bytes for Q3_K and IQ4_NL (packed as Q6_K and Q8_0).
 TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
   TempDir dir;
-  SyntheticModelSpec spec = synthetic_preset("tiny");
-  spec.n_layer = 1;
-  spec.n_embd = 256;
-  spec.head_dim = 64;
-  spec.n_ff = 512;
+  SyntheticModelSpec spec = whole_super_block_spec();
   for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::IQ4_NL}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;

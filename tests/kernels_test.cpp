@@ -154,7 +154,7 @@ float canonical(const Weights& w, int64_t r, const float* x) {
     case DType::IQ4_NL: {
       // ggml's vec_dot_iq4_nl_q8_0: the table values of the nibbles (low
       // nibbles elements 0..15) against Q8_0 activations, Q8_0's float step.
-      static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      // (The table itself is pinned by Quantize.KTypeLayoutsMatchGgml.)
       QuantX qx = quantize_x(x, w.n_in);
       for (int64_t b = 0; b < w.n_in / 32; ++b) {
         const uint8_t* blk = row + b * 18;
@@ -162,8 +162,8 @@ float canonical(const Weights& w, int64_t r, const float* x) {
         std::memcpy(&d16, blk, 2);
         int32_t isum = 0;
         for (int i = 0; i < 16; ++i) {
-          isum += kValues[blk[2 + i] & 15] * qx.q[b * 32 + i];
-          isum += kValues[blk[2 + i] >> 4] * qx.q[b * 32 + 16 + i];
+          isum += kIq4nlValues[blk[2 + i] & 15] * qx.q[b * 32 + i];
+          isum += kIq4nlValues[blk[2 + i] >> 4] * qx.q[b * 32 + 16 + i];
         }
         y = std::fma(f16_to_f32(d16) * qx.d[b], static_cast<float>(isum), y);
       }

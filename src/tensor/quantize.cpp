@@ -218,24 +218,41 @@ void quantize_row_q5_k(const float* src, BlockQ5_K* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// Q6_K (half 32, d_steps 127, sc_min -128) and Q3_K (4, 32, -32): one
+// super-block's sixteen 16-element sub-blocks, each scaled so its value of
+// largest magnitude maps to -half, the scales quantized against
+// d = largest |scale| / d_steps to [sc_min, -sc_min - 1]. Writes the scales
+// and the quants q (-half .. half - 1); returns d in f16.
+uint16_t quantize_symmetric_16s(const float* x, int half, float d_steps, int sc_min, int (&sc)[16],
+                                int (&q)[kQK_K]) {
+  float scale[16], max_abs_scale = 0;
+  for (int s = 0; s < 16; ++s) {
+    scale[s] = signed_extreme(x + 16 * s, 16) / static_cast<float>(-half);
+    max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
+  }
+  const uint16_t d16 = f32_to_f16(max_abs_scale / d_steps);
+  const float d = f16_to_f32(d16);
+  for (int s = 0; s < 16; ++s) {
+    sc[s] = d > 0 ? std::clamp(nearest(scale[s] / d), sc_min, -sc_min - 1) : 0;
+    const float step = d * static_cast<float>(sc[s]);
+    for (int l = 0; l < 16; ++l)
+      q[16 * s + l] = step != 0 ? std::clamp(nearest(x[16 * s + l] / step), -half, half - 1) : 0;
+  }
+  return d16;
+}
+
+}  // namespace
+
 void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
-    const float* x = src + b * kQK_K;
-    float scale[16], max_abs_scale = 0;
-    for (int s = 0; s < 16; ++s) {
-      scale[s] = signed_extreme(x + 16 * s, 16) / -32.0f;
-      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
-    }
     BlockQ6_K& o = dst[b];
-    o.d = f32_to_f16(max_abs_scale / 127.0f);
-    const float d = f16_to_f32(o.d);
+    int sc[16], q[kQK_K];
+    o.d = quantize_symmetric_16s(src + b * kQK_K, 32, 127.0f, -128, sc, q);
     uint8_t u[kQK_K];
-    for (int s = 0; s < 16; ++s) {
-      o.scales[s] = static_cast<int8_t>(d > 0 ? std::clamp(nearest(scale[s] / d), -128, 127) : 0);
-      const float step = d * o.scales[s];
-      for (int l = 0; l < 16; ++l)
-        u[16 * s + l] = static_cast<uint8_t>(32 + (step != 0 ? std::clamp(nearest(x[16 * s + l] / step), -32, 31) : 0));
-    }
+    for (int s = 0; s < 16; ++s) o.scales[s] = static_cast<int8_t>(sc[s]);
+    for (int i = 0; i < kQK_K; ++i) u[i] = static_cast<uint8_t>(q[i] + 32);
     for (int h = 0; h < 2; ++h)
       for (int l = 0; l < 32; ++l) {
         const uint8_t* v = u + 128 * h + l;
@@ -248,30 +265,20 @@ void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n) {
 
 void quantize_row_q3_k(const float* src, BlockQ3_K* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
-    const float* x = src + b * kQK_K;
-    float scale[16], max_abs_scale = 0;
-    for (int s = 0; s < 16; ++s) {
-      scale[s] = signed_extreme(x + 16 * s, 16) / -4.0f;
-      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[s]));
-    }
     BlockQ3_K& o = dst[b];
     std::memset(&o, 0, sizeof(o));
-    o.d = f32_to_f16(max_abs_scale / 32.0f);
-    const float d = f16_to_f32(o.d);
+    int sc[16], q[kQK_K];
+    o.d = quantize_symmetric_16s(src + b * kQK_K, 4, 32.0f, -32, sc, q);
     for (int s = 0; s < 16; ++s) {
-      const int sc = d > 0 ? std::clamp(nearest(scale[s] / d), -32, 31) : 0;
-      const int biased = sc + 32;  // 6 bits: low nibble, then the top 2 bits
+      const int biased = sc[s] + 32;  // 6 bits: low nibble, then the top 2 bits
       o.scales[s % 8] = static_cast<uint8_t>(o.scales[s % 8] | ((biased & 0x0f) << (s < 8 ? 0 : 4)));
       o.scales[8 + s % 4] = static_cast<uint8_t>(o.scales[8 + s % 4] | ((biased >> 4) << (2 * (s / 4))));
-      const float step = d * sc;
-      for (int l = 0; l < 16; ++l) {
-        const int i = 16 * s + l, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
-        const int q = step != 0 ? std::clamp(nearest(x[i] / step), -4, 3) : 0;
-        // Stored as low 2 bits of q + 4 and a high bit that means "no -4".
-        const int u = q + 4;
-        o.qs[32 * h + e] = static_cast<uint8_t>(o.qs[32 * h + e] | ((u & 3) << (2 * quarter)));
-        if (u & 4) o.hmask[e] = static_cast<uint8_t>(o.hmask[e] | (1 << (4 * h + quarter)));
-      }
+    }
+    for (int i = 0; i < kQK_K; ++i) {
+      // Stored as the low 2 bits of q + 4 and a high bit that means "no -4".
+      const int u = q[i] + 4, h = i / 128, quarter = (i % 128) / 32, e = i % 32;
+      o.qs[32 * h + e] = static_cast<uint8_t>(o.qs[32 * h + e] | ((u & 3) << (2 * quarter)));
+      if (u & 4) o.hmask[e] = static_cast<uint8_t>(o.hmask[e] | (1 << (4 * h + quarter)));
     }
   }
 }
