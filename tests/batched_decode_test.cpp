@@ -181,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
                                            Case{"qwen2", DType::F16}, Case{"qwen3", DType::Q8_0},
                                            Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
                                            Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16},
-                                           Case{"llama", DType::Q3_K}, Case{"gemma3", DType::IQ4_NL}),
+                                           Case{"llama", DType::Q3_K}, Case{"gemma3", DType::IQ4_NL},
+                                           Case{"qwen2", DType::IQ4_XS}),
                          [](const auto& info) {
                            return info.param.arch + "_" + dtype_name(static_cast<uint32_t>(info.param.dtype));
                          });

@@ -612,7 +612,7 @@ TEST(GgufWriter, RoundTripsEveryDtypeAndShape) {
       {DType::BF16, {9, 1, 2}},    {DType::Q8_0, {64, 3}},     {DType::Q8_0, {32, 2, 2}},
       {DType::Q4_0, {96, 5}},      {DType::Q4_0, {32}},        {DType::F16, {1, 1, 1, 1}},
       {DType::Q4_K, {256, 3}},     {DType::Q5_K, {512}},       {DType::Q6_K, {256, 2, 2}},
-      {DType::Q3_K, {256, 2}},     {DType::IQ4_NL, {64, 3}},
+      {DType::Q3_K, {256, 2}},     {DType::IQ4_NL, {64, 3}},   {DType::IQ4_XS, {512, 2}},
   };
   Writer w;
   std::vector<Bytes> expected;
@@ -1030,6 +1030,26 @@ TEST(Quantize, KTypeLayoutsMatchGgml) {
       ASSERT_EQ(y[16 + j], 0.5f * table[15 - j]) << 16 + j;
     }
   }
+  {
+    // IQ4_XS: sub-block j's scale 9j - 32 (biased 9j, 0..63: low nibble in
+    // scales_l[j / 2] at nibble j % 2, top 2 bits at bit 2j of scales_h);
+    // element l of sub-block j has nibble (j + 3l) % 16, low nibbles of
+    // qs[16j .. 16j+15] being elements 0..15.
+    const float table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    BlockIQ4_XS b{};
+    b.d = f32_to_f16(0.125f);
+    for (int j = 0; j < 8; ++j) {
+      const int biased = 9 * j;
+      b.scales_l[j / 2] = static_cast<uint8_t>(b.scales_l[j / 2] | ((biased & 15) << (4 * (j % 2))));
+      b.scales_h = static_cast<uint16_t>(b.scales_h | ((biased >> 4) << (2 * j)));
+      for (int l = 0; l < 16; ++l)
+        b.qs[16 * j + l] = static_cast<uint8_t>(((j + 3 * l) % 16) | (((j + 3 * (l + 16)) % 16) << 4));
+    }
+    float y[256];
+    dequantize_row(DType::IQ4_XS, &b, y, 256);
+    for (int i = 0; i < 256; ++i)
+      ASSERT_EQ(y[i], 0.125f * static_cast<float>(9 * (i / 32) - 32) * table[(i / 32 + 3 * (i % 32)) % 16]) << i;
+  }
 }
 
 // IQ4_NL: each element is the nearest of the 16 table values times d, d set
@@ -1055,6 +1075,45 @@ TEST(Quantize, Iq4NlRoundTripsWithinItsTableGaps) {
   }
 }
 
+// IQ4_XS: each sub-block's step is d * its 6-bit scale, d from the largest
+// sub-block scale / 32; an element is the nearest table value at that step.
+// So an element is within half the widest table gap (12 steps) or, above
+// +113, 14 steps of its step, and the step within half of d of what maps the
+// sub-block's largest magnitude to -127.
+TEST(Quantize, Iq4XsRoundTripsWithinItsTableGapsAndScaleStep) {
+  const int64_t n = 256 * 6;
+  for (float scale : {1e-3f, 1.0f, 300.0f}) {
+    std::vector<float> x = bell_values(n, 21, scale);
+    for (int i = 0; i < 32; ++i) x[256 + 64 + i] = 0.0f;  // an all-zero sub-block
+    for (int i = 0; i < 32; ++i) x[512 + i] *= 40.0f;     // one sub-block far above the rest
+    Bytes q = quantized(DType::IQ4_XS, x);
+    ASSERT_EQ(q.size(), dtype_row_bytes(DType::IQ4_XS, n));
+    std::vector<float> y(n);
+    dequantize_row(DType::IQ4_XS, q.data(), y.data(), n);
+    for (int64_t s = 0; s < n / 256; ++s) {
+      float max_scale = 0;
+      for (int j = 0; j < 8; ++j) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[s * 256 + 32 * j + i]));
+        max_scale = std::max(max_scale, amax / 127);
+      }
+      const float d = max_scale / 32;  // the scale step (before f16 rounding)
+      for (int j = 0; j < 8; ++j) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[s * 256 + 32 * j + i]));
+        // The sub-block's step is within d / 2 (plus f16 rounding) of amax / 127.
+        const float step = amax / 127 + d * (0.5f + 0x1p-9f * 32);
+        const float bound = step * 14 + amax * 0x1p-9f + d * 0.5f * 127;
+        for (int i = 0; i < 32; ++i) {
+          const int64_t k = s * 256 + 32 * j + i;
+          ASSERT_LE(std::fabs(y[k] - x[k]), bound) << "element " << k;
+        }
+      }
+    }
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(y[256 + 64 + i], 0.0f) << "a zero sub-block stays zero";
+  }
+}
+
 TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   float x[64] = {};
   uint8_t out[256];
@@ -1068,7 +1127,8 @@ TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   EXPECT_TRUE(quantize_supported(DType::Q5_1));
   EXPECT_TRUE(quantize_supported(DType::IQ4_NL));
   EXPECT_FALSE(quantize_supported(DType::Q2_K));
-  EXPECT_FALSE(quantize_supported(DType::IQ4_XS));
+  EXPECT_TRUE(quantize_supported(DType::IQ4_XS));
+  EXPECT_FALSE(quantize_supported(DType::IQ2_XS));
 }
 
 // Dequantizing a llama-quantize tensor and quantizing it again must give the
@@ -1709,7 +1769,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                  DType::IQ4_NL, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                  DType::IQ4_NL, DType::IQ4_XS, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1726,6 +1786,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
       const double tol = t == DType::Q3_K                     ? 0.3
                          : t == DType::Q4_0 || t == DType::Q4_K ? 0.25
                          : t == DType::IQ4_NL                 ? 0.12
+                         : t == DType::IQ4_XS                 ? 0.15
                          : t == DType::Q4_1                   ? 0.15
                          : t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q5_K ? 0.12
                          : t == DType::Q6_K                   ? 0.06
@@ -1751,6 +1812,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
                               : t == DType::Q5_K ? 16
                               : t == DType::Q3_K ? 11
                               : t == DType::IQ4_NL ? 25
+                              : t == DType::IQ4_XS ? 30
                                                  : 18;
     EXPECT_EQ(file_type, want_type);
     EXPECT_EQ(f->find("general.quantization_version") != nullptr, t != DType::F16 && t != DType::BF16);
@@ -1758,12 +1820,13 @@ TEST(SyntheticModel, EveryWeightDtype) {
 }
 
 // Memory accounting (--models-max-ram) counts a model as its file plus what
-// packing adds: nothing for the types packed at their stored size, about
-// 0.9x the stored bytes for Q3_K and IQ4_NL (packed as Q6_K and Q8_0).
+// packing adds: nothing for the types packed at their stored size, a few
+// percent for the K types' unpacked scales, about 0.9x the stored bytes for
+// Q3_K (packed as Q6_K).
 TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
   TempDir dir;
   SyntheticModelSpec spec = whole_super_block_spec();
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::IQ4_NL}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1785,22 +1848,25 @@ TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
     }
     const uint64_t growth = packing_growth_bytes(*f);
     EXPECT_EQ(growth, want);
-    if (t == DType::Q3_K || t == DType::IQ4_NL) {
+    if (t == DType::Q3_K) {
       EXPECT_GT(growth, stored * 8 / 10);
-    } else if (t != DType::Q4_K) {
+    } else if (t == DType::Q4_K || t == DType::IQ4_XS) {
+      EXPECT_GT(growth, 0u);
+      EXPECT_LT(growth, stored / 10) << "only the scales grow";
+    } else {
       EXPECT_EQ(growth, 0u) << "packed at the stored size";
     }
   }
 }
 
 // Rows that are not whole 256-element super-blocks (the tiny preset's 128
-// and 384) fall back as llama-quantize's do: Q3_K -> IQ4_NL, Q4_K -> Q5_0,
-// Q5_K -> Q5_1, Q6_K -> Q8_0.
+// and 384) fall back as llama-quantize's do: Q3_K and IQ4_XS -> IQ4_NL,
+// Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0.
 TEST(SyntheticModel, KTypesFallBackLikeLlamaQuantize) {
   TempDir dir;
   SyntheticModelSpec spec = synthetic_preset("tiny");
   spec.n_layer = 1;
-  for (auto [k, fallback] : {std::pair{DType::Q3_K, DType::IQ4_NL}, {DType::Q4_K, DType::Q5_0},
+  for (auto [k, fallback] : {std::pair{DType::Q3_K, DType::IQ4_NL}, {DType::IQ4_XS, DType::IQ4_NL}, {DType::Q4_K, DType::Q5_0},
                              {DType::Q5_K, DType::Q5_1}, {DType::Q6_K, DType::Q8_0}}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(k)));
     spec.dtype = k;

@@ -20,8 +20,8 @@ using namespace reprise;
 namespace {
 
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q8_0, DType::Q4_0,
-                        DType::Q4_1, DType::Q5_0, DType::Q5_1,   DType::IQ4_NL, DType::Q3_K,
-                        DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                        DType::Q4_1, DType::Q5_0, DType::Q5_1,   DType::IQ4_NL, DType::IQ4_XS,
+                        DType::Q3_K, DType::Q4_K, DType::Q5_K,   DType::Q6_K};
 
 int64_t block_elems(DType t) { return dtype_info(static_cast<uint32_t>(t))->block_elems; }
 
@@ -166,6 +166,34 @@ float canonical(const Weights& w, int64_t r, const float* x) {
           isum += kIq4nlValues[blk[2 + i] >> 4] * qx.q[b * 32 + 16 + i];
         }
         y = std::fma(f16_to_f32(d16) * qx.d[b], static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    case DType::IQ4_XS: {
+      // ggml's block_iq4_xs {d, scales_h, scales_l[4], qs[128]} against Q8_K:
+      // sub-block j's nibbles are qs[16j..16j+15] (low nibbles its elements
+      // 0..15), its scale (minus 32) has the low nibble j % 2 of scales_l[j / 2]
+      // and the top bits 2j..2j+1 of scales_h. Per super-block: isum = sum_j
+      // scale_j * dot_j, then one float update (ggml's x86 form).
+      QuantX qx = quantize_x_k(x, w.n_in);
+      for (int64_t s = 0; s < w.n_in / 256; ++s) {
+        const uint8_t* blk = row + s * 136;
+        uint16_t d16, scales_h;
+        std::memcpy(&d16, blk, 2);
+        std::memcpy(&scales_h, blk + 2, 2);
+        const uint8_t *scales_l = blk + 4, *qs = blk + 8;
+        const int8_t* xq = qx.q.data() + s * 256;
+        int32_t isum = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int sc = (((scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+          int32_t dot = 0;
+          for (int l = 0; l < 16; ++l) {
+            dot += kIq4nlValues[qs[16 * j + l] & 15] * xq[32 * j + l];
+            dot += kIq4nlValues[qs[16 * j + l] >> 4] * xq[32 * j + 16 + l];
+          }
+          isum += sc * dot;
+        }
+        y = std::fma(f16_to_f32(d16) * qx.d[s], static_cast<float>(isum), y);
       }
       return y;
     }
@@ -390,8 +418,8 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
 // On a one-core machine this is the single-piece path again.
 TEST(MatmulLargeMatrix, PackedInPiecesFollowsTheRule) {
   IsaRestore restore;
-  for (DType t : {DType::Q6_K, DType::Q3_K, DType::Q5_K, DType::Q5_0, DType::F16}) {
-    const Weights w = make_weights(t, 4096, 3072, 29);
+  for (DType t : {DType::Q6_K, DType::Q3_K, DType::IQ4_XS, DType::Q5_K, DType::Q5_0, DType::F16}) {
+    const Weights w = make_weights(t, 4096, t == DType::IQ4_XS ? 4096 : 3072, 29);  // 4.4 bits per weight
     ASSERT_GE(PackedMatrix(w.view()).packed_bytes(), size_t{8} << 20);
     expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2);
   }
@@ -465,10 +493,17 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k = 0; k < k_in; ++k)
       xk[t * k_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
-  for (DType type : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType type : {DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const Weights w = saturated(type, k_in, [&](int64_t r, uint8_t* blk) {
       const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
-      if (type == DType::Q3_K) {
+      if (type == DType::IQ4_XS) {
+        // Table ends +113 (every bit set, even rows) or -127 (none, odd
+        // rows); scales -32 (bits zero) or +31 (all set), by row % 3.
+        auto& xs = *reinterpret_cast<BlockIQ4_XS*>(blk);
+        xs.d = d;
+        xs.scales_h = r % 3 == 0 ? 0x0000 : 0xffff;
+        std::memset(xs.scales_l, r % 3 == 0 ? 0x00 : 0xff, 4);
+      } else if (type == DType::Q3_K) {
         // Quants +3 (every bit set, even rows) or -4 (none, odd rows);
         // scales -32 (bytes zero) or +31 (bytes 0xff), by row % 3.
         auto& q3 = *reinterpret_cast<BlockQ3_K*>(blk);
@@ -540,7 +575,7 @@ TEST(MatmulQuantizedActivations, SectionEdgeCasesFollowTheRule) {
     for (int i = 0; i < 256; ++i) row[768 + i] = 0.5f * static_cast<float>(i % 200) - 37.25f;
     row[768 + 100] = 127.0f;
   }
-  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 31), x, n_tokens);
   }
 }

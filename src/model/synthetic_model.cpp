@@ -187,6 +187,7 @@ uint32_t file_type_of(DType t) {
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
     case DType::Q3_K: return 11;  // MOSTLY_Q3_K_S
     case DType::IQ4_NL: return 25;  // MOSTLY_IQ4_NL
+    case DType::IQ4_XS: return 30;  // MOSTLY_IQ4_XS
     case DType::BF16: return 32;
     default: return 0;
   }
@@ -220,8 +221,8 @@ class Planner {
 
  private:
   // Rows that do not fill whole blocks fall back as llama-quantize's do: a
-  // K type to its 32-element counterpart (Q3_K -> IQ4_NL, Q4_K -> Q5_0,
-  // Q5_K -> Q5_1, Q6_K -> Q8_0), and rows that are not whole 32-element
+  // K type to its 32-element counterpart (Q3_K and IQ4_XS -> IQ4_NL, Q4_K ->
+  // Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and rows that are not whole 32-element
   // blocks to F16.
   static DType fitted(DType t, uint64_t row_len) {
     if (!is_block_type(t)) return t;
@@ -229,7 +230,8 @@ class Planner {
     if (row_len % block == 0) return t;
     if (row_len % 32 != 0) return DType::F16;
     switch (t) {
-      case DType::Q3_K: return DType::IQ4_NL;
+      case DType::Q3_K:
+      case DType::IQ4_XS: return DType::IQ4_NL;
       case DType::Q4_K: return DType::Q5_0;
       case DType::Q5_K: return DType::Q5_1;
       default: return DType::Q8_0;

@@ -93,15 +93,12 @@ const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::Avx512 ? "
 
 namespace {
 
-// Q3_K and IQ4_NL are packed as the types that hold the same integers: a
-// Q3_K quant q (-4..3) as the Q6_K quant u = q + 32 with the same signed
-// scales and d, an IQ4_NL nibble as the Q8_0 quant of its table value. So
-// their products follow Q6_K's and Q8_0's rules (kernels_impl.h), which form
-// the integers ggml's own Q3_K x Q8_K and IQ4_NL x Q8_0 dot products form,
-// at the cost of the wider type's bytes (no kernel of their own yet).
-DType packed_type(DType t) {
-  return t == DType::Q3_K ? DType::Q6_K : t == DType::IQ4_NL ? DType::Q8_0 : t;
-}
+// Q3_K is packed as the type that holds the same integers: a Q3_K quant q
+// (-4..3) as the Q6_K quant u = q + 32 with the same signed scales and d. So
+// its products follow Q6_K's rule (kernels_impl.h), which forms the integers
+// ggml's own Q3_K x Q8_K dot product forms, at the cost of Q6_K's bytes (no
+// kernel of its own yet).
+DType packed_type(DType t) { return t == DType::Q3_K ? DType::Q6_K : t; }
 
 // Load-time work for every weight of a Q3_K file, so 8 elements at a time
 // in 64-bit words (element by element it packed ~60 MB/s of file: ~25 s for
@@ -132,16 +129,6 @@ BlockQ6_K q6_k_from_q3_k(const BlockQ3_K& b) {
   return o;
 }
 
-BlockQ8_0 q8_0_from_iq4_nl(const BlockIQ4_NL& b) {
-  BlockQ8_0 o;
-  o.d = b.d;
-  for (int j = 0; j < 16; ++j) {
-    o.qs[j] = kIq4nlValues[b.qs[j] & 0x0f];
-    o.qs[j + 16] = kIq4nlValues[b.qs[j] >> 4];
-  }
-  return o;
-}
-
 size_t group_bytes_for(DType type, int64_t n_in) {
   switch (packed_type(type)) {
     case DType::F32: return static_cast<size_t>(n_in) * kGroupRows * 4;
@@ -149,12 +136,14 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
     case DType::Q8_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q8_0>;
     case DType::Q4_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q4_0>;
+    case DType::IQ4_NL: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::IQ4NL>;
     case DType::Q4_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q4_1>;
     case DType::Q5_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_0>;
     case DType::Q5_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_1>;
     case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
     case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
     case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;
+    case DType::IQ4_XS: return static_cast<size_t>(n_in / kQK_K) * kernels::kSectionIq4Xs;
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(type)));
   }
 }
@@ -304,9 +293,29 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   }
 }
 
+// One group's IQ4_XS sections (kernels_impl.h); rows at or beyond `rows` are
+// zero. Load-time work, so plain loops.
+void pack_group_iq4_xs(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  const int64_t n_sections = w.n_in / kQK_K;
+  std::memset(out, 0, kernels::kSectionIq4Xs * n_sections);
+  for (int64_t s = 0; s < n_sections; ++s) {
+    uint8_t* o = out + s * kernels::kSectionIq4Xs;
+    auto* d = reinterpret_cast<float*>(o);
+    for (int r = 0; r < rows; ++r) {
+      const auto& blk = reinterpret_cast<const BlockIQ4_XS*>(w.row(r0 + r))[s];
+      d[r] = f16_to_f32(blk.d);
+      for (int j = 0; j < 8; ++j) {
+        o[kernels::kIq4XsScales + j * 16 + r] = static_cast<uint8_t>(iq4_xs_scale(blk, j));
+        for (int c = 0; c < 4; ++c)
+          std::memcpy(o + kernels::kIq4XsNibbles + j * 256 + c * 64 + r * 4, blk.qs + 16 * j + 4 * c, 4);
+      }
+    }
+  }
+}
+
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst);
 
-// Q3_K / IQ4_NL groups (see packed_type): each group's rows converted to the
+// Q3_K groups (see packed_type): each group's rows converted to the
 // packed type's blocks, then packed as that type's.
 template <typename From, typename To, To (*Convert)(const From&)>
 void pack_converted_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
@@ -330,8 +339,6 @@ void pack_converted_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t*
 // Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
   if (w.type == DType::Q3_K) return pack_converted_groups<BlockQ3_K, BlockQ6_K, &q6_k_from_q3_k>(w, g0, g1, dst);
-  if (w.type == DType::IQ4_NL)
-    return pack_converted_groups<BlockIQ4_NL, BlockQ8_0, &q8_0_from_iq4_nl>(w, g0, g1, dst);
   const size_t gb = group_bytes_for(w.type, w.n_in);
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* out = dst + (g - g0) * gb;
@@ -399,7 +406,10 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
         }
         break;
       }
-      case DType::Q4_0: {
+      case DType::Q4_0:
+      case DType::IQ4_NL: {
+        // The same block layout (d, then nibbles in the same order).
+        static_assert(sizeof(BlockIQ4_NL) == sizeof(BlockQ4_0));
         const int64_t nb = w.n_in / kQK4_0;
         if (rows == kGroupRows) {
           // 16 rows x 4 dword chunks per block: four 4x4 dword transposes.
@@ -445,6 +455,9 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       case DType::Q5_K:
       case DType::Q6_K:
         pack_group_k(w, r0, rows, out);
+        break;
+      case DType::IQ4_XS:
+        pack_group_iq4_xs(w, r0, rows, out);
         break;
       default:
         throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(w.type)));
@@ -516,10 +529,12 @@ ActKind act_kind(DType t) {
     case DType::Q4_0:
     case DType::Q4_1:
     case DType::Q5_0:
-    case DType::Q5_1: return ActKind::Q8;
+    case DType::Q5_1:
+    case DType::IQ4_NL: return ActKind::Q8;
     case DType::Q4_K:
     case DType::Q5_K:
-    case DType::Q6_K: return ActKind::Q8K;
+    case DType::Q6_K:
+    case DType::IQ4_XS: return ActKind::Q8K;
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(t)));
   }
 }
@@ -649,6 +664,8 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
     case DType::Q4_K: return k.matmul_q4_k;
     case DType::Q5_K: return k.matmul_q5_k;
     case DType::Q6_K: return k.matmul_q6_k;
+    case DType::IQ4_NL: return k.matmul_iq4_nl;
+    case DType::IQ4_XS: return k.matmul_iq4_xs;
     default: throw Error("matmul: unsupported weight type");
   }
 }

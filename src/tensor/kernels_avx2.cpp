@@ -109,12 +109,29 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-// Exact per-row integer dots of 4-byte chunks: 8 rows of unsigned weights
-// (q + 128 for Q8_0, as stored) against one chunk of signed activations.
-RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
-  const __m256i q = _mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80)));
+// Exact per-row integer dots of 4-byte chunks: 8 rows of signed weights
+// (-127..127) against one chunk of signed activations (-127..127: the pair
+// sums of |q| * x cannot saturate).
+RP_INLINE __m256i dot_s8_chunk(__m256i q, __m256i xv) {
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
   return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+// The same for unsigned weights q + 128 (Q8_0's as stored).
+RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
+  return dot_s8_chunk(_mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80))), xv);
+}
+
+// IQ4_NL's signed table in both 128-bit lanes (vpshufb looks up per lane).
+RP_INLINE __m256i iq4nl_table() {
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlSigned.v)));
+}
+
+// The table values of a nibble chunk's low (High = false) or high nibbles.
+template <bool High>
+RP_INLINE __m256i iq4nl_lookup(__m256i v) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  return _mm256_shuffle_epi8(iq4nl_table(), _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, nibble));
 }
 
 // Plane bit K of each byte moved to bit 4 (see the AVX-512 version).
@@ -158,6 +175,23 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
             i0 = _mm256_add_epi32(i0, dot_q8_chunk(_mm256_loadu_si256(wc), xv));
             i1 = _mm256_add_epi32(i1, dot_q8_chunk(_mm256_loadu_si256(wc + 1), xv));
           }
+        } else if constexpr (Q == QType::IQ4NL) {
+          // Signed table values, as Q8_0's quants (no correction).
+          __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            int32_t ql, qh;
+            std::memcpy(&ql, xb.qs + 4 * c, 4);
+            std::memcpy(&qh, xb.qs + 16 + 4 * c, 4);
+            const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+            for (int h = 0; h < 2; ++h) {
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + c * 64) + h);
+              is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
+                                                               dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
+            }
+          }
+          i0 = is[0];
+          i1 = is[1];
         } else {
           // Products of unsigned quants add up in 16 bits before widening:
           // 4-bit quants over the whole block (a pair is at most 2 * 15 *
@@ -301,6 +335,33 @@ RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i
   }
 }
 
+// isum[h] += sc[j] (signed) * (rows 8h..8h+7's dots of IQ4_XS sub-block j's
+// table values with the activation block xb).
+RP_INLINE void iq4xs_block(const uint8_t* sec, int j, const XBlock& xb, __m256i (&isum)[2]) {
+  __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          int32_t ql, qh;
+          std::memcpy(&ql, xb.qs + 4 * C, 4);
+          std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
+          const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + j * 256 + C * 64 + 32 * h));
+            is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
+                                                             dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+  for (int h = 0; h < 2; ++h) {
+    const __m256i sc =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kIq4XsScales + j * 16 + 8 * h)));
+    isum[h] = _mm256_add_epi32(isum[h], _mm256_mullo_epi32(is[h], sc));
+  }
+}
+
 // See the AVX-512 version.
 RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
@@ -336,10 +397,12 @@ RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int 
   }
 }
 
-// isum += the block 2 * pair + Odd's scaled dots (k_affine_block or q6k_block).
+// isum += the block 2 * pair + Odd's scaled dots (k_affine_block,
+// iq4xs_block or q6k_block).
 template <KType KT, bool Odd>
 RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   if constexpr (KT == KType::Q4K || KT == KType::Q5K) k_affine_block<KT, Odd>(sec, pair, xb, isum);
+  else if constexpr (KT == KType::IQ4XS) iq4xs_block(sec, 2 * pair + (Odd ? 1 : 0), xb, isum);
   else q6k_block<KT, Odd>(sec, pair, xb, isum);
 }
 
@@ -350,17 +413,33 @@ RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (
 template <KType KT, bool Odd, int T>
 RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, int32_t (*isum)[16]) {
   constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
+  // IQ4_XS: signed table values (the sign-trick dot), one scale per block.
+  constexpr bool kTable = KT == KType::IQ4XS;
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m256i wq[8][2];
-  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
-    ((wq[C][0] = k_affine_chunk<KT, Odd, C>(sec, pair, 0), wq[C][1] = k_affine_chunk<KT, Odd, C>(sec, pair, 1)), ...);
-  }(std::make_integer_sequence<int, 8>{});
-  // Scales of the block's first and last 16 elements (the same for Q4_K/Q5_K).
+  if constexpr (kTable) {
+    for (int c = 0; c < 4; ++c)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + j * 256 + c * 64 + 32 * h));
+        wq[c][h] = iq4nl_lookup<false>(v);
+        wq[4 + c][h] = iq4nl_lookup<true>(v);
+      }
+  } else {
+    [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+      ((wq[C][0] = k_affine_chunk<KT, Odd, C>(sec, pair, 0), wq[C][1] = k_affine_chunk<KT, Odd, C>(sec, pair, 1)), ...);
+    }(std::make_integer_sequence<int, 8>{});
+  }
+  // Scales of the block's first and last 16 elements (the same for Q4_K/Q5_K
+  // and IQ4_XS).
   __m256i sc[2][2];
   for (int h = 0; h < 2; ++h) {
     if constexpr (kAffine) {
       sc[0][h] = sc[1][h] =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
+    } else if constexpr (kTable) {
+      sc[0][h] = sc[1][h] =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kIq4XsScales + j * 16 + 8 * h)));
     } else {
       for (int half = 0; half < 2; ++half)
         sc[half][h] = _mm256_cvtepi8_epi32(
@@ -369,8 +448,8 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
   }
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m256i lo0 = _mm256_set1_epi32(kAffine ? 0 : -32 * xb[t].sum_lo);
-    const __m256i hi0 = _mm256_set1_epi32(kAffine ? 0 : -32 * xb[t].sum_hi);
+    const __m256i lo0 = _mm256_set1_epi32(kAffine || kTable ? 0 : -32 * xb[t].sum_lo);
+    const __m256i hi0 = _mm256_set1_epi32(kAffine || kTable ? 0 : -32 * xb[t].sum_hi);
     __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
@@ -378,21 +457,21 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
       std::memcpy(&q, xb[t].qs + 4 * c, 4);
       const __m256i xv = _mm256_set1_epi32(q);
       for (int h = 0; h < 2; ++h) {
-        const __m256i d = dot_u8_chunk(wq[c][h], xv);
+        const __m256i d = kTable ? dot_s8_chunk(wq[c][h], xv) : dot_u8_chunk(wq[c][h], xv);
         if (c < 4) lo[h] = _mm256_add_epi32(lo[h], d);
         else hi[h] = _mm256_add_epi32(hi[h], d);
       }
     }
     auto* m = reinterpret_cast<__m256i*>(isum[t]);
     for (int h = 0; h < 2; ++h) {
-      const __m256i v = kAffine ? _mm256_mullo_epi32(_mm256_add_epi32(lo[h], hi[h]), sc[0][h])
+      const __m256i v = kAffine || kTable ? _mm256_mullo_epi32(_mm256_add_epi32(lo[h], hi[h]), sc[0][h])
                                 : _mm256_add_epi32(_mm256_mullo_epi32(lo[h], sc[0][h]), _mm256_mullo_epi32(hi[h], sc[1][h]));
       _mm256_store_si256(m + h, _mm256_add_epi32(_mm256_load_si256(m + h), v));
     }
   }
 }
 
-// Q4_K / Q5_K / Q6_K weights against Q8_K activations (rule in
+// Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
 // kernels_impl.h); 16 registers shape the loops.
 //   Decode (T = 1): one group at a time through a whole super-block, its
 //   integer sums and float accumulators in registers.
@@ -482,6 +561,8 @@ void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, 2, 1>(a); }
+void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, 2, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 1, 4, 2, 1>(a); }
 
 // Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {
@@ -654,7 +735,7 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

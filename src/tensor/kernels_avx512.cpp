@@ -118,6 +118,11 @@ RP_INLINE __m512i fifth_bits(__m512i plane) {
   return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
 }
 
+// IQ4_NL's table plus 128 in every 128-bit lane (vpshufb looks up per lane).
+RP_INLINE __m512i iq4nl_table() {
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
+}
+
 template <QType Q, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
@@ -137,9 +142,10 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const XBlock& xb = x[b * xs + t];
-      // Offsets of the unsigned quants: Q8_0 stores q + 128, Q4_0 nibble =
-      // q + 8, Q5_0 u = q + 16; the _1 types' quants are unsigned already.
-      const int32_t corr = Q == QType::Q8_0 ? xb.corr_q8
+      // Offsets of the unsigned quants: Q8_0 stores q + 128 (IQ4_NL's table
+      // is looked up as value + 128), Q4_0 nibble = q + 8, Q5_0 u = q + 16;
+      // the _1 types' quants are unsigned already.
+      const int32_t corr = Q == QType::Q8_0 || Q == QType::IQ4NL ? xb.corr_q8
                            : Q == QType::Q4_0 ? xb.corr_q4
                            : Q == QType::Q5_0 ? 2 * xb.corr_q4
                                               : 0;
@@ -179,6 +185,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                 wv[g] = _mm512_and_si512(_mm512_loadu_si512(wb + g * gb + kQuants + C * 64), nibble);
                 if constexpr (kHasFifthBit<Q>)
                   wv[g] = _mm512_or_si512(wv[g], fifth_bits<C>(_mm512_loadu_si512(wb + g * gb + kQuants + 256)));
+                if constexpr (Q == QType::IQ4NL) wv[g] = _mm512_shuffle_epi8(iq4nl_table(), wv[g]);
               }
               dot_chunk(wv, 4 * C);
 #pragma GCC unroll 16
@@ -188,6 +195,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                 if constexpr (kHasFifthBit<Q>)
                   wv[g] =
                       _mm512_or_si512(wv[g], fifth_bits<4 + C>(_mm512_loadu_si512(wb + g * gb + kQuants + 256)));
+                if constexpr (Q == QType::IQ4NL) wv[g] = _mm512_shuffle_epi8(iq4nl_table(), wv[g]);
               }
               dot_chunk(wv, 16 + 4 * C);
             }(),
@@ -332,6 +340,47 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
   }
 }
 
+// isum[g][t] += sc[j] (signed) * (the dots of IQ4_XS sub-block j's table
+// values with token t's activation quants): looked up as value + 128, so each
+// dot starts from -128 * the activations' sum.
+template <int G, int T>
+RP_INLINE void iq4xs_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb, __m512i (&isum)[G][T]) {
+  __m512i ia[G][T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512i c = _mm512_set1_epi32(-128 * (xb[t].sum_lo + xb[t].sum_hi));
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) ia[g][t] = c;
+  }
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          __m512i wv[G];
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g)
+            wv[g] = _mm512_shuffle_epi8(
+                iq4nl_table(), _mm512_and_si512(_mm512_loadu_si512(ws + g * gb + kIq4XsNibbles + j * 256 + C * 64), nibble));
+          dot_chunk_k<G, T>(ia, wv, xb, C);
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g)
+            wv[g] = _mm512_shuffle_epi8(
+                iq4nl_table(),
+                _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(ws + g * gb + kIq4XsNibbles + j * 256 + C * 64), 4),
+                                 nibble));
+          dot_chunk_k<G, T>(ia, wv, xb, 4 + C);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m512i sc =
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kIq4XsScales + j * 16)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
+  }
+}
+
 // The pair sums -(xsum of sub-block 2p, xsum of 2p + 1) as 16-bit halves of
 // one word, for vpdpwssd against a pair's mins.
 RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
@@ -340,9 +389,9 @@ RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Q4_K / Q5_K / Q6_K weights against Q8_K activations (rule in
+// Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
 // kernels_impl.h): the sub-blocks add up in integers, and each super-block
-// costs two (Q6_K: one) float updates per output.
+// costs two (Q6_K, IQ4_XS: one) float updates per output.
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
@@ -378,6 +427,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
+      } else if constexpr (KT == KType::IQ4XS) {
+        iq4xs_block<G, T>(ws, gb, 2 * p, xsec + 2 * p * xs, isum);
+        iq4xs_block<G, T>(ws, gb, 2 * p + 1, xsec + (2 * p + 1) * xs, isum);
       } else {
         q6k_half<KT, false, 0, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         q6k_half<KT, false, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
@@ -472,6 +524,8 @@ void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 4, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 4, 1>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
+void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 2, 6, 4, 1>(a); }
 
 // r[i][j] <- r[j][i] for a 16 x 16 block.
 RP_INLINE void transpose16(__m512 (&r)[16]) {
@@ -1199,7 +1253,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

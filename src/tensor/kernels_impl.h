@@ -18,6 +18,7 @@
 //         row r's byte i has, at bit k, the bit of element 4k + i (so chunk
 //         c's low nibbles take bit c, its high nibbles bit 4 + c). 352 bytes.
 //   Q5_1: Q4_1's layout, then Q5_0's plane. 384 bytes.
+//   IQ4_NL: Q4_0's layout (the nibbles index kIq4nlValues). 288 bytes.
 //   K types, per 256-element super-block ("section"; k ranges given to these
 //   kernels are whole super-blocks), sub-block scales unpacked to bytes:
 //   Q4_K: 16 f32 d, 16 f32 dmin, 8 x 16 scales (u8), then the mins (u8) per
@@ -35,6 +36,11 @@
 //         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
 //         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
 //         3392 bytes (6.6 bits per weight; the file's 6.56).
+//   IQ4_XS: 16 f32 d, 8 x 16 scales (i8, -32..31), then for each sub-block
+//         j 4 chunks of 64 bytes: chunk c holds, for each row, the file's
+//         bytes qs[16j + 4c .. 16j + 4c + 3] (as Q4_0's: low nibbles index
+//         elements 4c..4c+3 of the sub-block, high nibbles 16+4c..16+4c+3).
+//         2240 bytes (4.4 bits per weight; the file's 4.25).
 //   Q6_K wide (a prompt's scratch only, see matmul_q6_k_wide): the same d and
 //         scales, then for each 32-element block j 8 chunks of 64 bytes: chunk
 //         c holds, for each row, u of elements 4c..4c+3. 4416 bytes.
@@ -46,6 +52,8 @@
 //                 b = 0, 1, ..., where isum[b] is the exact integer dot of the
 //                 block's quants (Q4_0 quants are nibble - 8).
 //   Q5_0:         as Q4_0, quants u - 16.
+//   IQ4_NL:       as Q8_0, quants kIq4nlValues[nibble] (ggml's
+//                 vec_dot_iq4_nl_q8_0).
 //   Q4_1/Q5_1:    y = fma(f32(dw[b]) * f32(dx[b]), float(isum[b]), y), then
 //                 y = fma(f32(mw[b]) * f32(dx[b]), float(xsum[b]), y), isum
 //                 the exact dot of the unsigned quants, xsum the sum of the
@@ -60,9 +68,13 @@
 //   Q6_K:         per super-block s: y = fma(d[s] * dx[s], float(isum[s]), y),
 //                 isum[s] = sum over its 16 sixteen-element halves i of
 //                 sc[i] * dot(u - 32, x over the half), exact integers.
-// Activations for the K types are Q8_K (one f32 scale dx per 256 elements,
-// ggml's quantize_row_q8_K, as ggml's CPU backend quantizes them for these
-// types); for the others they are Q8_0 blocks of 32 (ggml's AVX2 rule).
+//   IQ4_XS:       as Q6_K over the 8 sub-blocks of 32: isum[s] = sum_j sc[j] *
+//                 dot(kIq4nlValues[nibble], x over sub-block j) (the
+//                 integers of ggml's x86 vec_dot_iq4_xs_q8_K).
+// Activations for the K types and IQ4_XS are Q8_K (one f32 scale dx per 256
+// elements, ggml's quantize_row_q8_K, as ggml's CPU backend quantizes them
+// for these types); for the others they are Q8_0 blocks of 32 (ggml's AVX2
+// rule).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -101,13 +113,34 @@ constexpr size_t kQ4KNibbles = 384;
 constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
 constexpr size_t kSectionQ6KWide = 4416;
+// Where an IQ4_XS section's scales and nibble chunks start.
+constexpr size_t kIq4XsScales = 64;
+constexpr size_t kIq4XsNibbles = 192;
+constexpr size_t kSectionIq4Xs = kIq4XsNibbles + 8 * 256;
+// IQ4_NL's table as the kernels look nibbles up: signed (the AVX2 kernels'
+// sign trick) and plus 128 (unsigned, for vpdpbusd; the activations' -128 *
+// sum corrects it, as for Q8_0's stored q + 128).
+inline constexpr auto kIq4nlSigned = [] {
+  struct Table {
+    alignas(16) int8_t v[16];
+  } t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = kIq4nlValues[i];
+  return t;
+}();
+inline constexpr auto kIq4nlBiased = [] {
+  struct Table {
+    alignas(16) uint8_t v[16];
+  } t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = static_cast<uint8_t>(kIq4nlValues[i] + 128);
+  return t;
+}();
 
 // The per-type facts both ISA files' kernels (and the driver's sizes) read:
 // constants only, no code, so sharing them shares nothing compiled for one
 // instruction set with the other.
 // 32-element block types: bytes before the quants (f16 scales, and mins)
 // and per block.
-enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 };
+enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4NL };
 template <QType Q>
 constexpr bool kHasMin = Q == QType::Q4_1 || Q == QType::Q5_1;
 template <QType Q>
@@ -117,12 +150,13 @@ constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
 template <QType Q>
 constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
 // K types (Q6KWide: a prompt's widened Q6_K scratch): bytes per section.
-enum class KType { Q4K, Q5K, Q6K, Q6KWide };
+enum class KType { Q4K, Q5K, Q6K, Q6KWide, IQ4XS };
 template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K   ? kSectionQ4K
-                             : KT == KType::Q5K ? kSectionQ5K
-                             : KT == KType::Q6K ? kSectionQ6K
-                                                : kSectionQ6KWide;
+constexpr size_t kSection = KT == KType::Q4K       ? kSectionQ4K
+                             : KT == KType::Q5K     ? kSectionQ5K
+                             : KT == KType::Q6K     ? kSectionQ6K
+                             : KT == KType::Q6KWide ? kSectionQ6KWide
+                                                    : kSectionIq4Xs;
 
 // Activations are stored in token tiles of x_tile tokens: element k (a float
 // for F-types, an XBlock per block for Q types) of token t is at
@@ -265,6 +299,8 @@ struct IsaKernels {
   // Q6_K groups widened to bytes (the "Q6_K wide" layout): the same bits as
   // matmul_q6_k without unpacking the quants for every token tile.
   void (*matmul_q6_k_wide)(const MatmulArgs&);
+  void (*matmul_iq4_nl)(const MatmulArgs&);
+  void (*matmul_iq4_xs)(const MatmulArgs&);
   // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads; the
   // result only defeats dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n);

@@ -133,6 +133,25 @@ static_assert(sizeof(BlockIQ4_NL) == 18);
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,   38,  53,  69,  89,  113};
 
+// IQ4_XS: 8 sub-blocks of 32 with signed 6-bit scales over IQ4_NL's table:
+// x = d * sc[i/32] * kIq4nlValues[nibble]. Sub-block j's nibbles are
+// qs[16j .. 16j+15], ordered as IQ4_NL's (low nibbles its elements 0..15).
+// Its scale's low 4 bits are nibble j % 2 of scales_l[j / 2], its top 2 bits
+// bits 2j..2j+1 of scales_h; sc = that - 32.
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQK_K / 64];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// Sub-block j's (0..7) scale (-32..31) of an IQ4_XS block.
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+  const int low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0x0f;
+  return (low | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
 // Sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K `scales` array:
 // j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of
 // byte j + 4 with their top 2 bits in the top bits of bytes j - 4 and j.

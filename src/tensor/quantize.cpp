@@ -283,27 +283,61 @@ void quantize_row_q3_k(const float* src, BlockQ3_K* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// The index of the table value whose multiple by step is nearest x (the
+// first on ties).
+uint8_t nearest_iq4nl_index(float x, float step) {
+  int best = 0;
+  float best_err = INFINITY;
+  for (int v = 0; v < 16; ++v) {
+    const float err = std::fabs(x - step * kIq4nlValues[v]);
+    if (err < best_err) {
+      best_err = err;
+      best = v;
+    }
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// 32 elements' nearest table indices for step, as nibbles in IQ4_NL's order
+// (low nibbles elements 0..15), to qs[0..15].
+void pack_iq4nl_nibbles(const float* x, float step, uint8_t* qs) {
+  for (int j = 0; j < 16; ++j)
+    qs[j] = static_cast<uint8_t>(nearest_iq4nl_index(x[j], step) | (nearest_iq4nl_index(x[j + 16], step) << 4));
+}
+
+}  // namespace
+
 void quantize_row_iq4_nl(const float* src, BlockIQ4_NL* dst, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* x = src + b * 32;
     // The largest magnitude maps to the table's -127 end (as ggml's first guess).
     BlockIQ4_NL& o = dst[b];
     o.d = f32_to_f16(signed_extreme(x, 32) / -127.0f);
-    const float d = f16_to_f32(o.d);
-    uint8_t idx[32];
-    for (int j = 0; j < 32; ++j) {
-      int best = 0;
-      float best_err = INFINITY;
-      for (int v = 0; v < 16; ++v) {
-        const float err = std::fabs(x[j] - d * kIq4nlValues[v]);
-        if (err < best_err) {
-          best_err = err;
-          best = v;
-        }
-      }
-      idx[j] = static_cast<uint8_t>(best);
+    pack_iq4nl_nibbles(x, f16_to_f32(o.d), o.qs);
+  }
+}
+
+void quantize_row_iq4_xs(const float* src, BlockIQ4_XS* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float* x = src + b * kQK_K;
+    BlockIQ4_XS& o = dst[b];
+    std::memset(&o, 0, sizeof(o));
+    float scale[8], max_abs_scale = 0;
+    for (int j = 0; j < 8; ++j) {
+      scale[j] = signed_extreme(x + 32 * j, 32) / -127.0f;
+      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
     }
-    for (int j = 0; j < 16; ++j) o.qs[j] = static_cast<uint8_t>(idx[j] | (idx[j + 16] << 4));
+    o.d = f32_to_f16(max_abs_scale / 32.0f);
+    const float d = f16_to_f32(o.d);
+    for (int j = 0; j < 8; ++j) {
+      const int sc = d > 0 ? std::clamp(nearest(scale[j] / d), -32, 31) : 0;
+      const int biased = sc + 32;  // 6 bits: a nibble of scales_l, 2 bits of scales_h
+      o.scales_l[j / 2] = static_cast<uint8_t>(o.scales_l[j / 2] | ((biased & 0x0f) << (4 * (j % 2))));
+      o.scales_h = static_cast<uint16_t>(o.scales_h | ((biased >> 4) << (2 * j)));
+      pack_iq4nl_nibbles(x + 32 * j, d * static_cast<float>(sc), o.qs + 16 * j);
+    }
   }
 }
 
@@ -427,6 +461,21 @@ void dequantize_row_iq4_nl(const BlockIQ4_NL* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_iq4_xs(const BlockIQ4_XS* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d);
+    for (int j = 0; j < 8; ++j) {
+      const float step = d * static_cast<float>(iq4_xs_scale(src[b], j));
+      float* y = dst + b * kQK_K + 32 * j;
+      const uint8_t* qs = src[b].qs + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        y[l] = step * kIq4nlValues[qs[l] & 0x0f];
+        y[l + 16] = step * kIq4nlValues[qs[l] >> 4];
+      }
+    }
+  }
+}
+
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   check_length(t, n, "quantize_row");
   switch (t) {
@@ -443,6 +492,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q6_K: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
     case DType::Q3_K: quantize_row_q3_k(src, static_cast<BlockQ3_K*>(dst), n); return;
     case DType::IQ4_NL: quantize_row_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n); return;
+    case DType::IQ4_XS: quantize_row_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), n); return;
     default: break;
   }
 }
@@ -463,6 +513,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q6_K: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
     case DType::Q3_K: dequantize_row_q3_k(static_cast<const BlockQ3_K*>(src), dst, n); return;
     case DType::IQ4_NL: dequantize_row_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, n); return;
+    case DType::IQ4_XS: dequantize_row_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, n); return;
     default: break;
   }
 }

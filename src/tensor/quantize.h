@@ -1,6 +1,6 @@
 // Reference (scalar) conversions between f32 rows and the on-disk GGUF types
 // reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-// Q3_K, Q4_K, Q5_K and Q6_K.
+// IQ4_XS, Q3_K, Q4_K, Q5_K and Q6_K.
 //
 // The quantizers of the 32-element types reproduce ggml's reference
 // quantizers bit for bit (quantize_row_q8_0_ref etc., evaluated without
@@ -54,6 +54,10 @@ void quantize_row_q3_k(const float* src, BlockQ3_K* dst, int64_t n);
 // IQ4_NL: the largest magnitude maps to the table's -127; each element takes
 // the nearest table value (llama-quantize also searches d).
 void quantize_row_iq4_nl(const float* src, BlockIQ4_NL* dst, int64_t n);
+// IQ4_XS: each sub-block's largest magnitude maps to the table's -127, the
+// sub-block scales quantized against d = largest |scale| / 32 to -32..31;
+// each element takes the nearest table value at its sub-block's step.
+void quantize_row_iq4_xs(const float* src, BlockIQ4_XS* dst, int64_t n);
 
 void dequantize_row_f16(const uint16_t* src, float* dst, int64_t n);
 void dequantize_row_bf16(const uint16_t* src, float* dst, int64_t n);
@@ -67,5 +71,6 @@ void dequantize_row_q5_k(const BlockQ5_K* src, float* dst, int64_t n);
 void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n);
 void dequantize_row_q3_k(const BlockQ3_K* src, float* dst, int64_t n);
 void dequantize_row_iq4_nl(const BlockIQ4_NL* src, float* dst, int64_t n);
+void dequantize_row_iq4_xs(const BlockIQ4_XS* src, float* dst, int64_t n);
 
 }  // namespace reprise
