@@ -49,7 +49,7 @@ std::vector<float> make_x(int64_t n) {
 // New types go at the end: benchmark names carry the index.
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,  DType::Q4_1, DType::Q5_0,
                         DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q3_K, DType::IQ4_NL,
-                        DType::IQ4_XS};
+                        DType::IQ4_XS, DType::Q2_K};
 constexpr int kFirstNewType = 5;  // the types below carry only a few shapes
 
 // Args: dtype index, n_in, n_out, n_tokens, threads.

@@ -182,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, ForwardStepsSynthetic,
                                            Case{"gemma3", DType::F16}, Case{"mamba", DType::F16},
                                            Case{"mamba2", DType::Q8_0}, Case{"jamba", DType::F16},
                                            Case{"llama", DType::Q3_K}, Case{"gemma3", DType::IQ4_NL},
-                                           Case{"qwen2", DType::IQ4_XS}),
+                                           Case{"qwen2", DType::IQ4_XS}, Case{"llama", DType::Q2_K}),
                          [](const auto& info) {
                            return info.param.arch + "_" + dtype_name(static_cast<uint32_t>(info.param.dtype));
                          });

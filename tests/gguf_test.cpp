@@ -756,7 +756,7 @@ TEST(GgufWriter, RejectsInvalidInput) {
   EXPECT_THROW(w.add_tensor_f32("s", {4, 0}, DType::F32, {}), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {8}, DType::F32, std::vector<float>(7)), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {48}, DType::Q8_0, std::vector<float>(48)), Error);
-  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::Q2_K, std::vector<float>(256)), Error);
+  EXPECT_THROW(w.add_tensor_f32("s", {256}, DType::IQ2_XS, std::vector<float>(256)), Error);
   EXPECT_THROW(w.add_tensor_f32("s", {128}, DType::Q4_K, std::vector<float>(128)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, DType::Q8_0, Bytes(33)), Error);
   EXPECT_THROW(w.add_tensor("s", {32}, static_cast<DType>(77), Bytes(32)), Error);
@@ -899,18 +899,18 @@ TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
     std::vector<float> x = bell_values(n, 7, scale);
     for (int i = 0; i < 32; ++i) x[256 + i] = 0.0f;                          // an all-zero sub-block
     for (int i = 0; i < 256; ++i) x[512 + i] = std::fabs(x[512 + i]) + scale;  // all positive: no min
-    for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    for (DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
       SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)) + " scale " + std::to_string(scale));
       Bytes q = quantized(t, x);
       ASSERT_EQ(q.size(), dtype_row_bytes(t, n));
       std::vector<float> y(n);
       dequantize_row(t, q.data(), y.data(), n);
       const bool symmetric = t == DType::Q6_K || t == DType::Q3_K;
-      const int sub = symmetric ? 16 : 32;
+      const int sub = symmetric || t == DType::Q2_K ? 16 : 32;
       for (int64_t sb = 0; sb < n / 256; ++sb) {
         const uint8_t* blk = q.data() + sb * dtype_row_bytes(t, 256);
         uint16_t h[2];
-        const size_t d_at = t == DType::Q6_K ? 208 : t == DType::Q3_K ? 108 : 0;
+        const size_t d_at = t == DType::Q6_K ? 208 : t == DType::Q3_K ? 108 : t == DType::Q2_K ? 80 : 0;
         std::memcpy(h, blk + d_at, symmetric ? 2 : 4);
         const float d = f16_to_f32(h[0]), dmin = symmetric ? 0.0f : f16_to_f32(h[1]);
         for (int64_t s0 = sb * 256; s0 < (sb + 1) * 256; s0 += sub) {
@@ -930,7 +930,7 @@ TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
             // each where the largest scale clamps from 32 to 31).
             bound = amax / 4 + 4 * d + amax * 0x1p-12f;
           } else {
-            const float levels = t == DType::Q4_K ? 15 : 31;
+            const float levels = t == DType::Q2_K ? 3 : t == DType::Q4_K ? 15 : 31;
             bound = (hi - lo) / levels / 2 + (levels / 2 + 1) * d + dmin / 2 + amax * 0x1p-12f;
           }
           for (int i = 0; i < sub; ++i)
@@ -945,6 +945,33 @@ TEST(Quantize, KTypesRoundTripWithinTheirSubBlockStep) {
 // Hand-built blocks in ggml's layouts (see quant_blocks.h), so the element
 // order, the 6-bit scale packing and the Q5_K/Q6_K high bits are pinned.
 TEST(Quantize, KTypeLayoutsMatchGgml) {
+  {
+    // Q2_K: scale byte k holds scale k % 16 | min (15 - k) << 4; byte j of qs
+    // holds crumbs (j * 7 + s) % 4 at bits 2s. The expected values follow
+    // ggml's dequantize_row_q2_K loop (halves of 128, four shifts, two
+    // 16-element sub-blocks per shift).
+    BlockQ2_K b{};
+    b.d = f32_to_f16(0.5f);
+    b.dmin = f32_to_f16(0.25f);
+    for (int k = 0; k < 16; ++k) b.scales[k] = static_cast<uint8_t>(k | ((15 - k) << 4));
+    for (int j = 0; j < 64; ++j)
+      for (int s = 0; s < 4; ++s) b.qs[j] = static_cast<uint8_t>(b.qs[j] | (((j * 7 + s) % 4) << (2 * s)));
+    float want[256];
+    int out = 0, is = 0;
+    for (int n = 0; n < 256; n += 128) {
+      const uint8_t* q = b.qs + n / 4;
+      for (int shift = 0; shift < 8; shift += 2)
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t sc = b.scales[is++];
+          for (int l = 0; l < 16; ++l)
+            want[out++] = 0.5f * static_cast<float>(sc & 15) * static_cast<float>((q[l + 16 * half] >> shift) & 3) -
+                          0.25f * static_cast<float>(sc >> 4);
+        }
+    }
+    float y[256];
+    dequantize_row(DType::Q2_K, &b, y, 256);
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(y[i], want[i]) << i;
+  }
   {
     BlockQ5_K b{};
     b.d = f32_to_f16(1.0f);
@@ -1117,7 +1144,8 @@ TEST(Quantize, Iq4XsRoundTripsWithinItsTableGapsAndScaleStep) {
 TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   float x[64] = {};
   uint8_t out[256];
-  EXPECT_THROW(quantize_row(DType::Q2_K, x, out, 64), Error);
+  EXPECT_THROW(quantize_row(DType::IQ2_XS, x, out, 256), Error);
+  EXPECT_THROW(quantize_row(DType::Q2_K, x, out, 64), Error);  // not a whole super-block
   EXPECT_THROW(quantize_row(DType::Q4_K, x, out, 64), Error);  // not a whole super-block
   EXPECT_THROW(dequantize_row(DType::Q8_1, out, x, 32), Error);
   EXPECT_THROW(quantize_row(DType::Q8_0, x, out, 48), Error);
@@ -1126,7 +1154,7 @@ TEST(Quantize, RejectsUnsupportedTypesAndLengths) {
   EXPECT_TRUE(quantize_supported(DType::BF16));
   EXPECT_TRUE(quantize_supported(DType::Q5_1));
   EXPECT_TRUE(quantize_supported(DType::IQ4_NL));
-  EXPECT_FALSE(quantize_supported(DType::Q2_K));
+  EXPECT_TRUE(quantize_supported(DType::Q2_K));
   EXPECT_TRUE(quantize_supported(DType::IQ4_XS));
   EXPECT_FALSE(quantize_supported(DType::IQ2_XS));
 }
@@ -1769,7 +1797,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
   make_synthetic_model(spec, dir.file("f32.gguf"));
   auto reference = File::open(dir.file("f32.gguf"));
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                  DType::IQ4_NL, DType::IQ4_XS, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                  DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1783,7 +1811,8 @@ TEST(SyntheticModel, EveryWeightDtype) {
       dequantize_row(info.type, info.data, got.data(), n);
       dequantize_row(ref.type, ref.data, want.data(), n);
       // Same underlying values: the difference is only the type's rounding.
-      const double tol = t == DType::Q3_K                     ? 0.3
+      const double tol = t == DType::Q2_K                     ? 0.35
+                         : t == DType::Q3_K                   ? 0.3
                          : t == DType::Q4_0 || t == DType::Q4_K ? 0.25
                          : t == DType::IQ4_NL                 ? 0.12
                          : t == DType::IQ4_XS                 ? 0.15
@@ -1810,6 +1839,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
                               : t == DType::Q5_1 ? 9
                               : t == DType::Q4_K ? 14
                               : t == DType::Q5_K ? 16
+                              : t == DType::Q2_K ? 10
                               : t == DType::Q3_K ? 11
                               : t == DType::IQ4_NL ? 25
                               : t == DType::IQ4_XS ? 30
@@ -1826,7 +1856,7 @@ TEST(SyntheticModel, EveryWeightDtype) {
 TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
   TempDir dir;
   SyntheticModelSpec spec = whole_super_block_spec();
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q2_K, DType::Q4_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(t)));
     spec.dtype = t;
     const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(t))) + ".gguf");
@@ -1853,6 +1883,11 @@ TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
     } else if (t == DType::Q4_K || t == DType::IQ4_XS) {
       EXPECT_GT(growth, 0u);
       EXPECT_LT(growth, stored / 10) << "only the scales grow";
+    } else if (t == DType::Q2_K) {
+      // 3.25 bits per weight packed against 2.625 stored: the scales and mins
+      // as bytes.
+      EXPECT_GT(growth, stored / 5);
+      EXPECT_LT(growth, stored * 3 / 10);
     } else {
       EXPECT_EQ(growth, 0u) << "packed at the stored size";
     }
@@ -1860,13 +1895,13 @@ TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
 }
 
 // Rows that are not whole 256-element super-blocks (the tiny preset's 128
-// and 384) fall back as llama-quantize's do: Q3_K and IQ4_XS -> IQ4_NL,
+// and 384) fall back as llama-quantize's do: Q2_K, Q3_K and IQ4_XS -> IQ4_NL,
 // Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0.
 TEST(SyntheticModel, KTypesFallBackLikeLlamaQuantize) {
   TempDir dir;
   SyntheticModelSpec spec = synthetic_preset("tiny");
   spec.n_layer = 1;
-  for (auto [k, fallback] : {std::pair{DType::Q3_K, DType::IQ4_NL}, {DType::IQ4_XS, DType::IQ4_NL}, {DType::Q4_K, DType::Q5_0},
+  for (auto [k, fallback] : {std::pair{DType::Q2_K, DType::IQ4_NL}, {DType::Q3_K, DType::IQ4_NL}, {DType::IQ4_XS, DType::IQ4_NL}, {DType::Q4_K, DType::Q5_0},
                              {DType::Q5_K, DType::Q5_1}, {DType::Q6_K, DType::Q8_0}}) {
     SCOPED_TRACE(dtype_name(static_cast<uint32_t>(k)));
     spec.dtype = k;
@@ -1957,7 +1992,7 @@ TEST(SyntheticModel, RejectsInconsistentSpecs) {
   expect_bad([](auto& s) { s.arch = "gpt9"; }, "unknown architecture");
   expect_bad([](auto& s) { s.n_head_kv = 3; }, "n_head_kv");
   expect_bad([](auto& s) { s.n_vocab = 100; }, "n_vocab");
-  expect_bad([](auto& s) { s.dtype = DType::Q2_K; }, "dtype");
+  expect_bad([](auto& s) { s.dtype = DType::IQ2_XS; }, "dtype");
   expect_bad([](auto& s) { s.head_dim = 31; }, "head_dim");
   expect_bad([](auto& s) {
     s.arch = "mamba2";

@@ -21,7 +21,7 @@ namespace {
 
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q8_0, DType::Q4_0,
                         DType::Q4_1, DType::Q5_0, DType::Q5_1,   DType::IQ4_NL, DType::IQ4_XS,
-                        DType::Q3_K, DType::Q4_K, DType::Q5_K,   DType::Q6_K};
+                        DType::Q2_K, DType::Q3_K, DType::Q4_K,   DType::Q5_K, DType::Q6_K};
 
 int64_t block_elems(DType t) { return dtype_info(static_cast<uint32_t>(t))->block_elems; }
 
@@ -194,6 +194,37 @@ float canonical(const Weights& w, int64_t r, const float* x) {
           isum += sc * dot;
         }
         y = std::fma(f16_to_f32(d16) * qx.d[s], static_cast<float>(isum), y);
+      }
+      return y;
+    }
+    case DType::Q2_K: {
+      // ggml's block_q2_K {scales[16], qs[64], d, dmin} against Q8_K:
+      // element 128h + 32s + l has q = (qs[32h + l] >> 2s) & 3 and is in
+      // sub-block k = 8h + 2s + l / 16, whose scale is the low nibble of
+      // scales[k] and whose min the high nibble. Per super-block: isum =
+      // sum_k scale_k * dot_k and msum = sum_k min_k * (sum of sub-block k's
+      // activation quants), then two float updates (as Q4_K's).
+      QuantX qx = quantize_x_k(x, w.n_in);
+      for (int64_t s = 0; s < w.n_in / 256; ++s) {
+        const uint8_t* blk = row + s * 84;
+        const uint8_t *scales = blk, *qs = blk + 16;
+        uint16_t d16, dmin16;
+        std::memcpy(&d16, blk + 80, 2);
+        std::memcpy(&dmin16, blk + 82, 2);
+        const int8_t* xq = qx.q.data() + s * 256;
+        int32_t isum = 0, msum = 0;
+        int32_t dot[16] = {}, xsum[16] = {};
+        for (int i = 0; i < 256; ++i) {
+          const int h = i / 128, quarter = (i % 128) / 32, l = i % 32, k = 8 * h + 2 * quarter + l / 16;
+          dot[k] += ((qs[32 * h + l] >> (2 * quarter)) & 3) * xq[i];
+          xsum[k] += xq[i];
+        }
+        for (int k = 0; k < 16; ++k) {
+          isum += (scales[k] & 15) * dot[k];
+          msum += (scales[k] >> 4) * xsum[k];
+        }
+        y = std::fma(f16_to_f32(d16) * qx.d[s], static_cast<float>(isum), y);
+        y = std::fma(f16_to_f32(dmin16) * qx.d[s], static_cast<float>(-msum), y);
       }
       return y;
     }
@@ -493,10 +524,16 @@ TEST(MatmulQuantizedWeights, IntegerSumsAtTheirLimits) {
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t k = 0; k < k_in; ++k)
       xk[t * k_in + k] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (k % 3 == 0 ? 1.0f : -1.0f);
-  for (DType type : {DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType type : {DType::Q2_K, DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const Weights w = saturated(type, k_in, [&](int64_t r, uint8_t* blk) {
       const uint16_t d = f32_to_f16(r % 5 == 0 ? 1.0f : 0.25f);
-      if (type == DType::IQ4_XS) {
+      if (type == DType::Q2_K) {
+        // Quants 3 (every bit set, even rows) or 0; every scale and min 15.
+        auto& q2 = *reinterpret_cast<BlockQ2_K*>(blk);
+        q2.d = d;
+        q2.dmin = d;
+        std::memset(q2.scales, 0xff, 16);
+      } else if (type == DType::IQ4_XS) {
         // Table ends +113 (every bit set, even rows) or -127 (none, odd
         // rows); scales -32 (bits zero) or +31 (all set), by row % 3.
         auto& xs = *reinterpret_cast<BlockIQ4_XS*>(blk);
@@ -575,7 +612,7 @@ TEST(MatmulQuantizedActivations, SectionEdgeCasesFollowTheRule) {
     for (int i = 0; i < 256; ++i) row[768 + i] = 0.5f * static_cast<float>(i % 200) - 37.25f;
     row[768 + 100] = 127.0f;
   }
-  for (DType t : {DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q2_K, DType::Q3_K, DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     expect_every_isa_follows_the_rule(make_weights(t, n_in, n_out, 31), x, n_tokens);
   }
 }

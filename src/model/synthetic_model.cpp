@@ -185,6 +185,7 @@ uint32_t file_type_of(DType t) {
     case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S
     case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
+    case DType::Q2_K: return 10;  // MOSTLY_Q2_K
     case DType::Q3_K: return 11;  // MOSTLY_Q3_K_S
     case DType::IQ4_NL: return 25;  // MOSTLY_IQ4_NL
     case DType::IQ4_XS: return 30;  // MOSTLY_IQ4_XS
@@ -221,7 +222,7 @@ class Planner {
 
  private:
   // Rows that do not fill whole blocks fall back as llama-quantize's do: a
-  // K type to its 32-element counterpart (Q3_K and IQ4_XS -> IQ4_NL, Q4_K ->
+  // K type to its 32-element counterpart (Q2_K, Q3_K, IQ4_XS -> IQ4_NL, Q4_K ->
   // Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and rows that are not whole 32-element
   // blocks to F16.
   static DType fitted(DType t, uint64_t row_len) {
@@ -230,6 +231,7 @@ class Planner {
     if (row_len % block == 0) return t;
     if (row_len % 32 != 0) return DType::F16;
     switch (t) {
+      case DType::Q2_K:
       case DType::Q3_K:
       case DType::IQ4_XS: return DType::IQ4_NL;
       case DType::Q4_K: return DType::Q5_0;

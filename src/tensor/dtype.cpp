@@ -49,7 +49,7 @@ std::string dtype_name(uint32_t raw) {
 
 std::span<const DType> supported_dtypes() {
   static constexpr DType kSupported[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                                         DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::IQ4_XS, DType::Q3_K,
+                                         DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q3_K,
                                          DType::Q4_K, DType::Q5_K, DType::Q6_K};
   return kSupported;
 }

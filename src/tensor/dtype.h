@@ -31,7 +31,7 @@ std::optional<DTypeInfo> dtype_info(uint32_t raw_type);
 std::string dtype_name(uint32_t raw_type);
 
 // The types reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, IQ4_NL, IQ4_XS, Q3_K, Q4_K, Q5_K, Q6_K.
+// Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 std::span<const DType> supported_dtypes();
 bool dtype_supported(DType t);
 // "F32, F16, ..." for messages.

@@ -140,6 +140,7 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::Q4_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q4_1>;
     case DType::Q5_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_0>;
     case DType::Q5_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_1>;
+    case DType::Q2_K: return static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ2K;
     case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
     case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
     case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;
@@ -289,6 +290,29 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
             std::memcpy(o + kSectionQ4K + p * 128 + h * 64 + r * 4, &plane, 4);
           }
       }
+    }
+  }
+}
+
+// One group's Q2_K sections (kernels_impl.h); rows at or beyond `rows` are
+// zero. Load-time work, so plain loops.
+void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  const int64_t n_sections = w.n_in / kQK_K;
+  std::memset(out, 0, kernels::kSectionQ2K * n_sections);
+  for (int64_t s = 0; s < n_sections; ++s) {
+    uint8_t* o = out + s * kernels::kSectionQ2K;
+    auto* d = reinterpret_cast<float*>(o);
+    for (int r = 0; r < rows; ++r) {
+      const auto& blk = reinterpret_cast<const BlockQ2_K*>(w.row(r0 + r))[s];
+      d[r] = f16_to_f32(blk.d);
+      d[16 + r] = f16_to_f32(blk.dmin);
+      for (int k = 0; k < 16; ++k) {
+        o[kernels::kQ2KScales + k * 16 + r] = blk.scales[k] & 0x0f;
+        o[kernels::kQ2KMins + (k / 2) * 32 + 2 * r + k % 2] = blk.scales[k] >> 4;
+      }
+      for (int quad = 0; quad < 4; ++quad)
+        for (int c = 0; c < 4; ++c)
+          std::memcpy(o + kernels::kQ2KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
     }
   }
 }
@@ -459,6 +483,9 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       case DType::IQ4_XS:
         pack_group_iq4_xs(w, r0, rows, out);
         break;
+      case DType::Q2_K:
+        pack_group_q2_k(w, r0, rows, out);
+        break;
       default:
         throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(w.type)));
     }
@@ -531,6 +558,7 @@ ActKind act_kind(DType t) {
     case DType::Q5_0:
     case DType::Q5_1:
     case DType::IQ4_NL: return ActKind::Q8;
+    case DType::Q2_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
@@ -661,6 +689,7 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
     case DType::Q4_1: return k.matmul_q4_1;
     case DType::Q5_0: return k.matmul_q5_0;
     case DType::Q5_1: return k.matmul_q5_1;
+    case DType::Q2_K: return k.matmul_q2_k;
     case DType::Q4_K: return k.matmul_q4_k;
     case DType::Q5_K: return k.matmul_q5_k;
     case DType::Q6_K: return k.matmul_q6_k;

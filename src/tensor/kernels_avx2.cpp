@@ -362,6 +362,80 @@ RP_INLINE void iq4xs_block(const uint8_t* sec, int j, const XBlock& xb, __m256i 
   }
 }
 
+// Rows 8h8..8h8+7's quants (0..3) of chunk c of Q2_K quad `quad`, bits
+// 2S..2S+1 of its bytes.
+template <int S>
+RP_INLINE __m256i q2k_chunk(const uint8_t* sec, int quad, int c, int h8) {
+  const __m256i v =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ2KQuants + quad * 256 + c * 64 + 32 * h8));
+  return _mm256_and_si256(S > 0 ? _mm256_srli_epi16(v, 2 * S) : v, _mm256_set1_epi8(3));
+}
+
+// For T tokens (activation blocks xb[t], the block 4h + S of quad 2h + b):
+// isum[t] += sc[k] * the dots of Q2_K sub-block k = 8h + 2S + b. The 16-bit
+// pair sums of 4 chunks stay below 4 * 2 * 3 * 127.
+template <int S, int T>
+RP_INLINE void q2k_sub_block_tokens(const uint8_t* sec, int quad, const XBlock* xb, int32_t (*isum)[16]) {
+  const int b = quad % 2, k = 8 * (quad / 2) + 2 * S + b;
+  __m256i wq[4][2];
+  for (int c = 0; c < 4; ++c)
+    for (int h8 = 0; h8 < 2; ++h8) wq[c][h8] = q2k_chunk<S>(sec, quad, c, h8);
+  __m256i sc[2];
+  for (int h8 = 0; h8 < 2; ++h8)
+    sc[h8] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      int32_t q;
+      std::memcpy(&q, xb[t].qs + 16 * b + 4 * c, 4);
+      const __m256i xv = _mm256_set1_epi32(q);
+      for (int h8 = 0; h8 < 2; ++h8) p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(wq[c][h8], xv));
+    }
+    auto* m = reinterpret_cast<__m256i*>(isum[t]);
+    for (int h8 = 0; h8 < 2; ++h8) {
+      const __m256i v = _mm256_mullo_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), sc[h8]);
+      _mm256_store_si256(m + h8, _mm256_add_epi32(_mm256_load_si256(m + h8), v));
+    }
+  }
+}
+
+// Decode: isum[h8] += quad `quad`'s four scaled sub-block dots (activation
+// blocks xq[S * xs], S = 0..3).
+RP_INLINE void q2k_quad(const uint8_t* sec, int quad, const XBlock* xq, int64_t xs, __m256i (&isum)[2]) {
+  const int b = quad % 2;
+  [&]<int... S>(std::integer_sequence<int, S...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          const XBlock& xb = xq[S * xs];
+          const int k = 8 * (quad / 2) + 2 * S + b;
+          __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          for (int c = 0; c < 4; ++c) {
+            int32_t q;
+            std::memcpy(&q, xb.qs + 16 * b + 4 * c, 4);
+            const __m256i xv = _mm256_set1_epi32(q);
+            for (int h8 = 0; h8 < 2; ++h8)
+              p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(q2k_chunk<S>(sec, quad, c, h8), xv));
+          }
+          for (int h8 = 0; h8 < 2; ++h8) {
+            const __m256i sc = _mm256_cvtepu8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
+            isum[h8] = _mm256_add_epi32(isum[h8],
+                                        _mm256_mullo_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), sc));
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+}
+
+// See the AVX-512 version.
+RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
+  const auto lo = static_cast<uint16_t>(-xb.sum_lo);
+  const auto hi = static_cast<uint16_t>(-xb.sum_hi);
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
+}
+
 // See the AVX-512 version.
 RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
@@ -380,13 +454,16 @@ RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int 
     const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(sec) + 8 * h);
     acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[h]), acc[h]);
   }
-  if constexpr (KT == KType::Q4K || KT == KType::Q5K) {
+  if constexpr (KT == KType::Q4K || KT == KType::Q5K || KT == KType::Q2K) {
+    // Q4_K/Q5_K: a min pair per two blocks; Q2_K: per block (its halves).
+    constexpr bool kQ2 = KT == KType::Q2K;
     __m256i msum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int p = 0; p < 4; ++p) {
-      const __m256i np = _mm256_set1_epi32(neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
+    for (int p = 0; p < (kQ2 ? 8 : 4); ++p) {
+      const __m256i np = _mm256_set1_epi32(kQ2 ? neg_xsum_halves(xsec[p * xs + t])
+                                               : neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]));
       for (int h = 0; h < 2; ++h) {
-        const __m256i m =
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + kQ4KMins + p * 32 + 16 * h)));
+        const __m256i m = _mm256_cvtepu8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sec + (kQ2 ? kQ2KMins : kQ4KMins) + p * 32 + 16 * h)));
         msum[h] = _mm256_add_epi32(msum[h], _mm256_madd_epi16(m, np));
       }
     }
@@ -471,7 +548,7 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
   }
 }
 
-// Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
+// Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
 // kernels_impl.h); 16 registers shape the loops.
 //   Decode (T = 1): one group at a time through a whole super-block, its
 //   integer sums and float accumulators in registers.
@@ -496,8 +573,12 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
           if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
-          k_block<KT, false>(sec, p, xsec[2 * p * xs], isum);
-          k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs], isum);
+          if constexpr (KT == KType::Q2K) {
+            q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
+          } else {
+            k_block<KT, false>(sec, p, xsec[2 * p * xs], isum);
+            k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs], isum);
+          }
         }
         k_finish<KT>(sec, xsec, xs, 0, isum, acc[g][0]);
       }
@@ -507,8 +588,16 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) {
           const uint8_t* sec = w + g * gb + s * kSec;
-          k_block_tokens<KT, false, T>(sec, p, xsec + 2 * p * xs, isum_mem[g]);
-          k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
+          if constexpr (KT == KType::Q2K) {
+            const XBlock* xq = xsec + 4 * (p / 2) * xs;
+            q2k_sub_block_tokens<0, T>(sec, p, xq, isum_mem[g]);
+            q2k_sub_block_tokens<1, T>(sec, p, xq + xs, isum_mem[g]);
+            q2k_sub_block_tokens<2, T>(sec, p, xq + 2 * xs, isum_mem[g]);
+            q2k_sub_block_tokens<3, T>(sec, p, xq + 3 * xs, isum_mem[g]);
+          } else {
+            k_block_tokens<KT, false, T>(sec, p, xsec + 2 * p * xs, isum_mem[g]);
+            k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
+          }
         }
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g)
@@ -557,6 +646,7 @@ void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4,
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, 2, 1>(a); }
+void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 1, 4, 2, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
@@ -735,7 +825,7 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

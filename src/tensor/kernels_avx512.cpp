@@ -381,6 +381,47 @@ RP_INLINE void iq4xs_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb
   }
 }
 
+// isum[g][t] += sc[k] * (the dots of Q2_K sub-block k = 8h + 2S + b's quants
+// with token t's activations, xb the block 4h + S, its half b). The quants
+// are read in place as 4^S * q (masked, not shifted: shifts issue only on
+// port 0, beside vpdpbusd); the dots are divided by 4^S (exactly) once.
+template <int S, int G, int T>
+RP_INLINE void q2k_sub_block(const uint8_t* ws, size_t gb, int quad, const XBlock* xb, __m512i (&isum)[G][T]) {
+  const int h = quad / 2, b = quad % 2, k = 8 * h + 2 * S + b;
+  __m512i ia[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) ia[g][t] = _mm512_setzero_si512();
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>(3 << (2 * S)));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    __m512i wv[G];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+      wv[g] = _mm512_and_si512(_mm512_loadu_si512(ws + g * gb + kQ2KQuants + quad * 256 + c * 64), mask);
+    dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
+  }
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m512i sc =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ2KScales + k * 16)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i dot = S > 0 ? _mm512_srai_epi32(ia[g][t], 2 * S) : ia[g][t];
+      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
+    }
+  }
+}
+
+// The halves' sums -(xsum of elements 0..15, of 16..31) of one activation
+// block as 16-bit halves of one word, for vpdpwssd against Q2_K's min pairs.
+RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
+  const auto lo = static_cast<uint16_t>(-xb.sum_lo);
+  const auto hi = static_cast<uint16_t>(-xb.sum_hi);
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
+}
+
 // The pair sums -(xsum of sub-block 2p, xsum of 2p + 1) as 16-bit halves of
 // one word, for vpdpwssd against a pair's mins.
 RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
@@ -389,13 +430,17 @@ RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
-// kernels_impl.h): the sub-blocks add up in integers, and each super-block
-// costs two (Q6_K, IQ4_XS: one) float updates per output.
+// Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule
+// in kernels_impl.h): the sub-blocks add up in integers, and each
+// super-block costs two (Q6_K, IQ4_XS: one) float updates per output.
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
   constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
+  // Types with mins: Q4_K/Q5_K's per sub-block pair, Q2_K's per block.
+  constexpr bool kMins = kAffine || KT == KType::Q2K;
+  constexpr int kMinWords = KT == KType::Q2K ? 8 : 4;
+  constexpr size_t kMinsAt = KT == KType::Q2K ? kQ2KMins : kQ4KMins;
   const uint8_t* w = a.w + g0 * a.group_bytes;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
   const size_t gb = a.group_bytes;
@@ -430,6 +475,13 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       } else if constexpr (KT == KType::IQ4XS) {
         iq4xs_block<G, T>(ws, gb, 2 * p, xsec + 2 * p * xs, isum);
         iq4xs_block<G, T>(ws, gb, 2 * p + 1, xsec + (2 * p + 1) * xs, isum);
+      } else if constexpr (KT == KType::Q2K) {
+        // Quad p = 2h + b: sub-blocks 8h + 2S + b, activation blocks 4h + S.
+        const XBlock* xq = xsec + 4 * (p / 2) * xs;
+        q2k_sub_block<0, G, T>(ws, gb, p, xq, isum);
+        q2k_sub_block<1, G, T>(ws, gb, p, xq + xs, isum);
+        q2k_sub_block<2, G, T>(ws, gb, p, xq + 2 * xs, isum);
+        q2k_sub_block<3, G, T>(ws, gb, p, xq + 3 * xs, isum);
       } else {
         q6k_half<KT, false, 0, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         q6k_half<KT, false, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
@@ -437,11 +489,13 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         q6k_half<KT, true, 4, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
       }
     }
-    int32_t npair[T][4];
-    if constexpr (kAffine) {
+    int32_t npair[T][kMinWords];
+    if constexpr (kMins) {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t)
-        for (int p = 0; p < 4; ++p) npair[t][p] = neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]);
+        for (int p = 0; p < kMinWords; ++p)
+          npair[t][p] = KT == KType::Q2K ? neg_xsum_halves(xsec[p * xs + t])
+                                         : neg_xsum_pair(xsec[2 * p * xs + t], xsec[(2 * p + 1) * xs + t]);
     }
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -452,13 +506,13 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t)
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xsec[t].d)), _mm512_cvtepi32_ps(isum[g][t]),
                                  _mm512_load_ps(acc_mem[g][t]));
-      if constexpr (kAffine) {
+      if constexpr (kMins) {
         __m512i msum[T];
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) msum[t] = _mm512_setzero_si512();
-        for (int p = 0; p < 4; ++p) {
+        for (int p = 0; p < kMinWords; ++p) {
           const __m512i m =
-              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ4KMins + p * 32)));
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kMinsAt + p * 32)));
 #pragma GCC unroll 16
           for (int t = 0; t < T; ++t) msum[t] = _mm512_dpwssd_epi32(msum[t], m, _mm512_set1_epi32(npair[t][p]));
         }
@@ -520,6 +574,7 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 // sets); decode 4 groups (4 weight streams), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
+void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, 4, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 4, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 4, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 4, 1>(a); }
@@ -1253,7 +1308,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

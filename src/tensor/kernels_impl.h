@@ -30,6 +30,12 @@
 //         plane h, row r, byte i has, for c = 4h..4h+3, sub-block 2p's bit of
 //         element 4c+i at bit 2(c-4h) and sub-block 2p+1's at bit 2(c-4h)+1.
 //         2944 bytes.
+//   Q2_K: 16 f32 d, 16 f32 dmin, 16 x 16 scales (u8), then the mins (u8)
+//         per 32-element block i: 16 rows x (m[2i], m[2i+1]), 32 bytes; then
+//         for each quad q = 2h + b (h, b in 0..1) 4 chunks of 64 bytes: chunk
+//         c holds, for each row, the file's bytes qs[32h + 16b + 4c .. +3],
+//         whose bits 2s..2s+1 are elements 4c..4c+3 of sub-block 8h + 2s + b.
+//         1664 bytes (3.25 bits per weight; the file's 2.625).
 //   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the low 4 bits of u (q + 32,
 //         0..63) in Q4_K's nibble chunks (per pair p 8 chunks of 64 bytes),
 //         then their high 2 bits: per pair p four 64-byte planes; plane h,
@@ -65,6 +71,8 @@
 //                 quants with the activation quants) and msum[s] = sum_j
 //                 m[j] * (sum of sub-block j's activation quants), exact
 //                 integers.
+//   Q2_K:         as Q4_K over 16 sub-blocks of 16 (sc, m 0..15; quants
+//                 0..3), the integers of ggml's x86 vec_dot_q2_K_q8_K.
 //   Q6_K:         per super-block s: y = fma(d[s] * dx[s], float(isum[s]), y),
 //                 isum[s] = sum over its 16 sixteen-element halves i of
 //                 sc[i] * dot(u - 32, x over the half), exact integers.
@@ -113,6 +121,11 @@ constexpr size_t kQ4KNibbles = 384;
 constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
 constexpr size_t kSectionQ6KWide = 4416;
+// Where a Q2_K section's scales, min pairs and quant chunks start.
+constexpr size_t kQ2KScales = 128;
+constexpr size_t kQ2KMins = 384;
+constexpr size_t kQ2KQuants = 640;
+constexpr size_t kSectionQ2K = kQ2KQuants + 4 * 256;
 // Where an IQ4_XS section's scales and nibble chunks start.
 constexpr size_t kIq4XsScales = 64;
 constexpr size_t kIq4XsNibbles = 192;
@@ -150,9 +163,10 @@ constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
 template <QType Q>
 constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
 // K types (Q6KWide: a prompt's widened Q6_K scratch): bytes per section.
-enum class KType { Q4K, Q5K, Q6K, Q6KWide, IQ4XS };
+enum class KType { Q4K, Q5K, Q6K, Q6KWide, IQ4XS, Q2K };
 template <KType KT>
-constexpr size_t kSection = KT == KType::Q4K       ? kSectionQ4K
+constexpr size_t kSection = KT == KType::Q2K       ? kSectionQ2K
+                             : KT == KType::Q4K     ? kSectionQ4K
                              : KT == KType::Q5K     ? kSectionQ5K
                              : KT == KType::Q6K     ? kSectionQ6K
                              : KT == KType::Q6KWide ? kSectionQ6KWide
@@ -293,6 +307,7 @@ struct IsaKernels {
   void (*matmul_q4_1)(const MatmulArgs&);
   void (*matmul_q5_0)(const MatmulArgs&);
   void (*matmul_q5_1)(const MatmulArgs&);
+  void (*matmul_q2_k)(const MatmulArgs&);
   void (*matmul_q4_k)(const MatmulArgs&);
   void (*matmul_q5_k)(const MatmulArgs&);
   void (*matmul_q6_k)(const MatmulArgs&);

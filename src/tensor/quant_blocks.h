@@ -96,6 +96,24 @@ inline int q6_k_quant(const BlockQ6_K& b, int i) {
   return (s < 2 ? lo & 0x0f : lo >> 4) | (((b.qh[32 * h + l] >> (2 * s)) & 3) << 4);
 }
 
+// Q2_K: 16 sub-blocks of 16, sub-block k with a 4-bit scale (low nibble of
+// scales[k]) and a 4-bit min (high nibble): x = d * sc[k] * q - dmin * m[k],
+// q in 0..3. Element 128h + 32s + l (l < 32) has its q at bits 2s..2s+1 of
+// qs[32h + l]; it is in sub-block 8h + 2s + l / 16.
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// Element i's (0..255) quant (0..3) of a Q2_K block.
+inline int q2_k_quant(const BlockQ2_K& b, int i) {
+  const int h = i / 128, s = (i % 128) / 32, l = i % 32;
+  return (b.qs[32 * h + l] >> (2 * s)) & 3;
+}
+
 // Q3_K: 16 sub-blocks of 16 with signed 6-bit scales: x = d * sc[i/16] * q,
 // q in -4..3. Element 128h + 32s + l (l < 32) has its low 2 bits at bits
 // 2s..2s+1 of qs[32h + l]; q = low - 4 unless bit 4h + s of hmask[l] is set.

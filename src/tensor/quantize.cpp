@@ -161,38 +161,63 @@ void pack_scale_mins(const uint8_t (&sc)[8], const uint8_t (&m)[8], uint8_t* out
   }
 }
 
-// Q4_K (levels 15) and Q5_K (levels 31): one super-block's d, dmin, packed
-// scales and the quants q[256] (0..levels).
-void quantize_k_affine(const float* x, int levels, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales_out,
-                       uint8_t (&q)[kQK_K]) {
-  float scale[8], min[8], max_scale = 0, max_min = 0;
-  for (int j = 0; j < 8; ++j) {
+// The affine K types' super-block: n_sub sub-blocks of `len` elements, each
+// scaled from its range [min(0, x), max(x)] to quants 0..levels, the
+// sub-block scales and mins quantized to 0..scale_max against d and dmin
+// (largest / scale_max). Writes d, dmin (f16), sc[n_sub], m[n_sub] and the
+// quants q[n_sub * len]. Q4_K: 8 x 32, levels 15, scales 63; Q5_K: levels 31;
+// Q2_K: 16 x 16, levels 3, scales 15.
+void quantize_affine_sub_blocks(const float* x, int n_sub, int len, int levels, int scale_max, uint16_t* d_out,
+                                uint16_t* dmin_out, uint8_t* sc, uint8_t* m, uint8_t* q) {
+  float scale[16], min[16], max_scale = 0, max_min = 0;
+  for (int j = 0; j < n_sub; ++j) {
     float lo = 0.0f, hi = -INFINITY;
-    for (int l = 0; l < 32; ++l) {
-      lo = std::min(lo, x[32 * j + l]);
-      hi = std::max(hi, x[32 * j + l]);
+    for (int l = 0; l < len; ++l) {
+      lo = std::min(lo, x[len * j + l]);
+      hi = std::max(hi, x[len * j + l]);
     }
     scale[j] = std::max(0.0f, hi - lo) / static_cast<float>(levels);
     min[j] = -lo;
     max_scale = std::max(max_scale, scale[j]);
     max_min = std::max(max_min, min[j]);
   }
-  *d_out = f32_to_f16(max_scale / 63.0f);
-  *dmin_out = f32_to_f16(max_min / 63.0f);
+  *d_out = f32_to_f16(max_scale / static_cast<float>(scale_max));
+  *dmin_out = f32_to_f16(max_min / static_cast<float>(scale_max));
   const float d = f16_to_f32(*d_out), dmin = f16_to_f32(*dmin_out);
-  uint8_t sc[8], m[8];
-  for (int j = 0; j < 8; ++j) {
-    sc[j] = static_cast<uint8_t>(d > 0 ? std::clamp(nearest(scale[j] / d), 0, 63) : 0);
-    m[j] = static_cast<uint8_t>(dmin > 0 ? std::clamp(nearest(min[j] / dmin), 0, 63) : 0);
+  for (int j = 0; j < n_sub; ++j) {
+    sc[j] = static_cast<uint8_t>(d > 0 ? std::clamp(nearest(scale[j] / d), 0, scale_max) : 0);
+    m[j] = static_cast<uint8_t>(dmin > 0 ? std::clamp(nearest(min[j] / dmin), 0, scale_max) : 0);
     const float step = d * sc[j], offset = dmin * m[j];
-    for (int l = 0; l < 32; ++l)
-      q[32 * j + l] =
-          static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[32 * j + l] + offset) / step), 0, levels) : 0);
+    for (int l = 0; l < len; ++l)
+      q[len * j + l] =
+          static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[len * j + l] + offset) / step), 0, levels) : 0);
   }
+}
+
+// Q4_K (levels 15) and Q5_K (levels 31): one super-block's d, dmin, packed
+// scales and the quants q[256] (0..levels).
+void quantize_k_affine(const float* x, int levels, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales_out,
+                       uint8_t (&q)[kQK_K]) {
+  uint8_t sc[8], m[8];
+  quantize_affine_sub_blocks(x, 8, 32, levels, 63, d_out, dmin_out, sc, m, q);
   pack_scale_mins(sc, m, scales_out);
 }
 
 }  // namespace
+
+void quantize_row_q2_k(const float* src, BlockQ2_K* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    BlockQ2_K& o = dst[b];
+    uint8_t sc[16], m[16], q[kQK_K];
+    quantize_affine_sub_blocks(src + b * kQK_K, 16, 16, 3, 15, &o.d, &o.dmin, sc, m, q);
+    for (int k = 0; k < 16; ++k) o.scales[k] = static_cast<uint8_t>(sc[k] | (m[k] << 4));
+    std::memset(o.qs, 0, sizeof(o.qs));
+    for (int i = 0; i < kQK_K; ++i) {
+      const int h = i / 128, s = (i % 128) / 32, l = i % 32;
+      o.qs[32 * h + l] = static_cast<uint8_t>(o.qs[32 * h + l] | (q[i] << (2 * s)));
+    }
+  }
+}
 
 void quantize_row_q4_k(const float* src, BlockQ4_K* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
@@ -440,6 +465,18 @@ void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_q2_k(const BlockQ2_K* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float d = f16_to_f32(src[b].d), dmin = f16_to_f32(src[b].dmin);
+    float* y = dst + b * kQK_K;
+    for (int k = 0; k < 16; ++k) {
+      const float step = d * static_cast<float>(src[b].scales[k] & 0x0f);
+      const float offset = dmin * static_cast<float>(src[b].scales[k] >> 4);
+      for (int l = 0; l < 16; ++l) y[16 * k + l] = step * static_cast<float>(q2_k_quant(src[b], 16 * k + l)) - offset;
+    }
+  }
+}
+
 void dequantize_row_q3_k(const BlockQ3_K* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const float d = f16_to_f32(src[b].d);
@@ -490,6 +527,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_K: quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n); return;
     case DType::Q5_K: quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n); return;
     case DType::Q6_K: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
+    case DType::Q2_K: quantize_row_q2_k(src, static_cast<BlockQ2_K*>(dst), n); return;
     case DType::Q3_K: quantize_row_q3_k(src, static_cast<BlockQ3_K*>(dst), n); return;
     case DType::IQ4_NL: quantize_row_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n); return;
     case DType::IQ4_XS: quantize_row_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), n); return;
@@ -511,6 +549,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_K: dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n); return;
     case DType::Q5_K: dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n); return;
     case DType::Q6_K: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
+    case DType::Q2_K: dequantize_row_q2_k(static_cast<const BlockQ2_K*>(src), dst, n); return;
     case DType::Q3_K: dequantize_row_q3_k(static_cast<const BlockQ3_K*>(src), dst, n); return;
     case DType::IQ4_NL: dequantize_row_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, n); return;
     case DType::IQ4_XS: dequantize_row_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, n); return;

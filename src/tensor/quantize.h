@@ -1,6 +1,6 @@
 // Reference (scalar) conversions between f32 rows and the on-disk GGUF types
 // reprise computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-// IQ4_XS, Q3_K, Q4_K, Q5_K and Q6_K.
+// IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
 //
 // The quantizers of the 32-element types reproduce ggml's reference
 // quantizers bit for bit (quantize_row_q8_0_ref etc., evaluated without
@@ -43,9 +43,10 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
 void quantize_row_q4_1(const float* src, BlockQ4_1* dst, int64_t n);
 void quantize_row_q5_0(const float* src, BlockQ5_0* dst, int64_t n);
 void quantize_row_q5_1(const float* src, BlockQ5_1* dst, int64_t n);
-// Per 256-element super-block: each sub-block's scale from its range (Q4_K,
-// Q5_K: [min(0, x), max(x)]; Q6_K: the value of largest magnitude maps to
+// Per 256-element super-block: each sub-block's scale from its range (Q2_K,
+// Q4_K, Q5_K: [min(0, x), max(x)]; Q6_K: the value of largest magnitude maps to
 // -32), the sub-block scales quantized against the largest.
+void quantize_row_q2_k(const float* src, BlockQ2_K* dst, int64_t n);
 void quantize_row_q4_k(const float* src, BlockQ4_K* dst, int64_t n);
 void quantize_row_q5_k(const float* src, BlockQ5_K* dst, int64_t n);
 void quantize_row_q6_k(const float* src, BlockQ6_K* dst, int64_t n);
@@ -69,6 +70,7 @@ void dequantize_row_q5_1(const BlockQ5_1* src, float* dst, int64_t n);
 void dequantize_row_q4_k(const BlockQ4_K* src, float* dst, int64_t n);
 void dequantize_row_q5_k(const BlockQ5_K* src, float* dst, int64_t n);
 void dequantize_row_q6_k(const BlockQ6_K* src, float* dst, int64_t n);
+void dequantize_row_q2_k(const BlockQ2_K* src, float* dst, int64_t n);
 void dequantize_row_q3_k(const BlockQ3_K* src, float* dst, int64_t n);
 void dequantize_row_iq4_nl(const BlockIQ4_NL* src, float* dst, int64_t n);
 void dequantize_row_iq4_xs(const BlockIQ4_XS* src, float* dst, int64_t n);
