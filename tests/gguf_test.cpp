@@ -1118,19 +1118,16 @@ TEST(Quantize, Iq4XsRoundTripsWithinItsTableGapsAndScaleStep) {
     std::vector<float> y(n);
     dequantize_row(DType::IQ4_XS, q.data(), y.data(), n);
     for (int64_t s = 0; s < n / 256; ++s) {
-      float max_scale = 0;
+      float amax[8] = {}, max_scale = 0;
       for (int j = 0; j < 8; ++j) {
-        float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[s * 256 + 32 * j + i]));
-        max_scale = std::max(max_scale, amax / 127);
+        for (int i = 0; i < 32; ++i) amax[j] = std::max(amax[j], std::fabs(x[s * 256 + 32 * j + i]));
+        max_scale = std::max(max_scale, amax[j] / 127);
       }
       const float d = max_scale / 32;  // the scale step (before f16 rounding)
       for (int j = 0; j < 8; ++j) {
-        float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[s * 256 + 32 * j + i]));
         // The sub-block's step is within d / 2 (plus f16 rounding) of amax / 127.
-        const float step = amax / 127 + d * (0.5f + 0x1p-9f * 32);
-        const float bound = step * 14 + amax * 0x1p-9f + d * 0.5f * 127;
+        const float step = amax[j] / 127 + d * (0.5f + 0x1p-9f * 32);
+        const float bound = step * 14 + amax[j] * 0x1p-9f + d * 0.5f * 127;
         for (int i = 0; i < 32; ++i) {
           const int64_t k = s * 256 + 32 * j + i;
           ASSERT_LE(std::fabs(y[k] - x[k]), bound) << "element " << k;

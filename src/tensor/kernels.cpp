@@ -294,47 +294,47 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   }
 }
 
-// One group's Q2_K sections (kernels_impl.h); rows at or beyond `rows` are
-// zero. Load-time work, so plain loops.
-void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+// One group's sections of `section` bytes per 256 elements, zeroed, then
+// write_row(block, section bytes, r) for each of its rows' super-blocks;
+// rows at or beyond `rows` stay zero. Load-time work, so plain loops.
+template <typename Block, typename WriteRow>
+void pack_group_sections(const MatrixView& w, int64_t r0, int rows, size_t section, uint8_t* out,
+                         WriteRow write_row) {
   const int64_t n_sections = w.n_in / kQK_K;
-  std::memset(out, 0, kernels::kSectionQ2K * n_sections);
-  for (int64_t s = 0; s < n_sections; ++s) {
-    uint8_t* o = out + s * kernels::kSectionQ2K;
-    auto* d = reinterpret_cast<float*>(o);
-    for (int r = 0; r < rows; ++r) {
-      const auto& blk = reinterpret_cast<const BlockQ2_K*>(w.row(r0 + r))[s];
-      d[r] = f16_to_f32(blk.d);
-      d[16 + r] = f16_to_f32(blk.dmin);
-      for (int k = 0; k < 16; ++k) {
-        o[kernels::kQ2KScales + k * 16 + r] = blk.scales[k] & 0x0f;
-        o[kernels::kQ2KMins + (k / 2) * 32 + 2 * r + k % 2] = blk.scales[k] >> 4;
-      }
-      for (int quad = 0; quad < 4; ++quad)
-        for (int c = 0; c < 4; ++c)
-          std::memcpy(o + kernels::kQ2KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
-    }
-  }
+  std::memset(out, 0, section * n_sections);
+  for (int64_t s = 0; s < n_sections; ++s)
+    for (int r = 0; r < rows; ++r) write_row(reinterpret_cast<const Block*>(w.row(r0 + r))[s], out + s * section, r);
 }
 
-// One group's IQ4_XS sections (kernels_impl.h); rows at or beyond `rows` are
-// zero. Load-time work, so plain loops.
-void pack_group_iq4_xs(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
-  const int64_t n_sections = w.n_in / kQK_K;
-  std::memset(out, 0, kernels::kSectionIq4Xs * n_sections);
-  for (int64_t s = 0; s < n_sections; ++s) {
-    uint8_t* o = out + s * kernels::kSectionIq4Xs;
+// One group's Q2_K sections (kernels_impl.h).
+void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  pack_group_sections<BlockQ2_K>(w, r0, rows, kernels::kSectionQ2K, out, [](const BlockQ2_K& blk, uint8_t* o, int r) {
     auto* d = reinterpret_cast<float*>(o);
-    for (int r = 0; r < rows; ++r) {
-      const auto& blk = reinterpret_cast<const BlockIQ4_XS*>(w.row(r0 + r))[s];
-      d[r] = f16_to_f32(blk.d);
-      for (int j = 0; j < 8; ++j) {
-        o[kernels::kIq4XsScales + j * 16 + r] = static_cast<uint8_t>(iq4_xs_scale(blk, j));
-        for (int c = 0; c < 4; ++c)
-          std::memcpy(o + kernels::kIq4XsNibbles + j * 256 + c * 64 + r * 4, blk.qs + 16 * j + 4 * c, 4);
-      }
+    d[r] = f16_to_f32(blk.d);
+    d[16 + r] = f16_to_f32(blk.dmin);
+    for (int k = 0; k < 16; ++k) {
+      o[kernels::kQ2KScales + k * 16 + r] = blk.scales[k] & 0x0f;
+      o[kernels::kQ2KMins + (k / 2) * 32 + 2 * r + k % 2] = blk.scales[k] >> 4;
     }
-  }
+    for (int quad = 0; quad < 4; ++quad)
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(o + kernels::kQ2KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
+  });
+}
+
+// One group's IQ4_XS sections (kernels_impl.h).
+void pack_group_iq4_xs(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  pack_group_sections<BlockIQ4_XS>(w, r0, rows, kernels::kSectionIq4Xs, out,
+                                   [](const BlockIQ4_XS& blk, uint8_t* o, int r) {
+                                     reinterpret_cast<float*>(o)[r] = f16_to_f32(blk.d);
+                                     for (int j = 0; j < 8; ++j) {
+                                       o[kernels::kIq4XsScales + j * 16 + r] =
+                                           static_cast<uint8_t>(iq4_xs_scale(blk, j));
+                                       for (int c = 0; c < 4; ++c)
+                                         std::memcpy(o + kernels::kIq4XsNibbles + j * 256 + c * 64 + r * 4,
+                                                     blk.qs + 16 * j + 4 * c, 4);
+                                     }
+                                   });
 }
 
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst);

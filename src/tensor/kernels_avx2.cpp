@@ -134,6 +134,27 @@ RP_INLINE __m256i iq4nl_lookup(__m256i v) {
   return _mm256_shuffle_epi8(iq4nl_table(), _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, nibble));
 }
 
+// is[h] += rows 8h..8h+7's dots of the table values of 32 elements, whose
+// nibbles are in 4 chunks of 64 bytes at p (as Q4_0's: low nibbles elements
+// 4c..4c+3, high nibbles 16+4c..16+4c+3), with the activation block xb.
+RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) {
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          int32_t ql, qh;
+          std::memcpy(&ql, xb.qs + 4 * C, 4);
+          std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
+          const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + C * 64 + 32 * h));
+            is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
+                                                             dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+}
+
 // Plane bit K of each byte moved to bit 4 (see the AVX-512 version).
 template <int K>
 RP_INLINE __m256i fifth_bits(__m256i plane) {
@@ -178,18 +199,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         } else if constexpr (Q == QType::IQ4NL) {
           // Signed table values, as Q8_0's quants (no correction).
           __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) {
-            int32_t ql, qh;
-            std::memcpy(&ql, xb.qs + 4 * c, 4);
-            std::memcpy(&qh, xb.qs + 16 + 4 * c, 4);
-            const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
-            for (int h = 0; h < 2; ++h) {
-              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + c * 64) + h);
-              is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
-                                                               dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
-            }
-          }
+          iq4nl_dots(wb + kQuants, xb, is);
           i0 = is[0];
           i1 = is[1];
         } else {
@@ -339,22 +349,7 @@ RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i
 // table values with the activation block xb).
 RP_INLINE void iq4xs_block(const uint8_t* sec, int j, const XBlock& xb, __m256i (&isum)[2]) {
   __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
-    (
-        [&]() RP_INLINE_LAMBDA {
-          int32_t ql, qh;
-          std::memcpy(&ql, xb.qs + 4 * C, 4);
-          std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
-          const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
-          for (int h = 0; h < 2; ++h) {
-            const __m256i v =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + j * 256 + C * 64 + 32 * h));
-            is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
-                                                             dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
-          }
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, 4>{});
+  iq4nl_dots(sec + kIq4XsNibbles + j * 256, xb, is);
   for (int h = 0; h < 2; ++h) {
     const __m256i sc =
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kIq4XsScales + j * 16 + 8 * h)));
