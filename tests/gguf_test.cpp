@@ -1848,8 +1848,8 @@ TEST(SyntheticModel, EveryWeightDtype) {
 
 // Memory accounting (--models-max-ram) counts a model as its file plus what
 // packing adds: nothing for the types packed at their stored size, a few
-// percent for the K types' unpacked scales, about 0.9x the stored bytes for
-// Q3_K (packed as Q6_K).
+// percent for the K types' unpacked scales (Q3_K's: 3.625 bits per weight
+// against 3.4375), about a quarter for Q2_K's scales and mins.
 TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
   TempDir dir;
   SyntheticModelSpec spec = whole_super_block_spec();
@@ -1875,9 +1875,7 @@ TEST(SyntheticModel, PackingGrowthCountsWidenedTypes) {
     }
     const uint64_t growth = packing_growth_bytes(*f);
     EXPECT_EQ(growth, want);
-    if (t == DType::Q3_K) {
-      EXPECT_GT(growth, stored * 8 / 10);
-    } else if (t == DType::Q4_K || t == DType::IQ4_XS) {
+    if (t == DType::Q4_K || t == DType::IQ4_XS || t == DType::Q3_K) {
       EXPECT_GT(growth, 0u);
       EXPECT_LT(growth, stored / 10) << "only the scales grow";
     } else if (t == DType::Q2_K) {

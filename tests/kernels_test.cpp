@@ -450,7 +450,8 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
 TEST(MatmulLargeMatrix, PackedInPiecesFollowsTheRule) {
   IsaRestore restore;
   for (DType t : {DType::Q6_K, DType::Q3_K, DType::IQ4_XS, DType::Q5_K, DType::Q5_0, DType::F16}) {
-    const Weights w = make_weights(t, 4096, t == DType::IQ4_XS ? 4096 : 3072, 29);  // 4.4 bits per weight
+    // IQ4_XS packs 4.4 bits per weight, Q3_K 3.625: more rows reach 8 MiB.
+    const Weights w = make_weights(t, 4096, t == DType::IQ4_XS ? 4096 : t == DType::Q3_K ? 4736 : 3072, 29);
     ASSERT_GE(PackedMatrix(w.view()).packed_bytes(), size_t{8} << 20);
     expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2);
   }

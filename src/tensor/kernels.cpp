@@ -93,44 +93,8 @@ const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::Avx512 ? "
 
 namespace {
 
-// Q3_K is packed as the type that holds the same integers: a Q3_K quant q
-// (-4..3) as the Q6_K quant u = q + 32 with the same signed scales and d. So
-// its products follow Q6_K's rule (kernels_impl.h), which forms the integers
-// ggml's own Q3_K x Q8_K dot product forms, at the cost of Q6_K's bytes (no
-// kernel of its own yet).
-DType packed_type(DType t) { return t == DType::Q3_K ? DType::Q6_K : t; }
-
-// Load-time work for every weight of a Q3_K file, so 8 elements at a time
-// in 64-bit words (element by element it packed ~60 MB/s of file: ~25 s for
-// a 7B model on two cores).
-BlockQ6_K q6_k_from_q3_k(const BlockQ3_K& b) {
-  BlockQ6_K o{};
-  o.d = b.d;
-  for (int s = 0; s < 16; ++s) o.scales[s] = static_cast<int8_t>(q3_k_scale(b, s));
-  // Element 128h + 32s + l (as q3_k_quant and q6_k_quant index them): Q3_K
-  // holds v = low 2 bits | hmask bit << 2 = q + 4, Q6_K wants u = q + 32 =
-  // v + 28 (no byte carries: u <= 35), its low 4 bits in ql and its top 2
-  // bits in qh.
-  constexpr uint64_t kBytes = 0x0101010101010101ull;
-  uint64_t ql[16] = {}, qh[8] = {};
-  for (int h = 0; h < 2; ++h)
-    for (int s = 0; s < 4; ++s)
-      for (int w = 0; w < 4; ++w) {
-        uint64_t q, m;
-        std::memcpy(&q, b.qs + 32 * h + 8 * w, 8);
-        std::memcpy(&m, b.hmask + 8 * w, 8);
-        const uint64_t v = ((q >> (2 * s)) & 3 * kBytes) | (((m >> (4 * h + s)) & kBytes) << 2);
-        const uint64_t u = v + 28 * kBytes;
-        ql[8 * h + 4 * (s & 1) + w] |= (u & 0x0f * kBytes) << (s < 2 ? 0 : 4);
-        qh[4 * h + w] |= ((u >> 4) & 3 * kBytes) << (2 * s);
-      }
-  std::memcpy(o.ql, ql, sizeof(ql));
-  std::memcpy(o.qh, qh, sizeof(qh));
-  return o;
-}
-
 size_t group_bytes_for(DType type, int64_t n_in) {
-  switch (packed_type(type)) {
+  switch (type) {
     case DType::F32: return static_cast<size_t>(n_in) * kGroupRows * 4;
     case DType::F16:
     case DType::BF16: return static_cast<size_t>(n_in) * kGroupRows * 2;
@@ -141,6 +105,7 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     case DType::Q5_0: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_0>;
     case DType::Q5_1: return static_cast<size_t>(n_in / 32) * kernels::kBlockBytes<kernels::QType::Q5_1>;
     case DType::Q2_K: return static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ2K;
+    case DType::Q3_K: return static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ3K;
     case DType::Q4_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ4K;
     case DType::Q5_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ5K;
     case DType::Q6_K: return static_cast<size_t>(n_in / kQK_K) * kSectionQ6K;
@@ -322,6 +287,20 @@ void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   });
 }
 
+// One group's Q3_K sections (kernels_impl.h).
+void pack_group_q3_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
+  pack_group_sections<BlockQ3_K>(w, r0, rows, kernels::kSectionQ3K, out, [](const BlockQ3_K& blk, uint8_t* o, int r) {
+    reinterpret_cast<float*>(o)[r] = f16_to_f32(blk.d);
+    for (int k = 0; k < 16; ++k) o[kernels::kQ3KScales + k * 16 + r] = static_cast<uint8_t>(q3_k_scale(blk, k));
+    for (int c = 0; c < 4; ++c) {
+      for (int quad = 0; quad < 4; ++quad)
+        std::memcpy(o + kernels::kQ3KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
+      for (int b = 0; b < 2; ++b)
+        std::memcpy(o + kernels::kQ3KHighBits + b * 256 + c * 64 + r * 4, blk.hmask + 16 * b + 4 * c, 4);
+    }
+  });
+}
+
 // One group's IQ4_XS sections (kernels_impl.h).
 void pack_group_iq4_xs(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   pack_group_sections<BlockIQ4_XS>(w, r0, rows, kernels::kSectionIq4Xs, out,
@@ -337,32 +316,8 @@ void pack_group_iq4_xs(const MatrixView& w, int64_t r0, int rows, uint8_t* out) 
                                    });
 }
 
-void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst);
-
-// Q3_K groups (see packed_type): each group's rows converted to the
-// packed type's blocks, then packed as that type's.
-template <typename From, typename To, To (*Convert)(const From&)>
-void pack_converted_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
-  const int64_t n_blocks = w.n_in / dtype_info(static_cast<uint32_t>(w.type))->block_elems;
-  std::vector<To> rows(static_cast<size_t>(kGroupRows * n_blocks));
-  MatrixView converted = w;
-  converted.type = packed_type(w.type);
-  converted.row_bytes = n_blocks * sizeof(To);
-  converted.data = reinterpret_cast<const uint8_t*>(rows.data());
-  const size_t gb = group_bytes_for(w.type, w.n_in);
-  for (int64_t g = g0; g < g1; ++g) {
-    const int64_t r0 = g * kGroupRows;
-    converted.n_out = std::min<int64_t>(kGroupRows, w.n_out - r0);
-    for (int64_t r = 0; r < converted.n_out; ++r)
-      for (int64_t b = 0; b < n_blocks; ++b)
-        rows[r * n_blocks + b] = Convert(reinterpret_cast<const From*>(w.row(r0 + r))[b]);
-    pack_groups(converted, 0, 1, dst + (g - g0) * gb);
-  }
-}
-
 // Writes groups [g0, g1) of w in the packed layout to dst (g1 - g0 groups).
 void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
-  if (w.type == DType::Q3_K) return pack_converted_groups<BlockQ3_K, BlockQ6_K, &q6_k_from_q3_k>(w, g0, g1, dst);
   const size_t gb = group_bytes_for(w.type, w.n_in);
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* out = dst + (g - g0) * gb;
@@ -486,6 +441,9 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
       case DType::Q2_K:
         pack_group_q2_k(w, r0, rows, out);
         break;
+      case DType::Q3_K:
+        pack_group_q3_k(w, r0, rows, out);
+        break;
       default:
         throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(w.type)));
     }
@@ -548,7 +506,7 @@ enum class ActKind { F32, F16, BF16, Q8, Q8K };
 constexpr int kActKinds = 5;
 
 ActKind act_kind(DType t) {
-  switch (packed_type(t)) {
+  switch (t) {
     case DType::F32: return ActKind::F32;
     case DType::F16: return ActKind::F16;
     case DType::BF16: return ActKind::BF16;
@@ -559,6 +517,7 @@ ActKind act_kind(DType t) {
     case DType::Q5_1:
     case DType::IQ4_NL: return ActKind::Q8;
     case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
@@ -680,7 +639,7 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
 
 using MatmulFn = void (*)(const MatmulArgs&);
 MatmulFn matmul_fn(const IsaKernels& k, DType t) {
-  switch (packed_type(t)) {
+  switch (t) {
     case DType::F32: return k.matmul_f32;
     case DType::F16: return k.matmul_f16;
     case DType::BF16: return k.matmul_bf16;
@@ -690,6 +649,7 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
     case DType::Q5_0: return k.matmul_q5_0;
     case DType::Q5_1: return k.matmul_q5_1;
     case DType::Q2_K: return k.matmul_q2_k;
+    case DType::Q3_K: return k.matmul_q3_k;
     case DType::Q4_K: return k.matmul_q4_k;
     case DType::Q5_K: return k.matmul_q5_k;
     case DType::Q6_K: return k.matmul_q6_k;
@@ -772,10 +732,12 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   if (j.widen) {
     // Same values, same operations as the packed kernels: identical bits,
     // without a conversion or unpacking per weight per token tile.
-    if (packed_type(j.view->type) == DType::Q6_K) {
+    if (j.view->type == DType::Q6_K || j.view->type == DType::Q3_K) {
       group_bytes = static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ6KWide;
       uint8_t* wide = aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes);
-      kernels::widen_q6_k_sections(w, (g1 - g0) * (n_in / kQK_K), wide);
+      const int64_t n_sections = (g1 - g0) * (n_in / kQK_K);
+      if (j.view->type == DType::Q6_K) kernels::widen_q6_k_sections(w, n_sections, wide);
+      else kernels::widen_q3_k_sections(w, n_sections, wide);
       w = wide;
     } else {
       group_bytes = static_cast<size_t>(n_in) * kGroupRows * sizeof(float);
@@ -870,9 +832,11 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;
       // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
-      // (Q6_K: its quants to bytes) and reuse them over up to 44 token tiles.
+      // (Q6_K and Q3_K: their quants to bytes) and reuse them over up to 44
+      // token tiles.
       const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
-      if ((f16_like || packed_type(v.type) == DType::Q6_K) && n_tokens >= 4 * kTokenTile) {
+      const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
+      if ((f16_like || q6_like) && n_tokens >= 4 * kTokenTile) {
         j.widen = true;
         j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
         j.groups_per_task = 4;

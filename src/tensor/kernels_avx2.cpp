@@ -424,6 +424,95 @@ RP_INLINE void q2k_quad(const uint8_t* sec, int quad, const XBlock* xq, int64_t 
   }(std::make_integer_sequence<int, 4>{});
 }
 
+// Rows 8h8..8h8+7's values low + 4 * high (0..7, q + 4) of chunk c of Q3_K
+// quad 2H + b's sub-block 8H + 2S + b.
+template <int H, int S>
+RP_INLINE __m256i q3k_chunk(const uint8_t* sec, int b, int c, int h8) {
+  const __m256i v = _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(sec + kQ3KQuants + (2 * H + b) * 256 + c * 64 + 32 * h8));
+  const __m256i m =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ3KHighBits + b * 256 + c * 64 + 32 * h8));
+  const __m256i low = _mm256_and_si256(S > 0 ? _mm256_srli_epi16(v, 2 * S) : v, _mm256_set1_epi8(3));
+  // The file's high bit is bit 4H + S; 16-bit shifts, so the bit kept in each
+  // byte (bit 2) comes from that byte.
+  constexpr int kShift = 2 - (4 * H + S);
+  const __m256i high = kShift > 0 ? _mm256_slli_epi16(m, kShift > 0 ? kShift : 0)
+                       : kShift < 0 ? _mm256_srli_epi16(m, kShift < 0 ? -kShift : 0)
+                                    : m;
+  return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(4)));
+}
+
+// Q3_K sub-block 8H + 2S + b's signed scales, rows 8h8..8h8+7.
+RP_INLINE __m256i q3k_scales(const uint8_t* sec, int k, int h8) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ3KScales + k * 16 + 8 * h8)));
+}
+
+// For T tokens (activation blocks xb[t], the block 4H + S): isum[t] += sc[k]
+// * the dots of Q3_K sub-block k = 8H + 2S + b, as dot(q + 4, x) - 4 *
+// (the half's activation sum). The 16-bit pair sums of 4 chunks stay below
+// 4 * 2 * 7 * 128.
+template <int H, int S, int T>
+RP_INLINE void q3k_sub_block_tokens(const uint8_t* sec, int b, const XBlock* xb, int32_t (*isum)[16]) {
+  const int k = 8 * H + 2 * S + b;
+  __m256i wq[4][2];
+  for (int c = 0; c < 4; ++c)
+    for (int h8 = 0; h8 < 2; ++h8) wq[c][h8] = q3k_chunk<H, S>(sec, b, c, h8);
+  const __m256i sc[2] = {q3k_scales(sec, k, 0), q3k_scales(sec, k, 1)};
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      int32_t q;
+      std::memcpy(&q, xb[t].qs + 16 * b + 4 * c, 4);
+      const __m256i xv = _mm256_set1_epi32(q);
+      for (int h8 = 0; h8 < 2; ++h8) p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(wq[c][h8], xv));
+    }
+    const __m256i start = _mm256_set1_epi32(-4 * (b ? xb[t].sum_hi : xb[t].sum_lo));
+    auto* m = reinterpret_cast<__m256i*>(isum[t]);
+    for (int h8 = 0; h8 < 2; ++h8) {
+      const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), start);
+      _mm256_store_si256(m + h8, _mm256_add_epi32(_mm256_load_si256(m + h8), _mm256_mullo_epi32(dot, sc[h8])));
+    }
+  }
+}
+
+// Prompts: q3k_sub_block_tokens for quad 2H + b's four sub-blocks
+// (activation blocks xq[S * xs]).
+template <int H, int T>
+RP_INLINE void q3k_quad_tokens(const uint8_t* sec, int b, const XBlock* xq, int64_t xs, int32_t (*isum)[16]) {
+  q3k_sub_block_tokens<H, 0, T>(sec, b, xq, isum);
+  q3k_sub_block_tokens<H, 1, T>(sec, b, xq + xs, isum);
+  q3k_sub_block_tokens<H, 2, T>(sec, b, xq + 2 * xs, isum);
+  q3k_sub_block_tokens<H, 3, T>(sec, b, xq + 3 * xs, isum);
+}
+
+// Decode: isum[h8] += quad 2H + b's four scaled sub-block dots (activation
+// blocks xq[S * xs], S = 0..3).
+template <int H>
+RP_INLINE void q3k_quad(const uint8_t* sec, int b, const XBlock* xq, int64_t xs, __m256i (&isum)[2]) {
+  [&]<int... S>(std::integer_sequence<int, S...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          const XBlock& xb = xq[S * xs];
+          __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          for (int c = 0; c < 4; ++c) {
+            int32_t q;
+            std::memcpy(&q, xb.qs + 16 * b + 4 * c, 4);
+            const __m256i xv = _mm256_set1_epi32(q);
+            for (int h8 = 0; h8 < 2; ++h8)
+              p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(q3k_chunk<H, S>(sec, b, c, h8), xv));
+          }
+          const __m256i start = _mm256_set1_epi32(-4 * (b ? xb.sum_hi : xb.sum_lo));
+          for (int h8 = 0; h8 < 2; ++h8) {
+            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), start);
+            isum[h8] = _mm256_add_epi32(isum[h8], _mm256_mullo_epi32(dot, q3k_scales(sec, 8 * H + 2 * S + b, h8)));
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+}
+
 // See the AVX-512 version.
 RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
   const auto lo = static_cast<uint16_t>(-xb.sum_lo);
@@ -543,7 +632,7 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
   }
 }
 
-// Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
+// Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
 // kernels_impl.h); 16 registers shape the loops.
 //   Decode (T = 1): one group at a time through a whole super-block, its
 //   integer sums and float accumulators in registers.
@@ -570,6 +659,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
           if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
           if constexpr (KT == KType::Q2K) {
             q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
+          } else if constexpr (KT == KType::Q3K) {
+            if (p < 2) q3k_quad<0>(sec, p % 2, xsec, xs, isum);
+            else q3k_quad<1>(sec, p % 2, xsec + 4 * xs, xs, isum);
           } else {
             k_block<KT, false>(sec, p, xsec[2 * p * xs], isum);
             k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs], isum);
@@ -589,6 +681,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
             q2k_sub_block_tokens<1, T>(sec, p, xq + xs, isum_mem[g]);
             q2k_sub_block_tokens<2, T>(sec, p, xq + 2 * xs, isum_mem[g]);
             q2k_sub_block_tokens<3, T>(sec, p, xq + 3 * xs, isum_mem[g]);
+          } else if constexpr (KT == KType::Q3K) {
+            if (p < 2) q3k_quad_tokens<0, T>(sec, p % 2, xsec, xs, isum_mem[g]);
+            else q3k_quad_tokens<1, T>(sec, p % 2, xsec + 4 * xs, xs, isum_mem[g]);
           } else {
             k_block_tokens<KT, false, T>(sec, p, xsec + 2 * p * xs, isum_mem[g]);
             k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
@@ -642,6 +737,7 @@ void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4,
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, 2, 1>(a); }
 void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 1, 4, 2, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 1, 4, 2, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
@@ -797,6 +893,29 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
   }
 }
 
+void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
+  const __m256i bias = _mm256_set1_epi8(28);  // u = q + 32 = (q + 4) + 28
+  for (int64_t s = 0; s < n_sections; ++s) {
+    const uint8_t* in = src + s * kSectionQ3K;
+    uint8_t* out = dst + s * kSectionQ6KWide;
+    std::memcpy(out, in, kQ6KNibbles);  // d and scales, where Q6_K's are
+    // Block 4H + S's chunk 4b + c: sub-block 8H + 2S + b's elements 4c..4c+3.
+    [&]<int... HS>(std::integer_sequence<int, HS...>) RP_INLINE_LAMBDA {
+      (
+          [&]() RP_INLINE_LAMBDA {
+            constexpr int H = HS / 4, S = HS % 4;
+            for (int b = 0; b < 2; ++b)
+              for (int c = 0; c < 4; ++c)
+                for (int h8 = 0; h8 < 2; ++h8)
+                  _mm256_storeu_si256(
+                      reinterpret_cast<__m256i*>(out + kQ6KNibbles + HS * 512 + (4 * b + c) * 64 + 32 * h8),
+                      _mm256_add_epi8(q3k_chunk<H, S>(in, b, c, h8), bias));
+          }(),
+          ...);
+    }(std::make_integer_sequence<int, 8>{});
+  }
+}
+
 void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
   for (int64_t s = 0; s < n_sections; ++s) {
     const uint8_t* in = src + s * kSectionQ6K;
@@ -820,7 +939,7 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

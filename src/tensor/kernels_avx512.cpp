@@ -414,6 +414,67 @@ RP_INLINE void q2k_sub_block(const uint8_t* ws, size_t gb, int quad, const XBloc
   }
 }
 
+// isum[g][t] += sc[k] * (the dots of Q3_K sub-block k = 8H + 2S + b's quants
+// q = low + 4 * high - 4 with token t's activations, xb the block 4H + S, its
+// half b). Chunks are read as f * (low + 4 * high), f = 4^S (S = 3: 16): the
+// low bits masked in place (S = 3: shifted down 2 first, 4^3 * 7 would not
+// fit a byte), the high bit shifted next to them and merged by one ternary
+// op; the dots start from -4f * the half's activation sum and are divided by
+// f (exactly) once.
+template <int H, int S, int G, int T>
+RP_INLINE void q3k_sub_block(const uint8_t* ws, size_t gb, int b, const XBlock* xb, __m512i (&isum)[G][T]) {
+  constexpr int kLowAt = S < 3 ? 2 * S : 4;
+  constexpr int kHighAt = kLowAt + 2;
+  constexpr int kShift = kHighAt - (4 * H + S);  // the file's high bit is bit 4H + S
+  const int quad = 2 * H + b, k = 8 * H + 2 * S + b;
+  __m512i ia[G][T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512i start = _mm512_set1_epi32(-(4 << kLowAt) * (b ? xb[t].sum_hi : xb[t].sum_lo));
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) ia[g][t] = start;
+  }
+  const __m512i low_mask = _mm512_set1_epi8(static_cast<char>(3 << kLowAt));
+  const __m512i high_mask = _mm512_set1_epi8(static_cast<char>(1 << kHighAt));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    __m512i wv[G];
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* sec = ws + g * gb;
+      const __m512i qs = _mm512_loadu_si512(sec + kQ3KQuants + quad * 256 + c * 64);
+      const __m512i hm = _mm512_loadu_si512(sec + kQ3KHighBits + b * 256 + c * 64);
+      const __m512i low = _mm512_and_si512(S < 3 ? qs : _mm512_srli_epi16(qs, 2), low_mask);
+      // 16-bit shifts: the bit masked out of each byte comes from that byte.
+      const __m512i high = kShift > 0 ? _mm512_slli_epi16(hm, kShift > 0 ? kShift : 0)
+                           : kShift < 0 ? _mm512_srli_epi16(hm, kShift < 0 ? -kShift : 0)
+                                        : hm;
+      wv[g] = _mm512_ternarylogic_epi32(low, high, high_mask, 0xf8);  // low | (high & high_mask)
+    }
+    dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
+  }
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m512i sc =
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ3KScales + k * 16)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i dot = kLowAt > 0 ? _mm512_srai_epi32(ia[g][t], kLowAt) : ia[g][t];
+      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
+    }
+  }
+}
+
+// Q3_K quad 2H + b: sub-blocks 8H + 2S + b against activation blocks
+// xq[S * xs] (the blocks 4H + S).
+template <int H, int G, int T>
+RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, int64_t xs, __m512i (&isum)[G][T]) {
+  q3k_sub_block<H, 0, G, T>(ws, gb, b, xq, isum);
+  q3k_sub_block<H, 1, G, T>(ws, gb, b, xq + xs, isum);
+  q3k_sub_block<H, 2, G, T>(ws, gb, b, xq + 2 * xs, isum);
+  q3k_sub_block<H, 3, G, T>(ws, gb, b, xq + 3 * xs, isum);
+}
+
 // The halves' sums -(xsum of elements 0..15, of 16..31) of one activation
 // block as 16-bit halves of one word, for vpdpwssd against Q2_K's min pairs.
 RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
@@ -430,9 +491,9 @@ RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
   return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Q2_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule
-// in kernels_impl.h): the sub-blocks add up in integers, and each
-// super-block costs two (Q6_K, IQ4_XS: one) float updates per output.
+// Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations
+// (rule in kernels_impl.h): the sub-blocks add up in integers, and each
+// super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
@@ -482,6 +543,11 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         q2k_sub_block<1, G, T>(ws, gb, p, xq + xs, isum);
         q2k_sub_block<2, G, T>(ws, gb, p, xq + 2 * xs, isum);
         q2k_sub_block<3, G, T>(ws, gb, p, xq + 3 * xs, isum);
+      } else if constexpr (KT == KType::Q3K) {
+        // Quad p = 2h + b, as Q2_K's.
+        const XBlock* xq = xsec + 4 * (p / 2) * xs;
+        if (p < 2) q3k_quad<0, G, T>(ws, gb, p % 2, xq, xs, isum);
+        else q3k_quad<1, G, T>(ws, gb, p % 2, xq, xs, isum);
       } else {
         q6k_half<KT, false, 0, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         q6k_half<KT, false, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
@@ -575,6 +641,7 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
 void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, 4, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 6, 4, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 4, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 4, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 4, 1>(a); }
@@ -1308,7 +1375,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

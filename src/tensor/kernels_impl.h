@@ -36,6 +36,13 @@
 //         c holds, for each row, the file's bytes qs[32h + 16b + 4c .. +3],
 //         whose bits 2s..2s+1 are elements 4c..4c+3 of sub-block 8h + 2s + b.
 //         1664 bytes (3.25 bits per weight; the file's 2.625).
+//   Q3_K: 16 f32 d, 16 x 16 scales (i8, -32..31), then Q2_K's quad chunks
+//         of the file's qs bytes (bits 2s..2s+1: the low 2 bits of
+//         sub-block 8h + 2s + b's elements 4c..4c+3), then the high bits:
+//         for each half b and chunk c 64 bytes holding, for each row, the
+//         file's bytes hmask[16b + 4c .. +3] (bit 4h + s: element 4c..4c+3
+//         of sub-block 8h + 2s + b has q = low, else low - 4).
+//         1856 bytes (3.625 bits per weight; the file's 3.4375).
 //   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the low 4 bits of u (q + 32,
 //         0..63) in Q4_K's nibble chunks (per pair p 8 chunks of 64 bytes),
 //         then their high 2 bits: per pair p four 64-byte planes; plane h,
@@ -47,8 +54,8 @@
 //         bytes qs[16j + 4c .. 16j + 4c + 3] (as Q4_0's: low nibbles index
 //         elements 4c..4c+3 of the sub-block, high nibbles 16+4c..16+4c+3).
 //         2240 bytes (4.4 bits per weight; the file's 4.25).
-//   Q6_K wide (a prompt's scratch only, see matmul_q6_k_wide): the same d and
-//         scales, then for each 32-element block j 8 chunks of 64 bytes: chunk
+//   Q6_K wide (a prompt's scratch only, see matmul_q6_k_wide; Q6_K and Q3_K
+//         sections widen to it): the same d and scales, then for each 32-element block j 8 chunks of 64 bytes: chunk
 //         c holds, for each row, u of elements 4c..4c+3. 4416 bytes.
 // Vectors run across the 16 rows of a group, so every output is accumulated
 // on its own, in input order, by the same operations whatever the tile shape
@@ -76,6 +83,8 @@
 //   Q6_K:         per super-block s: y = fma(d[s] * dx[s], float(isum[s]), y),
 //                 isum[s] = sum over its 16 sixteen-element halves i of
 //                 sc[i] * dot(u - 32, x over the half), exact integers.
+//   Q3_K:         as Q6_K (q = u - 32 there, -4..3 here): the integers of
+//                 ggml's x86 vec_dot_q3_K_q8_K.
 //   IQ4_XS:       as Q6_K over the 8 sub-blocks of 32: isum[s] = sum_j sc[j] *
 //                 dot(kIq4nlValues[nibble], x over sub-block j) (the
 //                 integers of ggml's x86 vec_dot_iq4_xs_q8_K).
@@ -126,6 +135,12 @@ constexpr size_t kQ2KScales = 128;
 constexpr size_t kQ2KMins = 384;
 constexpr size_t kQ2KQuants = 640;
 constexpr size_t kSectionQ2K = kQ2KQuants + 4 * 256;
+// Where a Q3_K section's scales, low-bit quad chunks and high-bit chunks
+// start (d and scales where Q6_K's are: a prompt widens Q3_K to Q6_K wide).
+constexpr size_t kQ3KScales = 64;
+constexpr size_t kQ3KQuants = 320;
+constexpr size_t kQ3KHighBits = kQ3KQuants + 4 * 256;
+constexpr size_t kSectionQ3K = kQ3KHighBits + 2 * 256;
 // Where an IQ4_XS section's scales and nibble chunks start.
 constexpr size_t kIq4XsScales = 64;
 constexpr size_t kIq4XsNibbles = 192;
@@ -163,9 +178,10 @@ constexpr size_t kQuantOffset = kHasMin<Q> ? 64 : 32;
 template <QType Q>
 constexpr size_t kBlockBytes = Q == QType::Q8_0 ? 32 + 512 : kQuantOffset<Q> + 256 + (kHasFifthBit<Q> ? 64 : 0);
 // K types (Q6KWide: a prompt's widened Q6_K scratch): bytes per section.
-enum class KType { Q4K, Q5K, Q6K, Q6KWide, IQ4XS, Q2K };
+enum class KType { Q4K, Q5K, Q6K, Q6KWide, IQ4XS, Q2K, Q3K };
 template <KType KT>
 constexpr size_t kSection = KT == KType::Q2K       ? kSectionQ2K
+                             : KT == KType::Q3K     ? kSectionQ3K
                              : KT == KType::Q4K     ? kSectionQ4K
                              : KT == KType::Q5K     ? kSectionQ5K
                              : KT == KType::Q6K     ? kSectionQ6K
@@ -308,11 +324,12 @@ struct IsaKernels {
   void (*matmul_q5_0)(const MatmulArgs&);
   void (*matmul_q5_1)(const MatmulArgs&);
   void (*matmul_q2_k)(const MatmulArgs&);
+  void (*matmul_q3_k)(const MatmulArgs&);
   void (*matmul_q4_k)(const MatmulArgs&);
   void (*matmul_q5_k)(const MatmulArgs&);
   void (*matmul_q6_k)(const MatmulArgs&);
-  // Q6_K groups widened to bytes (the "Q6_K wide" layout): the same bits as
-  // matmul_q6_k without unpacking the quants for every token tile.
+  // Q6_K or Q3_K groups widened to bytes (the "Q6_K wide" layout): the same
+  // bits as matmul_q6_k / matmul_q3_k without unpacking the quants for every token tile.
   void (*matmul_q6_k_wide)(const MatmulArgs&);
   void (*matmul_iq4_nl)(const MatmulArgs&);
   void (*matmul_iq4_xs)(const MatmulArgs&);
@@ -371,6 +388,8 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
 // Q6_K sections (packed layout) to the Q6_K wide layout, n_sections of them
 // (a group holds n_in / 256). AVX2 is every supported CPU's baseline.
 void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
+// The same for Q3_K sections (u = q + 32: the same integers, Q6_K's rule).
+void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
 // Only valid when the CPU supports AVX-512 F/BW/VL/DQ and VNNI.
 const IsaKernels& avx512_kernels();
 
