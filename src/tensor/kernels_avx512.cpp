@@ -637,11 +637,12 @@ void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kT
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kTileQ, 8, 4, 1>(a); }
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kTileQ, 8, 4, 1>(a); }
 // K types: 2 groups x 6 tokens (Q6_K: x 4, its two halves hold 3 register
-// sets); decode 4 groups (4 weight streams), not 8: the integer sums per
+// sets; Q3_K: x 4, its masks and per-token starts spilled the 6-token tile,
+// paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (4 weight streams), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
 void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, 4, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 6, 4, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 4, 4, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 4, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 4, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 4, 1>(a); }
