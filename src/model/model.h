@@ -112,8 +112,8 @@ class Model {
 std::unique_ptr<Model> load_model(const gguf::File& file);
 
 // How many bytes more than the file's tensor data a loaded model's weights
-// take: matrices whose packed form is larger than their stored one (Q3_K is
-// packed as Q6_K; the K types' and IQ4_XS's scales are unpacked to bytes).
+// take: matrices whose packed form is larger than their stored one (the K
+// types' and IQ4_XS's scales are unpacked to bytes).
 // Memory accounting adds it to the file's size before loading. Every such
 // matrix counts, also an untied embedding the model reads in place: an
 // overestimate, never an underestimate.

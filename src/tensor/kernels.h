@@ -43,8 +43,8 @@ const char* kernel_isa_name(KernelIsa isa);
 // Matrix products.
 
 // The bytes PackedMatrix takes for an n_out x n_in matrix of a supported
-// type (more than the file's for Q3_K, packed as Q6_K, and a few percent
-// more for the K types and IQ4_XS, whose scales are unpacked).
+// type (more than the file's for the K types and IQ4_XS, whose scales are
+// unpacked: a few percent, Q2_K's about a quarter).
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out);
 
 // A weight matrix rearranged for the kernels (rows interleaved in groups of
