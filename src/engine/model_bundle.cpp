@@ -17,11 +17,19 @@ std::unique_ptr<ModelBundle> load_model_bundle(const std::string& path,
   };
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw Error(path + ": no such file");
-  auto bundle = std::make_unique<ModelBundle>();
-  bundle->path = path;
   const auto size = std::filesystem::file_size(path, ec);
   say("mapping " + path + " (" + std::to_string(size >> 20) + " MiB)");
-  bundle->file = gguf::File::open(path);
+  return load_model_bundle(gguf::File::open(path), path, progress);
+}
+
+std::unique_ptr<ModelBundle> load_model_bundle(std::unique_ptr<gguf::File> file, const std::string& path,
+                                               const std::function<void(const std::string&)>& progress) {
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  auto bundle = std::make_unique<ModelBundle>();
+  bundle->path = path;
+  bundle->file = std::move(file);
   say("validated " + std::to_string(bundle->file->tensors().size()) + " tensors; loading " +
       bundle->file->get_string("general.architecture").value_or("?") + " weights and fingerprinting");
   bundle->model = load_model(*bundle->file);

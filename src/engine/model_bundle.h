@@ -26,6 +26,10 @@ struct ModelBundle {
 // human-readable steps while a large model loads. Throws reprise::Error.
 std::unique_ptr<ModelBundle> load_model_bundle(const std::string& path,
                                                const std::function<void(const std::string&)>& progress = {});
+// The same for a file the caller has opened already (gguf::File::open of
+// `path`), so it is not mapped and parsed twice.
+std::unique_ptr<ModelBundle> load_model_bundle(std::unique_ptr<gguf::File> file, const std::string& path,
+                                               const std::function<void(const std::string&)>& progress = {});
 
 // Throws reprise::Error unless `draft` can draft for `target`: the same
 // vocabulary (every token's text) and no recurrent layers in either.

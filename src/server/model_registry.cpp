@@ -100,11 +100,15 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
   if (ec) return ApiError::server("cannot load model '" + id + "': " + e.source.path + ": " + ec.message(),
                                   "model_load_failed");
   // The weights take the file's bytes, more where packing widens a type; a
-  // file that does not open counts as its size and fails to load below.
+  // file that does not open counts as its size and fails to load below. The
+  // opened file is the one loaded.
   uint64_t growth = 0;
+  std::unique_ptr<gguf::File> opened;
   try {
-    growth = packing_growth_bytes(*gguf::File::open(e.source.path));
+    opened = gguf::File::open(e.source.path);
+    growth = packing_growth_bytes(*opened);
   } catch (const std::exception&) {
+    opened.reset();
   }
   const uint64_t footprint = file_bytes + growth + options_.cache_budget_bytes;
   std::vector<std::shared_ptr<LoadedModel>> doomed;
@@ -122,7 +126,7 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
   std::string error;
   say("loading model '" + id + "' from " + e.source.path);
   try {
-    model = load(e.source);
+    model = load(e.source, std::move(opened));
   } catch (const std::exception& ex) {
     error = ex.what();
   }
@@ -183,10 +187,12 @@ void ModelRegistry::release(size_t entry) {
   e.last_used = ++clock_;
 }
 
-std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source) const {
+std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std::unique_ptr<gguf::File> opened) const {
   auto m = std::make_unique<LoadedModel>();
   m->id = source.id;
-  m->bundle = load_model_bundle(source.path, [&](const std::string& step) { say("[" + source.id + "] " + step); });
+  const auto progress = [&](const std::string& step) { say("[" + source.id + "] " + step); };
+  m->bundle = opened ? load_model_bundle(std::move(opened), source.path, progress)
+                     : load_model_bundle(source.path, progress);
   m->pool = std::make_unique<ThreadPool>(std::max(1, options_.threads));
   PrefixCacheConfig cache_config;
   cache_config.budget_bytes = options_.cache_budget_bytes;

@@ -159,7 +159,9 @@ class ModelRegistry {
   };
 
   void release(size_t entry);
-  std::unique_ptr<LoadedModel> load(const ModelSource& source) const;
+  // Loads source; `opened` is its GGUF opened already (acquire opens it to
+  // count its packed size), or null to open it here.
+  std::unique_ptr<LoadedModel> load(const ModelSource& source, std::unique_ptr<gguf::File> opened) const;
   // Unloads idle models (LRU first) until `needed` more bytes fit; the
   // unloaded models are moved to `doomed` so they are destroyed outside the
   // lock. False when busy models leave too little room.
