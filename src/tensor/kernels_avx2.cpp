@@ -513,20 +513,6 @@ RP_INLINE void q3k_quad(const uint8_t* sec, int b, const XBlock* xq, int64_t xs,
   }(std::make_integer_sequence<int, 4>{});
 }
 
-// See the AVX-512 version.
-RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
-  const auto lo = static_cast<uint16_t>(-xb.sum_lo);
-  const auto hi = static_cast<uint16_t>(-xb.sum_hi);
-  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
-}
-
-// See the AVX-512 version.
-RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
-  const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
-  const auto hi = static_cast<uint16_t>(-(odd.sum_lo + odd.sum_hi));
-  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
-}
-
 // Adds a super-block's float updates for one (group, token) to acc (rows
 // 0-7, 8-15): y = fma(d * dx, float(isum), y), and for Q4_K/Q5_K the mins'
 // y = fma(dmin * dx, float(-msum), y).

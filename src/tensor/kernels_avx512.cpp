@@ -475,22 +475,6 @@ RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, i
   q3k_sub_block<H, 3, G, T>(ws, gb, b, xq + 3 * xs, isum);
 }
 
-// The halves' sums -(xsum of elements 0..15, of 16..31) of one activation
-// block as 16-bit halves of one word, for vpdpwssd against Q2_K's min pairs.
-RP_INLINE int32_t neg_xsum_halves(const XBlock& xb) {
-  const auto lo = static_cast<uint16_t>(-xb.sum_lo);
-  const auto hi = static_cast<uint16_t>(-xb.sum_hi);
-  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
-}
-
-// The pair sums -(xsum of sub-block 2p, xsum of 2p + 1) as 16-bit halves of
-// one word, for vpdpwssd against a pair's mins.
-RP_INLINE int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
-  const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
-  const auto hi = static_cast<uint16_t>(-(odd.sum_lo + odd.sum_hi));
-  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
-}
-
 // Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations
 // (rule in kernels_impl.h): the sub-blocks add up in integers, and each
 // super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.

@@ -118,6 +118,22 @@ struct XBlock {
 };
 static_assert(sizeof(XBlock) == 48);
 
+// Negated activation sums as the 16-bit halves of one word, for vpdpwssd /
+// vpmaddwd against a pair of byte mins: the halves' sums of one block
+// -(elements 0..15, 16..31) (Q2_K's mins per 16), or the sums of two blocks
+// -(even, odd) (Q4_K/Q5_K's mins per 32). Scalar and static: each ISA file
+// gets its own copy, compiled with its own instruction set.
+static inline int32_t neg_xsum_halves(const XBlock& xb) {
+  const auto lo = static_cast<uint16_t>(-xb.sum_lo);
+  const auto hi = static_cast<uint16_t>(-xb.sum_hi);
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
+}
+static inline int32_t neg_xsum_pair(const XBlock& even, const XBlock& odd) {
+  const auto lo = static_cast<uint16_t>(-(even.sum_lo + even.sum_hi));
+  const auto hi = static_cast<uint16_t>(-(odd.sum_lo + odd.sum_hi));
+  return static_cast<int32_t>(lo | (static_cast<uint32_t>(hi) << 16));
+}
+
 // Packed section bytes per 256-element super-block (see the layout above).
 constexpr size_t kSectionQ4K = 2432;
 constexpr size_t kSectionQ5K = 2944;
