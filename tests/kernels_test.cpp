@@ -354,11 +354,12 @@ float canonical(const Weights& w, int64_t r, const float* x) {
   }
 }
 
+// interleave: PackedMatrix's super-group size (0: the current ISA's).
 std::vector<float> run(const Weights& w, const std::vector<float>& x, int64_t n_tokens, int threads,
-                       bool packed = true) {
+                       bool packed = true, int interleave = 0) {
   ThreadPool pool(threads);
   std::vector<float> y(n_tokens * w.n_out, -1.0f);
-  if (packed) matmul(PackedMatrix(w.view()), x.data(), n_tokens, y.data(), pool);
+  if (packed) matmul(PackedMatrix(w.view(), interleave), x.data(), n_tokens, y.data(), pool);
   else matmul(w.view(), x.data(), n_tokens, y.data(), pool);
   return y;
 }
@@ -375,17 +376,18 @@ std::vector<KernelIsa> isas() {
 
 // Every ISA, as one batch on 2 threads and token by token (decode), gives
 // the bits of the canonical rule for these weights and activations.
-void expect_every_isa_follows_the_rule(const Weights& w, const std::vector<float>& x, int64_t n_tokens) {
+void expect_every_isa_follows_the_rule(const Weights& w, const std::vector<float>& x, int64_t n_tokens,
+                                       int interleave = 0) {
   std::vector<float> want(n_tokens * w.n_out);
   for (int64_t tok = 0; tok < n_tokens; ++tok)
     for (int64_t r = 0; r < w.n_out; ++r) want[tok * w.n_out + r] = canonical(w, r, x.data() + tok * w.n_in);
   for (KernelIsa isa : isas()) {
     set_kernel_isa(isa);
     SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(w.type)));
-    EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch";
+    EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, true, interleave), want)) << "batch";
     std::vector<float> one(n_tokens * w.n_out);
     ThreadPool pool(1);
-    PackedMatrix pm(w.view());
+    PackedMatrix pm(w.view(), interleave);
     for (int64_t tok = 0; tok < n_tokens; ++tok)
       matmul(pm, x.data() + tok * w.n_in, 1, one.data() + tok * w.n_out, pool);
     EXPECT_TRUE(same_bits(one, want)) << "decode";
@@ -427,18 +429,24 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
       EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2), want)) << "batch, 2 threads";
       EXPECT_TRUE(same_bits(run(w, x, n_tokens, 3), want)) << "batch, 3 threads";
       EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, false), want)) << "unpacked view";
-      // Token by token (decode) and in uneven pieces.
-      for (int threads : {1, 2}) {
-        std::vector<float> pieces(n_tokens * n_out);
-        ThreadPool pool(threads);
-        PackedMatrix pm(w.view());
-        int64_t tok = 0;
-        for (int64_t len : {1, 1, 2, 3, 5, 7, 11, 13, 10}) {
-          matmul(pm, x.data() + tok * n_in, len, pieces.data() + tok * n_out, pool);
-          tok += len;
+      // Token by token (decode) and in uneven pieces, with the ISA's own
+      // super-groups and with others (contiguous groups; 3, which no tile
+      // width or task divides; 8 on AVX2, whose tiles are narrower).
+      for (int interleave : {0, 1, 3, 8}) {
+        SCOPED_TRACE("interleave " + std::to_string(interleave));
+        if (interleave > 0) EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, true, interleave), want)) << "batch";
+        for (int threads : {1, 2}) {
+          std::vector<float> pieces(n_tokens * n_out);
+          ThreadPool pool(threads);
+          PackedMatrix pm(w.view(), interleave);
+          int64_t tok = 0;
+          for (int64_t len : {1, 1, 2, 3, 5, 7, 11, 13, 10}) {
+            matmul(pm, x.data() + tok * n_in, len, pieces.data() + tok * n_out, pool);
+            tok += len;
+          }
+          ASSERT_EQ(tok, n_tokens);
+          EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches, " << threads << " threads";
         }
-        ASSERT_EQ(tok, n_tokens);
-        EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches, " << threads << " threads";
       }
     }
   }
@@ -453,7 +461,8 @@ TEST(MatmulLargeMatrix, PackedInPiecesFollowsTheRule) {
     // IQ4_XS packs 4.4 bits per weight, Q3_K 3.625: more rows reach 8 MiB.
     const Weights w = make_weights(t, 4096, t == DType::IQ4_XS ? 4096 : t == DType::Q3_K ? 4736 : 3072, 29);
     ASSERT_GE(PackedMatrix(w.view()).packed_bytes(), size_t{8} << 20);
-    expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2);
+    // The ISA's super-groups, and 3 (pieces of whole super-groups, the last short).
+    for (int interleave : {0, 3}) expect_every_isa_follows_the_rule(w, make_x(2 * 4096, 31), 2, interleave);
   }
 }
 

@@ -31,6 +31,7 @@ using kernels::kGroupRows;
 using kernels::kTokenTile;
 using kernels::takes_tiled_attention;
 using kernels::widen_kv_block;
+using kernels::GroupLayout;
 using kernels::MatmulArgs;
 using kernels::XBlock;
 using kernels::kSectionQ4K;
@@ -113,6 +114,25 @@ size_t group_bytes_for(DType type, int64_t n_in) {
     default: throw Error("matmul: unsupported weight type " + dtype_name(static_cast<uint32_t>(type)));
   }
 }
+
+// Input elements per unit (kernels_impl.h): one k for the F types, one
+// block for the Q types, one section for the K types.
+int64_t unit_elements(DType type) {
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16: return 1;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::IQ4_XS: return kQK_K;
+    default: return 32;
+  }
+}
+
+size_t unit_bytes_for(DType type) { return group_bytes_for(type, unit_elements(type)); }
 
 // 8 rows x 8 16-bit elements -> 8 outputs of the 8 rows' element k.
 inline void transpose8x8_epi16(__m128i (&v)[8]) {
@@ -454,23 +474,47 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
 
 namespace {
 
+// Packs groups [g0, g1) of w into their places in the interleaved layout
+// at dst (all n_groups of them, super-groups of f; g0 a multiple of f):
+// each super-group is packed contiguously, then spread unit by unit.
+void pack_interleaved(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_groups, int f, uint8_t* dst) {
+  const size_t gb = group_bytes_for(w.type, w.n_in), ub = unit_bytes_for(w.type);
+  const int64_t n_units = w.n_in / unit_elements(w.type);
+  if (f == 1) return pack_groups(w, g0, g1, dst + g0 * gb);
+  std::vector<uint8_t> contiguous(f * gb);
+  for (int64_t first = g0; first < g1; first += f) {
+    const int64_t in_super = std::min<int64_t>(f, n_groups - first);
+    pack_groups(w, first, first + in_super, contiguous.data());
+    uint8_t* out = dst + first * gb;
+    for (int64_t u = 0; u < n_units; ++u)
+      for (int64_t j = 0; j < in_super; ++j)
+        std::memcpy(out + (u * in_super + j) * ub, contiguous.data() + j * gb + u * ub, ub);
+  }
+}
+
 // Packs all groups of w to dst on up to one thread per core, in pieces of at
-// least 4 MiB: a multi-gigabyte model's repacking (and the first touch of
-// its pages, which the kernel zeroes) is otherwise seconds of one core's
-// work at load. The pieces are disjoint, so the bytes do not depend on the
-// split.
-void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, uint8_t* dst) {
+// least 4 MiB (whole super-groups): a multi-gigabyte model's repacking (and
+// the first touch of its pages, which the kernel zeroes) is otherwise
+// seconds of one core's work at load. The pieces are disjoint, so the bytes
+// do not depend on the split.
+void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, int f, uint8_t* dst) {
   static const int cores = default_thread_count();
-  const int64_t min_groups = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / group_bytes));
-  const int n = static_cast<int>(std::clamp<int64_t>(n_groups / min_groups, 1, cores));
-  if (n == 1) return pack_groups(w, 0, n_groups, dst);
+  const int64_t n_supers = (n_groups + f - 1) / f;
+  const int64_t min_supers = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / (group_bytes * f)));
+  const int n = static_cast<int>(std::clamp<int64_t>(n_supers / min_supers, 1, cores));
+  auto piece_range = [&](int i, int64_t* g0, int64_t* g1) {
+    *g0 = std::min(n_groups, n_supers * i / n * f);
+    *g1 = std::min(n_groups, n_supers * (i + 1) / n * f);
+  };
+  if (n == 1) return pack_interleaved(w, 0, n_groups, n_groups, f, dst);
   std::vector<std::exception_ptr> errors(n);
   {
     std::vector<std::jthread> threads;
     auto piece = [&](int i) {
-      const int64_t g0 = n_groups * i / n, g1 = n_groups * (i + 1) / n;
       try {
-        pack_groups(w, g0, g1, dst + g0 * group_bytes);
+        int64_t g0, g1;
+        piece_range(i, &g0, &g1);
+        pack_interleaved(w, g0, g1, n_groups, f, dst);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -488,12 +532,36 @@ size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
   return group_bytes_for(type, n_in) * static_cast<size_t>((n_out + kGroupRows - 1) / kGroupRows);
 }
 
-PackedMatrix::PackedMatrix(const MatrixView& w) : view_(w) {
+namespace {
+
+// The groups the current ISA's decode tile reads together for this type, or
+// REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on other
+// CPUs).
+int default_interleave(DType type) {
+  static const int env = [] {
+    const char* v = std::getenv("REPRISE_INTERLEAVE");
+    return v ? std::clamp(std::atoi(v), 1, 64) : 0;
+  }();
+  if (env > 0) return env;
+  const IsaKernels& isa = isa_kernels();
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16: return isa.decode_groups_f;
+    default: return unit_elements(type) == kQK_K ? isa.decode_groups_k : isa.decode_groups_q;
+  }
+}
+
+}  // namespace
+
+PackedMatrix::PackedMatrix(const MatrixView& w, int interleave) : view_(w) {
   group_bytes_ = group_bytes_for(w.type, w.n_in);
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
+  if (interleave < 0) throw Error("PackedMatrix: negative interleave");
+  interleave_ = interleave > 0 ? interleave : default_interleave(w.type);
   // Decode streams these once per token: huge pages (huge_pages.h).
   data_ = allocate_streamed(group_bytes_ * n_groups_);
-  pack_all_groups(w, n_groups_, group_bytes_, data_.get());
+  pack_all_groups(w, n_groups_, group_bytes_, interleave_, data_.get());
 }
 
 // ---------------------------------------------------------------------------
@@ -666,8 +734,10 @@ struct Job {
   bool widen;
   int64_t k_block;  // 0: all of n_in at once
   const uint8_t* groups;       // packed data, or null to pack on the fly from view
+  int interleave;              // groups' super-groups (GroupLayout)
   const MatrixView* view;
   size_t group_bytes;
+  size_t unit_bytes;
   int64_t n_groups;
   int64_t n_out;
   PackedX x;
@@ -699,56 +769,74 @@ uint8_t* aligned_scratch(std::vector<uint8_t>& v, size_t bytes) {
   return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
 }
 
-// F16/BF16 groups to the F32 group layout (exact conversion).
-void widen_groups(DType type, const uint8_t* src, int64_t n_groups, int64_t n_in, float* dst) {
-  const int64_t n = n_groups * n_in * kGroupRows;
-  auto* h = reinterpret_cast<const uint16_t*>(src);
-  int64_t i = 0;
-  if (type == DType::F16) {
-    for (; i + 8 <= n; i += 8) _mm256_store_ps(dst + i, load_h8_any(h + i));
-  } else {
-    for (; i + 8 <= n; i += 8) {
-      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
-      _mm256_store_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+// A task's groups [g0, g0 + n) of src widened (F16/BF16 to f32, Q6_K/Q3_K
+// sections to Q6_K wide) into dst as one interleaved super-group of n: the
+// values the packed kernels unpack on the fly, so the same bits.
+void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n, int64_t n_units, size_t wide_unit,
+                       uint8_t* dst) {
+  constexpr int64_t kMaxGroups = 16;
+  if (n > kMaxGroups) throw Error("widen_task_groups: too many groups");
+  const uint8_t* in[kMaxGroups];
+  size_t stride[kMaxGroups];
+  for (int64_t j = 0; j < n; ++j) in[j] = src.group(g0 + j, &stride[j]);
+  const size_t unit_bytes = src.unit_bytes;
+  for (int64_t u = 0; u < n_units; ++u) {
+    // The source is read once, in rows of n units (interleaved) or n
+    // streams: prefetch ~2 KiB ahead in each.
+    const int64_t ahead = u + std::max<int64_t>(1, 2048 / static_cast<int64_t>(unit_bytes * n));
+    if (ahead < n_units)
+      for (int64_t j = 0; j < n; ++j)
+        for (size_t off = 0; off < unit_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(in[j] + ahead * stride[j] + off), _MM_HINT_T0);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* unit = in[j] + u * stride[j];
+      uint8_t* out = dst + (u * n + j) * wide_unit;
+      switch (type) {
+        case DType::Q6_K: kernels::widen_q6_k_sections(unit, 1, out); break;
+        case DType::Q3_K: kernels::widen_q3_k_sections(unit, 1, out); break;
+        case DType::F16:
+          for (int h = 0; h < 2; ++h)
+            _mm256_store_ps(reinterpret_cast<float*>(out) + 8 * h,
+                            load_h8_any(reinterpret_cast<const uint16_t*>(unit) + 8 * h));
+          break;
+        default:  // BF16: the upper halves of f32
+          for (int h = 0; h < 2; ++h) {
+            const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(unit) + h));
+            _mm256_store_ps(reinterpret_cast<float*>(out) + 8 * h, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+          }
+      }
     }
   }
-  for (; i < n; ++i) dst[i] = type == DType::F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
 }
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
   const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.n_groups, g0 + j.groups_per_task);
   const int64_t t0 = tt * j.tokens_per_task, t1 = std::min(n_tokens, t0 + j.tokens_per_task);
-  const uint8_t* w;
-  if (j.groups) {
-    w = j.groups + g0 * j.group_bytes;
-  } else {
-    uint8_t* packed = aligned_scratch(t_pack_scratch, (g1 - g0) * j.group_bytes);
+  const int64_t n_groups = g1 - g0;
+  // The task's groups are `first`.. of `layout`.
+  GroupLayout layout{j.groups, j.group_bytes, j.unit_bytes, j.n_groups, j.interleave};
+  int64_t first = g0;
+  if (!j.groups) {
+    uint8_t* packed = aligned_scratch(t_pack_scratch, n_groups * j.group_bytes);
     pack_groups(*j.view, g0, g1, packed);
-    w = packed;
+    layout = {packed, j.group_bytes, j.unit_bytes, n_groups, 1};
+    first = 0;
   }
   MatmulFn fn = j.fn;
-  size_t group_bytes = j.group_bytes;
   if (j.widen) {
     // Same values, same operations as the packed kernels: identical bits,
     // without a conversion or unpacking per weight per token tile.
-    if (j.view->type == DType::Q6_K || j.view->type == DType::Q3_K) {
-      group_bytes = static_cast<size_t>(n_in / kQK_K) * kernels::kSectionQ6KWide;
-      uint8_t* wide = aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes);
-      const int64_t n_sections = (g1 - g0) * (n_in / kQK_K);
-      if (j.view->type == DType::Q6_K) kernels::widen_q6_k_sections(w, n_sections, wide);
-      else kernels::widen_q3_k_sections(w, n_sections, wide);
-      w = wide;
-    } else {
-      group_bytes = static_cast<size_t>(n_in) * kGroupRows * sizeof(float);
-      auto* wide = reinterpret_cast<float*>(aligned_scratch(t_widen_scratch, (g1 - g0) * group_bytes));
-      widen_groups(j.view->type, w, g1 - g0, n_in, wide);
-      w = reinterpret_cast<const uint8_t*>(wide);
-    }
+    const bool q6_like = j.view->type == DType::Q6_K || j.view->type == DType::Q3_K;
+    const size_t wide_unit = q6_like ? kernels::kSectionQ6KWide : kGroupRows * sizeof(float);
+    const int64_t n_units = n_in / unit_elements(j.view->type);
+    uint8_t* wide = aligned_scratch(t_widen_scratch, n_groups * n_units * wide_unit);
+    widen_task_groups(j.view->type, layout, first, n_groups, n_units, wide_unit, wide);
+    layout = {wide, n_units * wide_unit, wide_unit, n_groups, static_cast<int>(n_groups)};
+    first = 0;
     fn = j.fn_wide;
   }
   MatmulArgs a;
-  a.group_bytes = group_bytes;
   a.x = j.x.data;
   a.x_tile = j.x.tile;
   a.x_k = j.x.k;
@@ -772,10 +860,10 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   // (small_batch_groups), so the later passes find the weights in L2 instead
   // of reading a decode task's (megabytes of) weights from memory again.
   // Each output is computed as before.
-  const int64_t n_groups = g1 - g0;
-  const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(group_bytes) : n_groups;
+  a.layout = layout;
+  const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(layout.group_bytes) : n_groups;
   for (int64_t g = 0; g < n_groups; g += chunk) {
-    a.w = w + g * group_bytes;
+    a.g_first = first + g;
     a.n_groups = std::min(chunk, n_groups - g);
     a.n_rows = j.n_out - (g0 + g) * kGroupRows;
     a.y = j.y + t0 * j.n_out + (g0 + g) * kGroupRows;
@@ -791,6 +879,7 @@ struct MatrixRef {
   const uint8_t* groups;
   const MatrixView* view;
   float* y;
+  int interleave;  // of groups (1 when packing on the fly)
 };
 
 void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_tokens, ThreadPool& pool) {
@@ -816,8 +905,10 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     Job j{};
     j.fn = matmul_fn(isa, v.type);
     j.groups = m.groups;
+    j.interleave = m.interleave;
     j.view = &v;
     j.group_bytes = group_bytes_for(v.type, n_in);
+    j.unit_bytes = unit_bytes_for(v.type);
     j.n_groups = (v.n_out + kGroupRows - 1) / kGroupRows;
     j.n_out = v.n_out;
     j.x = packed[ki];
@@ -861,12 +952,12 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
 }  // namespace
 
 void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  const MatrixRef m{w.groups(), &w.view(), y};
+  const MatrixRef m{w.groups(), &w.view(), y, w.interleave()};
   run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
 }
 
 void matmul(const MatrixView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  const MatrixRef m{nullptr, &w, y};
+  const MatrixRef m{nullptr, &w, y, 1};
   run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
 }
 
@@ -878,7 +969,7 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
     more.resize(outputs.size());
     r = more.data();
   }
-  for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y};
+  for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y, outputs[i].w->interleave()};
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
 }
 

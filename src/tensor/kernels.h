@@ -48,12 +48,16 @@ const char* kernel_isa_name(KernelIsa isa);
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out);
 
 // A weight matrix rearranged for the kernels (rows interleaved in groups of
-// 16). Packing copies the data once; the source view stays valid for row
-// lookups (embeddings). Copies share the packed storage.
+// 16, groups interleaved in super-groups so that a decode tile reads one
+// sequential stream). Packing copies the data once; the source view stays
+// valid for row lookups (embeddings). Copies share the packed storage.
 class PackedMatrix {
  public:
   PackedMatrix() = default;
-  explicit PackedMatrix(const MatrixView& w);
+  // interleave: groups per super-group (kernels_impl.h); 0 takes the current
+  // instruction set's decode tile width for the type. Any value gives the
+  // same results with either instruction set; only speed differs.
+  explicit PackedMatrix(const MatrixView& w, int interleave = 0);
 
   bool empty() const { return data_ == nullptr; }
   const MatrixView& view() const { return view_; }
@@ -66,12 +70,14 @@ class PackedMatrix {
   const uint8_t* groups() const { return data_.get(); }
   size_t group_bytes() const { return group_bytes_; }
   int64_t n_groups() const { return n_groups_; }
+  int interleave() const { return interleave_; }
 
  private:
   MatrixView view_;
   std::shared_ptr<uint8_t[]> data_;
   size_t group_bytes_ = 0;
   int64_t n_groups_ = 0;
+  int interleave_ = 1;
 };
 
 // y[t * n_out + r] = dot(W.row(r), x[t * n_in ...]) for t < n_tokens.

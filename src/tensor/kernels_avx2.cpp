@@ -81,20 +81,20 @@ RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m256 (&a
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const float* x = static_cast<const float*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
-    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);
+    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, k, a.prefetch);
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-      wv[g][0] = load_row8<W>(w + g * gb + k * kStep, 0);
-      wv[g][1] = load_row8<W>(w + g * gb + k * kStep, 1);
+      wv[g][0] = load_row8<W>(w + g * gb + k * us, 0);
+      wv[g][1] = load_row8<W>(w + g * gb + k * us, 1);
     }
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
@@ -166,19 +166,19 @@ template <QType Q, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
   constexpr size_t kQuants = kQuantOffset<Q>;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_streams<G>(w + b * kBytes, gb, kBytes, a.prefetch);
+    if (a.prefetch > 0) prefetch_share<G, kBytes, 1>(w + b * us, gb, us, 0, a.prefetch);
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-      const uint8_t* wb = w + g * gb + b * kBytes;
+      const uint8_t* wb = w + g * gb + b * us;
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
       const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb) + 1));
 #pragma GCC unroll 16
@@ -628,9 +628,9 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
@@ -639,10 +639,10 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (T == 1) {
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) {
-        const uint8_t* sec = w + g * gb + s * kSec;
+        const uint8_t* sec = w + g * gb + s * us;
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
-          if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, p, a.prefetch);
+          if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, p, a.prefetch);
           if constexpr (KT == KType::Q2K) {
             q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
           } else if constexpr (KT == KType::Q3K) {
@@ -660,7 +660,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int p = 0; p < 4; ++p)
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) {
-          const uint8_t* sec = w + g * gb + s * kSec;
+          const uint8_t* sec = w + g * gb + s * us;
           if constexpr (KT == KType::Q2K) {
             const XBlock* xq = xsec + 4 * (p / 2) * xs;
             q2k_sub_block_tokens<0, T>(sec, p, xq, isum_mem[g]);
@@ -681,7 +681,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         for (int t = 0; t < T; ++t) {
           const auto* m = reinterpret_cast<const __m256i*>(isum_mem[g][t]);
           const __m256i isum[2] = {_mm256_load_si256(m), _mm256_load_si256(m + 1)};
-          k_finish<KT>(w + g * gb + s * kSec, xsec, xs, t, isum, acc[g][t]);
+          k_finish<KT>(w + g * gb + s * us, xsec, xs, t, isum, acc[g][t]);
         }
     }
   }
@@ -714,22 +714,23 @@ struct QKernel {
 // Decode reads 4 weight streams per F-type tile (8 accumulators; 4 divide the
 // driver's 8-group decode tasks): ~8% faster than 3 on the 2-vCPU VM.
 constexpr int kDecodeGroupsF = 4;
+constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 1, 4, 2, 1>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4, 2, 1>(a); }
-void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, 2, 1>(a); }
-void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, 2, 1>(a); }
-void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, 2, 1>(a); }
-void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 1, 4, 2, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 1, 4, 2, 1>(a); }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, 2, 1>(a); }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, 2, 1>(a); }
-void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, 2, 1>(a); }
-void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, 2, 1>(a); }
-void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, 2, 1>(a); }
-void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 1, 4, 2, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 
 // Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
 uint64_t read_sum(const uint8_t* p, size_t n) {
@@ -926,6 +927,7 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
 
 const IsaKernels& avx2_kernels() {
   static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+                            kDecodeGroupsF, kDecodeGroupsQ, kDecodeGroupsQ,
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }

@@ -87,18 +87,18 @@ RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m512 (&a
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const float* x = static_cast<const float*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k).
-    if (a.prefetch > 0 && !(k & 1)) prefetch_streams<G>(w + k * kStep, gb, 64, a.prefetch);
+    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, k, a.prefetch);
     __m512 wv[G];
 #pragma GCC unroll 16
-    for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * kStep);
+    for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * us);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[k * xs + t]);
@@ -127,15 +127,15 @@ template <QType Q, int G, int T>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
   constexpr size_t kQuants = kQuantOffset<Q>;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
-    const uint8_t* wb = w + b * kBytes;
+    const uint8_t* wb = w + b * us;
     // Decode streams the weights once: each chunk prefetches its share of
     // the block's lines ahead (prefetch_share).
     __m512i ia[G][T];
@@ -168,7 +168,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        if (a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, c, a.prefetch);
+        if (a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, c, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
@@ -178,7 +178,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
             [&]() RP_INLINE_LAMBDA {
-              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, C, a.prefetch);
+              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, C, a.prefetch);
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
@@ -486,9 +486,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr bool kMins = kAffine || KT == KType::Q2K;
   constexpr int kMinWords = KT == KType::Q2K ? 8 : 4;
   constexpr size_t kMinsAt = KT == KType::Q2K ? kQ2KMins : kQ4KMins;
-  const uint8_t* w = a.w + g0 * a.group_bytes;
+  const uint8_t* w = a.w + g0 * a.group_stride;
   const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_bytes;
+  const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   // The float accumulators change once per super-block: they wait in memory
   // (the barrier below keeps the compiler from holding them in registers),
@@ -505,7 +505,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   }
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     asm volatile("" : : "r"(acc_mem) : "memory");
-    const uint8_t* ws = w + s * kSec;
+    const uint8_t* ws = w + s * us;
     const XBlock* xsec = x + s * 8 * xs;
     __m512i isum[G][T];
 #pragma GCC unroll 16
@@ -513,7 +513,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-      if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, p, a.prefetch);
+      if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, p, a.prefetch);
       if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
@@ -609,30 +609,34 @@ struct KKernel {
 
 constexpr int kTileF = 6;   // 4 groups x 6 tokens = 24 accumulators
 constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumulators
+// Groups per decode tile: 8 weight streams at once for the F and 32-block Q
+// types; the K types' integer sums per group take more registers.
+constexpr int kDecodeGroupsFQ = 8;
+constexpr int kDecodeGroupsK = 4;
 
 // Decode is bound by memory: 8 concurrent weight streams per thread read ~40%
 // faster than 4 on the 2-vCPU VM (bench's stream probe).
-void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 4, kTileF, 8, 4, 1>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTileF, 8, 4, 1>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, 8, 4, 1>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kTileQ, 8, 4, 1>(a); }
+void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 // K types: 2 groups x 6 tokens (Q6_K: x 4, its two halves hold 3 register
 // sets; Q3_K: x 4, its masks and per-token starts spilled the 6-token tile,
 // paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (4 weight streams), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
-void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, 4, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 4, 4, 1>(a); }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, 4, 1>(a); }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, 4, 1>(a); }
-void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, 4, 1>(a); }
+void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
-void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, 8, 4, 1>(a); }
-void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 2, 6, 4, 1>(a); }
+void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 2, 6, kDecodeGroupsK, 1>(a); }
 
 // r[i][j] <- r[j][i] for a 16 x 16 block.
 RP_INLINE void transpose16(__m512 (&r)[16]) {
@@ -1361,6 +1365,7 @@ uint64_t read_sum(const uint8_t* p, size_t n) {
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+                            kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
                             /*decode_prefetch_bytes=*/512};
   return k;
 }

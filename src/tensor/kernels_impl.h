@@ -2,7 +2,12 @@
 // per-ISA implementations (kernels_avx2.cpp, kernels_avx512.cpp).
 //
 // Packed weight layout ("row groups"). Rows are taken kGroupRows at a time;
-// the last group is padded with zero rows. A group's bytes are contiguous:
+// the last group is padded with zero rows. A group is a sequence of units
+// (below: one k, one block or one section each). Groups are stored
+// interleaved in super-groups of f (PackedMatrix::interleave): super-group
+// i holds groups fi .. fi+f-1 (fewer in the last), unit by unit, each
+// unit's groups in order; f = 1 is each group's units contiguous. A decode
+// tile of f groups then reads one sequential stream. The units:
 //   F32 / F16 / BF16: for each input index k: the 16 rows' elements at k
 //                     (64 / 32 / 32 bytes), k-major.
 //   Q8_0: for each 32-element block b: 16 f16 scales (32 bytes), then 8 chunks
@@ -216,17 +221,44 @@ inline int64_t x_offset(int64_t t, int64_t k, int64_t x_tile, int64_t x_k) {
   return (t / x_tile) * x_tile * x_k + k * x_tile + t % x_tile;
 }
 
+struct MatmulArgs;
+
+// A buffer of packed groups: n_groups groups of group_bytes, interleaved in
+// super-groups of `interleave` (the layout above).
+struct GroupLayout {
+  const uint8_t* base;
+  size_t group_bytes;
+  size_t unit_bytes;
+  int64_t n_groups;
+  int64_t interleave;
+
+  // Points a.w and its strides at groups [g, g + n) and returns how many of
+  // them the strides reach: the rest of g's super-group, at most n.
+  inline int64_t point(int64_t g, int64_t n, MatmulArgs& a) const;
+  // Group g's unit 0, and the bytes from one of its units to the next.
+  inline const uint8_t* group(int64_t g, size_t* unit_stride) const;
+};
+
 // Computes y[(t0 + t) * y_stride + r] for tokens t in [0, n_tokens) and the
-// rows of groups [0, n_groups) starting at w (groups group_bytes apart); rows
-// at or beyond n_rows (relative to the first group) are not written. t0 must
+// rows of groups [0, n_groups) (groups g_first.. of `layout`); rows at or
+// beyond n_rows (relative to the first group) are not written. t0 must
 // be a multiple of the kernels' tile sizes (multiples of kTokenTile are).
 // Only inputs [k_begin, k_end) are accumulated (multiples of 32 for Q8_0/Q4_0,
 // of 256 for the K types):
 // when k_begin > 0 the accumulators start from the values in y, so running
 // consecutive k ranges gives the same bits as one pass over all of k.
+//
+// The tile runner (tile_runner.h) hands each kernel tile a copy whose groups
+// lie in one super-group, with w, group_stride and unit_stride set: group
+// g's unit u (one k for the F types, one 32-element block for the Q types,
+// one section for the K types) is at
+//   w + g * group_stride + u * unit_stride,
+// so one kernel reads contiguous groups (group_stride = a group's bytes,
+// unit_stride = a unit's) and interleaved ones (group_stride = a unit's
+// bytes, unit_stride = the super-group's units).
 struct MatmulArgs {
-  const uint8_t* w;
-  size_t group_bytes;
+  GroupLayout layout;
+  int64_t g_first;
   int64_t n_groups;
   int64_t n_rows;
   const void* x;
@@ -241,7 +273,33 @@ struct MatmulArgs {
   int64_t y_stride;
   // Decode tiles prefetch this many bytes ahead in each weight stream (0: off).
   int64_t prefetch;
+  // Set by the tile runner (see above).
+  const uint8_t* w;
+  size_t group_stride;
+  size_t unit_stride;
 };
+
+int64_t GroupLayout::point(int64_t g, int64_t n, MatmulArgs& a) const {
+  if (interleave == 1) {
+    a.w = base + g * group_bytes;
+    a.group_stride = group_bytes;
+    a.unit_stride = unit_bytes;
+    return n;
+  }
+  const int64_t first = g / interleave * interleave;
+  const int64_t in_super = n_groups - first < interleave ? n_groups - first : interleave;
+  a.w = base + first * group_bytes + (g - first) * unit_bytes;
+  a.group_stride = unit_bytes;
+  a.unit_stride = in_super * unit_bytes;
+  return first + in_super - g < n ? first + in_super - g : n;
+}
+
+const uint8_t* GroupLayout::group(int64_t g, size_t* unit_stride) const {
+  MatmulArgs a;
+  point(g, 1, a);
+  *unit_stride = a.unit_stride;
+  return a.w;
+}
 
 // Attention for a run of queries of one head against keys whose K rows are
 // stored transposed in blocks of 16 (kt: [block][d][16] floats, block 0
@@ -376,6 +434,11 @@ struct IsaKernels {
   // (attend_tiled_rows in attention_tiled.h).
   void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                             const TiledGroup* groups, int n_groups, float scale);
+  // Groups per decode tile (the F types, the 32-element block types, the K
+  // types): the super-groups PackedMatrix interleaves by default.
+  int decode_groups_f;
+  int decode_groups_q;
+  int decode_groups_k;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
   // docs/performance.md.

@@ -15,29 +15,42 @@
 namespace reprise::kernels {
 
 // Decode tiles stream each of their G groups' weights once: prefetch the
-// lines `ahead` bytes past [p, p + bytes) in every group's stream (group_bytes
-// apart).
+// lines `ahead` bytes past [p, p + bytes) in every group's stream (group_stride
+// apart; the contiguous layout).
 template <int G>
-inline __attribute__((always_inline)) void prefetch_streams(const uint8_t* p, size_t group_bytes, size_t bytes,
+inline __attribute__((always_inline)) void prefetch_streams(const uint8_t* p, size_t group_stride, size_t bytes,
                                                             int64_t ahead) {
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
     for (size_t off = 0; off < bytes; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + g * group_bytes + off + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + g * group_stride + off + ahead), _MM_HINT_T0);
 }
 
-// Share `part` of `Parts` of the lines of a kBytes-long unit (a block or a
-// section) at p, prefetched in every stream as prefetch_streams does; the
-// first parts take the extra lines. Decode tiles spread a unit's prefetches
-// over its parts: a burst of a whole unit's lines times 8 streams waits for
-// fill buffers.
+// Lines [l0, l1) of the run at p + ahead.
+inline __attribute__((always_inline)) void prefetch_lines(const uint8_t* p, size_t l0, size_t l1, int64_t ahead) {
+  for (size_t l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + l * 64 + ahead), _MM_HINT_T0);
+}
+
+// Share `part` of `Parts` of the lines of the tile's kBytes-long units (one
+// k, block or section per group) at p, `ahead` bytes further along each
+// group's own stream; the first parts take the extra lines. Decode tiles
+// spread a unit's prefetches over its parts: a burst of a whole unit's lines
+// times 8 streams waits for fill buffers. Interleaved groups (group_stride ==
+// kBytes) have the tile's units as one run, and the same distance in units is
+// unit_stride / kBytes times as many bytes.
 template <int G, size_t kBytes, int Parts>
-inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size_t group_bytes, int part,
-                                                          int64_t ahead) {
+inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size_t group_stride, size_t unit_stride,
+                                                          int part, int64_t ahead) {
+  if (group_stride == kBytes) {
+    constexpr size_t kLines = (G * kBytes + 63) / 64;
+    const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
+    prefetch_lines(p, l0, l1, ahead * static_cast<int64_t>(unit_stride / kBytes));
+    return;
+  }
   constexpr size_t kLines = (kBytes + 63) / 64;
   const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
-  prefetch_streams<G>(p + l0 * 64, group_bytes, (l1 - l0) * 64, ahead);
+  prefetch_streams<G>(p + l0 * 64, group_stride, (l1 - l0) * 64, ahead);
 }
 
 // prefetch_share for a part known only at run time (a loop over a unit's
@@ -45,23 +58,44 @@ inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size
 // loop over a run-time line count took more instructions than the prefetches
 // it issued (and a register per stream).
 template <int G, size_t kBytes, int Parts>
-inline __attribute__((always_inline)) void prefetch_share_at(const uint8_t* p, size_t group_bytes, int part,
-                                                             int64_t ahead) {
+inline __attribute__((always_inline)) void prefetch_share_at(const uint8_t* p, size_t group_stride,
+                                                             size_t unit_stride, int part, int64_t ahead) {
   [&]<int... P>(std::integer_sequence<int, P...>) {
-    ((part == P ? prefetch_share<G, kBytes, Parts>(p, group_bytes, P, ahead) : void()), ...);
+    ((part == P ? prefetch_share<G, kBytes, Parts>(p, group_stride, unit_stride, P, ahead) : void()), ...);
   }(std::make_integer_sequence<int, Parts>{});
 }
 
+// The F types' prefetch at input k (p: the tile's unit k, kStep bytes per
+// group): interleaved groups read one run of G units per k; contiguous ones
+// take a line per group every second k (two 16-bit k, half of an F32 pair).
+template <int G, size_t kStep>
+inline __attribute__((always_inline)) void prefetch_f_unit(const uint8_t* p, size_t group_stride, size_t unit_stride,
+                                                           int64_t k, int64_t ahead) {
+  if (group_stride == kStep) {
+    prefetch_lines(p, 0, (G * kStep + 63) / 64, ahead * static_cast<int64_t>(unit_stride / kStep));
+  } else if (!(k & 1)) {
+    prefetch_streams<G>(p, group_stride, 64, ahead);
+  }
+}
+
 // All groups at tokens [t0, t0 + T), with tiles of the widths Gs..., widest
-// first (the last should be 1 so every group is covered).
+// first (the last should be 1 so every group is covered), super-group by
+// super-group: a tile's groups share one stride.
 template <template <int, int> class K, int T, int... Gs>
 inline void over_groups(const MatmulArgs& a, int64_t t0) {
-  int64_t g = 0;
-  (
-      [&] {
-        for (; g + Gs <= a.n_groups; g += Gs) K<Gs, T>::run(a, g, t0);
-      }(),
-      ...);
+  for (int64_t g = 0; g < a.n_groups;) {
+    MatmulArgs b = a;
+    b.n_groups = a.layout.point(a.g_first + g, a.n_groups - g, b);
+    b.y = a.y + g * kGroupRows;
+    b.n_rows = a.n_rows - g * kGroupRows;
+    int64_t h = 0;
+    (
+        [&] {
+          for (; h + Gs <= b.n_groups; h += Gs) K<Gs, T>::run(b, h, t0);
+        }(),
+        ...);
+    g += b.n_groups;
+  }
 }
 
 // Token tiles of TMax tokens, and one tile of the remaining R < TMax tokens,
