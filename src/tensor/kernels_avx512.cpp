@@ -21,6 +21,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")
+// Loops start on 64-byte boundaries: where the Q8_0 decode loop happened to
+// land moved its speed by ~7 % between otherwise equal builds (Zen 5); aligned,
+// paired tg256 Q8_0 1.066x, the other types within noise.
+#pragma GCC optimize("align-loops=64")
 #endif
 
 namespace reprise::kernels {
