@@ -434,7 +434,9 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
       // width or task divides; 8 on AVX2, whose tiles are narrower).
       for (int interleave : {0, 1, 3, 8}) {
         SCOPED_TRACE("interleave " + std::to_string(interleave));
-        if (interleave > 0) EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, true, interleave), want)) << "batch";
+        if (interleave > 0) {
+          EXPECT_TRUE(same_bits(run(w, x, n_tokens, 2, true, interleave), want)) << "batch";
+        }
         for (int threads : {1, 2}) {
           std::vector<float> pieces(n_tokens * n_out);
           ThreadPool pool(threads);

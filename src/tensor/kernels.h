@@ -174,8 +174,10 @@ void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
 // ---------------------------------------------------------------------------
 // Machine read bandwidth: the roofline for decode, which streams every weight
 // once per token. Reads a buffer of `bytes` (allocated and touched first) with
-// all of the pool's threads, `passes` times, and returns the best pass in
-// bytes per second. Use the model's weight size so cache effects match.
+// all of the pool's threads, `passes` times in each of two patterns (8
+// interleaved streams per thread, one stream per thread), and returns the
+// best pass in bytes per second. Use the model's weight size so cache
+// effects match.
 double measure_read_bandwidth(size_t bytes, ThreadPool& pool, int passes = 5);
 
 // Dot of two f32 rows with the same summation order as matmul's F32 path.

@@ -732,22 +732,23 @@ void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 
-// Same access pattern as the AVX-512 version: 8 streams, prefetch 1 KiB ahead.
-uint64_t read_sum(const uint8_t* p, size_t n) {
-  constexpr int kStreams = 8;
-  const size_t len = n / kStreams;
-  __m256i acc[kStreams];
-  for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_setzero_si256();
-  for (size_t i = 0; i < len; i += 64) {
-    for (int s = 0; s < kStreams; ++s) {
-      const uint8_t* q = p + s * len + i;
+// The same access patterns as the AVX-512 version (8 streams or 1).
+uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
+  constexpr int kAcc = 8;
+  const int n_streams = streams == 1 ? 1 : kAcc;
+  const size_t len = n / n_streams, stride = n_streams == 1 ? 64 : len, step = n_streams == 1 ? 64 * kAcc : 64;
+  __m256i acc[kAcc];
+  for (int s = 0; s < kAcc; ++s) acc[s] = _mm256_setzero_si256();
+  for (size_t i = 0; i < len; i += step) {
+    for (int s = 0; s < kAcc; ++s) {
+      const uint8_t* q = p + s * stride + i;
       _mm_prefetch(reinterpret_cast<const char*>(q + 1024), _MM_HINT_T0);
       acc[s] = _mm256_add_epi64(acc[s], _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
                                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))));
     }
   }
   __m256i t = acc[0];
-  for (int s = 1; s < kStreams; ++s) t = _mm256_add_epi64(t, acc[s]);
+  for (int s = 1; s < kAcc; ++s) t = _mm256_add_epi64(t, acc[s]);
   alignas(32) uint64_t lanes[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
   return lanes[0] + lanes[1] + lanes[2] + lanes[3];

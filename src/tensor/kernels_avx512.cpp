@@ -1348,25 +1348,30 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
   }
 }
 
-// Reads n bytes (a multiple of 8 KiB) as 8 interleaved streams with a
-// software prefetch 1 KiB ahead: the access pattern of the decode tiles,
-// which reads ~1.5x faster on the 2-vCPU VM than one sequential stream.
-uint64_t read_sum(const uint8_t* p, size_t n) {
-  constexpr int kStreams = 8;
-  const size_t len = n / kStreams;
-  __m512i acc[kStreams];
+// Reads n bytes (a multiple of 8 KiB) as `streams` (8 or 1) sequential
+// streams, each prefetched 1 KiB ahead: 8 interleaved streams were the
+// decode tiles' pattern and the fastest read on the Ice Lake VM (~1.5x one
+// stream); one stream per thread is the interleaved layout's, and the
+// faster on Zen 5.
+uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
+  constexpr int kAcc = 8;
+  const int n_streams = streams == 1 ? 1 : kAcc;
+  // Stream s covers [s * len, (s + 1) * len); a step reads kAcc lines, one
+  // from each stream, or kAcc consecutive lines of the one stream.
+  const size_t len = n / n_streams, stride = n_streams == 1 ? 64 : len, step = n_streams == 1 ? 64 * kAcc : 64;
+  __m512i acc[kAcc];
 #pragma GCC unroll 8
-  for (int s = 0; s < kStreams; ++s) acc[s] = _mm512_setzero_si512();
-  for (size_t i = 0; i < len; i += 64) {
+  for (int s = 0; s < kAcc; ++s) acc[s] = _mm512_setzero_si512();
+  for (size_t i = 0; i < len; i += step) {
 #pragma GCC unroll 8
-    for (int s = 0; s < kStreams; ++s) {
-      const uint8_t* q = p + s * len + i;
+    for (int s = 0; s < kAcc; ++s) {
+      const uint8_t* q = p + s * stride + i;
       _mm_prefetch(reinterpret_cast<const char*>(q + 1024), _MM_HINT_T0);
       acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(q));
     }
   }
   __m512i t = acc[0];
-  for (int s = 1; s < kStreams; ++s) t = _mm512_add_epi64(t, acc[s]);
+  for (int s = 1; s < kAcc; ++s) t = _mm512_add_epi64(t, acc[s]);
   return static_cast<uint64_t>(_mm512_reduce_add_epi64(t));
 }
 

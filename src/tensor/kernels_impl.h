@@ -407,9 +407,10 @@ struct IsaKernels {
   void (*matmul_q6_k_wide)(const MatmulArgs&);
   void (*matmul_iq4_nl)(const MatmulArgs&);
   void (*matmul_iq4_xs)(const MatmulArgs&);
-  // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads; the
-  // result only defeats dead-code elimination.
-  uint64_t (*read_sum)(const uint8_t* p, size_t n);
+  // Sums bytes [0, n) of p (n a multiple of 8 KiB) with the widest loads,
+  // read as `streams` (8 or 1) sequential streams; the result only defeats
+  // dead-code elimination.
+  uint64_t (*read_sum)(const uint8_t* p, size_t n, int streams);
   // Packs nt <= tile token rows of x (n_in floats each) into one activation
   // tile ([k][tile] floats; tokens nt..tile-1 zero), rounding each value to
   // f16 (round = 1), bf16 (round = 2) or not at all (round = 0). Null: the
