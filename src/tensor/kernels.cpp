@@ -154,9 +154,10 @@ inline void transpose8x8_epi16(__m128i (&v)[8]) {
   v[7] = _mm_unpackhi_epi64(b3, b7);
 }
 
-// Full 16-row groups of 16-bit or 32-bit elements, 8 inputs at a time;
-// returns the first k not packed (the caller finishes in scalar code).
-int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
+// Full 16-row groups of 16-bit or 32-bit elements, 8 inputs at a time,
+// input k's 16 elements at out + k * k_stride elements; returns the first k
+// not packed (the caller finishes in scalar code).
+int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out, int64_t k_stride) {
   const int64_t k8 = w.n_in / 8 * 8;
   if (w.type == DType::F32) {
     auto* o = reinterpret_cast<uint32_t*>(out);
@@ -167,7 +168,7 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
           v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.row(r0 + 8 * h + i) + k * 4));
         transpose8x8_epi32(v);
         for (int i = 0; i < 8; ++i)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (k + i) * k_stride + 8 * h), v[i]);
       }
     return k8;
   }
@@ -178,9 +179,34 @@ int64_t pack_full_group_f(const MatrixView& w, int64_t r0, uint8_t* out) {
       for (int i = 0; i < 8; ++i)
         v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.row(r0 + 8 * h + i) + k * 2));
       transpose8x8_epi16(v);
-      for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + i) * kGroupRows + 8 * h), v[i]);
+      for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + i) * k_stride + 8 * h), v[i]);
     }
   return k8;
+}
+
+// One group of F32/F16/BF16 rows r0 .. r0 + rows - 1 (zeros beyond), input
+// k's 16 elements at out + k * k_stride elements (kGroupRows: contiguous;
+// more: interleaved with the other groups of a super-group).
+void pack_group_f(const MatrixView& w, int64_t r0, int rows, uint8_t* out, int64_t k_stride) {
+  const size_t es = w.type == DType::F32 ? 4 : 2;
+  int64_t k_done = 0;
+  if (rows == kGroupRows) {
+    k_done = pack_full_group_f(w, r0, out, k_stride);
+  } else {
+    for (int64_t k = 0; k < w.n_in; ++k) std::memset(out + k * k_stride * es, 0, kGroupRows * es);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* src = w.row(r0 + r);
+    if (es == 4) {
+      auto* o = reinterpret_cast<uint32_t*>(out);
+      auto* s = reinterpret_cast<const uint32_t*>(src);
+      for (int64_t k = k_done; k < w.n_in; ++k) o[k * k_stride + r] = s[k];
+    } else {
+      auto* o = reinterpret_cast<uint16_t*>(out);
+      auto* s = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t k = k_done; k < w.n_in; ++k) o[k * k_stride + r] = s[k];
+    }
+  }
 }
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -346,25 +372,9 @@ void pack_groups(const MatrixView& w, int64_t g0, int64_t g1, uint8_t* dst) {
     switch (w.type) {
       case DType::F32:
       case DType::F16:
-      case DType::BF16: {
-        const size_t es = w.type == DType::F32 ? 4 : 2;
-        int64_t k_done = 0;
-        if (rows == kGroupRows) k_done = pack_full_group_f(w, r0, out);
-        else std::memset(out, 0, gb);
-        for (int r = 0; r < rows; ++r) {
-          const uint8_t* src = w.row(r0 + r);
-          if (es == 4) {
-            auto* o = reinterpret_cast<uint32_t*>(out);
-            auto* s = reinterpret_cast<const uint32_t*>(src);
-            for (int64_t k = k_done; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
-          } else {
-            auto* o = reinterpret_cast<uint16_t*>(out);
-            auto* s = reinterpret_cast<const uint16_t*>(src);
-            for (int64_t k = k_done; k < w.n_in; ++k) o[k * kGroupRows + r] = s[k];
-          }
-        }
+      case DType::BF16:
+        pack_group_f(w, r0, rows, out, kGroupRows);
         break;
-      }
       case DType::Q8_0: {
         const int64_t nb = w.n_in / kQK8_0;
         if (rows == kGroupRows) {
@@ -481,6 +491,19 @@ void pack_interleaved(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_gro
   const size_t gb = group_bytes_for(w.type, w.n_in), ub = unit_bytes_for(w.type);
   const int64_t n_units = w.n_in / unit_elements(w.type);
   if (f == 1) return pack_groups(w, g0, g1, dst + g0 * gb);
+  const bool f_type = w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16;
+  if (f_type) {
+    // Straight into place: a unit is one k, too small to copy one by one.
+    for (int64_t first = g0; first < g1; first += f) {
+      const int64_t in_super = std::min<int64_t>(f, n_groups - first);
+      for (int64_t j = 0; j < in_super; ++j) {
+        const int64_t r0 = (first + j) * kGroupRows;
+        const int rows = static_cast<int>(std::min<int64_t>(kGroupRows, w.n_out - r0));
+        pack_group_f(w, r0, rows, dst + first * gb + j * ub, in_super * kGroupRows);
+      }
+    }
+    return;
+  }
   std::vector<uint8_t> contiguous(f * gb);
   for (int64_t first = g0; first < g1; first += f) {
     const int64_t in_super = std::min<int64_t>(f, n_groups - first);
