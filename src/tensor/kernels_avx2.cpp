@@ -89,7 +89,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
-    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, k, a.prefetch);
+    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -175,7 +175,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     // Decode streams the weights once: prefetch each group's stream ahead.
-    if (a.prefetch > 0) prefetch_share<G, kBytes, 1>(w + b * us, gb, us, 0, a.prefetch);
+    if (a.prefetch > 0) prefetch_share<G, kBytes, 1>(w + b * us, gb, us, g0, 0, a.prefetch);
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
       const uint8_t* wb = w + g * gb + b * us;
@@ -642,7 +642,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         const uint8_t* sec = w + g * gb + s * us;
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
-          if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, p, a.prefetch);
+          if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, g0 + g, p, a.prefetch);
           if constexpr (KT == KType::Q2K) {
             q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
           } else if constexpr (KT == KType::Q3K) {

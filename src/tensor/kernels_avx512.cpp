@@ -99,7 +99,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k).
-    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, k, a.prefetch);
+    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * us);
@@ -177,7 +177,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         // paired tg256 (60M, and a 284 MB model) 1.07-1.10x without. Small
         // batches keep it (4 sequences: 0.90x without), as do the 4-bit
         // types (0.88-0.92x without).
-        if (T > 1 && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, c, a.prefetch);
+        if (T > 1 && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
@@ -187,7 +187,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
             [&]() RP_INLINE_LAMBDA {
-              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, C, a.prefetch);
+              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, g0, C, a.prefetch);
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
@@ -522,7 +522,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-      if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, p, a.prefetch);
+      if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, g0, p, a.prefetch);
       if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);

@@ -36,16 +36,33 @@ inline __attribute__((always_inline)) void prefetch_lines(const uint8_t* p, size
 // k, block or section per group) at p, `ahead` bytes further along each
 // group's own stream; the first parts take the extra lines. Decode tiles
 // spread a unit's prefetches over its parts: a burst of a whole unit's lines
-// times 8 streams waits for fill buffers. Interleaved groups (group_stride ==
-// kBytes) have the tile's units as one run, and the same distance in units is
-// unit_stride / kBytes times as many bytes.
+// times 8 streams waits for fill buffers.
+// Interleaved groups (group_stride == kBytes) are one run per unit row
+// (unit_stride bytes), read part by part in parallel, so the distance is
+// in whole rows: as many units as `ahead` bytes of one stream hold, at
+// least one. The first tile of the row (g0 == 0; p is the row's start)
+// prefetches all of it, so the tiles after it (small batches take several
+// per super-group) find their units in cache instead of each reading its
+// part of every row from memory; they prefetch nothing.
+template <size_t kBytes>
+inline __attribute__((always_inline)) int64_t rows_ahead(size_t unit_stride, int64_t ahead) {
+  const int64_t units = (ahead + static_cast<int64_t>(kBytes) / 2) / static_cast<int64_t>(kBytes);
+  return (units > 1 ? units : 1) * static_cast<int64_t>(unit_stride);
+}
+
 template <int G, size_t kBytes, int Parts>
 inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size_t group_stride, size_t unit_stride,
-                                                          int part, int64_t ahead) {
+                                                          int64_t g0, int part, int64_t ahead) {
   if (group_stride == kBytes) {
-    constexpr size_t kLines = (G * kBytes + 63) / 64;
-    const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
-    prefetch_lines(p, l0, l1, ahead * static_cast<int64_t>(unit_stride / kBytes));
+    if (g0 != 0) return;
+    const int64_t dist = rows_ahead<kBytes>(unit_stride, ahead);
+    if (unit_stride == G * kBytes) {
+      constexpr size_t kLines = (G * kBytes + 63) / 64;
+      prefetch_lines(p, (part * kLines + Parts - 1) / Parts, ((part + 1) * kLines + Parts - 1) / Parts, dist);
+    } else {
+      const size_t lines = (unit_stride + 63) / 64;
+      prefetch_lines(p, (part * lines + Parts - 1) / Parts, ((part + 1) * lines + Parts - 1) / Parts, dist);
+    }
     return;
   }
   constexpr size_t kLines = (kBytes + 63) / 64;
@@ -59,20 +76,22 @@ inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size
 // it issued (and a register per stream).
 template <int G, size_t kBytes, int Parts>
 inline __attribute__((always_inline)) void prefetch_share_at(const uint8_t* p, size_t group_stride,
-                                                             size_t unit_stride, int part, int64_t ahead) {
+                                                             size_t unit_stride, int64_t g0, int part, int64_t ahead) {
   [&]<int... P>(std::integer_sequence<int, P...>) {
-    ((part == P ? prefetch_share<G, kBytes, Parts>(p, group_stride, unit_stride, P, ahead) : void()), ...);
+    ((part == P ? prefetch_share<G, kBytes, Parts>(p, group_stride, unit_stride, g0, P, ahead) : void()), ...);
   }(std::make_integer_sequence<int, Parts>{});
 }
 
 // The F types' prefetch at input k (p: the tile's unit k, kStep bytes per
-// group): interleaved groups read one run of G units per k; contiguous ones
-// take a line per group every second k (two 16-bit k, half of an F32 pair).
+// group): interleaved groups as prefetch_share (the row's first tile takes
+// the row's lines); contiguous ones take a line per group every second k
+// (two 16-bit k, half of an F32 pair).
 template <int G, size_t kStep>
 inline __attribute__((always_inline)) void prefetch_f_unit(const uint8_t* p, size_t group_stride, size_t unit_stride,
-                                                           int64_t k, int64_t ahead) {
+                                                           int64_t g0, int64_t k, int64_t ahead) {
   if (group_stride == kStep) {
-    prefetch_lines(p, 0, (G * kStep + 63) / 64, ahead * static_cast<int64_t>(unit_stride / kStep));
+    if (g0 != 0) return;
+    prefetch_lines(p, 0, (unit_stride + 63) / 64, rows_ahead<kStep>(unit_stride, ahead));
   } else if (!(k & 1)) {
     prefetch_streams<G>(p, group_stride, 64, ahead);
   }
