@@ -622,12 +622,17 @@ constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumu
 // types; the K types' integer sums per group take more registers.
 constexpr int kDecodeGroupsFQ = 8;
 constexpr int kDecodeGroupsK = 4;
+// Small batches' remainder tiles (run_tiles_small) read whole interleaved
+// rows where the registers allow: F types 8 groups x up to 2 tokens (x2:
+// 1.15x paired), K types 4 groups x up to 4 tokens (Q4_K x2 1.30x, x4
+// 1.12x; Q3_K up to 2 tokens). Not for Q6_K (4 x 2 measured 0.97x) nor
+// the 32-element block types (4 x 2: 1.01-1.03x, within noise).
 
 // Decode is bound by memory: 8 concurrent weight streams per thread read ~40%
 // faster than 4 on the 2-vCPU VM (bench's stream probe).
-void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
-void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
-void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_f32(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_f16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_bf16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
@@ -638,14 +643,14 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 // paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (4 weight streams), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
-void matmul_q2_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 1>(a); }
+void matmul_q2_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
-void matmul_iq4_xs(const MatmulArgs& a) { run_tiles<KKernel<KType::IQ4XS>::K, 2, 6, kDecodeGroupsK, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_small<KKernel<KType::IQ4XS>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 
 // r[i][j] <- r[j][i] for a 16 x 16 block.
 RP_INLINE void transpose16(__m512 (&r)[16]) {

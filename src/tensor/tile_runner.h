@@ -121,19 +121,28 @@ inline void over_groups(const MatmulArgs& a, int64_t t0) {
 // with group widths GPrefill then 1. A single token (decode, which is bound
 // by memory) uses the decode widths GDecode... instead: wider tiles read more
 // weight streams at once.
-template <template <int, int> class K, int GPrefill, int TMax, int... GDecode>
-void run_tiles(const MatmulArgs& a) {
+// The remainder tiles of up to TSmall tokens (small batches: several
+// sequences decoding together) take GSmall groups at a time first (0: none),
+// so that, like decode tiles, they read whole interleaved rows.
+template <template <int, int> class K, int GPrefill, int TMax, int GSmall, int TSmall, int... GDecode>
+void run_tiles_small(const MatmulArgs& a) {
   int64_t t = 0;
   for (; t + TMax <= a.n_tokens; t += TMax) over_groups<K, TMax, GPrefill, 1>(a, t);
   const int64_t rest = a.n_tokens - t;
   auto tail = [&](auto tag) {
     constexpr int R = decltype(tag)::value;
     if constexpr (R == 1) over_groups<K, 1, GDecode...>(a, t);
+    else if constexpr (GSmall > 0 && R <= TSmall) over_groups<K, R, GSmall, GPrefill, 1>(a, t);
     else over_groups<K, R, GPrefill, 1>(a, t);
   };
   [&]<int... I>(std::integer_sequence<int, I...>) {
     ((rest == I + 1 ? (tail(std::integral_constant<int, I + 1>{}), 0) : 0), ...);
   }(std::make_integer_sequence<int, TMax - 1>{});
+}
+
+template <template <int, int> class K, int GPrefill, int TMax, int... GDecode>
+void run_tiles(const MatmulArgs& a) {
+  run_tiles_small<K, GPrefill, TMax, 0, 0, GDecode...>(a);
 }
 
 }  // namespace reprise::kernels
