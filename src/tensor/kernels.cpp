@@ -557,9 +557,9 @@ size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
 
 namespace {
 
-// The groups the current ISA's decode tile reads together for this type, or
-// REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on other
-// CPUs).
+// The current ISA's super-group for this type (IsaKernels::interleave_*),
+// or REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on
+// other CPUs).
 int default_interleave(DType type) {
   static const int env = [] {
     const char* v = std::getenv("REPRISE_INTERLEAVE");
@@ -570,8 +570,8 @@ int default_interleave(DType type) {
   switch (type) {
     case DType::F32:
     case DType::F16:
-    case DType::BF16: return isa.decode_groups_f;
-    default: return unit_elements(type) == kQK_K ? isa.decode_groups_k : isa.decode_groups_q;
+    case DType::BF16: return isa.interleave_f;
+    default: return unit_elements(type) == kQK_K ? isa.interleave_k : isa.interleave_q;
   }
 }
 

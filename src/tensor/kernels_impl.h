@@ -435,11 +435,12 @@ struct IsaKernels {
   // (attend_tiled_rows in attention_tiled.h).
   void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                             const TiledGroup* groups, int n_groups, float scale);
-  // Groups per decode tile (the F types, the 32-element block types, the K
-  // types): the super-groups PackedMatrix interleaves by default.
-  int decode_groups_f;
-  int decode_groups_q;
-  int decode_groups_k;
+  // The super-group PackedMatrix interleaves by default for the F types, the
+  // 32-element block types and the K types: the decode tile's width, where
+  // that measured faster (docs/performance.md, Interleaved super-groups).
+  int interleave_f;
+  int interleave_q;
+  int interleave_k;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
   // docs/performance.md.

@@ -145,4 +145,21 @@ void run_tiles(const MatmulArgs& a) {
   run_tiles_small<K, GPrefill, TMax, 0, 0, GDecode...>(a);
 }
 
+// Small batches (2 to kTokenTile - 1 tokens: sequences decoding together)
+// in token tiles of TBatch with GBatch groups (a single token left over
+// takes the decode widths), so tiles read whole interleaved rows where the
+// prefill tiles would read a part of each; larger batches as run_tiles.
+template <template <int, int> class K, int GPrefill, int TMax, int GBatch, int TBatch, int... GDecode>
+void run_tiles_batch(const MatmulArgs& a) {
+  if (a.n_tokens <= 1 || a.n_tokens >= kTokenTile) return run_tiles<K, GPrefill, TMax, GDecode...>(a);
+  int64_t t = 0;
+  for (; t + TBatch <= a.n_tokens; t += TBatch) over_groups<K, TBatch, GBatch, 1>(a, t);
+  if (t == a.n_tokens) return;
+  MatmulArgs rest = a;
+  rest.t0 += t;
+  rest.n_tokens -= t;
+  rest.y += t * a.y_stride;
+  run_tiles<K, GPrefill, TBatch, GDecode...>(rest);
+}
+
 }  // namespace reprise::kernels
