@@ -98,7 +98,7 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
-    // Decode streams the weights once: prefetch ahead (one line per 2 k).
+    // Decode streams the weights once: prefetch ahead (prefetch_f_unit).
     if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
     __m512 wv[G];
 #pragma GCC unroll 16
@@ -628,8 +628,9 @@ constexpr int kDecodeGroupsK = 4;
 // 1.12x; Q3_K up to 2 tokens). Not for Q6_K (4 x 2 measured 0.97x) nor
 // the 32-element block types (4 x 2: 1.01-1.03x, within noise).
 
-// Decode is bound by memory: 8 concurrent weight streams per thread read ~40%
-// faster than 4 on the 2-vCPU VM (bench's stream probe).
+// Decode is bound by memory: a tile of 8 groups reads their interleaved
+// super-group as one stream (8 separate streams read ~40 % faster than 4 on
+// the Ice Lake VM, and one interleaved stream faster still on Zen 5).
 void matmul_f32(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
@@ -640,7 +641,7 @@ void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kT
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 // K types: 2 groups x 6 tokens (Q6_K: x 4, its two halves hold 3 register
 // sets; Q3_K: x 4, its masks and per-token starts spilled the 6-token tile,
-// paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (4 weight streams), not 8: the integer sums per
+// paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (one interleaved stream), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
 void matmul_q2_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
