@@ -719,7 +719,7 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 // stay contiguous. Interleaved, F16 decode ran 1.10x, but four sequences
 // decoding together 0.79x: a 1-group prefill tile reads a quarter of each
 // row, and no tile of 4 groups x 2+ tokens fits 16 registers. The K types'
-// small batches run as decode tiles, token by token (run_tiles_batch):
+// small batches run as decode tiles, token by token (run_tiles_token_by_token):
 // their 1-group prompt tiles on interleaved pairs ran 0.52x (Q4_K, -s 4;
 // 2 x 2 tiles 0.55-0.69x). Token by token they still lose to contiguous
 // pairs (-s 2: Q4_K 0.87x, Q6_K 0.70x; -s 4: 0.90x, 0.84x), against
@@ -732,14 +732,14 @@ void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4,
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_q2_k(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::Q2K>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::Q3K>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::Q4K>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::Q5K>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
-void matmul_q6_k(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::Q6K>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
+void matmul_q2_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q2K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q3K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q4K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q5K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q6K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_batch<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1, kDecodeGroupsQ, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 
 // The same access patterns as the AVX-512 version (8 streams or 1).
 uint64_t read_sum(const uint8_t* p, size_t n, int streams) {

@@ -146,20 +146,13 @@ void run_tiles(const MatmulArgs& a) {
 }
 
 // Small batches (2 to kTokenTile - 1 tokens: sequences decoding together)
-// in token tiles of TBatch with GBatch groups (a single token left over
-// takes the decode widths), so tiles read whole interleaved rows where the
-// prefill tiles would read a part of each; larger batches as run_tiles.
-template <template <int, int> class K, int GPrefill, int TMax, int GBatch, int TBatch, int... GDecode>
-void run_tiles_batch(const MatmulArgs& a) {
+// token by token with the decode tiles, which read whole interleaved rows
+// where the prefill tiles would read a part of each; other batches as
+// run_tiles.
+template <template <int, int> class K, int GPrefill, int TMax, int... GDecode>
+void run_tiles_token_by_token(const MatmulArgs& a) {
   if (a.n_tokens <= 1 || a.n_tokens >= kTokenTile) return run_tiles<K, GPrefill, TMax, GDecode...>(a);
-  int64_t t = 0;
-  for (; t + TBatch <= a.n_tokens; t += TBatch) over_groups<K, TBatch, GBatch, 1>(a, t);
-  if (t == a.n_tokens) return;
-  MatmulArgs rest = a;
-  rest.t0 += t;
-  rest.n_tokens -= t;
-  rest.y += t * a.y_stride;
-  run_tiles<K, GPrefill, TBatch, GDecode...>(rest);
+  for (int64_t t = 0; t < a.n_tokens; ++t) over_groups<K, 1, GDecode...>(a, t);
 }
 
 }  // namespace reprise::kernels
