@@ -753,15 +753,11 @@ MatmulFn matmul_fn(const IsaKernels& k, DType t) {
 // One matrix of a (possibly multi-matrix) product.
 struct Job {
   MatmulFn fn;
-  MatmulFn fn_wide;  // the kernel for widened groups
-  bool widen;
-  int64_t k_block;  // 0: all of n_in at once
-  const uint8_t* groups;       // packed data, or null to pack on the fly from view
-  int interleave;              // groups' super-groups (GroupLayout)
+  MatmulFn fn_wide;    // the kernel for widened groups
+  size_t wide_unit;    // a widened unit's bytes; 0: tasks do not widen
+  int64_t k_block;     // 0: all of n_in at once
+  GroupLayout groups;  // the packed groups (base null: packed on the fly from view)
   const MatrixView* view;
-  size_t group_bytes;
-  size_t unit_bytes;
-  int64_t n_groups;
   int64_t n_out;
   PackedX x;
   float* y;
@@ -834,28 +830,26 @@ void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
-  const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.n_groups, g0 + j.groups_per_task);
+  const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.groups.n_groups, g0 + j.groups_per_task);
   const int64_t t0 = tt * j.tokens_per_task, t1 = std::min(n_tokens, t0 + j.tokens_per_task);
   const int64_t n_groups = g1 - g0;
   // The task's groups are `first`.. of `layout`.
-  GroupLayout layout{j.groups, j.group_bytes, j.unit_bytes, j.n_groups, j.interleave};
+  GroupLayout layout = j.groups;
   int64_t first = g0;
-  if (!j.groups) {
-    uint8_t* packed = aligned_scratch(t_pack_scratch, n_groups * j.group_bytes);
+  if (!layout.base) {
+    uint8_t* packed = aligned_scratch(t_pack_scratch, n_groups * layout.group_bytes);
     pack_groups(*j.view, g0, g1, packed);
-    layout = {packed, j.group_bytes, j.unit_bytes, n_groups, 1};
+    layout = {packed, layout.group_bytes, layout.unit_bytes, n_groups, 1};
     first = 0;
   }
   MatmulFn fn = j.fn;
-  if (j.widen) {
+  if (j.wide_unit > 0) {
     // Same values, same operations as the packed kernels: identical bits,
     // without a conversion or unpacking per weight per token tile.
-    const bool q6_like = j.view->type == DType::Q6_K || j.view->type == DType::Q3_K;
-    const size_t wide_unit = q6_like ? kernels::kSectionQ6KWide : kGroupRows * sizeof(float);
     const int64_t n_units = n_in / unit_elements(j.view->type);
-    uint8_t* wide = aligned_scratch(t_widen_scratch, n_groups * n_units * wide_unit);
-    widen_task_groups(j.view->type, layout, first, n_groups, n_units, wide_unit, wide);
-    layout = {wide, n_units * wide_unit, wide_unit, n_groups, static_cast<int>(n_groups)};
+    uint8_t* wide = aligned_scratch(t_widen_scratch, n_groups * n_units * j.wide_unit);
+    widen_task_groups(j.view->type, layout, first, n_groups, n_units, j.wide_unit, wide);
+    layout = {wide, n_units * j.wide_unit, j.wide_unit, n_groups, n_groups};
     first = 0;
     fn = j.fn_wide;
   }
@@ -927,12 +921,9 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
     Job j{};
     j.fn = matmul_fn(isa, v.type);
-    j.groups = m.groups;
-    j.interleave = m.interleave;
+    j.groups = {m.groups, group_bytes_for(v.type, n_in), unit_bytes_for(v.type), (v.n_out + kGroupRows - 1) / kGroupRows,
+                m.interleave};
     j.view = &v;
-    j.group_bytes = group_bytes_for(v.type, n_in);
-    j.unit_bytes = unit_bytes_for(v.type);
-    j.n_groups = (v.n_out + kGroupRows - 1) / kGroupRows;
     j.n_out = v.n_out;
     j.x = packed[ki];
     j.y = m.y;
@@ -951,14 +942,14 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
       const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
       if ((f16_like || q6_like) && n_tokens >= 4 * kTokenTile) {
-        j.widen = true;
+        j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;
         j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
         j.groups_per_task = 4;
         j.tokens_per_task = 44 * kTokenTile;  // 528: a 512-token prompt widens each weight once
         if (f16_like) j.k_block = 512;
       }
     }
-    j.n_group_tasks = (j.n_groups + j.groups_per_task - 1) / j.groups_per_task;
+    j.n_group_tasks = (j.groups.n_groups + j.groups_per_task - 1) / j.groups_per_task;
     j.n_token_tasks = (n_tokens + j.tokens_per_task - 1) / j.tokens_per_task;
     j.first_task = task;
     task += j.n_group_tasks * j.n_token_tasks;
