@@ -285,6 +285,24 @@ RP_INLINE void dot_chunk_k(__m512i (&ia)[G][T], const __m512i (&wv)[G], const XB
   }
 }
 
+// isum[g][t] += sc * (ia[g][t] >> Shift, exact), sc group g's 16 scale bytes
+// at ws + g * gb + at (signed or unsigned): a K-type sub-block's integer
+// dots, scaled, into the super-block's sums.
+template <bool Signed, int Shift, int G, int T>
+RP_INLINE void add_scaled_dots(const uint8_t* ws, size_t gb, size_t at, const __m512i (&ia)[G][T],
+                               __m512i (&isum)[G][T]) {
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + at));
+    const __m512i sc = Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i dot = Shift > 0 ? _mm512_srai_epi32(ia[g][t], Shift) : ia[g][t];
+      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
+    }
+  }
+}
+
 // isum[g][t] += sc[j] * (the dots of sub-block j = 2 * pair + Odd's unsigned
 // Q4_K/Q5_K quants with token t's activation quants).
 template <KType KT, bool Odd, int G, int T>
@@ -305,16 +323,7 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
         }(),
         ...);
   }(std::make_integer_sequence<int, 8>{});
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512i sc =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ4KScales + j * 16)));
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512i dot = kTimes16<KT, Odd> ? _mm512_srai_epi32(ia[g][t], 4) : ia[g][t];
-      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
-    }
-  }
+  add_scaled_dots<false, kTimes16<KT, Odd> ? 4 : 0>(ws, gb, kQ4KScales + j * 16, ia, isum);
 }
 
 // isum[g][t] += sc (the group's 16 signed scales of this half of block
@@ -340,13 +349,7 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512i sc = _mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + 64 + (2 * j + C0 / 4) * 16)));
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
-  }
+  add_scaled_dots<true, 0>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
 }
 
 // isum[g][t] += sc[j] (signed) * (the dots of IQ4_XS sub-block j's table
@@ -381,13 +384,7 @@ RP_INLINE void iq4xs_block(const uint8_t* ws, size_t gb, int j, const XBlock* xb
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512i sc =
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kIq4XsScales + j * 16)));
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(ia[g][t], sc));
-  }
+  add_scaled_dots<true, 0>(ws, gb, kIq4XsScales + j * 16, ia, isum);
 }
 
 // isum[g][t] += sc[k] * (the dots of Q2_K sub-block k = 8h + 2S + b's quants
@@ -411,16 +408,7 @@ RP_INLINE void q2k_sub_block(const uint8_t* ws, size_t gb, int quad, const XBloc
       wv[g] = _mm512_and_si512(_mm512_loadu_si512(ws + g * gb + kQ2KQuants + quad * 256 + c * 64), mask);
     dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
   }
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512i sc =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ2KScales + k * 16)));
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512i dot = S > 0 ? _mm512_srai_epi32(ia[g][t], 2 * S) : ia[g][t];
-      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
-    }
-  }
+  add_scaled_dots<false, 2 * S>(ws, gb, kQ2KScales + k * 16, ia, isum);
 }
 
 // isum[g][t] += sc[k] * (the dots of Q3_K sub-block k = 8H + 2S + b's quants
@@ -462,16 +450,7 @@ RP_INLINE void q3k_sub_block(const uint8_t* ws, size_t gb, int b, const XBlock* 
     }
     dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
   }
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g) {
-    const __m512i sc =
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + g * gb + kQ3KScales + k * 16)));
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512i dot = kLowAt > 0 ? _mm512_srai_epi32(ia[g][t], kLowAt) : ia[g][t];
-      isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(dot, sc));
-    }
-  }
+  add_scaled_dots<true, kLowAt>(ws, gb, kQ3KScales + k * 16, ia, isum);
 }
 
 // Q3_K quad 2H + b: sub-blocks 8H + 2S + b against activation blocks
