@@ -55,14 +55,9 @@ inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size
                                                           int64_t g0, int part, int64_t ahead) {
   if (group_stride == kBytes) {
     if (g0 != 0) return;
-    const int64_t dist = rows_ahead<kBytes>(unit_stride, ahead);
-    if (unit_stride == G * kBytes) {
-      constexpr size_t kLines = (G * kBytes + 63) / 64;
-      prefetch_lines(p, (part * kLines + Parts - 1) / Parts, ((part + 1) * kLines + Parts - 1) / Parts, dist);
-    } else {
-      const size_t lines = (unit_stride + 63) / 64;
-      prefetch_lines(p, (part * lines + Parts - 1) / Parts, ((part + 1) * lines + Parts - 1) / Parts, dist);
-    }
+    const size_t lines = (unit_stride + 63) / 64;
+    prefetch_lines(p, (part * lines + Parts - 1) / Parts, ((part + 1) * lines + Parts - 1) / Parts,
+                   rows_ahead<kBytes>(unit_stride, ahead));
     return;
   }
   constexpr size_t kLines = (kBytes + 63) / 64;
