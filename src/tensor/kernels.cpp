@@ -491,8 +491,7 @@ void pack_interleaved(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_gro
   const size_t gb = group_bytes_for(w.type, w.n_in), ub = unit_bytes_for(w.type);
   const int64_t n_units = w.n_in / unit_elements(w.type);
   if (f == 1) return pack_groups(w, g0, g1, dst + g0 * gb);
-  const bool f_type = w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16;
-  if (f_type) {
+  if (unit_elements(w.type) == 1) {  // the F types
     // Straight into place: a unit is one k, too small to copy one by one.
     for (int64_t first = g0; first < g1; first += f) {
       const int64_t in_super = std::min<int64_t>(f, n_groups - first);
@@ -567,11 +566,10 @@ int default_interleave(DType type) {
   }();
   if (env > 0) return env;
   const IsaKernels& isa = isa_kernels();
-  switch (type) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16: return isa.interleave_f;
-    default: return unit_elements(type) == kQK_K ? isa.interleave_k : isa.interleave_q;
+  switch (unit_elements(type)) {
+    case 1: return isa.interleave_f;
+    case kQK_K: return isa.interleave_k;
+    default: return isa.interleave_q;
   }
 }
 
