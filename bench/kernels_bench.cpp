@@ -12,6 +12,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/key_layout.h"
 #include "tensor/quantize.h"
 
 using namespace reprise;
@@ -140,7 +141,8 @@ void BM_Attention(benchmark::State& state) {
   std::vector<uint16_t> k(n_ctx * n_head_kv * hd), v(n_ctx * n_head_kv * hd);
   std::vector<float> kf = make_x(k.size());
   for (size_t i = 0; i < k.size(); ++i) k[i] = v[k.size() - 1 - i] = f32_to_f16(kf[i]);
-  // Laid out as FlatMemory does: each KV head's rows adjacent.
+  // Laid out as FlatMemory does: each KV head's state adjacent, keys in
+  // groups of 16 positions (every context here is a multiple of 16).
   std::vector<const uint16_t*> kr(n_ctx), vr(n_ctx);
   for (int64_t p = 0; p < n_ctx; ++p) {
     kr[p] = k.data() + p * hd;
@@ -161,6 +163,7 @@ void BM_Attention(benchmark::State& state) {
   a.key_rows = kr.data();
   a.value_rows = vr.data();
   a.kv_head_stride = n_ctx * hd;
+  a.key_group = kKeyGroup;
   a.out = out.data();
   int64_t pairs = 0;
   for (int64_t t = 0; t < n_q; ++t) pairs += end[t] * n_head;

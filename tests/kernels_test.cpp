@@ -13,6 +13,7 @@
 #include "tensor/attention_tiled.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/key_layout.h"
 #include "tensor/quantize.h"
 
 using namespace reprise;
@@ -673,41 +674,60 @@ INSTANTIATE_TEST_SUITE_P(Types, MatmulTest, ::testing::ValuesIn(kTypes),
 
 // ---- Attention.
 
+// K/V of n positions as rows: position p's KV head j at p * kv_dim + j * head_dim.
 struct KvStore {
   int64_t n_pos, kv_dim;
   std::vector<uint16_t> k, v;
-  std::vector<const uint16_t*> krows, vrows;
-  int64_t head_stride = 0;  // AttentionBatch::kv_head_stride
   KvStore(int64_t n, int64_t dim, uint32_t seed) : n_pos(n), kv_dim(dim), k(n * dim), v(n * dim) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (auto& e : k) e = f32_to_f16(dist(rng));
     for (auto& e : v) e = f32_to_f16(dist(rng));
-    for (int64_t p = 0; p < n; ++p) {
-      krows.push_back(k.data() + p * dim);
-      vrows.push_back(v.data() + p * dim);
-    }
   }
+  uint16_t key(int64_t p, int64_t e) const { return k[p * kv_dim + e]; }
+  uint16_t value(int64_t p, int64_t e) const { return v[p * kv_dim + e]; }
 };
 
-// The same K/V laid out as the prefix cache's blocks hold it: `block`
-// positions per block, the blocks in a shuffled order, and in each block one
-// KV head's rows after another ([head][position][head_dim]).
-KvStore paged_head_major(const KvStore& src, int64_t n_head_kv, int64_t head_dim, int64_t block) {
-  KvStore kv(0, src.kv_dim, 0);
-  kv.n_pos = src.n_pos;
+// The same K/V laid out as a SequenceMemory holds it (what the kernels
+// read): `block` positions per block, the blocks in a shuffled order or in
+// order, in each block one KV head's state after another, keys in groups of
+// `group` positions (tensor/key_layout.h). block 0: whole rows, one after
+// another (only with group 1).
+struct StoredKv {
+  std::vector<uint16_t> k, v;
+  std::vector<const uint16_t*> krows, vrows;
+  int64_t head_stride = 0, group = 1;
+};
+StoredKv store_kv_layout(const KvStore& src, int64_t n_head_kv, int64_t head_dim, int64_t block, int64_t group,
+                         bool shuffled) {
+  StoredKv kv;
+  kv.group = group;
+  if (block == 0) {
+    EXPECT_EQ(group, 1);
+    kv.k = src.k;
+    kv.v = src.v;
+    for (int64_t p = 0; p < src.n_pos; ++p) {
+      kv.krows.push_back(kv.k.data() + p * src.kv_dim);
+      kv.vrows.push_back(kv.v.data() + p * src.kv_dim);
+    }
+    return kv;
+  }
+  EXPECT_EQ(block % group, 0);
   const int64_t n_blocks = (src.n_pos + block - 1) / block;
   std::vector<int64_t> place(n_blocks);
   std::iota(place.begin(), place.end(), 0);
-  std::shuffle(place.begin(), place.end(), std::mt19937(7));
-  kv.k.assign(n_blocks * block * src.kv_dim, 0);
+  if (shuffled) std::shuffle(place.begin(), place.end(), std::mt19937(7));
+  // Unwritten key lanes hold NaN: the kernels must never weigh them.
+  kv.k.assign(n_blocks * block * src.kv_dim, 0x7e00);
   kv.v.assign(kv.k.size(), 0);
   kv.head_stride = block * head_dim;
   for (int64_t p = 0; p < src.n_pos; ++p) {
     const int64_t at = place[p / block] * block * src.kv_dim + (p % block) * head_dim;
+    const int64_t group_at = place[p / block] * block * src.kv_dim + (p % block - p % group) * head_dim;
     for (int64_t j = 0; j < n_head_kv; ++j) {
-      std::copy_n(src.krows[p] + j * head_dim, head_dim, kv.k.begin() + at + j * kv.head_stride);
-      std::copy_n(src.vrows[p] + j * head_dim, head_dim, kv.v.begin() + at + j * kv.head_stride);
+      for (int64_t i = 0; i < head_dim; ++i)
+        kv.k[group_at + j * kv.head_stride + i * group + p % group] = src.key(p, j * head_dim + i);
+      std::copy_n(src.v.begin() + p * src.kv_dim + j * head_dim, head_dim, kv.v.begin() + at + j * kv.head_stride);
     }
     kv.krows.push_back(kv.k.data() + at);
     kv.vrows.push_back(kv.v.data() + at);
@@ -715,7 +735,12 @@ KvStore paged_head_major(const KvStore& src, int64_t n_head_kv, int64_t head_dim
   return kv;
 }
 
-std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q, int64_t n_head, int64_t n_head_kv,
+// As FlatMemory holds it: one block of every position, groups of 16.
+StoredKv flat_layout(const KvStore& src, int64_t n_head_kv, int64_t head_dim) {
+  return store_kv_layout(src, n_head_kv, head_dim, (src.n_pos + 15) / 16 * 16, 16, false);
+}
+
+std::vector<float> run_attention(const StoredKv& kv, const std::vector<float>& q, int64_t n_head, int64_t n_head_kv,
                                  int64_t head_dim, const std::vector<int64_t>& first, const std::vector<int64_t>& end,
                                  int64_t t0, int64_t n, int threads) {
   ThreadPool pool(threads);
@@ -731,10 +756,17 @@ std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q,
   a.key_rows = kv.krows.data();
   a.value_rows = kv.vrows.data();
   a.kv_head_stride = kv.head_stride;
+  a.key_group = kv.group;
   std::vector<float> out(n * n_head * head_dim);
   a.out = out.data();
   attention(a, pool);
   return out;
+}
+
+std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q, int64_t n_head, int64_t n_head_kv,
+                                 int64_t head_dim, const std::vector<int64_t>& first, const std::vector<int64_t>& end,
+                                 int64_t t0, int64_t n, int threads) {
+  return run_attention(flat_layout(kv, n_head_kv, head_dim), q, n_head, n_head_kv, head_dim, first, end, t0, n, threads);
 }
 
 // softmax(q k^T * scale) v in double precision over positions [first, end)
@@ -745,7 +777,7 @@ std::vector<double> softmax_attention(const KvStore& kv, const float* q, int64_t
   double mx = -1e300;
   for (int64_t p = first; p < end; ++p) {
     double dot = 0;
-    for (int64_t i = 0; i < head_dim; ++i) dot += static_cast<double>(q[i]) * f16_to_f32(kv.krows[p][off + i]);
+    for (int64_t i = 0; i < head_dim; ++i) dot += static_cast<double>(q[i]) * f16_to_f32(kv.key(p, off + i));
     s.push_back(dot * scale);
     mx = std::max(mx, s.back());
   }
@@ -754,7 +786,7 @@ std::vector<double> softmax_attention(const KvStore& kv, const float* q, int64_t
   std::vector<double> out(head_dim);
   for (int64_t i = 0; i < head_dim; ++i) {
     double o = 0;
-    for (int64_t p = first; p < end; ++p) o += s[p - first] * f16_to_f32(kv.vrows[p][off + i]);
+    for (int64_t p = first; p < end; ++p) o += s[p - first] * f16_to_f32(kv.value(p, off + i));
     out[i] = o / sum;
   }
   return out;
@@ -828,6 +860,7 @@ TEST(Attention, TiledRowsEqualTheirReference) {
                      std::to_string(n_q) + " queries");
         const int64_t n_pos = 300;
         KvStore kv(n_pos, n_head_kv * head_dim, 31);
+        const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
         std::vector<float> q = make_x(n_q * n_head * head_dim, 32);
         std::vector<int64_t> first(n_q), end(n_q);
         for (int64_t t = 0; t < n_q; ++t) {
@@ -850,8 +883,9 @@ TEST(Attention, TiledRowsEqualTheirReference) {
               const int64_t off = (h / (n_head / n_head_kv)) * head_dim;
               const float* qt = q.data() + (t * n_head + h) * head_dim;
               std::vector<float> want(head_dim);
-              kernels::attend_tiled_reference(qt, kv.krows.data(), kv.vrows.data(), off, first[t], end[t], head_dim,
-                                              1.0f / std::sqrt(static_cast<float>(head_dim)), want.data());
+              kernels::attend_tiled_reference(qt, stored.krows.data(), stored.vrows.data(),
+                                              (off / head_dim) * stored.head_stride, stored.group, first[t], end[t],
+                                              head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)), want.data());
               const float* got = all.data() + (t * n_head + h) * head_dim;
               ASSERT_EQ(0, std::memcmp(got, want.data(), head_dim * sizeof(float))) << "query " << t << " head " << h;
               ASSERT_EQ(0, std::memcmp(one.data() + h * head_dim, want.data(), head_dim * sizeof(float)))
@@ -868,32 +902,40 @@ TEST(Attention, TiledRowsEqualTheirReference) {
     }
 }
 
-// Where a position's KV heads are is only a layout: K/V in cache-like blocks
-// with each head's rows adjacent give the same bits as whole rows, for
-// prompts and decode, on both numerics and every instruction set.
-TEST(Attention, KvHeadStrideIsOnlyALayout) {
+// How K/V are stored is only a layout: whole rows, cache-like blocks of
+// several sizes (each KV head's state adjacent, blocks shuffled) with keys
+// in groups of 1 to 16 positions, all give the same bits, for prompts and
+// decode, on both numerics and every instruction set.
+TEST(Attention, KvLayoutIsOnlyALayout) {
   IsaRestore restore;
   for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}})
-    for (int64_t head_dim : {8, 64, 128}) {
+    for (int64_t head_dim : {8, 64, 128, 40}) {
       SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
       const int64_t n_pos = 200, n_q = 24;
-      const KvStore rows(n_pos, n_head_kv * head_dim, 51);
-      const KvStore paged = paged_head_major(rows, n_head_kv, head_dim, 32);
+      const KvStore kv(n_pos, n_head_kv * head_dim, 51);
+      const StoredKv rows = store_kv_layout(kv, n_head_kv, head_dim, 0, 1, false);
       std::vector<float> q = make_x(n_q * n_head * head_dim, 52);
       std::vector<int64_t> first(n_q), end(n_q);
       for (int64_t t = 0; t < n_q; ++t) {
         end[t] = 20 + 7 * t + 1;  // 21 .. 182: both numerics
         first[t] = t % 3 == 1 ? end[t] / 2 : 0;
       }
-      for (KernelIsa isa : isas()) {
-        set_kernel_isa(isa);
-        SCOPED_TRACE(kernel_isa_name(isa));
-        EXPECT_TRUE(same_bits(run_attention(paged, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2),
-                              run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2)));
-        for (int64_t t : {0, 9, 23}) {  // decode-sized batches
-          EXPECT_TRUE(same_bits(run_attention(paged, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2),
-                                run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2)))
-              << "query " << t;
+      // (block, group): FlatMemory's, the cache's default, and smaller blocks.
+      for (const auto& [block, group] : {std::pair<int64_t, int64_t>{208, 16}, {32, 16}, {48, 16}, {8, 8}, {12, 4},
+                                         {4, 4}, {6, 2}, {5, 1}}) {
+        SCOPED_TRACE("block " + std::to_string(block) + ", group " + std::to_string(group));
+        ASSERT_EQ(group, key_group_for(block));
+        const StoredKv stored = store_kv_layout(kv, n_head_kv, head_dim, block, group, block != 208);
+        for (KernelIsa isa : isas()) {
+          set_kernel_isa(isa);
+          SCOPED_TRACE(kernel_isa_name(isa));
+          EXPECT_TRUE(same_bits(run_attention(stored, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2),
+                                run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, 2)));
+          for (int64_t t : {0, 9, 23}) {  // decode-sized batches
+            EXPECT_TRUE(same_bits(run_attention(stored, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2),
+                                  run_attention(rows, q, n_head, n_head_kv, head_dim, first, end, t, 1, 2)))
+                << "query " << t;
+          }
         }
       }
     }
@@ -914,6 +956,7 @@ TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
   }
   std::vector<int64_t> first(n_q, 0), end(n_q);
   for (int64_t t = 0; t < n_q; ++t) end[t] = 100 + 2 * t;  // 100 .. 146: some rows see position 111
+  const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
   int nan_rows = 0;
   for (KernelIsa isa : isas()) {
     set_kernel_isa(isa);
@@ -923,8 +966,9 @@ TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
       const auto one = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, t, 1, 1);
       for (int64_t h = 0; h < n_head; ++h) {
         std::vector<float> want(head_dim);
-        kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, kv.krows.data(), kv.vrows.data(),
-                                        (h / 2) * head_dim, first[t], end[t], head_dim, 0.125f, want.data());
+        kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, stored.krows.data(),
+                                        stored.vrows.data(), (h / 2) * stored.head_stride, stored.group, first[t],
+                                        end[t], head_dim, 0.125f, want.data());
         const float* got[] = {all.data() + (t * n_head + h) * head_dim, one.data() + h * head_dim};
         for (const float* g : got) {
           if (std::isnan(want[0])) {
@@ -948,12 +992,14 @@ TEST(Attention, ManyEqualsEachAlone) {
   IsaRestore restore;
   const int64_t n_head = 8, n_head_kv = 2, head_dim = 64;
   std::vector<std::unique_ptr<KvStore>> kv;
+  std::vector<StoredKv> stored;
   std::vector<std::vector<float>> q;
   std::vector<std::vector<int64_t>> first, end;
   const std::vector<int64_t> n_tokens{1, 1, 1, 5, 1};  // one prompt chunk among decode steps
   for (size_t s = 0; s < n_tokens.size(); ++s) {
     const int64_t n_pos = 20 + 37 * static_cast<int64_t>(s);
     kv.push_back(std::make_unique<KvStore>(n_pos, n_head_kv * head_dim, 11 + s));
+    stored.push_back(flat_layout(*kv.back(), n_head_kv, head_dim));
     q.push_back(make_x(n_tokens[s] * n_head * head_dim, 20 + s));
     first.emplace_back(n_tokens[s], s == 2 ? 9 : 0);  // one sliding window
     end.emplace_back();
@@ -977,8 +1023,10 @@ TEST(Attention, ManyEqualsEachAlone) {
         a.scale = 0.125f;
         a.first = first[s].data();
         a.end = end[s].data();
-        a.key_rows = kv[s]->krows.data();
-        a.value_rows = kv[s]->vrows.data();
+        a.key_rows = stored[s].krows.data();
+        a.value_rows = stored[s].vrows.data();
+        a.kv_head_stride = stored[s].head_stride;
+        a.key_group = stored[s].group;
         a.out = out[s].data();
       }
       ThreadPool pool(2);

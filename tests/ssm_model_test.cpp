@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "model_fixtures.h"
+#include "stored_key.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -67,8 +68,7 @@ void expect_same_state(const StateSpec& spec, FlatMemory& a, FlatMemory& b, int6
     } else if (s.kind == LayerStateKind::Attention) {
       for (int64_t p = 0; p < n; ++p)
         for (int64_t j = 0; j < s.n_kv_heads; ++j) {
-          EXPECT_TRUE(same_bits(a.key(il, p) + j * a.kv_head_stride(il), b.key(il, p) + j * b.kv_head_stride(il),
-                                s.head_dim_k * 2))
+          EXPECT_EQ(test::stored_key(a, il, p, j, s.head_dim_k), test::stored_key(b, il, p, j, s.head_dim_k))
               << "key " << l << "/" << p << " head " << j;
           EXPECT_TRUE(same_bits(a.value(il, p) + j * a.kv_head_stride(il), b.value(il, p) + j * b.kv_head_stride(il),
                                 s.head_dim_v * 2))
@@ -90,8 +90,7 @@ void copy_state(const StateSpec& spec, FlatMemory& from, FlatMemory& to, int64_t
     } else if (s.kind == LayerStateKind::Attention) {
       for (int64_t p = 0; p < n; ++p)
         for (int64_t j = 0; j < s.n_kv_heads; ++j) {
-          std::memcpy(to.key(il, p) + j * to.kv_head_stride(il), from.key(il, p) + j * from.kv_head_stride(il),
-                      s.head_dim_k * 2);
+          test::set_stored_key(to, il, p, j, test::stored_key(from, il, p, j, s.head_dim_k));
           std::memcpy(to.value(il, p) + j * to.kv_head_stride(il), from.value(il, p) + j * from.kv_head_stride(il),
                       s.head_dim_v * 2);
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tensor/key_layout.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -508,6 +509,8 @@ uint16_t* CachedSequence::value(int layer, int64_t pos) {
 int64_t CachedSequence::kv_head_stride(int layer) const {
   return cache_.block_tokens_ * cache_.spec_.layers[layer].head_dim_k;
 }
+
+int64_t CachedSequence::key_group(int /*layer*/) const { return key_group_for(cache_.block_tokens_); }
 
 void CachedSequence::kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys,
                              const uint16_t** values) {

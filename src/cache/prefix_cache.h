@@ -145,6 +145,8 @@ class CachedSequence final : public SequenceMemory {
   void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) override;
   // A block holds each layer's K as [head][block position][head_dim] (V alike).
   int64_t kv_head_stride(int layer) const override;
+  // The largest that whole blocks hold (key_group_for(block_tokens)).
+  int64_t key_group(int layer) const override;
   // Recurrent layers' state is private to the sequence (snapshots live in a
   // SnapshotStore); zero for a new sequence.
   float* conv_state(int layer) override { return conv_[layer].data(); }

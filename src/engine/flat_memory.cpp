@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tensor/key_layout.h"
+
 namespace reprise {
 
 FlatMemory::FlatMemory(const StateSpec& spec) : spec_(spec) {
@@ -25,7 +27,8 @@ void FlatMemory::clear() {
 
 void FlatMemory::prepare(int64_t /*first_write*/, int64_t n_positions) {
   if (n_positions <= capacity_) return;
-  const int64_t grown = std::max(n_positions, capacity_ * 2);
+  // A multiple of the key group, so every group is whole.
+  const int64_t grown = (std::max(n_positions, capacity_ * 2) + kKeyGroup - 1) / kKeyGroup * kKeyGroup;
   // Per layer [head][position][head_dim]: each head's rows move to their
   // place in the larger buffer.
   auto regrow = [&](std::vector<uint16_t>& rows, int64_t n_heads, int64_t head_dim) {
@@ -45,6 +48,7 @@ void FlatMemory::prepare(int64_t /*first_write*/, int64_t n_positions) {
 }
 
 int64_t FlatMemory::kv_head_stride(int layer) const { return capacity_ * spec_.layers[layer].head_dim_k; }
+int64_t FlatMemory::key_group(int /*layer*/) const { return kKeyGroup; }
 
 uint16_t* FlatMemory::key(int layer, int64_t pos) {
   return keys_[layer].data() + pos * spec_.layers[layer].head_dim_k;

@@ -17,6 +17,8 @@ class FlatMemory final : public SequenceMemory {
   void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) override;
   // capacity() positions per head: heads move when prepare() grows the buffers.
   int64_t kv_head_stride(int layer) const override;
+  // kKeyGroup: capacity() is a multiple of it.
+  int64_t key_group(int layer) const override;
   float* conv_state(int layer) override;
   float* ssm_state(int layer) override;
   int64_t capacity() const { return capacity_; }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "tensor/kernels.h"
+#include "tensor/key_layout.h"
 
 namespace reprise {
 
@@ -32,7 +33,10 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
   }
   rows.key_rows.resize(max_end);
   rows.value_rows.resize(max_end);
-  const int64_t lo = *std::min_element(rows.first.begin(), rows.first.end());
+  // From the start of the first visible position's key group.
+  const int64_t group = memory.key_group(layer);
+  int64_t lo = *std::min_element(rows.first.begin(), rows.first.end());
+  lo -= lo % group;
   if (lo < max_end) memory.kv_rows(layer, lo, max_end, rows.key_rows.data() + lo, rows.value_rows.data() + lo);
   AttentionBatch a;
   a.q = q;
@@ -44,6 +48,7 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
   a.first = rows.first.data();
   a.end = rows.end.data();
   a.kv_head_stride = memory.kv_head_stride(layer);
+  a.key_group = group;
   a.key_rows = rows.key_rows.data();
   a.value_rows = rows.value_rows.data();
   a.out = out;
@@ -54,11 +59,11 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
 
 void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
               const float* v) {
-  const int64_t stride = memory.kv_head_stride(layer);
-  uint16_t* kr = memory.key(layer, pos);
+  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+  uint16_t* kg = memory.key(layer, pos - pos % group);
   uint16_t* vr = memory.value(layer, pos);
   for (int64_t j = 0; j < n_kv_heads; ++j) {
-    convert_f32_to_f16(k + j * head_dim, kr + j * stride, head_dim);
+    store_key(kg + j * stride, group, pos, k + j * head_dim, head_dim);
     convert_f32_to_f16(v + j * head_dim, vr + j * stride, head_dim);
   }
 }

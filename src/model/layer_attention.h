@@ -22,8 +22,8 @@ struct LayerAttentionShape {
 };
 
 // Stores position pos's K and V (n_kv_heads x head_dim floats each) of
-// attention layer `layer` as f16, head by head (heads need not be adjacent
-// in memory; see SequenceMemory::kv_head_stride).
+// attention layer `layer` as f16, head by head, K into its key group (see
+// SequenceMemory::key).
 void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
               const float* v);
 

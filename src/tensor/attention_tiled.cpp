@@ -211,35 +211,31 @@ void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
-// K of positions p0 .. p0+15 (those in [lo, hi); zeros elsewhere) as
-// [d][16] floats, converted and transposed in registers. The K and V rows
-// of the same positions one tile later (those below next_hi) are requested
-// as the rows are taken: issued all at once per tile they filled the
-// line-fill buffers and stalled the core (decode at depth 1024 ~7 % slower,
-// 3000 ~15 %, measured token by token in one process).
-void transpose_k_block(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t p0,
-                       int64_t lo, int64_t hi, int64_t next_hi, int64_t d, float* kt) {
-  static const uint16_t kZeroRow[256] = {};  // stands in for positions outside [lo, hi)
-  for (int half = 0; half < 2; ++half) {
-    const uint16_t* rows[8];
-    for (int i = 0; i < 8; ++i) {
-      const int64_t p = p0 + 8 * half + i;
-      rows[i] = p >= lo && p < hi ? key_rows[p] + kv_off : kZeroRow;
-      if (p + kTile < next_hi)
-        for (int64_t off = 0; off < d; off += 32) {
-          _mm_prefetch(reinterpret_cast<const char*>(key_rows[p + kTile] + kv_off + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(value_rows[p + kTile] + kv_off + off), _MM_HINT_T0);
-        }
+// The keys of positions p0 .. p0+15 (p0 a multiple of 16) widened to f32
+// [d][16] at kt (lanes outside [lo, hi) unspecified: the scores mask them).
+// The next tile's K group and V rows of these positions (those below
+// next_hi) are requested meanwhile, a line of each per dimension widened:
+// issued all at once per tile they filled the line-fill buffers and stalled
+// the core (decode at depth 1024 ~7 % slower, 3000 ~15 %, measured token by
+// token in one process).
+void widen_key_block(const KeyView& keys, const uint16_t* const* value_rows, int64_t v_off, int64_t p0, int64_t lo,
+                     int64_t hi, int64_t next_hi, float* kt) {
+  alignas(64) uint16_t scratch[16 * 256];
+  const uint16_t* tile = key_tile16(keys, p0, lo, hi, scratch);
+  const int64_t d = keys.d, next = p0 + kTile;
+  const char* next_k = next < next_hi && keys.group == kKeyGroup ? reinterpret_cast<const char*>(keys.group_start(next)) : nullptr;
+  const int64_t row_lines = (d * 2 + 63) / 64;
+  int64_t v_line = 0;  // of the 16 rows' lines, row by row
+  const int64_t v_lines = next < next_hi ? std::min<int64_t>(16, next_hi - next) * row_lines : 0;
+  for (int64_t i = 0; i < d; ++i) {
+    if (next_k && (i & 1) == 0) _mm_prefetch(next_k + i * 32, _MM_HINT_T0);
+    if (v_line < v_lines) {
+      _mm_prefetch(reinterpret_cast<const char*>(value_rows[next + v_line / row_lines] + v_off) + 64 * (v_line % row_lines),
+                   _MM_HINT_T0);
+      ++v_line;
     }
-    for (int64_t c = 0; c < d; c += 8) {
-      __m256i r[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i)
-        r[i] = _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + c))));
-      avx2::transpose8x8_epi32(r);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) _mm256_store_ps(kt + (c + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
-    }
+    _mm256_store_ps(kt + i * 16, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + i * 16))));
+    _mm256_store_ps(kt + i * 16 + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + i * 16 + 8))));
   }
 }
 
@@ -248,14 +244,14 @@ void transpose_k_block(const uint16_t* const* key_rows, const uint16_t* const* v
 // (fresh = false).
 template <int NQ>
 void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, float* kt, RowState* st) {
+               int64_t key_group, float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, float* kt,
+               RowState* st) {
   const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
   if (fresh) {
-    // The group's rows of the next tile are requested while this one
-    // computes, spread over the transposes (transpose_k_block).
+    const KeyView keys{key_rows, g.kv_off, key_group, d};
     const int64_t next_hi = std::min(hi, ts + 2 * kTile);
     for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16)
-      transpose_k_block(key_rows, value_rows, g.kv_off, ts + b0, lo, hi, next_hi, d, kt + b0 * d);
+      widen_key_block(keys, value_rows, g.kv_off, ts + b0, lo, hi, next_hi, kt + b0 * d);
   }
   tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
 }
@@ -264,6 +260,7 @@ struct RowsContext {
   const uint16_t* const* key_rows;
   const uint16_t* const* value_rows;
   int64_t d;
+  int64_t key_group;
   float scale;
   float* kt;
 };
@@ -271,18 +268,18 @@ struct RowsContext {
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
   const RowsContext& c = *static_cast<const RowsContext*>(ctx);
   tiled::with_query_count(g.queries.n, [&]<int NQ>() {
-    rows_tile<NQ>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
+    rows_tile<NQ>(c.key_rows, c.value_rows, g, c.d, c.key_group, c.scale, ts, lo, hi, fresh, c.kt, st);
   });
 }
 
 }  // namespace
 
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                       std::span<const TiledGroup> groups, float scale) {
-  // One tile's K of one group is transposed at a time ([4][d][16]); V is
-  // read in place.
+                       int64_t key_group, std::span<const TiledGroup> groups, float scale) {
+  // One tile's K of one group is widened at a time ([4][d][16]); V is read
+  // in place.
   alignas(64) static thread_local float kt[4 * 256 * 16];
-  RowsContext c{key_rows, value_rows, d, scale, kt};
+  RowsContext c{key_rows, value_rows, d, key_group, scale, kt};
   tiled::walk_row_tiles(groups.data(), static_cast<int>(groups.size()), d, &rows_tile_any, &c);
 }
 
@@ -292,7 +289,9 @@ void attend_tiled(const TiledKv& kv, std::span<const TiledGroup> groups, float s
 }
 
 void attend_tiled_reference(const float* q, const uint16_t* const* key_rows, const uint16_t* const* value_rows,
-                            int64_t kv_off, int64_t first, int64_t end, int64_t d, float scale, float* out) {
+                            int64_t kv_off, int64_t key_group, int64_t first, int64_t end, int64_t d, float scale,
+                            float* out) {
+  const KeyView keys{key_rows, kv_off, key_group, d};
   float M = kNegInf, S = 0.0f;
   float acc[256] = {};
   for (int64_t ts = first / kTile * kTile; ts < end; ts += kTile) {
@@ -301,9 +300,8 @@ void attend_tiled_reference(const float* q, const uint16_t* const* key_rows, con
     std::fill(s, s + kTile, kNegInf);
     float m = kNegInf;
     for (int64_t p = lo; p < hi; ++p) {
-      const uint16_t* k = key_rows[p] + kv_off;
       float x = 0.0f;
-      for (int64_t i = 0; i < d; ++i) x = std::fma(q[i], f16_to_f32(k[i]), x);
+      for (int64_t i = 0; i < d; ++i) x = std::fma(q[i], f16_to_f32(keys.at(p, i)), x);
       s[p - ts] = x * scale;
       m = std::max(m, s[p - ts]);
     }

@@ -55,16 +55,17 @@ struct TiledQueries {
   float* out[kMaxTiledQueries];
 };
 
-// The same for queries that read K and V as f16 rows in place (decode), in
-// up to kMaxTiledGroups groups of queries that share a KV head; group g's
-// KV head is at key_rows[p] + kv_off (likewise V).
+// The same for queries that read K and V as f16 in place (decode), in up
+// to kMaxTiledGroups groups of queries that share a KV head; group g's keys
+// are KeyView{key_rows, kv_off, key_group, d} (tensor/key_layout.h) and its
+// values start at value_rows[p] + kv_off.
 constexpr int kMaxTiledGroups = 4;
 struct TiledGroup {
   int64_t kv_off = 0;
   TiledQueries queries;
 };
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                       std::span<const TiledGroup> groups, float scale);
+                       int64_t key_group, std::span<const TiledGroup> groups, float scale);
 
 // Groups of queries that all read one KV head's widened K/V (kv; the
 // groups' kv_off is not used), tiles outside and groups inside, so the
@@ -74,6 +75,7 @@ void attend_tiled(const TiledKv& kv, std::span<const TiledGroup> groups, float s
 
 // The numerics written plainly, one query, for tests.
 void attend_tiled_reference(const float* q, const uint16_t* const* key_rows, const uint16_t* const* value_rows,
-                            int64_t kv_off, int64_t first, int64_t end, int64_t d, float scale, float* out);
+                            int64_t kv_off, int64_t key_group, int64_t first, int64_t end, int64_t d, float scale,
+                            float* out);
 
 }  // namespace reprise::kernels

@@ -2,7 +2,7 @@
 // vectors: a 16-position block is one vector, 4 queries keep 16 score chains
 // (a whole 64-position tile) or 16 value chains in flight. Prompts read the
 // layer's widened f32 K/V; decode and short prompt chunks read the f16 rows
-// in place, transposing each tile's K as 16-bit values. The arithmetic is
+// in place (keys stored in 16-position groups are already [d][16]). The arithmetic is
 // attention_tiled.cpp's, element for element (the shared steps live in
 // attention_tiled_state.h), so both give the same bits.
 //
@@ -65,13 +65,24 @@ RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
   return r;
 }
 
+// Where decode's f16 K and V of one tile are, and what to request from
+// memory while the tile computes: the next tile's K groups and V rows, one
+// line per line loaded (issued all at once they filled the line-fill buffers
+// and stalled the core). Without requests decode at depth ran 2.4x slower.
+struct F16Tile {
+  const uint16_t* k[4];       // block b (positions ts + 16 b ..) as [d][16] f16
+  const uint16_t* next_k[4];  // block b of the next tile (this block's when there is none)
+  const uint16_t* const* v;   // value rows: position p at v[p] + v_off
+  int64_t v_off;
+  int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
+};
+
 // Positions [ts, ts + 64) of one tile for NQ queries sharing a KV head.
-// F16Rows (decode): K comes from kt16, the tile's 16-position blocks
-// transposed as f16 ([d][16] per block, block b0 / 16 at kt16 + b0 * d), and
-// V from the f16 rows v16[p] + v_off; otherwise from kv's f32 buffers.
+// F16Rows (decode): K and V are f16 in place (f16); otherwise from kv's f32
+// buffers.
 template <int NQ, bool F16Rows = false>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
-               const uint16_t* kt16 = nullptr, const uint16_t* const* v16 = nullptr, int64_t v_off = 0) {
+               const F16Tile* f16 = nullptr) {
   const int64_t d = kv.d;
   tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
   const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
@@ -94,9 +105,16 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(kNegInf);
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
-    const int64_t block = (ts + b0 - kv.base) / 16 * d * 16;
-    const float* kb = F16Rows ? nullptr : kv.kt + block;
-    const uint16_t* kb16 = F16Rows ? kt16 + block : nullptr;
+    const float* kb = F16Rows ? nullptr : kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
+    const uint16_t* kb16[NB];
+    const uint16_t* next16[NB];
+    if constexpr (F16Rows) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        kb16[j] = f16->k[b0 / 16 + j];
+        next16[j] = f16->next_k[b0 / 16 + j];
+      }
+    }
     __m512 acc[NQ][NB];
 #pragma GCC unroll 4
     for (int r = 0; r < NQ; ++r)
@@ -104,9 +122,14 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
       __m512 k[NB];
+      if constexpr (F16Rows) {
+        if ((i & 1) == 0)  // a line holds two dimensions of a block
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next16[j] + i * 16), _MM_HINT_T0);
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j)
-        k[j] = F16Rows ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb16 + j * d * 16 + i * 16)))
+        k[j] = F16Rows ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[j] + i * 16)))
                        : _mm512_load_ps(kb + j * d * 16 + i * 16);
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
@@ -170,7 +193,12 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
       __m512 v[C];
       if constexpr (F16Rows) {
-        const uint16_t* vr = v16[p] + v_off + c;
+        const uint16_t* vr = f16->v[p] + f16->v_off + c;
+        if (p + kTile < f16->v_next_hi) {
+          const char* next = reinterpret_cast<const char*>(f16->v[p + kTile] + f16->v_off + c);
+#pragma GCC unroll 4
+          for (int j = 0; j < C; j += 2) _mm_prefetch(next + 64 * (j / 2), _MM_HINT_T0);  // 32 values a line
+        }
 #pragma GCC unroll 4
         for (int j = 0; j < C; ++j) v[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * j)));
       } else {
@@ -210,126 +238,51 @@ void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
-// K of 16 positions (rows[i] + c for dimensions c of [0, d), d a multiple of
-// 16) transposed to f16 [d][16] at kt: a 16-bit transpose of 8 rows at a
-// time within each 128-bit lane (3 unpack stages), then one two-source
-// permute pairs the halves, so 32 dimensions of 16 keys take 64 shuffles
-// (converting to f32 first would take twice as many). As each row loads,
-// the lines of next_k[i] and next_v[i] (d halves each) are requested.
-RP_ALWAYS_INLINE inline void transpose_k16(const uint16_t* const* rows, int64_t d, uint16_t* kt,
-                                           const uint16_t* const* next_k, const uint16_t* const* next_v) {
-  const __m512i first_lanes = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-  const __m512i last_lanes = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-  for (int64_t c = 0; c < d; c += 32) {
-    const bool full = c + 32 <= d;
-    const __mmask32 m = full ? 0xFFFFFFFFu : 0xFFFFu;
-    // half[h][i], 128-bit lane L: keys 8h .. 8h + 7 of dimension c + 8L + i.
-    __m512i half[2][8];
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m512i r[8], s[8], t[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        if (c == 0)
-          for (int64_t off = 0; off < d; off += 32) {
-            _mm_prefetch(reinterpret_cast<const char*>(next_k[8 * h + i] + off), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(next_v[8 * h + i] + off), _MM_HINT_T0);
-          }
-        r[i] = _mm512_maskz_loadu_epi16(m, rows[8 * h + i] + c);
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        s[2 * i] = _mm512_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        s[2 * i + 1] = _mm512_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-      }
-#pragma GCC unroll 2
-      for (int i = 0; i < 2; ++i) {
-        t[4 * i + 0] = _mm512_unpacklo_epi32(s[4 * i + 0], s[4 * i + 2]);
-        t[4 * i + 1] = _mm512_unpackhi_epi32(s[4 * i + 0], s[4 * i + 2]);
-        t[4 * i + 2] = _mm512_unpacklo_epi32(s[4 * i + 1], s[4 * i + 3]);
-        t[4 * i + 3] = _mm512_unpackhi_epi32(s[4 * i + 1], s[4 * i + 3]);
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        half[h][2 * i] = _mm512_unpacklo_epi64(t[i], t[4 + i]);
-        half[h][2 * i + 1] = _mm512_unpackhi_epi64(t[i], t[4 + i]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      const __m512i a = _mm512_permutex2var_epi64(half[0][i], first_lanes, half[1][i]);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (c + i) * 16), _mm512_castsi512_si256(a));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (c + 8 + i) * 16), _mm512_extracti64x4_epi64(a, 1));
-      if (full) {
-        const __m512i b = _mm512_permutex2var_epi64(half[0][i], last_lanes, half[1][i]);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (c + 16 + i) * 16), _mm512_castsi512_si256(b));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (c + 24 + i) * 16), _mm512_extracti64x4_epi64(b, 1));
-      }
-    }
-  }
-}
-
-alignas(64) const uint16_t kZeroRow[256] = {};  // stands in for positions outside [lo, hi)
-
-// The tile's K of KV head kv_off, blocks [b_lo, b_hi), transposed into kt;
-// the next tile's rows requested meanwhile (the rows are latency-bound
-// otherwise: +7-20 % decode tokens/s at depth 3000). The requests are spread
-// over the transpose, a row of the next tile per row loaded: issued all at
-// once they filled the line-fill buffers and stalled the core (decode at
-// depth 1024 ~7 % slower, 3000 ~10 %, measured token by token in one
-// process).
-void transpose_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t d,
-                    int64_t ts, int64_t lo, int64_t hi, int64_t b_lo, int64_t b_hi, uint16_t* kt) {
-  const int64_t next_hi = hi < ts + 2 * kTile ? hi : ts + 2 * kTile;
-  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
-    const uint16_t* rows[16];
-    const uint16_t* next_k[16];
-    const uint16_t* next_v[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      const int64_t p = ts + b0 + i, next = p + kTile;
-      rows[i] = p >= lo && p < hi ? key_rows[p] + kv_off : kZeroRow;
-      next_k[i] = next < next_hi ? key_rows[next] + kv_off : kZeroRow;
-      next_v[i] = next < next_hi ? value_rows[next] + kv_off : kZeroRow;
-    }
-    transpose_k16(rows, d, kt + b0 * d, next_k, next_v);
-  }
-}
-
-// One tile of one group (queries sharing a KV head) read in place; kt
-// already holds the tile's K when the previous group had the same KV head
-// (fresh = false).
-template <int NQ>
-void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, uint16_t* kt, RowState* st) {
-  const int64_t b_lo = (lo > ts ? lo - ts : 0) / 16 * 16, b_hi = hi - ts < kTile ? hi - ts : kTile;
-  if (fresh) transpose_tile(key_rows, value_rows, g.kv_off, d, ts, lo, hi, b_lo, b_hi, kt);
-  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, scale, ts, st, kt, value_rows, g.kv_off);
-}
-
 struct RowsContext {
   const uint16_t* const* key_rows;
   const uint16_t* const* value_rows;
   int64_t d;
+  int64_t key_group;
   float scale;
-  uint16_t* kt;
+  uint16_t* kt;  // room for a tile's keys gathered from groups of fewer than 16
 };
+
+// One tile of one group (queries sharing a KV head) read in place. The
+// first group of a KV head (fresh) requests the next tile; the groups after
+// it find the tile in L1.
+template <int NQ>
+void rows_tile(const RowsContext& c, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
+               RowState* st) {
+  const int64_t d = c.d;
+  const int64_t b_lo = (lo > ts ? lo - ts : 0) / 16 * 16, b_hi = hi - ts < kTile ? hi - ts : kTile;
+  const KeyView keys{c.key_rows, g.kv_off, c.key_group, d};
+  const bool request = fresh && c.key_group == kKeyGroup;
+  const int64_t next_hi = hi < ts + 2 * kTile ? hi : ts + 2 * kTile;
+  F16Tile t;
+  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
+    const int b = static_cast<int>(b0 / 16);
+    t.k[b] = key_tile16(keys, ts + b0, lo, hi, c.kt + b0 * d);
+    t.next_k[b] = request && ts + kTile + b0 < next_hi ? keys.group_start(ts + kTile + b0) : t.k[b];
+  }
+  t.v = c.value_rows;
+  t.v_off = g.kv_off;
+  t.v_next_hi = request ? next_hi : 0;
+  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, c.scale, ts, st, &t);
+}
 
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
   const RowsContext& c = *static_cast<const RowsContext*>(ctx);
-  tiled::with_query_count(g.queries.n, [&]<int NQ>() {
-    rows_tile<NQ>(c.key_rows, c.value_rows, g, c.d, c.scale, ts, lo, hi, fresh, c.kt, st);
-  });
+  tiled::with_query_count(g.queries.n, [&]<int NQ>() { rows_tile<NQ>(c, g, ts, lo, hi, fresh, st); });
 }
 
 }  // namespace
 
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                              const TiledGroup* groups, int n_groups, float scale) {
+                              int64_t key_group, const TiledGroup* groups, int n_groups, float scale) {
   // (A pointer and a count, not a std::span: no library template is
   // instantiated here.)
   alignas(64) static thread_local uint16_t kt[4 * 256 * 16];
-  RowsContext c{key_rows, value_rows, d, scale, kt};
+  RowsContext c{key_rows, value_rows, d, key_group, scale, kt};
   tiled::walk_row_tiles(groups, n_groups, d, &rows_tile_any, &c);
 }
 

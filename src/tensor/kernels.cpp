@@ -19,6 +19,7 @@
 #include "tensor/cpu_topology.h"
 #include "tensor/fp16.h"
 #include "tensor/huge_pages.h"
+#include "tensor/key_layout.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
 #include "tensor/quantize.h"
@@ -1269,9 +1270,9 @@ constexpr int kInterleave = 4;
 
 struct AttendItem {
   const float* q;
-  const uint16_t* const* key_rows;
+  KeyView keys;
   const uint16_t* const* value_rows;
-  int64_t offset;  // of the head within a row
+  int64_t offset;  // of the head within a value row
   int64_t first, end;
   float* out;
 };
@@ -1290,6 +1291,7 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
     hi = std::max(hi, items[r].end);
   }
   alignas(32) float s[kInterleave][kBlock], e[kInterleave][kBlock];
+  uint16_t key_rows[kBlock * 1024];  // one item's keys of the block, as rows of d
   bool takes[kInterleave][kBlock], is_new[kInterleave][kBlock];
   for (int64_t p0 = lo; p0 < hi; p0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, hi - p0));
@@ -1297,12 +1299,14 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
       const AttendItem& it = items[r];
       alignas(32) float arg[kBlock] = {};
       float m = M[r];
+      const int64_t k_lo = std::max(p0, it.first), k_hi = std::min(p0 + nb, it.end);
+      if (k_lo < k_hi) gather_key_rows(it.keys, k_lo, k_hi - k_lo, key_rows + (k_lo - p0) * d);
       for (int j = 0; j < kBlock; ++j) {
         const int64_t p = p0 + j;
         takes[r][j] = j < nb && p >= it.first && p < it.end;
         is_new[r][j] = false;
         if (!takes[r][j]) continue;
-        s[r][j] = score_f16(qh[r], it.key_rows[p] + it.offset, d) * scale;
+        s[r][j] = score_f16(qh[r], key_rows + j * d, d) * scale;
         is_new[r][j] = s[r][j] > m;
         arg[j] = is_new[r][j] ? m - s[r][j] : s[r][j] - m;
         if (is_new[r][j]) m = s[r][j];
@@ -1337,39 +1341,33 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
 }  // namespace
 
 // Declared in kernels_impl.h.
-void kernels::widen_kv_block(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off,
-                             int64_t p0, int64_t lo, int64_t hi, int64_t D, float* kt, float* v) {
-  alignas(32) float rows[16][256];
+void kernels::widen_kv_block(const KeyView& keys, const uint16_t* const* value_rows, int64_t v_off, int64_t p0,
+                             int64_t lo, int64_t hi, float* kt, float* v) {
+  const int64_t D = keys.d;
+  alignas(64) uint16_t scratch[16 * 256];
+  const uint16_t* tile = key_tile16(keys, p0, lo, hi, scratch);
+  // Lanes of positions outside [lo, hi) are zero (the stored group's other
+  // positions may hold anything).
+  alignas(32) int32_t lane_ok[16];
+  for (int i = 0; i < 16; ++i) lane_ok[i] = p0 + i >= lo && p0 + i < hi ? -1 : 0;
+  const __m256 ok0 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok)));
+  const __m256 ok1 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok + 8)));
+  for (int64_t d = 0; d < D; ++d) {
+    _mm256_store_ps(kt + d * 16, _mm256_and_ps(load_h8(tile + d * 16), ok0));
+    _mm256_store_ps(kt + d * 16 + 8, _mm256_and_ps(load_h8(tile + d * 16 + 8), ok1));
+  }
   for (int i = 0; i < 16; ++i) {
     const int64_t p = p0 + i;
     float* vr = v + i * D;
     if (p >= lo && p < hi) {
-      const uint16_t* kr = key_rows[p] + kv_off;
-      const uint16_t* vrow = value_rows[p] + kv_off;
+      const uint16_t* vrow = value_rows[p] + v_off;
       int64_t d = 0;
-      for (; d + 8 <= D; d += 8) {
-        _mm256_store_ps(rows[i] + d, load_h8(kr + d));
-        _mm256_storeu_ps(vr + d, load_h8(vrow + d));
-      }
-      for (; d < D; ++d) {
-        rows[i][d] = f16_to_f32(kr[d]);
-        vr[d] = f16_to_f32(vrow[d]);
-      }
+      for (; d + 8 <= D; d += 8) _mm256_storeu_ps(vr + d, load_h8(vrow + d));
+      for (; d < D; ++d) vr[d] = f16_to_f32(vrow[d]);
     } else {
-      std::fill(rows[i], rows[i] + D, 0.0f);
       std::fill(vr, vr + D, 0.0f);
     }
   }
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8)
-    for (int half = 0; half < 2; ++half) {
-      __m256i r[8];
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_castps_si256(_mm256_load_ps(rows[8 * half + i] + d));
-      transpose8x8_epi32(r);
-      for (int i = 0; i < 8; ++i) _mm256_store_ps(kt + (d + i) * 16 + 8 * half, _mm256_castsi256_ps(r[i]));
-    }
-  for (; d < D; ++d)
-    for (int i = 0; i < 16; ++i) kt[d * 16 + i] = rows[i][d];
 }
 
 namespace {
@@ -1392,6 +1390,9 @@ constexpr int64_t kPerKeyHeadsPerCall = 4;
 
 // Elements from KV head j to j + 1 of one position.
 int64_t kv_stride(const AttentionBatch& b) { return b.kv_head_stride > 0 ? b.kv_head_stride : b.head_dim; }
+
+// The keys of the KV head at element offset kv_off.
+KeyView key_view(const AttentionBatch& b, int64_t kv_off) { return KeyView{b.key_rows, kv_off, b.key_group, b.head_dim}; }
 
 bool all_tiled(const AttentionBatch& b) {
   for (int64_t t = 0; t < b.n_tokens; ++t)
@@ -1438,7 +1439,7 @@ void tiled_heads(const AttentionBatch& b, const IsaKernels& isa, int64_t t, int6
       groups[n++] = kernels::TiledGroup{off, {}};
     add_query(groups[n - 1].queries, b, t, h);
   }
-  isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
+  isa.attend_tiled_rows(b.key_rows, b.value_rows, D, b.key_group, groups, n, b.scale);
 }
 
 int64_t decode_chunks(const AttentionBatch& b) {
@@ -1467,6 +1468,7 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
     a.k_off = off;
     a.v_off = off;
     a.key_rows = b.key_rows;
+    a.key_group = b.key_group;
     a.value_rows = b.value_rows;
     a.first = b.first[t];
     a.end = b.end[t];
@@ -1528,8 +1530,8 @@ WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
   // Pass 1: per KV head and block of 16 positions, K transposed and V widened.
   pool.parallel_for(b.n_head_kv * n_blocks, [&](int64_t task) {
     const int64_t j = task / n_blocks, blk = task % n_blocks;
-    widen_kv_block(b.key_rows, b.value_rows, j * kv_stride(b), base + blk * 16, lo, hi, D, kt + (j * n_blocks + blk) * D * 16,
-                   vf + (j * n_pos + blk * 16) * D);
+    widen_kv_block(key_view(b, j * kv_stride(b)), b.value_rows, j * kv_stride(b), base + blk * 16, lo, hi,
+                   kt + (j * n_blocks + blk) * D * 16, vf + (j * n_pos + blk * 16) * D);
   });
   return WidenedKv{kt, vf, base, n_blocks, n_pos};
 }
@@ -1561,8 +1563,9 @@ void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
       for (int64_t i = task * kInterleave; i < std::min(n_items, (task + 1) * kInterleave); ++i) {
         const int64_t t = by_head ? i % b.n_tokens : i / b.n_head;
         const int64_t h = by_head ? i / b.n_tokens : i % b.n_head;
-        items[n++] = {b.q + (t * b.n_head + h) * D, b.key_rows, b.value_rows, (h / group) * kv_stride(b),
-                      b.first[t], b.end[t], b.out + (t * b.n_head + h) * D};
+        const int64_t off = (h / group) * kv_stride(b);
+        items[n++] = {b.q + (t * b.n_head + h) * D, key_view(b, off), b.value_rows, off, b.first[t], b.end[t],
+                      b.out + (t * b.n_head + h) * D};
       }
       attend_interleaved(items, n, D, b.scale);
     });
@@ -1624,7 +1627,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
       const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
       kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
       const int n = head_query_groups(b, h, run * kQueries, std::min(b.n_tokens, (run + 1) * kQueries), groups);
-      isa.attend_tiled_rows(b.key_rows, b.value_rows, D, groups, n, b.scale);
+      isa.attend_tiled_rows(b.key_rows, b.value_rows, D, b.key_group, groups, n, b.scale);
     });
     return;
   }

@@ -145,9 +145,11 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 
 // Batched attention for one layer: n_tokens queries of n_head heads
 // (q[(t * n_head + h) * head_dim + d]) attend to positions [first[t], end[t]).
-// key_rows[p] / value_rows[p] point at position p's KV head 0, and KV head j
-// is kv_head_stride elements further (head_dim when 0: whole rows), for
-// every p below max(end). Numerics follow
+// Values: value_rows[p] points at position p's value of KV head 0, and KV
+// head j's is kv_head_stride elements further. Keys are stored in groups of
+// key_group positions (tensor/key_layout.h): KV head j's group starting at
+// position g is at key_rows[g] + j * kv_head_stride, for every group start g
+// of a visible position (key_rows[p] for other p is not read). Numerics follow
 // ggml's CPU flash-attention path (f16 query, online softmax with expf, f16
 // value accumulator) so logits track llama.cpp closely, and each query's
 // result is independent of the batch it is computed in.
@@ -163,6 +165,7 @@ struct AttentionBatch {
   const uint16_t* const* key_rows = nullptr;
   const uint16_t* const* value_rows = nullptr;
   int64_t kv_head_stride = 0;
+  int64_t key_group = 1;
   float* out = nullptr;
 };
 void attention(const AttentionBatch& batch, ThreadPool& pool);

@@ -838,8 +838,8 @@ void attend_tiled_avx2(const TiledKv& kv, const TiledGroup* groups, int n_groups
 }
 
 void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                            const TiledGroup* groups, int n_groups, float scale) {
-  attend_tiled_rows(key_rows, value_rows, d, std::span(groups, static_cast<size_t>(n_groups)), scale);
+                            int64_t key_group, const TiledGroup* groups, int n_groups, float scale) {
+  attend_tiled_rows(key_rows, value_rows, d, key_group, std::span(groups, static_cast<size_t>(n_groups)), scale);
 }
 
 }  // namespace

@@ -1111,9 +1111,14 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
   }
   alignas(64) float sc[H][32], arg[H][16], e[H][16];
   alignas(64) float kt[Shared ? 16 * DC * 16 : 1];
+  // The block's keys as rows, per head (one for all when they share them).
+  constexpr int KR = Shared ? 1 : H;
+  alignas(64) uint16_t key_rows[KR][16 * 16 * DC];
   uint32_t is_new[H];
   for (int64_t p0 = a.first; p0 < a.end; p0 += 16) {
     const int nb = static_cast<int>(a.end - p0 < 16 ? a.end - p0 : 16);
+#pragma GCC unroll 8
+    for (int h = 0; h < KR; ++h) gather_key_rows(KeyView{a.key_rows, koff[h], a.key_group, 16 * DC}, p0, nb, key_rows[h]);
     if constexpr (Shared) {
       // K transposed ([dim][key]); keys past nb are zero and not counted.
 #pragma GCC unroll 1
@@ -1122,7 +1127,7 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i)
           r[i] = i < nb ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(a.key_rows[p0 + i] + koff[0] + 16 * c)))
+                              reinterpret_cast<const __m256i*>(key_rows[0] + i * 16 * DC + 16 * c)))
                         : _mm512_setzero_ps();
         transpose16(r);
 #pragma GCC unroll 16
@@ -1132,11 +1137,9 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) score_tile<1, 1, DC / 2>(&q[h], blocks, a.scale, sc + h);
     } else {
-      for (int j = 0; j < nb; ++j) {
-        const uint16_t* kr = a.key_rows[p0 + j];
+      for (int j = 0; j < nb; ++j)
 #pragma GCC unroll 8
-        for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], kr + koff[h]) * a.scale;
-      }
+        for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], key_rows[h] + j * 16 * DC) * a.scale;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {

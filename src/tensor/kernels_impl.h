@@ -102,6 +102,7 @@
 #include <cstdint>
 
 #include "tensor/attention_tiled.h"
+#include "tensor/key_layout.h"
 #include "tensor/quant_blocks.h"
 
 namespace reprise::kernels {
@@ -322,17 +323,19 @@ struct AttnArgs {
   int64_t out_stride;
 };
 
-// Widens positions p0 .. p0+15 of one KV head (elements kv_off .. kv_off+D
-// of each f16 row) for the batched attention kernels: K transposed into kt
-// ([d][16] floats, 64-byte aligned) and V into v (16 rows of D floats).
-// Positions outside [lo, hi) are written as zeros (their rows may not exist).
-void widen_kv_block(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t kv_off, int64_t p0,
-                    int64_t lo, int64_t hi, int64_t D, float* kt, float* v);
+// Widens positions p0 .. p0+15 (p0 a multiple of 16) of one KV head for the
+// batched attention kernels: its keys into kt ([d][16] floats, 64-byte
+// aligned) and its values (elements v_off .. v_off + d of each f16 row) into
+// v (16 rows of d floats). Positions outside [lo, hi) are written as zeros
+// (their rows may not exist).
+void widen_kv_block(const KeyView& keys, const uint16_t* const* value_rows, int64_t v_off, int64_t p0, int64_t lo,
+                    int64_t hi, float* kt, float* v);
 
 // Single-query attention (decode): H = n_heads query rows of one token (q,
 // d floats each, f16-rounded) against positions [first, end) whose K and V
-// rows are read as f16 straight from the KV rows (head h's part starts at
-// k_off[h] / v_off[h] elements). The arithmetic per (query, key) is that of
+// are read as f16 straight from the KV store (head h's keys are those of
+// KeyView{key_rows, k_off[h], key_group, d}, its values start at v_off[h]
+// elements of each value row). The arithmetic per (query, key) is that of
 // attend_interleaved in kernels.cpp, so results are identical; the kernel
 // interleaves the heads so their serial f16 accumulator chains overlap.
 struct AttnRowsArgs {
@@ -341,6 +344,7 @@ struct AttnRowsArgs {
   const int64_t* k_off;
   const int64_t* v_off;
   const uint16_t* const* key_rows;
+  int64_t key_group;
   const uint16_t* const* value_rows;
   int64_t first;
   int64_t end;
@@ -434,7 +438,7 @@ struct IsaKernels {
   // Decode rows with the same numerics, K and V read as f16 rows in place
   // (attend_tiled_rows in attention_tiled.h).
   void (*attend_tiled_rows)(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                            const TiledGroup* groups, int n_groups, float scale);
+                            int64_t key_group, const TiledGroup* groups, int n_groups, float scale);
   // The super-group PackedMatrix interleaves by default for the F types, the
   // 32-element block types and the K types: the decode tile's width, where
   // that measured faster (docs/performance.md, Interleaved super-groups).
@@ -450,7 +454,7 @@ struct IsaKernels {
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
 void attend_tiled_avx512(const TiledKv& kv, const TiledGroup* groups, int n_groups, float scale);
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
-                              const TiledGroup* groups, int n_groups, float scale);
+                              int64_t key_group, const TiledGroup* groups, int n_groups, float scale);
 
 // The AVX2 batched attention (attention_avx2.cpp): the AVX2 table's kernel,
 // and the fallback for head sizes another ISA's kernel does not take.
