@@ -1039,6 +1039,45 @@ TEST(Attention, ManyEqualsEachAlone) {
   }
 }
 
+// ---- Key layout.
+
+// Keys written with store_keys (whole groups and partial runs, every group
+// size) read back through KeyView, gather_key_rows and key_tile16 as the
+// f16 of what was stored.
+TEST(KeyLayout, StoreThenReadBack) {
+  for (int64_t group : {1, 2, 4, 8, 16})
+    for (int64_t d : {8, 40, 64}) {
+      SCOPED_TRACE("group " + std::to_string(group) + ", d " + std::to_string(d));
+      const int64_t n_pos = 80;
+      const std::vector<float> src = make_x(n_pos * d, 61);
+      std::vector<uint16_t> store(n_pos * d, 0x7e00);
+      std::vector<const uint16_t*> rows(n_pos);
+      for (int64_t p = 0; p < n_pos; ++p) rows[p] = store.data() + p * d;
+      // Whole groups (even ones), and runs of 1 .. group positions cut at
+      // group edges (odd ones).
+      std::mt19937 rng(static_cast<uint32_t>(group * 100 + d));
+      for (int64_t p = 0; p < n_pos;) {
+        const int64_t edge = (p / group + 1) * group;
+        const int64_t n = (p / group) % 2 == 0
+                              ? group
+                              : std::min<int64_t>(edge - p, std::uniform_int_distribution<int64_t>(1, group)(rng));
+        store_keys(store.data() + (p - p % group) * d, group, p, n, src.data() + p * d, d, d);
+        p += n;
+      }
+      const KeyView keys{rows.data(), 0, group, d};
+      for (int64_t p = 0; p < n_pos; ++p)
+        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(keys.at(p, i), f32_to_f16(src[p * d + i])) << p << " " << i;
+      std::vector<uint16_t> gathered(5 * d);
+      gather_key_rows(keys, 33, 5, gathered.data());
+      for (int64_t j = 0; j < 5; ++j)
+        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(gathered[j * d + i], keys.at(33 + j, i));
+      std::vector<uint16_t> scratch(16 * d);
+      const uint16_t* tile = key_tile16(keys, 48, 50, 70, scratch.data());
+      for (int64_t lane = 2; lane < 16; ++lane)  // positions 50 .. 63 (in [lo, hi))
+        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(tile[i * 16 + lane], keys.at(48 + lane, i));
+    }
+}
+
 // ---- Element-wise helpers.
 
 TEST(Exp, VectorMatchesScalarAndLibm) {

@@ -211,12 +211,9 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
   const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   matmul_many(qkv, h, n, pool);
   // No RoPE: positions enter only through the causal mask.
+  store_kv(segments, il, L.n_head_kv, head_dim_, k.data(), v.data(), pool);
   std::vector<SequenceAttention> per_sequence;
   for (const PassSegment& seg : segments) {
-    for (int64_t i = 0; i < static_cast<int64_t>(seg.batch.tokens.size()); ++i) {
-      const int64_t t = seg.row0 + i, pos = seg.batch.pos0 + i;
-      store_kv(*seg.memory, il, pos, L.n_head_kv, head_dim_, k.data() + t * kv_dim, v.data() + t * kv_dim);
-    }
     per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
   }
   const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};

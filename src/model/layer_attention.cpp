@@ -57,15 +57,44 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
 
 }  // namespace
 
-void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
-              const float* v) {
-  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
-  uint16_t* kg = memory.key(layer, pos - pos % group);
-  uint16_t* vr = memory.value(layer, pos);
-  for (int64_t j = 0; j < n_kv_heads; ++j) {
-    store_key(kg + j * stride, group, pos, k + j * head_dim, head_dim);
-    convert_f32_to_f16(v + j * head_dim, vr + j * stride, head_dim);
+void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim, const float* k,
+              const float* v, ThreadPool& pool) {
+  // Runs of positions within one key group of one segment.
+  struct Run {
+    SequenceMemory* memory;
+    int64_t pos0, row0, n;
+  };
+  // (Bound to a reference so the pool's threads see this thread's instance.)
+  thread_local std::vector<Run> runs_buf;
+  std::vector<Run>& runs = runs_buf;
+  runs.clear();
+  for (const PassSegment& seg : segments) {
+    const int64_t group = seg.memory->key_group(layer);
+    const int64_t pos0 = seg.batch.pos0, end = pos0 + static_cast<int64_t>(seg.batch.tokens.size());
+    for (int64_t p = pos0; p < end;) {
+      const int64_t run_end = std::min(end, (p / group + 1) * group);
+      runs.push_back({seg.memory, p, seg.row0 + (p - pos0), run_end - p});
+      p = run_end;
+    }
   }
+  const int64_t kv_dim = n_kv_heads * head_dim;
+  auto store_run = [&](const Run& r) {
+    SequenceMemory& memory = *r.memory;
+    const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+    uint16_t* kg = memory.key(layer, r.pos0 - r.pos0 % group);
+    for (int64_t j = 0; j < n_kv_heads; ++j)
+      store_keys(kg + j * stride, group, r.pos0, r.n, k + r.row0 * kv_dim + j * head_dim, kv_dim, head_dim);
+    for (int64_t i = 0; i < r.n; ++i) {
+      uint16_t* vr = memory.value(layer, r.pos0 + i);
+      for (int64_t j = 0; j < n_kv_heads; ++j)
+        convert_f32_to_f16(v + (r.row0 + i) * kv_dim + j * head_dim, vr + j * stride, head_dim);
+    }
+  };
+  if (runs.size() < 4) {  // decode steps: not worth a dispatch
+    for (const Run& r : runs) store_run(r);
+    return;
+  }
+  pool.parallel_for(static_cast<int64_t>(runs.size()), [&](int64_t i) { store_run(runs[i]); });
 }
 
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,

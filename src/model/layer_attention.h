@@ -8,6 +8,7 @@
 #include <span>
 
 #include "model/model.h"
+#include "model/pass_segments.h"
 #include "model/sequence_memory.h"
 #include "tensor/thread_pool.h"
 
@@ -21,11 +22,12 @@ struct LayerAttentionShape {
   float scale = 1.0f;
 };
 
-// Stores position pos's K and V (n_kv_heads x head_dim floats each) of
-// attention layer `layer` as f16, head by head, K into its key group (see
-// SequenceMemory::key).
-void store_kv(SequenceMemory& memory, int layer, int64_t pos, int64_t n_kv_heads, int64_t head_dim, const float* k,
-              const float* v);
+// Stores the K and V rows of a pass (row t: n_kv_heads x head_dim floats at
+// k + t * n_kv_heads * head_dim, likewise v) of attention layer `layer` as
+// f16 in each segment's memory, keys into their groups (see
+// SequenceMemory::key). A task per key group, so no two threads write one.
+void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim, const float* k,
+              const float* v, ThreadPool& pool);
 
 // q: n_tokens x n_head x head_dim; out: the same shape.
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,

@@ -230,20 +230,14 @@ Transformer::Transformer(const gguf::File& file) {
 void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
-  // Every row's position and memory (bound to references, like the buffers
-  // below, so lambdas on pool threads see this thread's instances).
+  // Every row's position (bound to a reference, like the buffers below, so
+  // lambdas on pool threads see this thread's instance).
   thread_local std::vector<int64_t> row_pos_buf;
-  thread_local std::vector<SequenceMemory*> row_memory_buf;
   std::vector<int64_t>& row_pos = row_pos_buf;
-  std::vector<SequenceMemory*>& row_memory = row_memory_buf;
   row_pos.resize(n);
-  row_memory.resize(n);
   for (const PassSegment& s : segments) {
     const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
-    for (int64_t i = 0; i < len; ++i) {
-      row_pos[s.row0 + i] = s.batch.pos0 + i;
-      row_memory[s.row0 + i] = s.memory;
-    }
+    for (int64_t i = 0; i < len; ++i) row_pos[s.row0 + i] = s.batch.pos0 + i;
   }
 
   // Activation buffers are reused across calls (per thread): a prompt's
@@ -333,16 +327,14 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
         for (int64_t hh = 0; hh < n_head_kv_; ++hh)
           rms_norm(kt + hh * head_dim_, L.k_norm.data(), eps_, head_dim_, kt + hh * head_dim_);
       }
-      const int64_t pos = row_pos[t];
-      SequenceMemory& memory = *row_memory[t];
       const float* cs = rc.cos.data() + t * half_rot;
       const float* sn = rc.sin.data() + t * half_rot;
       rope_apply(qt, static_cast<int>(n_head_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
                  traits_.rope);
       rope_apply(kt, static_cast<int>(n_head_kv_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
                  traits_.rope);
-      store_kv(memory, il, pos, n_head_kv_, head_dim_, kt, v.data() + t * kv_dim);
     });
+    store_kv(segments, il, n_head_kv_, head_dim_, k.data(), v.data(), pool);
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                     1.0f / std::sqrt(static_cast<float>(head_dim_))};
     // The last layer's output matters only for rows that produce logits (as

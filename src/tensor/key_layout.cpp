@@ -1,7 +1,10 @@
 #include "tensor/key_layout.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 
+#include "tensor/avx2_math.h"
 #include "tensor/fp16.h"
 
 namespace reprise {
@@ -36,9 +39,28 @@ const uint16_t* key_tile16(const KeyView& k, int64_t t0, int64_t lo, int64_t hi,
   return scratch;
 }
 
-void store_key(uint16_t* group_start, int64_t group, int64_t p, const float* key, int64_t d) {
-  uint16_t* dst = group_start + (p & (group - 1));
-  for (int64_t i = 0; i < d; ++i) dst[i * group] = f32_to_f16(key[i]);
+void store_keys(uint16_t* group_start, int64_t group, int64_t p0, int64_t n, const float* keys, int64_t key_stride,
+                int64_t d) {
+  if (group == kKeyGroup && n == kKeyGroup && d % 8 == 0) {
+    // A whole group (prompts): 8 positions x 8 dimensions transposed in
+    // registers, then converted, so each store is 8 positions of a dimension.
+    for (int half = 0; half < 2; ++half)
+      for (int64_t i = 0; i < d; i += 8) {
+        __m256i r[8];
+        for (int j = 0; j < 8; ++j)
+          r[j] = _mm256_castps_si256(_mm256_loadu_ps(keys + (8 * half + j) * key_stride + i));
+        kernels::avx2::transpose8x8_epi32(r);
+        for (int j = 0; j < 8; ++j)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(group_start + (i + j) * kKeyGroup + 8 * half),
+                           _mm256_cvtps_ph(_mm256_castsi256_ps(r[j]), _MM_FROUND_TO_NEAREST_INT));
+      }
+    return;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    uint16_t* dst = group_start + ((p0 + r) & (group - 1));
+    const float* key = keys + r * key_stride;
+    for (int64_t i = 0; i < d; ++i) dst[i * group] = f32_to_f16(key[i]);
+  }
 }
 
 }  // namespace reprise

@@ -56,8 +56,10 @@ void gather_key_rows(const KeyView& k, int64_t p0, int64_t n, uint16_t* out);
 // is zeros in scratch).
 const uint16_t* key_tile16(const KeyView& k, int64_t t0, int64_t lo, int64_t hi, uint16_t* scratch);
 
-// Writes position p's key (d values, converted from f32) into its group at
-// group_start (the start of p's group for this KV head).
-void store_key(uint16_t* group_start, int64_t group, int64_t p, const float* key, int64_t d);
+// Writes the keys of positions p0 .. p0 + n - 1, all of one group, into the
+// group at group_start, converted from f32 (position p0 + r's d values at
+// keys + r * key_stride).
+void store_keys(uint16_t* group_start, int64_t group, int64_t p0, int64_t n, const float* keys, int64_t key_stride,
+                int64_t d);
 
 }  // namespace reprise
