@@ -42,11 +42,24 @@ inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
+// Where decode's f16 K and V of one tile are, and what to request from
+// memory while the tile computes: the next tile's K groups and V rows, a
+// line per line loaded (issued all at once per tile they filled the
+// line-fill buffers and stalled the core: decode at depth 1024 ~7 % slower,
+// 3000 ~15 %).
+struct F16Tile {
+  const uint16_t* k[4];       // block b (positions ts + 16 b ..) as [d][16] f16
+  const uint16_t* next_k[4];  // block b of the next tile (this block's when there is none)
+  const uint16_t* const* v;   // value rows: position p at v[p] + v_off
+  int64_t v_off;
+  int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
+};
+
 // Positions [ts, ts + 64) of one tile for NQ queries sharing the K/V in kv.
-// With F16V, V is read as f16 rows in place (v16[p] + v_off) instead of kv.v.
+// With F16V (decode), K and V are read as f16 in place (f16) instead.
 template <int NQ, bool F16V = false>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
-               const uint16_t* const* v16 = nullptr, int64_t v_off = 0) {
+               const F16Tile* f16 = nullptr) {
   const int64_t d = kv.d;
   tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
   const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
@@ -69,7 +82,15 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   // NB 16-key blocks at a time, so few queries (decode) still keep 8
   // independent FMA chains in flight.
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
-    const float* kb = kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
+    const float* kb = F16V ? nullptr : kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
+    const uint16_t* kb16[NB];
+    const char* next16[NB];
+    if constexpr (F16V)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        kb16[j] = f16->k[b0 / 16 + j];
+        next16[j] = reinterpret_cast<const char*>(f16->next_k[b0 / 16 + j]);
+      }
     __m256 acc[NQ][NB][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NQ; ++r)
@@ -79,8 +100,14 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       __m256 k[NB][2];
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        k[j][0] = _mm256_load_ps(kb + j * d * 16 + i * 16);
-        k[j][1] = _mm256_load_ps(kb + j * d * 16 + i * 16 + 8);
+        if constexpr (F16V) {
+          if ((i & 1) == 0) _mm_prefetch(next16[j] + i * 32, _MM_HINT_T0);  // a line holds two dimensions
+          k[j][0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16)));
+          k[j][1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16 + 8)));
+        } else {
+          k[j][0] = _mm256_load_ps(kb + j * d * 16 + i * 16);
+          k[j][1] = _mm256_load_ps(kb + j * d * 16 + i * 16 + 8);
+        }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
@@ -156,10 +183,18 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 8
       for (int j = 0; j < C; ++j) a[r][j] = _mm256_load_ps(st[r].acc + c + 8 * j);
+    auto request_v = [&](int64_t p) RP_ALWAYS_INLINE {
+      if (p + kTile < f16->v_next_hi) {
+        const char* next = reinterpret_cast<const char*>(f16->v[p + kTile] + f16->v_off + c);
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j += 4) _mm_prefetch(next + 64 * (j / 4), _MM_HINT_T0);  // 32 values a line
+      }
+    };
     auto step = [&](int64_t p, bool all) RP_ALWAYS_INLINE {
       if constexpr (NQ == 1 && F16V) {  // 8 accumulators: load each V vector where it is used
+        request_v(p);
         if (!all && !(active[0] && p >= lo[0] && p < hi[0])) return;
-        const uint16_t* vr = v16[p] + v_off + c;
+        const uint16_t* vr = f16->v[p] + f16->v_off + c;
         const __m256 wv = _mm256_broadcast_ss(w[0] + (p - ts));
 #pragma GCC unroll 8
         for (int j = 0; j < C; ++j)
@@ -169,7 +204,8 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       }
       __m256 v[C];
       if constexpr (F16V) {
-        const uint16_t* vr = v16[p] + v_off + c;
+        request_v(p);
+        const uint16_t* vr = f16->v[p] + f16->v_off + c;
 #pragma GCC unroll 8
         for (int j = 0; j < C; ++j) v[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * j)));
       } else {
@@ -211,49 +247,28 @@ void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
-// The keys of positions p0 .. p0+15 (p0 a multiple of 16) widened to f32
-// [d][16] at kt (lanes outside [lo, hi) unspecified: the scores mask them).
-// The next tile's K group and V rows of these positions (those below
-// next_hi) are requested meanwhile, a line of each per dimension widened:
-// issued all at once per tile they filled the line-fill buffers and stalled
-// the core (decode at depth 1024 ~7 % slower, 3000 ~15 %, measured token by
-// token in one process).
-void widen_key_block(const KeyView& keys, const uint16_t* const* value_rows, int64_t v_off, int64_t p0, int64_t lo,
-                     int64_t hi, int64_t next_hi, float* kt) {
-  alignas(64) uint16_t scratch[16 * 256];
-  const uint16_t* tile = key_tile16(keys, p0, lo, hi, scratch);
-  const int64_t d = keys.d, next = p0 + kTile;
-  const char* next_k = next < next_hi && keys.group == kKeyGroup ? reinterpret_cast<const char*>(keys.group_start(next)) : nullptr;
-  const int64_t row_lines = (d * 2 + 63) / 64;
-  int64_t v_line = 0;  // of the 16 rows' lines, row by row
-  const int64_t v_lines = next < next_hi ? std::min<int64_t>(16, next_hi - next) * row_lines : 0;
-  for (int64_t i = 0; i < d; ++i) {
-    if (next_k && (i & 1) == 0) _mm_prefetch(next_k + i * 32, _MM_HINT_T0);
-    if (v_line < v_lines) {
-      _mm_prefetch(reinterpret_cast<const char*>(value_rows[next + v_line / row_lines] + v_off) + 64 * (v_line % row_lines),
-                   _MM_HINT_T0);
-      ++v_line;
-    }
-    _mm256_store_ps(kt + i * 16, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + i * 16))));
-    _mm256_store_ps(kt + i * 16 + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + i * 16 + 8))));
-  }
-}
-
-// One tile of one group (queries sharing a KV head) read in place; kt
-// already holds the tile's K when the previous group had the same KV head
-// (fresh = false).
+// One tile of one group (queries sharing a KV head) read in place. The
+// first group of a KV head (fresh) requests the next tile; the groups after
+// it find the tile in L1. kt has room for a tile's keys gathered from
+// groups of fewer than 16.
 template <int NQ>
 void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               int64_t key_group, float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, float* kt,
+               int64_t key_group, float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, uint16_t* kt,
                RowState* st) {
   const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
-  if (fresh) {
-    const KeyView keys{key_rows, g.kv_off, key_group, d};
-    const int64_t next_hi = std::min(hi, ts + 2 * kTile);
-    for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16)
-      widen_key_block(keys, value_rows, g.kv_off, ts + b0, lo, hi, next_hi, kt + b0 * d);
+  const KeyView keys{key_rows, g.kv_off, key_group, d};
+  const bool request = fresh && key_group == kKeyGroup;
+  const int64_t next_hi = std::min(hi, ts + 2 * kTile);
+  F16Tile t;
+  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
+    const int b = static_cast<int>(b0 / 16);
+    t.k[b] = key_tile16(keys, ts + b0, lo, hi, kt + b0 * d);
+    t.next_k[b] = request && ts + kTile + b0 < next_hi ? keys.group_start(ts + kTile + b0) : t.k[b];
   }
-  tile_step<NQ, true>(TiledKv{kt, nullptr, ts, d}, g.queries, scale, ts, st, value_rows, g.kv_off);
+  t.v = value_rows;
+  t.v_off = g.kv_off;
+  t.v_next_hi = request ? next_hi : 0;
+  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, scale, ts, st, &t);
 }
 
 struct RowsContext {
@@ -262,7 +277,7 @@ struct RowsContext {
   int64_t d;
   int64_t key_group;
   float scale;
-  float* kt;
+  uint16_t* kt;
 };
 
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
@@ -276,9 +291,9 @@ void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64
 
 void attend_tiled_rows(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
                        int64_t key_group, std::span<const TiledGroup> groups, float scale) {
-  // One tile's K of one group is widened at a time ([4][d][16]); V is read
-  // in place.
-  alignas(64) static thread_local float kt[4 * 256 * 16];
+  // K and V are read in place (kt: keys gathered from groups of fewer than
+  // 16 positions, one tile's).
+  alignas(64) static thread_local uint16_t kt[4 * 256 * 16];
   RowsContext c{key_rows, value_rows, d, key_group, scale, kt};
   tiled::walk_row_tiles(groups.data(), static_cast<int>(groups.size()), d, &rows_tile_any, &c);
 }
