@@ -23,6 +23,7 @@ using avx2::exp8;
 using avx2::exp_scalar;
 using tiled::kNegInf;
 using tiled::kTile;
+using tiled::F16Tile;
 using tiled::RowState;
 using tiled::tree16;
 
@@ -41,19 +42,6 @@ inline float hmax8(__m256 v) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
-
-// Where decode's f16 K and V of one tile are, and what to request from
-// memory while the tile computes: the next tile's K groups and V rows, a
-// line per line loaded (issued all at once per tile they filled the
-// line-fill buffers and stalled the core: decode at depth 1024 ~7 % slower,
-// 3000 ~15 %).
-struct F16Tile {
-  const uint16_t* k[4];       // block b (positions ts + 16 b ..) as [d][16] f16
-  const uint16_t* next_k[4];  // block b of the next tile (this block's when there is none)
-  const uint16_t* const* v;   // value rows: position p at v[p] + v_off
-  int64_t v_off;
-  int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
-};
 
 // Positions [ts, ts + 64) of one tile for NQ queries sharing the K/V in kv.
 // With F16V (decode), K and V are read as f16 in place (f16) instead.

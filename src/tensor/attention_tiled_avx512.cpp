@@ -35,6 +35,7 @@ namespace {
 
 using tiled::kNegInf;
 using tiled::kTile;
+using tiled::F16Tile;
 using tiled::RowState;
 
 // ggml's vector expf on 16 lanes: the operations of avx2::exp8, lanes
@@ -64,18 +65,6 @@ RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
   }
   return r;
 }
-
-// Where decode's f16 K and V of one tile are, and what to request from
-// memory while the tile computes: the next tile's K groups and V rows, one
-// line per line loaded (issued all at once they filled the line-fill buffers
-// and stalled the core). Without requests decode at depth ran 2.4x slower.
-struct F16Tile {
-  const uint16_t* k[4];       // block b (positions ts + 16 b ..) as [d][16] f16
-  const uint16_t* next_k[4];  // block b of the next tile (this block's when there is none)
-  const uint16_t* const* v;   // value rows: position p at v[p] + v_off
-  int64_t v_off;
-  int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
-};
 
 // Positions [ts, ts + 64) of one tile for NQ queries sharing a KV head.
 // F16Rows (decode): K and V are f16 in place (f16); otherwise from kv's f32
