@@ -25,6 +25,7 @@ using tiled::kNegInf;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
+using tiled::RowsContext;
 using tiled::tree16;
 
 #define RP_ALWAYS_INLINE __attribute__((always_inline))
@@ -235,44 +236,17 @@ void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
-// One tile of one group (queries sharing a KV head) read in place. The
-// first group of a KV head (fresh) requests the next tile; the groups after
-// it find the tile in L1. kt has room for a tile's keys gathered from
-// groups of fewer than 16.
+// One tile of one group (queries sharing a KV head) read in place.
 template <int NQ>
-void rows_tile(const uint16_t* const* key_rows, const uint16_t* const* value_rows, const TiledGroup& g, int64_t d,
-               int64_t key_group, float scale, int64_t ts, int64_t lo, int64_t hi, bool fresh, uint16_t* kt,
+void rows_tile(const RowsContext& c, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
                RowState* st) {
-  const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
-  const KeyView keys{key_rows, g.kv_off, key_group, d};
-  const bool request = fresh && key_group == kKeyGroup;
-  const int64_t next_hi = std::min(hi, ts + 2 * kTile);
-  F16Tile t;
-  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
-    const int b = static_cast<int>(b0 / 16);
-    t.k[b] = key_tile16(keys, ts + b0, lo, hi, kt + b0 * d);
-    t.next_k[b] = request && ts + kTile + b0 < next_hi ? keys.group_start(ts + kTile + b0) : t.k[b];
-  }
-  t.v = value_rows;
-  t.v_off = g.kv_off;
-  t.v_next_hi = request ? next_hi : 0;
-  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, scale, ts, st, &t);
+  const F16Tile t = tiled::f16_tile(c, g, ts, lo, hi, fresh);
+  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, c.d}, g.queries, c.scale, ts, st, &t);
 }
-
-struct RowsContext {
-  const uint16_t* const* key_rows;
-  const uint16_t* const* value_rows;
-  int64_t d;
-  int64_t key_group;
-  float scale;
-  uint16_t* kt;
-};
 
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {
   const RowsContext& c = *static_cast<const RowsContext*>(ctx);
-  tiled::with_query_count(g.queries.n, [&]<int NQ>() {
-    rows_tile<NQ>(c.key_rows, c.value_rows, g, c.d, c.key_group, c.scale, ts, lo, hi, fresh, c.kt, st);
-  });
+  tiled::with_query_count(g.queries.n, [&]<int NQ>() { rows_tile<NQ>(c, g, ts, lo, hi, fresh, st); });
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ using tiled::kNegInf;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
+using tiled::RowsContext;
 
 // ggml's vector expf on 16 lanes: the operations of avx2::exp8, lanes
 // outside the fast range through avx2::exp_scalar.
@@ -227,36 +228,12 @@ void widened_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { tile_step<NQ>(*c.kv, g.queries, c.scale, ts, st); });
 }
 
-struct RowsContext {
-  const uint16_t* const* key_rows;
-  const uint16_t* const* value_rows;
-  int64_t d;
-  int64_t key_group;
-  float scale;
-  uint16_t* kt;  // room for a tile's keys gathered from groups of fewer than 16
-};
-
-// One tile of one group (queries sharing a KV head) read in place. The
-// first group of a KV head (fresh) requests the next tile; the groups after
-// it find the tile in L1.
+// One tile of one group (queries sharing a KV head) read in place.
 template <int NQ>
 void rows_tile(const RowsContext& c, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
                RowState* st) {
-  const int64_t d = c.d;
-  const int64_t b_lo = (lo > ts ? lo - ts : 0) / 16 * 16, b_hi = hi - ts < kTile ? hi - ts : kTile;
-  const KeyView keys{c.key_rows, g.kv_off, c.key_group, d};
-  const bool request = fresh && c.key_group == kKeyGroup;
-  const int64_t next_hi = hi < ts + 2 * kTile ? hi : ts + 2 * kTile;
-  F16Tile t;
-  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
-    const int b = static_cast<int>(b0 / 16);
-    t.k[b] = key_tile16(keys, ts + b0, lo, hi, c.kt + b0 * d);
-    t.next_k[b] = request && ts + kTile + b0 < next_hi ? keys.group_start(ts + kTile + b0) : t.k[b];
-  }
-  t.v = c.value_rows;
-  t.v_off = g.kv_off;
-  t.v_next_hi = request ? next_hi : 0;
-  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, d}, g.queries, c.scale, ts, st, &t);
+  const F16Tile t = tiled::f16_tile(c, g, ts, lo, hi, fresh);
+  tile_step<NQ, true>(TiledKv{nullptr, nullptr, ts, c.d}, g.queries, c.scale, ts, st, &t);
 }
 
 void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh, RowState* st) {

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "tensor/attention_tiled.h"
+#include "tensor/key_layout.h"
 
 namespace reprise::kernels::tiled {
 
@@ -39,6 +40,36 @@ struct F16Tile {
   int64_t v_off;
   int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
 };
+
+// What both ISAs' attend_tiled_rows read: f16 K and V in place.
+struct RowsContext {
+  const uint16_t* const* key_rows;
+  const uint16_t* const* value_rows;
+  int64_t d;
+  int64_t key_group;
+  float scale;
+  uint16_t* kt;  // room for a tile's keys gathered from groups of fewer than 16
+};
+
+// Group g's part of tile [ts, ts + 64) (the groups together reading [lo,
+// hi)) as an F16Tile. The first group of a KV head (fresh) requests the next
+// tile; the groups after it find the tile in L1.
+inline F16Tile f16_tile(const RowsContext& c, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh) {
+  const int64_t b_lo = std::max<int64_t>(0, lo - ts) / 16 * 16, b_hi = std::min(hi - ts, kTile);
+  const KeyView keys{c.key_rows, g.kv_off, c.key_group, c.d};
+  const bool request = fresh && c.key_group == kKeyGroup;
+  const int64_t next_hi = std::min(hi, ts + 2 * kTile);
+  F16Tile t;
+  for (int64_t b0 = b_lo; b0 < b_hi; b0 += 16) {
+    const int b = static_cast<int>(b0 / 16);
+    t.k[b] = key_tile16(keys, ts + b0, lo, hi, c.kt + b0 * c.d);
+    t.next_k[b] = request && ts + kTile + b0 < next_hi ? keys.group_start(ts + kTile + b0) : t.k[b];
+  }
+  t.v = c.value_rows;
+  t.v_off = g.kv_off;
+  t.v_next_hi = request ? next_hi : 0;
+  return t;
+}
 
 // A query's running maximum, sum and value accumulator.
 struct RowState {

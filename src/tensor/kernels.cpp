@@ -1291,16 +1291,22 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
     hi = std::max(hi, items[r].end);
   }
   alignas(32) float s[kInterleave][kBlock], e[kInterleave][kBlock];
-  uint16_t key_rows[kBlock * 1024];  // one item's keys of the block, as rows of d
+  // The block's keys as rows of d, of the KV head at offset rows_off: items
+  // of one KV head (a prompt's consecutive tokens, grouped heads) share them.
+  uint16_t key_rows[kBlock * 1024];
   bool takes[kInterleave][kBlock], is_new[kInterleave][kBlock];
   for (int64_t p0 = lo; p0 < hi; p0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, hi - p0));
+    int64_t rows_off = -1;
     for (int r = 0; r < n; ++r) {
       const AttendItem& it = items[r];
       alignas(32) float arg[kBlock] = {};
       float m = M[r];
-      const int64_t k_lo = std::max(p0, it.first), k_hi = std::min(p0 + nb, it.end);
-      if (k_lo < k_hi) gather_key_rows(it.keys, k_lo, k_hi - k_lo, key_rows + (k_lo - p0) * d);
+      // Every position of [lo, hi) is stored (the batch's rows reach them).
+      if (it.keys.kv_off != rows_off) {
+        gather_key_rows(it.keys, p0, nb, key_rows);
+        rows_off = it.keys.kv_off;
+      }
       for (int j = 0; j < kBlock; ++j) {
         const int64_t p = p0 + j;
         takes[r][j] = j < nb && p >= it.first && p < it.end;

@@ -146,7 +146,8 @@ void convert_f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 // Batched attention for one layer: n_tokens queries of n_head heads
 // (q[(t * n_head + h) * head_dim + d]) attend to positions [first[t], end[t]).
 // Values: value_rows[p] points at position p's value of KV head 0, and KV
-// head j's is kv_head_stride elements further. Keys are stored in groups of
+// head j's is kv_head_stride elements further (0: head_dim, whole rows; only
+// with key_group 1). Keys are stored in groups of
 // key_group positions (tensor/key_layout.h): KV head j's group starting at
 // position g is at key_rows[g] + j * kv_head_stride, for every group start g
 // of a visible position (key_rows[p] for other p is not read). Numerics follow

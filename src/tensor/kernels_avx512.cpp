@@ -1112,7 +1112,7 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
   alignas(64) float sc[H][32], arg[H][16], e[H][16];
   alignas(64) float kt[Shared ? 16 * DC * 16 : 1];
   // The block's keys as rows, per head (one for all when they share them).
-  constexpr int KR = Shared ? 1 : H;
+  constexpr int KR = SharedV ? 1 : H;
   alignas(64) uint16_t key_rows[KR][16 * 16 * DC];
   uint32_t is_new[H];
   for (int64_t p0 = a.first; p0 < a.end; p0 += 16) {
@@ -1139,7 +1139,7 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
     } else {
       for (int j = 0; j < nb; ++j)
 #pragma GCC unroll 8
-        for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], key_rows[h] + j * 16 * DC) * a.scale;
+        for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], key_rows[SharedV ? 0 : h] + j * 16 * DC) * a.scale;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {

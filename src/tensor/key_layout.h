@@ -39,10 +39,8 @@ struct KeyView {
   int64_t group;
   int64_t d;
 
-  uint16_t at(int64_t p, int64_t i) const {
-    return rows[p & ~(group - 1)][kv_off + key_element_offset(group, p, i)];
-  }
   const uint16_t* group_start(int64_t p) const { return rows[p & ~(group - 1)] + kv_off; }
+  uint16_t at(int64_t p, int64_t i) const { return group_start(p)[key_element_offset(group, p, i)]; }
 };
 
 // Positions p0 .. p0 + n - 1 of k as rows: out[j * k.d + i] = k.at(p0 + j, i).
