@@ -208,6 +208,7 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
   std::vector<float> q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
+  prefetch_kv_slots(segments, il, L.n_head_kv, head_dim_);
   const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   matmul_many(qkv, h, n, pool);
   // No RoPE: positions enter only through the causal mask.

@@ -57,6 +57,27 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
 
 }  // namespace
 
+void prefetch_kv_slots(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim) {
+  constexpr int64_t kMaxPositions = 4;  // prompts write whole groups: the hardware prefetcher follows those
+  for (const PassSegment& seg : segments) {
+    const int64_t n = static_cast<int64_t>(seg.batch.tokens.size());
+    if (n > kMaxPositions) continue;
+    SequenceMemory& memory = *seg.memory;
+    const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+    for (int64_t p = seg.batch.pos0; p < seg.batch.pos0 + n; ++p) {
+      // The group's lines (written at every position of it) once per group.
+      if (p == seg.batch.pos0 || p % group == 0) {
+        const char* kg = reinterpret_cast<const char*>(memory.key(layer, p - p % group));
+        for (int64_t j = 0; j < n_kv_heads; ++j)
+          for (int64_t off = 0; off < group * head_dim * 2; off += 64) __builtin_prefetch(kg + j * stride * 2 + off, 1);
+      }
+      const char* vr = reinterpret_cast<const char*>(memory.value(layer, p));
+      for (int64_t j = 0; j < n_kv_heads; ++j)
+        for (int64_t off = 0; off < head_dim * 2; off += 64) __builtin_prefetch(vr + j * stride * 2 + off, 1);
+    }
+  }
+}
+
 void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim, const float* k,
               const float* v, ThreadPool& pool) {
   // Runs of positions within one key group of one segment.

@@ -29,6 +29,14 @@ struct LayerAttentionShape {
 void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim, const float* k,
               const float* v, ThreadPool& pool);
 
+// Asks the caches for the lines store_kv will write for decode-sized
+// segments (a few positions each). A position's keys touch every line of
+// its key group (32 lines per KV head for head_dim 64), which the previous
+// token's weight stream has evicted: fetched when store_kv runs, they kept
+// the other thread waiting ~1 us per layer. Called before the layer's K/V
+// projection, they arrive while it runs.
+void prefetch_kv_slots(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim);
+
 // q: n_tokens x n_head x head_dim; out: the same shape.
 void attend_layer(const ForwardBatch& batch, SequenceMemory& memory, int layer, const LayerAttentionShape& shape,
                   const float* q, float* out, ThreadPool& pool);

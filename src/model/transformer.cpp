@@ -312,6 +312,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     for_tokens(n, pool, [&](int64_t t) {
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     });
+    prefetch_kv_slots(segments, il, n_head_kv_, head_dim_);
     const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     matmul_many(qkv, h.data(), n, pool);
     add_bias(q, L.bq, n);

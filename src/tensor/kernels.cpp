@@ -761,6 +761,9 @@ struct Job {
   PackedX x;
   float* y;
   int64_t groups_per_task;
+  // > 0: the groups are dealt to the n_group_tasks tasks evenly in tiles of
+  // this many (groups_per_task is then only an upper bound).
+  int64_t even_tile = 0;
   int64_t tokens_per_task;
   int64_t n_group_tasks;
   int64_t n_token_tasks;
@@ -829,7 +832,12 @@ void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
-  const int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.groups.n_groups, g0 + j.groups_per_task);
+  int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.groups.n_groups, g0 + j.groups_per_task);
+  if (j.even_tile > 0) {
+    const int64_t n_tiles = (j.groups.n_groups + j.even_tile - 1) / j.even_tile;
+    g0 = std::min(j.groups.n_groups, gt * n_tiles / j.n_group_tasks * j.even_tile);
+    g1 = std::min(j.groups.n_groups, (gt + 1) * n_tiles / j.n_group_tasks * j.even_tile);
+  }
   const int64_t t0 = tt * j.tokens_per_task, t1 = std::min(n_tokens, t0 + j.tokens_per_task);
   const int64_t n_groups = g1 - g0;
   // The task's groups are `first`.. of `layout`.
@@ -932,6 +940,10 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       // tiles (8 concurrent weight streams; see the ISA kernels).
       const int64_t target = std::max<int64_t>(1, total_groups / (threads * 4));
       j.groups_per_task = std::clamp<int64_t>((target + 7) / 8 * 8, 8, 256);
+      // Dealt evenly, so no task is the short one: with 32000 outputs the
+      // last of 8 tasks had 208 groups to the others' 256, and the thread
+      // that drew it waited ~10 us per token for the other.
+      j.even_tile = 8;
     } else {
       j.tokens_per_task = 4 * kTokenTile;
       j.groups_per_task = 8;
