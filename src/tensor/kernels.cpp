@@ -1390,19 +1390,6 @@ void kernels::widen_kv_block(const KeyView& keys, const uint16_t* const* value_r
 
 namespace {
 
-// Decode attention: a task is one KV head of one token (all its query
-// heads, up to 16), f16 K/V rows read in place, so each KV head's rows are
-// read, and its tiles transposed, by one task, and a thread reads two
-// streams (the head's K and V rows) instead of one pair per head of a
-// several-head task. Paired per token against tasks of 4 query heads (a
-// whole KV head at least), 60M Q8_0 tg128@d2048: 1.05x without grouped
-// heads (AVX2 1.05x) and 1.05x with 2 query heads per KV head; tg128 at
-// depth 0 1.00x.
-int64_t decode_heads_per_task(const AttentionBatch& b) {
-  const int64_t group = b.n_head / b.n_head_kv;
-  return std::min<int64_t>(group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
-}
-
 // The per-key kernel takes up to 4 heads at a time.
 constexpr int64_t kPerKeyHeadsPerCall = 4;
 
@@ -1416,6 +1403,24 @@ bool all_tiled(const AttentionBatch& b) {
   for (int64_t t = 0; t < b.n_tokens; ++t)
     if (!takes_tiled_attention(b.head_dim, b.end[t])) return false;
   return true;
+}
+
+// Decode attention with the tiled numerics: a task is one KV head of one
+// token (all its query heads, up to 16), f16 K/V rows read in place, so each
+// KV head's rows are read, and its tiles transposed, by one task, and a
+// thread reads two streams (the head's K and V rows) instead of one pair per
+// head of a several-head task. Paired per token against tasks of 4 query
+// heads (a whole KV head at least), 60M Q8_0 tg128@d2048: 1.05x without
+// grouped heads (AVX2 1.05x) and 1.05x with 2 query heads per KV head.
+// Contexts of 64 or fewer keys take the per-key numerics, whose f16 value
+// accumulator is one serial rounding chain per head: those tasks take about
+// 4 query heads (whole KV heads), which the kernel interleaves so the chains
+// overlap; with one head a task, 60M decode spent ~2x as long in attention
+// at positions 16-63.
+int64_t decode_heads_per_task(const AttentionBatch& b) {
+  const int64_t group = b.n_head / b.n_head_kv;
+  const int64_t kv_heads = all_tiled(b) ? 1 : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
+  return std::min<int64_t>(kv_heads * group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
 }
 
 bool decode_kernel_takes(const AttentionBatch& b, const IsaKernels& isa) {

@@ -1080,6 +1080,38 @@ RP_INLINE float score_row(const float* q, const uint16_t* k) {
   return _mm_cvtss_f32(t);
 }
 
+// Keys p0 .. p0 + nb - 1 (nb <= 16) of the KV head at koff as [dim][16] f32
+// in kt, lanes from nb zero. A block that is one stored 16-position group
+// (every block of a context from position 0, in memory with 16-position
+// key groups) is widened in place; otherwise its keys are gathered as rows
+// into `rows` and transposed.
+template <int DC>
+RP_INLINE void key_block_f32(const AttnRowsArgs& a, int64_t koff, int64_t p0, int nb, float* kt, uint16_t* rows) {
+  const KeyView keys{a.key_rows, koff, a.key_group, 16 * DC};
+  const __mmask16 lanes = static_cast<__mmask16>(nb >= 16 ? 0xffffu : (1u << nb) - 1);
+  if (a.key_group == 16 && (p0 & 15) == 0) {
+    const uint16_t* g = a.key_rows[p0] + koff;  // (not KeyView's inline members: see the top of this file)
+#pragma GCC unroll 16
+    for (int i = 0; i < 16 * DC; ++i)
+      _mm512_store_ps(kt + i * 16,
+                      _mm512_maskz_mov_ps(lanes, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                     reinterpret_cast<const __m256i*>(g + i * 16)))));
+    return;
+  }
+  gather_key_rows(keys, p0, nb, rows);
+#pragma GCC unroll 1
+  for (int c = 0; c < DC; ++c) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < nb ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + i * 16 * DC + 16 * c)))
+                    : _mm512_setzero_ps();
+    transpose16(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(kt + (16 * c + i) * 16, r[i]);
+  }
+}
+
 // What the heads of one decode task share (grouped-query attention).
 enum class KvShare {
   kNone,      // each head reads its own K and V
@@ -1110,36 +1142,24 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
     voff[h] = a.v_off[h0 + h];
   }
   alignas(64) float sc[H][32], arg[H][16], e[H][16];
-  alignas(64) float kt[Shared ? 16 * DC * 16 : 1];
-  // The block's keys as rows, per head (one for all when they share them).
-  constexpr int KR = SharedV ? 1 : H;
-  alignas(64) uint16_t key_rows[KR][16 * 16 * DC];
+  alignas(64) float kt[16 * DC * 16];
+  alignas(64) uint16_t rows[16 * 16 * DC];
   uint32_t is_new[H];
   for (int64_t p0 = a.first; p0 < a.end; p0 += 16) {
     const int nb = static_cast<int>(a.end - p0 < 16 ? a.end - p0 : 16);
-#pragma GCC unroll 8
-    for (int h = 0; h < KR; ++h) gather_key_rows(KeyView{a.key_rows, koff[h], a.key_group, 16 * DC}, p0, nb, key_rows[h]);
+    // Scores with keys across lanes (score_tile: the same tree per lane as
+    // score_row's per key), from each KV head's block as [dim][16] f32.
+    const float* blocks[1] = {kt};
     if constexpr (Shared) {
-      // K transposed ([dim][key]); keys past nb are zero and not counted.
-#pragma GCC unroll 1
-      for (int c = 0; c < DC; ++c) {
-        __m512 r[16];
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i)
-          r[i] = i < nb ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(key_rows[0] + i * 16 * DC + 16 * c)))
-                        : _mm512_setzero_ps();
-        transpose16(r);
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) _mm512_store_ps(kt + (16 * c + i) * 16, r[i]);
-      }
-      const float* blocks[1] = {kt};
+      key_block_f32<DC>(a, koff[0], p0, nb, kt, rows);
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) score_tile<1, 1, DC / 2>(&q[h], blocks, a.scale, sc + h);
     } else {
-      for (int j = 0; j < nb; ++j)
 #pragma GCC unroll 8
-        for (int h = 0; h < H; ++h) sc[h][j] = score_row<DC>(q[h], key_rows[SharedV ? 0 : h] + j * 16 * DC) * a.scale;
+      for (int h = 0; h < H; ++h) {
+        key_block_f32<DC>(a, koff[h], p0, nb, kt, rows);
+        score_tile<1, 1, DC / 2>(&q[h], blocks, a.scale, sc + h);
+      }
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
