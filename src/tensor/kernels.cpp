@@ -1415,8 +1415,8 @@ bool all_tiled(const AttentionBatch& b) {
 // Contexts of 64 or fewer keys take the per-key numerics, whose f16 value
 // accumulator is one serial rounding chain per head: those tasks take about
 // 4 query heads (whole KV heads), which the kernel interleaves so the chains
-// overlap; with one head a task, 60M decode spent ~2x as long in attention
-// at positions 16-63.
+// overlap (with one head a task, 60M decode's attention at positions 32-63
+// took 1.1-1.2x as long).
 int64_t decode_heads_per_task(const AttentionBatch& b) {
   const int64_t group = b.n_head / b.n_head_kv;
   const int64_t kv_heads = all_tiled(b) ? 1 : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
