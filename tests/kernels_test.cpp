@@ -1067,10 +1067,14 @@ TEST(KeyLayout, StoreThenReadBack) {
       const KeyView keys{rows.data(), 0, group, d};
       for (int64_t p = 0; p < n_pos; ++p)
         for (int64_t i = 0; i < d; ++i) ASSERT_EQ(keys.at(p, i), f32_to_f16(src[p * d + i])) << p << " " << i;
-      std::vector<uint16_t> gathered(5 * d);
-      gather_key_rows(keys, 33, 5, gathered.data());
-      for (int64_t j = 0; j < 5; ++j)
-        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(gathered[j * d + i], keys.at(33 + j, i));
+      // Unaligned, a whole 16-position block, and aligned partial ones.
+      for (auto [p0, n] : {std::pair<int64_t, int64_t>{33, 5}, {32, 16}, {48, 7}, {64, 9}, {16, 1}}) {
+        std::vector<uint16_t> gathered(16 * d + 1, 0x5555);
+        gather_key_rows(keys, p0, n, gathered.data());
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < d; ++i) ASSERT_EQ(gathered[j * d + i], keys.at(p0 + j, i)) << p0 << " " << j;
+        ASSERT_EQ(gathered[n * d], 0x5555) << "wrote past position " << p0 + n - 1;
+      }
       std::vector<uint16_t> scratch(16 * d);
       const uint16_t* tile = key_tile16(keys, 48, 50, 70, scratch.data());
       for (int64_t lane = 2; lane < 16; ++lane)  // positions 50 .. 63 (in [lo, hi))
