@@ -796,14 +796,19 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
   IsaRestore restore;
   // Heads per KV head: 2, 4 (a decode task's 4 heads then share one KV
   // head, which the AVX-512 decode kernel handles separately) and 7 (a
-  // decode task takes a whole KV head: 4 heads, then 3, through this path).
-  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 2}, {14, 2}})
+  // decode task takes a whole KV head: 4 heads, then 3, through this path);
+  // and 1 and 2 below 64 positions, where a decode task's 4 heads read 4
+  // or 2 KV heads, each its own keys.
+  for (const auto& [n_head, n_head_kv] :
+       {std::pair<int64_t, int64_t>{4, 2}, {8, 2}, {14, 2}, {8, 8}, {8, 4}})
   for (int64_t head_dim : {64, 40, 16, 128, 8, 4, 12, 32, 96, 44, 80}) {
     if (n_head == 8 && head_dim % 32 != 0) continue;
     if (n_head == 14 && head_dim != 64 && head_dim != 40) continue;
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads");
-    // 14 heads: positions below 64, so head size 64 takes these numerics too.
-    const int64_t n_pos = n_head == 14 ? 60 : 150, n_q = 37;
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
+                 std::to_string(n_head_kv) + " KV heads");
+    // Positions below 64 (these numerics for every head size) with 14 heads
+    // and with 1 or 2 heads per KV head.
+    const int64_t n_pos = n_head == 14 || n_head_kv >= 4 ? 60 : 150, n_q = 37;
     KvStore kv(n_pos, n_head_kv * head_dim, 7);
     std::vector<float> q = make_x(n_q * n_head * head_dim, 8);
     for (auto& e : q) e *= 0.5f;

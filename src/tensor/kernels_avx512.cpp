@@ -1056,30 +1056,6 @@ void attention_small(const AttnArgs& a) {
   });
 }
 
-// ggml's AVX2 f16 dot tree for one (query, key): acc0..acc3 (8 lanes each)
-// over 32-element steps are the two halves of A and B here; then
-// (acc0 + acc1) + (acc2 + acc3) and the 8-lane tree of hsum8 in kernels.cpp.
-template <int DC>
-RP_INLINE float score_row(const float* q, const uint16_t* k) {
-  __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int s = 0; s < DC / 2; ++s) {
-    A = _mm512_fmadd_ps(_mm512_loadu_ps(q + 32 * s),
-                        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * s))), A);
-    B = _mm512_fmadd_ps(_mm512_loadu_ps(q + 32 * s + 16),
-                        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * s + 16))), B);
-  }
-  const __m256 c01 = _mm256_add_ps(_mm512_castps512_ps256(A), _mm512_extractf32x8_ps(A, 1));
-  const __m256 c23 = _mm256_add_ps(_mm512_castps512_ps256(B), _mm512_extractf32x8_ps(B, 1));
-  const __m256 v = _mm256_add_ps(c01, c23);
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 t = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, t);
-  t = _mm_add_ss(t, sh);
-  return _mm_cvtss_f32(t);
-}
-
 // Keys p0 .. p0 + nb - 1 (nb <= 16) of the KV head at koff as [dim][16] f32
 // in kt, lanes from nb zero. A block that is one stored 16-position group
 // (every block of a context from position 0, in memory with 16-position
@@ -1147,8 +1123,9 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
   uint32_t is_new[H];
   for (int64_t p0 = a.first; p0 < a.end; p0 += 16) {
     const int nb = static_cast<int>(a.end - p0 < 16 ? a.end - p0 : 16);
-    // Scores with keys across lanes (score_tile: the same tree per lane as
-    // score_row's per key), from each KV head's block as [dim][16] f32.
+    // Scores with keys across lanes (score_tile: per lane, ggml's AVX2 f16
+    // dot tree for one query and key), from each KV head's block as
+    // [dim][16] f32.
     const float* blocks[1] = {kt};
     if constexpr (Shared) {
       key_block_f32<DC>(a, koff[0], p0, nb, kt, rows);
@@ -1157,7 +1134,7 @@ void attend_rows_heads(const AttnRowsArgs& a, int64_t h0) {
     } else {
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
-        key_block_f32<DC>(a, koff[h], p0, nb, kt, rows);
+        if (!SharedV || h == 0) key_block_f32<DC>(a, koff[h], p0, nb, kt, rows);  // heads sharing V share K too
         score_tile<1, 1, DC / 2>(&q[h], blocks, a.scale, sc + h);
       }
     }
