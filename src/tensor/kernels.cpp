@@ -760,10 +760,9 @@ struct Job {
   int64_t n_out;
   PackedX x;
   float* y;
-  int64_t groups_per_task;
-  // > 0: the groups are dealt to the n_group_tasks tasks evenly in tiles of
-  // this many (groups_per_task is then only an upper bound).
-  int64_t even_tile = 0;
+  // The groups are dealt to the n_group_tasks tasks evenly, in tiles of
+  // this many (a task's share is a whole number of tiles).
+  int64_t task_tile;
   int64_t tokens_per_task;
   int64_t n_group_tasks;
   int64_t n_token_tasks;
@@ -832,12 +831,9 @@ void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   const int64_t gt = task % j.n_group_tasks, tt = task / j.n_group_tasks;
-  int64_t g0 = gt * j.groups_per_task, g1 = std::min(j.groups.n_groups, g0 + j.groups_per_task);
-  if (j.even_tile > 0) {
-    const int64_t n_tiles = (j.groups.n_groups + j.even_tile - 1) / j.even_tile;
-    g0 = std::min(j.groups.n_groups, gt * n_tiles / j.n_group_tasks * j.even_tile);
-    g1 = std::min(j.groups.n_groups, (gt + 1) * n_tiles / j.n_group_tasks * j.even_tile);
-  }
+  const int64_t n_tiles = (j.groups.n_groups + j.task_tile - 1) / j.task_tile;
+  const int64_t g0 = std::min(j.groups.n_groups, gt * n_tiles / j.n_group_tasks * j.task_tile);
+  const int64_t g1 = std::min(j.groups.n_groups, (gt + 1) * n_tiles / j.n_group_tasks * j.task_tile);
   const int64_t t0 = tt * j.tokens_per_task, t1 = std::min(n_tokens, t0 + j.tokens_per_task);
   const int64_t n_groups = g1 - g0;
   // The task's groups are `first`.. of `layout`.
@@ -934,19 +930,21 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     j.n_out = v.n_out;
     j.x = packed[ki];
     j.y = m.y;
+    // Groups per task, at most (the tasks' count follows from it).
+    int64_t groups_per_task;
     if (n_tokens < kTokenTile) {
       j.tokens_per_task = n_tokens;
       // About 4 tasks per thread over all matrices, in whole 8-group decode
       // tiles (8 concurrent weight streams; see the ISA kernels).
       const int64_t target = std::max<int64_t>(1, total_groups / (threads * 4));
-      j.groups_per_task = std::clamp<int64_t>((target + 7) / 8 * 8, 8, 256);
+      groups_per_task = std::clamp<int64_t>((target + 7) / 8 * 8, 8, 256);
       // Dealt evenly, so no task is the short one: with 32000 outputs the
       // last of 8 tasks had 208 groups to the others' 256, and the thread
       // that drew it waited ~10 us per token for the other.
-      j.even_tile = 8;
+      j.task_tile = 8;
     } else {
       j.tokens_per_task = 4 * kTokenTile;
-      j.groups_per_task = 8;
+      groups_per_task = 8;
       // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
       // (Q6_K and Q3_K: their quants to bytes) and reuse them over up to 44
       // token tiles.
@@ -955,12 +953,13 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
       if ((f16_like || q6_like) && n_tokens >= 4 * kTokenTile) {
         j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;
         j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
-        j.groups_per_task = 4;
+        groups_per_task = 4;
         j.tokens_per_task = 44 * kTokenTile;  // 528: a 512-token prompt widens each weight once
         if (f16_like) j.k_block = 512;
       }
+      j.task_tile = groups_per_task;  // one tile a task: groups_per_task each, the last fewer
     }
-    j.n_group_tasks = (j.groups.n_groups + j.groups_per_task - 1) / j.groups_per_task;
+    j.n_group_tasks = (j.groups.n_groups + groups_per_task - 1) / groups_per_task;
     j.n_token_tasks = (n_tokens + j.tokens_per_task - 1) / j.tokens_per_task;
     j.first_task = task;
     task += j.n_group_tasks * j.n_token_tasks;
