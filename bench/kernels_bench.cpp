@@ -12,6 +12,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/read_probe.h"
 #include "tensor/key_layout.h"
 #include "tensor/quantize.h"
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "cache/prefix_cache.h"
@@ -18,6 +19,7 @@
 #include "engine/model_bundle.h"
 #include "gguf/gguf_file.h"
 #include "tensor/kernels.h"
+#include "tensor/read_probe.h"
 #include "util/error.h"
 
 namespace reprise::cli {
@@ -104,13 +106,27 @@ struct Roofline {
   double read_bw = 0;           // measured, bytes/s, working set = streamed_bytes
 };
 
+// A tgN test run once more with a probe pass after every decode step that
+// reads the very weights a step reads, in the same order, with nothing else
+// to do: the step's roofline at the same moment and with the same cache
+// contents (each leaves L3 as the other would). The best probe pass of a run
+// (Roofline::read_bw) reads a buffer of its own: an upper envelope of a
+// bandwidth that drifts by 20 % within minutes here, and one that shares no
+// L3 lines with the weights.
+struct PairedRoofline {
+  bool measured = false;
+  double tokens_per_s = 0;  // over the paired steps
+  double read_bw = 0;       // bytes/s: the probe passes between them (the better pattern's mean)
+  double fraction = 0;      // the steps' (streamed + K/V) bytes/s over read_bw
+};
+
 // Decode tests (tgN) stream the weights once per token, so tokens/s times
 // the streamed bytes is compared with the measured read bandwidth; prompt
 // tests (ppN) process N tokens per pass over the weights.
 // tgN with several sequences (tgNxS) reports the tokens of all sequences per
 // second; each pass advances all S of them.
 void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
-            const Roofline& roof) {
+            const Roofline& roof, const PairedRoofline& paired = {}) {
   const bool decode = test.rfind("tg", 0) == 0;
   const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
@@ -123,14 +139,20 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
     std::printf("{\"test\":\"%s\",\"n_depth\":%d,\"sequences\":%d,\"tokens_per_s\":%.2f,\"stddev\":%.2f,\"threads\":%d,\"model\":\"%s\","
                 "\"isa\":\"%s\",\"weight_bytes\":%llu,\"streamed_weight_bytes\":%llu,"
                 "\"effective_weight_gbps\":%.2f,\"streamed_weight_gbps\":%.2f,\"kv_bytes_per_token\":%.0f,"
-                "\"streamed_kv_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,\"roofline_fraction\":%.3f}\n",
+                "\"streamed_kv_gbps\":%.2f,\"read_bandwidth_gbps\":%.2f,\"roofline_fraction\":%.3f",
                 test.c_str(), o.n_depth, decode ? o.sequences : 1, s.mean, s.stddev, threads, b.path.c_str(), kernel_isa_name(kernel_isa()),
                 static_cast<unsigned long long>(roof.weight_bytes), static_cast<unsigned long long>(roof.streamed_bytes),
                 eff_gbps, streamed_gbps, decode ? roof.kv_bytes : 0.0, kv_gbps, read_gbps, fraction);
+    if (paired.measured)
+      std::printf(",\"paired_tokens_per_s\":%.2f,\"paired_read_bandwidth_gbps\":%.2f,\"paired_roofline_fraction\":%.3f",
+                  paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction);
+    std::printf("}\n");
   } else {
-    std::printf("| %-40s | %12s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %8.2f | %5.1f%% |\n",
+    char paired_cell[16] = "-";
+    if (paired.measured) std::snprintf(paired_cell, sizeof paired_cell, "%5.1f%%", 100 * paired.fraction);
+    std::printf("| %-40s | %12s | %7d | %10.2f ± %-8.2f | %12.2f | %13.2f | %8.2f | %5.1f%% | %6s |\n",
                 b.path.substr(b.path.find_last_of('/') + 1).c_str(), test.c_str(), threads, s.mean, s.stddev, eff_gbps,
-                streamed_gbps, kv_gbps, 100 * fraction);
+                streamed_gbps, kv_gbps, 100 * fraction, paired_cell);
   }
   std::fflush(stdout);
 }
@@ -194,10 +216,10 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     // weights GB/s: all tensors per pass (llama.cpp's model size); streamed
     // GB/s: the weights a pass reads; K/V GB/s: the K/V rows decode reads;
     // of BW: (streamed + K/V) / measured read bandwidth.
-    std::printf("| %-40s | %12s | %7s | %21s | %12s | %13s | %8s | %6s |\n", "model", "test", "threads", "tokens/s",
-                "weights GB/s", "streamed GB/s", "K/V GB/s", "of BW");
+    std::printf("| %-40s | %12s | %7s | %21s | %12s | %13s | %8s | %6s | %6s |\n", "model", "test", "threads", "tokens/s",
+                "weights GB/s", "streamed GB/s", "K/V GB/s", "of BW", "paired");
     std::printf("|------------------------------------------|--------------|---------|-----------------------|--------------|"
-                "---------------|----------|--------|\n");
+                "---------------|----------|--------|--------|\n");
   }
   std::vector<float> logits;
   // llama-bench names tests at depth "pp512 @ d4096"; one token keeps the
@@ -232,43 +254,88 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
         "tg" + std::to_string(o.n_gen) + (n_seq > 1 ? "x" + std::to_string(n_seq) : "") + depth_suffix;
     std::vector<double> rates;
     roof.kv_bytes = kv_bytes_per_step(model.state_spec(), o.n_depth, o.n_gen);
+    // One run of the test: the sequences' memory, filled to the depth.
+    struct DecodeRun {
+      std::vector<std::unique_ptr<FlatMemory>> memory;
+      std::vector<SequenceStep> steps;
+    };
+    auto start_run = [&] {
+      DecodeRun run;
+      for (int s = 0; s < n_seq; ++s) {
+        run.memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+        run.memory.back()->prepare(0, o.n_depth + o.n_gen);
+        prefill_depth(model, *run.memory.back(), o.n_depth, n_vocab, pool, logits);
+      }
+      run.steps.resize(n_seq);
+      for (int s = 0; s < n_seq; ++s) run.steps[s] = SequenceStep{1 + s, o.n_depth, run.memory[s].get()};
+      return run;
+    };
+    // Step i of a run; returns its seconds (the next tokens are chosen after the clock stops).
+    auto decode_step = [&](DecodeRun& run, int i) {
+      const double t0 = now_seconds();
+      if (n_seq == 1) {  // exactly what a single sequence's decode runs
+        ForwardBatch batch;
+        batch.tokens = std::span<const int32_t>(&run.steps[0].token, 1);
+        batch.pos0 = run.steps[0].pos;
+        model.forward(batch, *run.memory[0], logits, pool);
+      } else {
+        model.forward_steps(run.steps, logits, pool);
+      }
+      const double dt = now_seconds() - t0;
+      for (int s = 0; s < n_seq; ++s) {
+        run.steps[s].token = static_cast<int32_t>(3 + (i * 7919 + s * 104729) % (n_vocab - 3));
+        ++run.steps[s].pos;
+      }
+      return dt;
+    };
+    std::vector<std::span<const uint8_t>> step_weights;  // the weights a step reads, in order
     for (int r = -1; r < o.reps; ++r) {
       turn.wait_turn();
       // The VM's bandwidth moves from minute to minute: probe again between
       // repetitions and compare against the best the machine gave meanwhile.
       roof.read_bw = std::max(roof.read_bw, measure_read_bandwidth(roof.streamed_bytes, pool, 2));
-      std::vector<std::unique_ptr<FlatMemory>> memory;
-      for (int s = 0; s < n_seq; ++s) {
-        memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
-        memory.back()->prepare(0, o.n_depth + o.n_gen);
-        prefill_depth(model, *memory.back(), o.n_depth, n_vocab, pool, logits);
-      }
-      std::vector<SequenceStep> steps(n_seq);
-      for (int s = 0; s < n_seq; ++s) steps[s] = SequenceStep{1 + s, o.n_depth, memory[s].get()};
+      DecodeRun run = start_run();
       double busy = 0;  // the steps' own time (a lockstep partner's turns excluded)
       for (int i = 0; i < o.n_gen; ++i) {
         if (i > 0) turn.wait_turn();
-        const double t0 = now_seconds();
-        if (n_seq == 1) {  // exactly what a single sequence's decode runs
-          ForwardBatch batch;
-          batch.tokens = std::span<const int32_t>(&steps[0].token, 1);
-          batch.pos0 = steps[0].pos;
-          model.forward(batch, *memory[0], logits, pool);
-        } else {
-          model.forward_steps(steps, logits, pool);
-        }
-        const double dt = now_seconds() - t0;
+        std::optional<WeightReadLog> weights_log;  // the warm-up's first step records what a step reads
+        if (r < 0 && i == 0) weights_log.emplace();
+        const double dt = decode_step(run, i);
+        if (weights_log) step_weights = weights_log->regions();
         turn.pass_turn();
         busy += dt;
         if (r >= 0) log.add(test, dt);
-        for (int s = 0; s < n_seq; ++s) {
-          steps[s].token = static_cast<int32_t>(3 + (i * 7919 + s * 104729) % (n_vocab - 3));
-          ++steps[s].pos;
-        }
       }
       if (r >= 0) rates.push_back(static_cast<double>(o.n_gen) * n_seq / busy);
     }
-    report(o, b, test, spread(rates), threads, roof);
+    // The paired run (PairedRoofline) takes no lockstep turns: a partner
+    // build without it would fall out of step.
+    auto measure_paired = [&]() -> PairedRoofline {
+      PairedRoofline paired;
+      if (!o.lockstep.empty() || step_weights.empty()) return paired;
+      ReadProbe probe(step_weights, pool);
+      if (probe.bytes() == 0) return paired;
+      DecodeRun run = start_run();
+      probe.pass(1);  // warm-up, one pass per pattern
+      probe.pass(8);
+      double decode_s = 0, probe_s[2] = {0, 0};
+      int probe_n[2] = {0, 0};
+      for (int i = 0; i < o.n_gen; ++i) {
+        decode_s += decode_step(run, i);
+        probe_s[i % 2] += probe.pass(i % 2 ? 8 : 1);
+        ++probe_n[i % 2];
+      }
+      for (int k = 0; k < 2; ++k)
+        if (probe_n[k] > 0) paired.read_bw = std::max(paired.read_bw, probe_n[k] * probe.bytes() / probe_s[k]);
+      paired.tokens_per_s = static_cast<double>(o.n_gen) * n_seq / decode_s;
+      // The bytes the probe read (the packed weights) stand for the file's.
+      const double step_bytes = probe.bytes() + n_seq * roof.kv_bytes;
+      paired.fraction = o.n_gen * step_bytes / decode_s / paired.read_bw;
+      paired.measured = true;
+      return paired;
+    };
+    const PairedRoofline paired = measure_paired();
+    report(o, b, test, spread(rates), threads, roof, paired);
   }
 }
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +22,7 @@
 #include "tensor/kernels_impl.h"
 #include "tensor/quant_blocks.h"
 #include "tensor/quantize.h"
+#include "tensor/read_probe.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -926,6 +926,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     j.fn = matmul_fn(isa, v.type);
     j.groups = {m.groups, group_bytes_for(v.type, n_in), unit_bytes_for(v.type), (v.n_out + kGroupRows - 1) / kGroupRows,
                 m.interleave};
+    WeightReadLog::note(j.groups.base, j.groups.group_bytes * j.groups.n_groups);
     j.view = &v;
     j.n_out = v.n_out;
     j.x = packed[ki];
@@ -995,35 +996,6 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
   }
   for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y, outputs[i].w->interleave()};
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
-}
-
-double measure_read_bandwidth(size_t bytes, ThreadPool& pool, int passes) {
-  const IsaKernels& isa = isa_kernels();
-  // Chunks claimed dynamically keep every thread streaming to the end.
-  constexpr size_t kChunk = 1 << 20;
-  const size_t n_chunks = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
-  const size_t total = n_chunks * kChunk;
-  // The same kind of memory as the weights, so the probe is their roofline.
-  const std::shared_ptr<uint8_t[]> owner = allocate_streamed(total);
-  uint8_t* buf = owner.get();
-  pool.parallel_for(static_cast<int64_t>(n_chunks),
-                    [&](int64_t c) { std::memset(buf + c * kChunk, static_cast<int>(c & 0xff), kChunk); });
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  // Two read patterns, alternating pass by pass, and the best of either: 8
-  // interleaved streams per thread (the contiguous layout's decode pattern,
-  // the faster on Ice Lake) and one sequential stream (the interleaved
-  // layout's, the faster on Zen 5).
-  for (int pass = 0; pass < 2 * (passes + 1); ++pass) {  // each pattern's first pass warms up
-    const int streams = pass % 2 ? 1 : 8;
-    const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(static_cast<int64_t>(n_chunks), [&](int64_t c) {
-      sink.fetch_add(isa.read_sum(buf + c * kChunk, kChunk, streams), std::memory_order_relaxed);
-    });
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (pass >= 2) best = std::max(best, total / dt);
-  }
-  return best;
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {

@@ -175,15 +175,6 @@ void attention(const AttentionBatch& batch, ThreadPool& pool);
 // attention() gives for its own batch.
 void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
 
-// ---------------------------------------------------------------------------
-// Machine read bandwidth: the roofline for decode, which streams every weight
-// once per token. Reads a buffer of `bytes` (allocated and touched first) with
-// all of the pool's threads, `passes` times in each of two patterns (8
-// interleaved streams per thread, one stream per thread), and returns the
-// best pass in bytes per second. Use the model's weight size so cache
-// effects match.
-double measure_read_bandwidth(size_t bytes, ThreadPool& pool, int passes = 5);
-
 // Dot of two f32 rows with the same summation order as matmul's F32 path.
 float dot_f32(const float* a, const float* b, int64_t n);
 

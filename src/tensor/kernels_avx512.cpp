@@ -1333,7 +1333,7 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
   }
 }
 
-// Reads n bytes (a multiple of 8 KiB) as `streams` (8 or 1) sequential
+// Reads n bytes (a multiple of 512) as `streams` (8 or 1) sequential
 // streams, each prefetched 1 KiB ahead: 8 interleaved streams were the
 // decode tiles' pattern and the fastest read on the Ice Lake VM (~1.5x one
 // stream); one stream per thread is the interleaved layout's, and the

@@ -411,7 +411,7 @@ struct IsaKernels {
   void (*matmul_q6_k_wide)(const MatmulArgs&);
   void (*matmul_iq4_nl)(const MatmulArgs&);
   void (*matmul_iq4_xs)(const MatmulArgs&);
-  // Sums bytes [0, n) of p (n a multiple of 8 KiB) with the widest loads,
+  // Sums bytes [0, n) of p (n a multiple of 512) with the widest loads,
   // read as `streams` (8 or 1) sequential streams; the result only defeats
   // dead-code elimination.
   uint64_t (*read_sum)(const uint8_t* p, size_t n, int streams);
