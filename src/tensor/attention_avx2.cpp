@@ -9,6 +9,7 @@
 //   - the f16 value accumulator, updated key by key, with the accumulators of
 //     several queries in registers so their rounding chains overlap.
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/avx2_math.h"
 #include "tensor/kernels_impl.h"
@@ -245,6 +246,22 @@ void attention_runs(const AttnArgs& a) {
 }  // namespace
 
 bool attention_avx2_supports(int64_t head_dim) { return head_dim >= 1 && head_dim <= kMaxD; }
+
+void score16_avx2(const float* q, const float* kt, int64_t d, float* out) {
+  auto both = [&](auto s) {
+    constexpr int S = decltype(s)::value;
+    _mm256_storeu_ps(out, score8<S>(q, kt, d));
+    _mm256_storeu_ps(out + 8, score8<S>(q, kt + 8, d));
+  };
+  switch (d) {
+    case 32: return both(std::integral_constant<int, 1>{});
+    case 64: return both(std::integral_constant<int, 2>{});
+    case 96: return both(std::integral_constant<int, 3>{});
+    case 128: return both(std::integral_constant<int, 4>{});
+    case 256: return both(std::integral_constant<int, 8>{});
+    default: return both(std::integral_constant<int, 0>{});
+  }
+}
 
 void attention_avx2(const AttnArgs& a) {
   switch (a.d) {

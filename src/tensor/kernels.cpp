@@ -1261,7 +1261,7 @@ struct AttendItem {
 };
 
 void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) {
-  constexpr int kBlock = 8;
+  constexpr int kBlock = 16;  // a key tile (key_tile16)
   alignas(32) float qh[kInterleave][1024], acc[kInterleave][1024];
   float M[kInterleave], S[kInterleave];
   int64_t lo = items[0].first, hi = items[0].end;
@@ -1274,35 +1274,44 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
     hi = std::max(hi, items[r].end);
   }
   alignas(32) float s[kInterleave][kBlock], e[kInterleave][kBlock];
-  // The block's keys as rows of d, of the KV head at offset rows_off: items
-  // of one KV head (a prompt's consecutive tokens, grouped heads) share them.
-  uint16_t key_rows[kBlock * 1024];
+  // The tile's keys widened to f32 ([d][16]) for the KV head at offset
+  // tile_off: items of one KV head (a prompt's consecutive tokens, grouped
+  // heads) share them. The stored group is read in place (key_tile16), so
+  // no key is gathered into rows.
+  alignas(32) float kt[1024 * kBlock];
+  alignas(32) uint16_t scratch[1024 * kBlock];
   bool takes[kInterleave][kBlock], is_new[kInterleave][kBlock];
-  for (int64_t p0 = lo; p0 < hi; p0 += kBlock) {
-    const int nb = static_cast<int>(std::min<int64_t>(kBlock, hi - p0));
-    int64_t rows_off = -1;
+  for (int64_t t0 = lo & ~int64_t(kBlock - 1); t0 < hi; t0 += kBlock) {
+    int64_t tile_off = -1;
     for (int r = 0; r < n; ++r) {
       const AttendItem& it = items[r];
       alignas(32) float arg[kBlock] = {};
       float m = M[r];
-      // Every position of [lo, hi) is stored (the batch's rows reach them).
-      if (it.keys.kv_off != rows_off) {
-        gather_key_rows(it.keys, p0, nb, key_rows);
-        rows_off = it.keys.kv_off;
+      // Every position of [lo, hi) is stored (the batch's rows reach them);
+      // lanes outside it are never taken.
+      if (it.keys.kv_off != tile_off) {
+        const uint16_t* tile = key_tile16(it.keys, t0, lo, hi, scratch);
+        for (int64_t i = 0; i < d; ++i) {
+          _mm256_store_ps(kt + 16 * i, load_h8(tile + 16 * i));
+          _mm256_store_ps(kt + 16 * i + 8, load_h8(tile + 16 * i + 8));
+        }
+        tile_off = it.keys.kv_off;
       }
+      kernels::score16_avx2(qh[r], kt, d, s[r]);
       for (int j = 0; j < kBlock; ++j) {
-        const int64_t p = p0 + j;
-        takes[r][j] = j < nb && p >= it.first && p < it.end;
+        const int64_t p = t0 + j;
+        takes[r][j] = p >= it.first && p < it.end;
         is_new[r][j] = false;
         if (!takes[r][j]) continue;
-        s[r][j] = score_f16(qh[r], key_rows + j * d, d) * scale;
+        s[r][j] *= scale;
         is_new[r][j] = s[r][j] > m;
         arg[j] = is_new[r][j] ? m - s[r][j] : s[r][j] - m;
         if (is_new[r][j]) m = s[r][j];
       }
       _mm256_store_ps(e[r], expf_exact8(_mm256_load_ps(arg)));
+      _mm256_store_ps(e[r] + 8, expf_exact8(_mm256_load_ps(arg + 8)));
     }
-    for (int j = 0; j < nb; ++j) {
+    for (int j = 0; j < kBlock; ++j) {
       for (int r = 0; r < n; ++r) {
         if (!takes[r][j]) continue;
         float ms = 1.0f, vs = 1.0f;
@@ -1313,7 +1322,7 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
         } else {
           vs = e[r][j];
         }
-        mad_h(acc[r], items[r].value_rows[p0 + j] + items[r].offset, vs, d);
+        mad_h(acc[r], items[r].value_rows[t0 + j] + items[r].offset, vs, d);
         S[r] = std::fma(S[r], ms, vs);
       }
     }
