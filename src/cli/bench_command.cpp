@@ -117,7 +117,7 @@ struct PairedRoofline {
   bool measured = false;
   double tokens_per_s = 0;  // over the paired steps
   double read_bw = 0;       // bytes/s: the probe passes between them (the better pattern's mean)
-  double fraction = 0;      // the steps' (streamed + K/V) bytes/s over read_bw
+  double fraction = 0;      // the steps' (probed weights + K/V) bytes/s over read_bw
 };
 
 // Decode tests (tgN) stream the weights once per token, so tokens/s times

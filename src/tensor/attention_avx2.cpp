@@ -2,8 +2,8 @@
 // AVX2 instruction set's kernel, and the AVX-512 one's fallback for head
 // sizes it does not take. The arithmetic per (query, key) is that of
 // attend_interleaved in kernels.cpp, so results are identical:
-//   - scores with ggml's f16 dot tree (score_f16), computed for 8 keys at a
-//     time with the keys across lanes;
+//   - scores with ggml's f16 dot tree (kernels.cpp, Attention), computed
+//     for 8 keys at a time with the keys across lanes;
 //   - the online softmax's sequential new-maximum rule, evaluated 8 keys at a
 //     time with a prefix maximum, and glibc's expf;
 //   - the f16 value accumulator, updated key by key, with the accumulators of
@@ -24,8 +24,8 @@ constexpr int kMaxQ = 16;  // queries per run
 constexpr int kQG = 4;     // queries whose value updates interleave
 constexpr int kMaxD = 256;
 
-// score_f16 of one query against the 8 keys whose K values are at k + 16 i
-// (dimension i): chain j of 32 (ggml's 4 x 8-lane accumulators) over the
+// The per-key score (kernels.cpp, Attention) of one query against the 8
+// keys whose K values are at k + 16 i (dimension i): chain j of 32 (ggml's 4 x 8-lane accumulators) over the
 // 32-element steps, further 8-element steps into chains 0..7, the lane tree of
 // hsum8 over the chains, then the leftover elements one by one. Below 32
 // elements ggml sums in double. S > 0: d is 32 S (unrolled); S = 0: any d.

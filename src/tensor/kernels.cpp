@@ -41,7 +41,6 @@ using kernels::kSectionQ6K;
 using kernels::avx2::exp8;
 using kernels::avx2::exp_scalar;
 using kernels::avx2::expf_exact8;
-using kernels::avx2::hsum8;
 using kernels::avx2::load_h8;
 using kernels::avx2::round_h8;
 using kernels::avx2::transpose8x8_epi32;
@@ -1193,38 +1192,34 @@ void add_inplace(float* y, const float* x, int64_t n) {
 // Attention.
 //
 // Per query: q rounded to f16; for each key in order, s = dot(q, k) * scale
-// with the summation order of ggml's AVX2 f16 dot (4 x 8-lane accumulators
-// over 32-element steps, then a fixed tree; rows shorter than 32 are summed
-// in double), then ggml's online softmax with an f16 value accumulator:
+// with the summation order of ggml's AVX2 f16 dot: four 8-lane fma chains
+// c0..c3 over 32-element steps (further 8-element steps into c0), then
+// ((c0 + c1) + (c2 + c3)), lanes l + l+4, then (w0 + w1) + (w2 + w3), then
+// the leftover elements by fma one by one; rows shorter than 32 are summed
+// in double (score8 in attention_avx2.cpp computes it for 8 keys at once),
+// then ggml's online softmax with an f16 value accumulator:
 //   s > M:  ms = exp(M - s), M = s, acc = f16(acc * ms), vs = 1
 //   else:   vs = exp(s - M)
 //   acc = f16(fma(v, vs, acc)); S = fma(S, ms, vs)
 // out = acc / S, with exp the C library's expf (computed 8 at a time by
-// expf_exact8, which gives its bits). Keys are handled in blocks of 8; the
+// expf_exact8, which gives its bits). Keys are handled in tiles of 16; the
 // arithmetic per key is unchanged.
 
 namespace {
 
-// q: head_dim floats already rounded to f16 values.
-inline float score_f16(const float* q, const uint16_t* k, int64_t n) {
-  if (n < 32) {
-    double acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(q[i]) * f16_to_f32(k[i]);
-    return static_cast<float>(acc);
+// The 16-position key tile at t0 (key_tile16) widened to f32 as [d][16] in
+// kt; lanes of positions outside [lo, hi) are zero (the stored group's
+// other positions may hold anything). scratch: 16 * keys.d values.
+void widen_key_tile(const KeyView& keys, int64_t t0, int64_t lo, int64_t hi, uint16_t* scratch, float* kt) {
+  const uint16_t* tile = key_tile16(keys, t0, lo, hi, scratch);
+  alignas(32) int32_t lane_ok[16];
+  for (int i = 0; i < 16; ++i) lane_ok[i] = t0 + i >= lo && t0 + i < hi ? -1 : 0;
+  const __m256 ok0 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok)));
+  const __m256 ok1 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok + 8)));
+  for (int64_t d = 0; d < keys.d; ++d) {
+    _mm256_store_ps(kt + d * 16, _mm256_and_ps(load_h8(tile + d * 16), ok0));
+    _mm256_store_ps(kt + d * 16 + 8, _mm256_and_ps(load_h8(tile + d * 16 + 8), ok1));
   }
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(k + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_h8(k + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), load_h8(k + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), load_h8(k + i + 24), acc3);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(k + i), acc0);
-  float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) s = std::fma(q[i], f16_to_f32(k[i]), s);
-  return s;
 }
 
 // acc = f16(acc * m) over n (n % 8 handled in scalar with the same rounding).
@@ -1287,14 +1282,9 @@ void attend_interleaved(const AttendItem* items, int n, int64_t d, float scale) 
       const AttendItem& it = items[r];
       alignas(32) float arg[kBlock] = {};
       float m = M[r];
-      // Every position of [lo, hi) is stored (the batch's rows reach them);
-      // lanes outside it are never taken.
+      // Every position of [lo, hi) is stored (the batch's rows reach them).
       if (it.keys.kv_off != tile_off) {
-        const uint16_t* tile = key_tile16(it.keys, t0, lo, hi, scratch);
-        for (int64_t i = 0; i < d; ++i) {
-          _mm256_store_ps(kt + 16 * i, load_h8(tile + 16 * i));
-          _mm256_store_ps(kt + 16 * i + 8, load_h8(tile + 16 * i + 8));
-        }
+        widen_key_tile(it.keys, t0, lo, hi, scratch, kt);
         tile_off = it.keys.kv_off;
       }
       kernels::score16_avx2(qh[r], kt, d, s[r]);
@@ -1343,17 +1333,7 @@ void kernels::widen_kv_block(const KeyView& keys, const uint16_t* const* value_r
                              int64_t lo, int64_t hi, float* kt, float* v) {
   const int64_t D = keys.d;
   alignas(64) uint16_t scratch[16 * 256];
-  const uint16_t* tile = key_tile16(keys, p0, lo, hi, scratch);
-  // Lanes of positions outside [lo, hi) are zero (the stored group's other
-  // positions may hold anything).
-  alignas(32) int32_t lane_ok[16];
-  for (int i = 0; i < 16; ++i) lane_ok[i] = p0 + i >= lo && p0 + i < hi ? -1 : 0;
-  const __m256 ok0 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok)));
-  const __m256 ok1 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lane_ok + 8)));
-  for (int64_t d = 0; d < D; ++d) {
-    _mm256_store_ps(kt + d * 16, _mm256_and_ps(load_h8(tile + d * 16), ok0));
-    _mm256_store_ps(kt + d * 16 + 8, _mm256_and_ps(load_h8(tile + d * 16 + 8), ok1));
-  }
+  widen_key_tile(keys, p0, lo, hi, scratch, kt);
   for (int i = 0; i < 16; ++i) {
     const int64_t p = p0 + i;
     float* vr = v + i * D;

@@ -665,8 +665,8 @@ RP_INLINE void transpose16(__m512 (&r)[16]) {
 
 // ---------------------------------------------------------------------------
 // Batched attention (see AttnArgs). Scores run with keys across lanes, but
-// each (query, key) score is the same operation tree as score_f16 in
-// kernels.cpp: four 8-lane accumulator chains over 32-element steps, then
+// each (query, key) score is the same operation tree as the per-key score
+// in kernels.cpp (Attention): four 8-lane accumulator chains over 32-element steps, then
 // ((c0 + c1) + (c2 + c3)), lanes l + l+4, then (w0 + w1) + (w2 + w3).
 
 // glibc's expf, 8 lanes in double precision (same operations as expf_exact4
@@ -918,7 +918,7 @@ RP_INLINE void update_values(int r0, int nr, int nk, int64_t p0, const AttnArgs&
 }
 
 // Head sizes up to 16. ggml's f16 dot has no full 32-element step at these
-// sizes and sums every product in double (as score_f16 in kernels.cpp does),
+// sizes and sums every product in double (as the per-key score in kernels.cpp does),
 // so each step's 32 keys are widened to double once and every query's scores
 // run as 4 chains of 8 keys, two queries at a time; value rows are one masked
 // vector.

@@ -460,9 +460,9 @@ void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* c
 // and the fallback for head sizes another ISA's kernel does not take.
 void attention_avx2(const AttnArgs& a);
 bool attention_avx2_supports(int64_t head_dim);
-// score_f16 (kernels.cpp) of one query q (f16 values) against the 16 keys
-// of a widened tile kt ([d][16] floats: element i of key j at kt[16 i + j]),
-// into out[0..15]: ggml's tree per key, computed with the keys across lanes.
+// The per-key score (kernels.cpp, Attention) of one query q (f16 values)
+// against the 16 keys of a widened tile kt ([d][16] floats: element i of key
+// j at kt[16 i + j]), into out[0..15], computed with the keys across lanes.
 void score16_avx2(const float* q, const float* kt, int64_t d, float* out);
 
 const IsaKernels& avx2_kernels();
