@@ -33,6 +33,7 @@ using kernels::kTokenTile;
 using kernels::takes_tiled_attention;
 using kernels::widen_kv_block;
 using kernels::GroupLayout;
+using kernels::isa_kernels;
 using kernels::MatmulArgs;
 using kernels::XBlock;
 using kernels::kSectionQ4K;
@@ -65,11 +66,11 @@ KernelIsa detect_isa() {
 
 std::atomic<int> g_isa{-1};
 
-const IsaKernels& isa_kernels() {
+}  // namespace
+
+const IsaKernels& kernels::isa_kernels() {
   return kernel_isa() == KernelIsa::Avx512 ? kernels::avx512_kernels() : kernels::avx2_kernels();
 }
-
-}  // namespace
 
 KernelIsa kernel_isa() {
   int v = g_isa.load(std::memory_order_relaxed);

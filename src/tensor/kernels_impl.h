@@ -466,6 +466,8 @@ bool attention_avx2_supports(int64_t head_dim);
 void score16_avx2(const float* q, const float* kt, int64_t d, float* out);
 
 const IsaKernels& avx2_kernels();
+// The table of the instruction set kernel_isa() selects (kernels.cpp).
+const IsaKernels& isa_kernels();
 // Quantizes n_sections consecutive 256-float sections of x to Q8_K
 // activations (8 XBlocks each, out[b * out_stride] for block b) by ggml's
 // quantize_row_q8_K: per section, max = the first element of largest

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "tensor/huge_pages.h"
-#include "tensor/kernels.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/thread_pool.h"
 #include "util/error.h"
@@ -42,8 +41,7 @@ ReadProbe::ReadProbe(std::span<const std::span<const uint8_t>> regions, ThreadPo
 
 double ReadProbe::pass(int streams) {
   if (chunks_.empty()) return 0;
-  const kernels::IsaKernels& isa =
-      kernel_isa() == KernelIsa::Avx512 ? kernels::avx512_kernels() : kernels::avx2_kernels();
+  const kernels::IsaKernels& isa = kernels::isa_kernels();
   std::atomic<uint64_t> sink{0};  // keeps the reads from being optimised away
   const auto t0 = std::chrono::steady_clock::now();
   pool_.parallel_for(static_cast<int64_t>(chunks_.size()), [&](int64_t c) {
