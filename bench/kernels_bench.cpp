@@ -98,6 +98,11 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   // weights, which they read from memory once per call, as decode does.
   for (int t : {1, 3})
     for (int n_tokens : {1, 2, 4, 8}) b->Args({t, 4096, 16384, n_tokens, 2});
+  // One thread's decode from L3 (4096 x 4096: 9-19 MB) and from memory, for
+  // Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: against BM_ReadPacked, how far each type's
+  // kernel is from reading its bytes.
+  for (int t : {3, 4, 8, 9, 10})
+    for (int n_out : {4096, 16384}) b->Args({t, 4096, n_out, 1, 1});
   // Decode from memory for the 4-6-bit types (Q4_0, Q4_K, Q5_K, Q6_K).
   for (int t : {4, 8, 9, 10}) b->Args({t, 4096, 16384, 1, 2});
 }
@@ -265,5 +270,23 @@ void BM_ReadBandwidth(benchmark::State& state) {
   for (auto _ : state) bw = measure_read_bandwidth(static_cast<size_t>(state.range(0)) << 20, pool, 3);
   state.counters["GBps"] = bw / 1e9;
 }
+
+// A pure read of a packed 4096 x 16384 matrix (the bytes BM_Matmul's
+// decode of that shape reads, in their order), one stream per thread. Args:
+// dtype index, threads.
+void BM_ReadPacked(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  ThreadPool pool(static_cast<int>(state.range(1)));
+  Weights w = make_weights(t, 4096, 16384);
+  PackedMatrix pm(w.view);
+  const std::span<const uint8_t> region(pm.groups(), pm.packed_bytes());
+  ReadProbe probe(std::span<const std::span<const uint8_t>>(&region, 1), pool);
+  double seconds = 0;
+  for (auto _ : state) seconds += probe.pass(1);
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)));
+  state.counters["GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(probe.bytes()) / seconds / 1e9;
+}
+BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10}, {1, 2}})->UseRealTime();
+
 BENCHMARK(BM_ReadBandwidth)->ArgsProduct({{4, 36, 64, 120, 512}, {1, 2}})->Iterations(1)->UseRealTime();
 }  // namespace

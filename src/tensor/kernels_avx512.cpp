@@ -245,30 +245,49 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 template <KType KT, bool Odd>
 constexpr bool kTimes16 = KT == KType::Q4K && Odd;
 
-// The unsigned quants (0..15, 0..31 or 0..63; 16 * 0..15 when kTimes16) of
-// chunk C of sub-block 2 * pair + Odd of a K-type section at sec, for 16 rows.
+// Chunk C of a K-type section's sub-block 2 * pair + Odd as unsigned quants
+// (0..15, 0..31 or 0..63; 16 * 0..15 when kTimes16), for 16 rows, from the
+// chunk's nibble bytes v and (Q5_K, Q6_K) the high-bit plane bytes h that hold
+// its high bits.
 template <KType KT, bool Odd, int C>
-RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
-  if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
+RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  const __m512i v = _mm512_loadu_si512(sec + kNibbles + pair * 512 + C * 64);
   if constexpr (kTimes16<KT, Odd>) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
   __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
   // The high bits sit at bit kBit of a plane byte; 16-bit shifts move them to
   // bit 4 (what spills from the neighbouring byte falls outside the mask).
   if constexpr (KT == KType::Q5K) {
     constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
-    const __m512i h = _mm512_loadu_si512(sec + kSectionQ4K + pair * 128 + (C / 4) * 64);
     const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
     q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
   } else if constexpr (KT == KType::Q6K) {
     constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
-    const __m512i h = _mm512_loadu_si512(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64);
     const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
     q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
   }
   return q;
+}
+
+// Where chunk C of pair `pair`'s nibble bytes and high-bit plane bytes are in
+// a K-type section (the plane: Q5_K and Q6_K only).
+template <KType KT, int C>
+RP_INLINE const uint8_t* k_nibbles_at(const uint8_t* sec, int pair) {
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
+  return sec + kNibbles + pair * 512 + C * 64;
+}
+template <KType KT, int C>
+RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
+  if constexpr (KT == KType::Q5K) return _mm512_loadu_si512(sec + kSectionQ4K + pair * 128 + (C / 4) * 64);
+  if constexpr (KT == KType::Q6K) return _mm512_loadu_si512(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64);
+  return _mm512_setzero_si512();
+}
+
+// The unsigned quants of chunk C of sub-block 2 * pair + Odd of a K-type
+// section at sec, for 16 rows.
+template <KType KT, bool Odd, int C>
+RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
+  if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
+  return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
 }
 
 // ia[g][t] += the dots of chunk c's weight quants wv (4 per row) with token
@@ -324,6 +343,41 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
         ...);
   }(std::make_integer_sequence<int, 8>{});
   add_scaled_dots<false, kTimes16<KT, Odd> ? 4 : 0>(ws, gb, kQ4KScales + j * 16, ia, isum);
+}
+
+// Both sub-blocks of pair `pair` (k_affine_block for 2 * pair, then for
+// 2 * pair + 1) in one pass: each chunk's bytes are loaded once and split
+// into both sub-blocks' quants, where k_affine_block loads them once per
+// sub-block. The decode tile (4 groups, one token) takes it: Q4_K from L3
+// 1.2x, from memory ~1.1x (docs/performance.md, K types from memory). Same
+// integer sums.
+template <KType KT, int G, int T>
+RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBlock* xe, const XBlock* xo,
+                             __m512i (&isum)[G][T]) {
+  __m512i ie[G][T], io[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) ie[g][t] = io[g][t] = _mm512_setzero_si512();
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          __m512i we[G], wo[G];
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g) {
+            const uint8_t* sec = ws + g * gb;
+            const __m512i v = _mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair));
+            const __m512i h = k_high_bits<KT, C>(sec, pair);
+            we[g] = k_affine_quants<KT, false, C>(v, h);
+            wo[g] = k_affine_quants<KT, true, C>(v, h);
+          }
+          dot_chunk_k<G, T>(ie, we, xe, C);
+          dot_chunk_k<G, T>(io, wo, xo, C);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 8>{});
+  add_scaled_dots<false, 0>(ws, gb, kQ4KScales + 2 * pair * 16, ie, isum);
+  add_scaled_dots<false, kTimes16<KT, true> ? 4 : 0>(ws, gb, kQ4KScales + (2 * pair + 1) * 16, io, isum);
 }
 
 // isum[g][t] += sc (the group's 16 signed scales of this half of block
@@ -502,7 +556,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, g0, p, a.prefetch);
-      if constexpr (kAffine) {
+      if constexpr (kAffine && G * T <= 4) {  // decode: the pair's accumulators fit in registers
+        k_affine_pair<KT, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
+      } else if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         k_affine_block<KT, true, G, T>(ws, gb, p, xsec + (2 * p + 1) * xs, isum);
       } else if constexpr (KT == KType::IQ4XS) {
