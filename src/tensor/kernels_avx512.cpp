@@ -348,9 +348,10 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
 // Both sub-blocks of pair `pair` (k_affine_block for 2 * pair, then for
 // 2 * pair + 1) in one pass: each chunk's bytes are loaded once and split
 // into both sub-blocks' quants, where k_affine_block loads them once per
-// sub-block. The decode tile (4 groups, one token) takes it: Q4_K from L3
-// 1.2x, from memory ~1.1x (docs/performance.md, K types from memory). Same
-// integer sums.
+// sub-block. Tiles of at most 4 groups x tokens take it (the decode tile's
+// 4 x 1 among them; wider ones would spill its twice as many integer sums):
+// Q4_K decode from L3 1.2x, from memory ~1.1x (docs/performance.md, K types
+// from memory). Same integer sums.
 template <KType KT, int G, int T>
 RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBlock* xe, const XBlock* xo,
                              __m512i (&isum)[G][T]) {
@@ -556,7 +557,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, g0, p, a.prefetch);
-      if constexpr (kAffine && G * T <= 4) {  // decode: the pair's accumulators fit in registers
+      if constexpr (kAffine && G * T <= 4) {  // the pair's sums fit in registers (k_affine_pair)
         k_affine_pair<KT, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
       } else if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
