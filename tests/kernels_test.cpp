@@ -371,6 +371,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<KernelIsa> isas() {
   std::vector<KernelIsa> v{KernelIsa::Avx2};
+  if (kernel_isa_supported(KernelIsa::Avx2Vnni)) v.push_back(KernelIsa::Avx2Vnni);
   if (kernel_isa_supported(KernelIsa::Avx512)) v.push_back(KernelIsa::Avx512);
   return v;
 }

@@ -58,10 +58,17 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vnni");
 }
 
+bool cpu_has_avx_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+}
+
 KernelIsa detect_isa() {
   const char* env = std::getenv("REPRISE_ISA");
   if (env && std::string(env) == "avx2") return KernelIsa::Avx2;
-  return cpu_has_avx512() ? KernelIsa::Avx512 : KernelIsa::Avx2;
+  if (env && std::string(env) == "avx2vnni" && cpu_has_avx_vnni()) return KernelIsa::Avx2Vnni;
+  if (cpu_has_avx512()) return KernelIsa::Avx512;
+  return cpu_has_avx_vnni() ? KernelIsa::Avx2Vnni : KernelIsa::Avx2;
 }
 
 std::atomic<int> g_isa{-1};
@@ -69,7 +76,11 @@ std::atomic<int> g_isa{-1};
 }  // namespace
 
 const IsaKernels& kernels::isa_kernels() {
-  return kernel_isa() == KernelIsa::Avx512 ? kernels::avx512_kernels() : kernels::avx2_kernels();
+  switch (kernel_isa()) {
+    case KernelIsa::Avx512: return kernels::avx512_kernels();
+    case KernelIsa::Avx2Vnni: return kernels::avx2_vnni_kernels();
+    default: return kernels::avx2_kernels();
+  }
 }
 
 KernelIsa kernel_isa() {
@@ -81,14 +92,26 @@ KernelIsa kernel_isa() {
   return static_cast<KernelIsa>(v);
 }
 
-bool kernel_isa_supported(KernelIsa isa) { return isa == KernelIsa::Avx2 || cpu_has_avx512(); }
+bool kernel_isa_supported(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Avx512: return cpu_has_avx512();
+    case KernelIsa::Avx2Vnni: return cpu_has_avx_vnni();
+    default: return true;
+  }
+}
 
 void set_kernel_isa(KernelIsa isa) {
   if (!kernel_isa_supported(isa)) throw Error(std::string("kernel ISA not supported here: ") + kernel_isa_name(isa));
   g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
-const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::Avx512 ? "avx512" : "avx2"; }
+const char* kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Avx512: return "avx512";
+    case KernelIsa::Avx2Vnni: return "avx2vnni";
+    default: return "avx2";
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Weight packing.

@@ -1,6 +1,11 @@
 // AVX2 + FMA + F16C kernels (the x86-64-v3 baseline). A 16-row group is two
 // 8-lane halves; the operations per output are those of the AVX-512 kernels
 // (see kernels_impl.h), so both give the same bits.
+//
+// kernels_avx2_vnni.cpp builds this file a second time with REPRISE_AVX_VNNI
+// defined, for CPUs with AVX-VNNI but no AVX-512: only the integer dot
+// helpers below differ, and that build defines only the integer products and
+// their table (avx2_vnni_kernels).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -18,6 +23,57 @@ namespace {
 #define RP_INLINE_LAMBDA __attribute__((always_inline))
 
 enum class FType { F32, F16, BF16 };
+
+// Integer dots of 4-byte chunks: 8 rows of unsigned weight bytes against one
+// chunk of 4 signed activation bytes (broadcast), per row the sum of the 4
+// products. These helpers are the only code in which this file's two builds
+// differ: AVX2 multiplies pairs into 16 bits (vpmaddubsw) and widens them
+// (vpmaddwd with ones); AVX-VNNI (kernels_avx2_vnni.cpp) adds all 4 products
+// into 32 bits with one vpdpbusd. The callers keep every 16-bit sum below
+// saturation, so both builds give the same, exact integers.
+//
+// A "partial" is a running sum of such dots (AVX2: in 16-bit pairs, AVX-VNNI:
+// in 32 bits); partial_widen gives each row's 32-bit sum.
+#ifdef REPRISE_AVX_VNNI
+RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) { return _mm256_dpbusd_avx_epi32(p, w, xv); }
+RP_INLINE __m256i partial_sum(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+RP_INLINE __m256i partial_widen(__m256i p) { return p; }
+RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) { return _mm256_dpbusd_avx_epi32(acc, w, xv); }
+#else
+RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) {
+  return _mm256_add_epi16(p, _mm256_maddubs_epi16(w, xv));
+}
+RP_INLINE __m256i partial_sum(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
+RP_INLINE __m256i partial_widen(__m256i p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
+// acc + the dots of unsigned weights w (at most 63 here: a pair cannot
+// saturate 16 bits).
+RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) {
+  return _mm256_add_epi32(acc, partial_widen(_mm256_maddubs_epi16(w, xv)));
+}
+#endif
+
+// acc + the dots of signed weights q (-128..127) with signed activations
+// (-127..127): |q| against x with q's sign (a pair of 128 * 127 products
+// cannot saturate).
+RP_INLINE __m256i dot_s8_acc(__m256i acc, __m256i q, __m256i xv) {
+  return dot_u8_acc(acc, _mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+}
+
+// Q8_0's rows, stored as q + 128: a block's dots start from q8_start, and
+// q8_dot_acc adds a chunk's. AVX2 undoes the bias (signed dots from 0);
+// AVX-VNNI takes the biased bytes as they are and starts from the
+// activations' correction, -128 * their sum.
+#ifdef REPRISE_AVX_VNNI
+RP_INLINE __m256i q8_start(const XBlock& xb) { return _mm256_set1_epi32(xb.corr_q8); }
+RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) {
+  return _mm256_dpbusd_avx_epi32(acc, w_biased, xv);
+}
+#else
+RP_INLINE __m256i q8_start(const XBlock&) { return _mm256_setzero_si256(); }
+RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) {
+  return dot_s8_acc(acc, _mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80))), xv);
+}
+#endif
 
 template <FType W>
 constexpr size_t kElemBytes = W == FType::F32 ? 4 : 2;
@@ -109,19 +165,6 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-// Exact per-row integer dots of 4-byte chunks: 8 rows of signed weights
-// (-127..127) against one chunk of signed activations (-127..127: the pair
-// sums of |q| * x cannot saturate).
-RP_INLINE __m256i dot_s8_chunk(__m256i q, __m256i xv) {
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
-// The same for unsigned weights q + 128 (Q8_0's as stored).
-RP_INLINE __m256i dot_q8_chunk(__m256i w_biased, __m256i xv) {
-  return dot_s8_chunk(_mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80))), xv);
-}
-
 // IQ4_NL's signed table in both 128-bit lanes (vpshufb looks up per lane).
 RP_INLINE __m256i iq4nl_table() {
   return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlSigned.v)));
@@ -147,8 +190,7 @@ RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) 
           const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
           for (int h = 0; h < 2; ++h) {
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + C * 64 + 32 * h));
-            is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(dot_s8_chunk(iq4nl_lookup<false>(v), xl),
-                                                             dot_s8_chunk(iq4nl_lookup<true>(v), xh)));
+            is[h] = dot_s8_acc(dot_s8_acc(is[h], iq4nl_lookup<false>(v), xl), iq4nl_lookup<true>(v), xh);
           }
         }(),
         ...);
@@ -186,16 +228,21 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         const XBlock& xb = x[b * xs + t];
         __m256i i0, i1;
         if constexpr (Q == QType::Q8_0) {
-          i0 = i1 = _mm256_setzero_si256();  // the signed path needs no correction
+          // Two chains per half (even and odd chunks): vpdpbusd's latency
+          // would otherwise bound the tile.
+          __m256i s0[2] = {q8_start(xb), _mm256_setzero_si256()};
+          __m256i s1[2] = {s0[0], _mm256_setzero_si256()};
 #pragma GCC unroll 8
           for (int c = 0; c < 8; ++c) {
             int32_t q;
             std::memcpy(&q, xb.qs + 4 * c, 4);
             const __m256i xv = _mm256_set1_epi32(q);
             const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
-            i0 = _mm256_add_epi32(i0, dot_q8_chunk(_mm256_loadu_si256(wc), xv));
-            i1 = _mm256_add_epi32(i1, dot_q8_chunk(_mm256_loadu_si256(wc + 1), xv));
+            s0[c & 1] = q8_dot_acc(s0[c & 1], _mm256_loadu_si256(wc), xv);
+            s1[c & 1] = q8_dot_acc(s1[c & 1], _mm256_loadu_si256(wc + 1), xv);
           }
+          i0 = _mm256_add_epi32(s0[0], s0[1]);
+          i1 = _mm256_add_epi32(s1[0], s1[1]);
         } else if constexpr (Q == QType::IQ4NL) {
           // Signed table values, as Q8_0's quants (no correction).
           __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -226,20 +273,20 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                       ul = _mm256_or_si256(ul, fifth_bits<C>(plane));
                       uh = _mm256_or_si256(uh, fifth_bits<4 + C>(plane));
                     }
-                    lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(ul, xl));
-                    hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(uh, xh));
+                    lo[h] = partial_add(lo[h], ul, xl);
+                    hi[h] = partial_add(hi[h], uh, xh);
                   }
                 }(),
                 ...);
           }(std::make_integer_sequence<int, 4>{});
           const int32_t corr = Q == QType::Q4_0 ? xb.corr_q4 : Q == QType::Q5_0 ? 2 * xb.corr_q4 : 0;
-          const __m256i c = _mm256_set1_epi32(corr), ones = _mm256_set1_epi16(1);
+          const __m256i c = _mm256_set1_epi32(corr);
           if constexpr (kHasFifthBit<Q>) {
-            i0 = _mm256_add_epi32(c, _mm256_add_epi32(_mm256_madd_epi16(lo[0], ones), _mm256_madd_epi16(hi[0], ones)));
-            i1 = _mm256_add_epi32(c, _mm256_add_epi32(_mm256_madd_epi16(lo[1], ones), _mm256_madd_epi16(hi[1], ones)));
+            i0 = _mm256_add_epi32(c, _mm256_add_epi32(partial_widen(lo[0]), partial_widen(hi[0])));
+            i1 = _mm256_add_epi32(c, _mm256_add_epi32(partial_widen(lo[1]), partial_widen(hi[1])));
           } else {
-            i0 = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_add_epi16(lo[0], hi[0]), ones));
-            i1 = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_add_epi16(lo[1], hi[1]), ones));
+            i0 = _mm256_add_epi32(c, partial_widen(partial_sum(lo[0], hi[0])));
+            i1 = _mm256_add_epi32(c, partial_widen(partial_sum(lo[1], hi[1])));
           }
         }
         const __m256 dx = _mm256_set1_ps(xb.d);
@@ -258,12 +305,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-
-// Exact per-row dots (8 rows) of 4 unsigned weight bytes (at most 63: the
-// 16-bit pair sums cannot saturate) with 4 signed activation bytes.
-RP_INLINE __m256i dot_u8_chunk(__m256i w, __m256i xv) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
-}
 
 // Rows 8h..8h+7 of chunk C's unsigned quants of sub-block 2 * pair + Odd of
 // a K-type section; see the AVX-512 version.
@@ -305,7 +346,7 @@ RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __
           std::memcpy(&q, xb.qs + 4 * C, 4);
           const __m256i xv = _mm256_set1_epi32(q);
           for (int h = 0; h < 2; ++h)
-            is[h] = _mm256_add_epi32(is[h], dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv));
+            is[h] = dot_u8_acc(is[h], k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
         }(),
         ...);
   }(std::make_integer_sequence<int, 8>{});
@@ -329,9 +370,9 @@ RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i
           std::memcpy(&q, xb.qs + 4 * C, 4);
           const __m256i xv = _mm256_set1_epi32(q);
           for (int h = 0; h < 2; ++h) {
-            const __m256i d = dot_u8_chunk(k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
-            if constexpr (C < 4) lo[h] = _mm256_add_epi32(lo[h], d);
-            else hi[h] = _mm256_add_epi32(hi[h], d);
+            const __m256i w = k_affine_chunk<KT, Odd, C>(sec, pair, h);
+            if constexpr (C < 4) lo[h] = dot_u8_acc(lo[h], w, xv);
+            else hi[h] = dot_u8_acc(hi[h], w, xv);
           }
         }(),
         ...);
@@ -380,17 +421,17 @@ RP_INLINE void q2k_sub_block_tokens(const uint8_t* sec, int quad, const XBlock* 
     sc[h8] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       int32_t q;
       std::memcpy(&q, xb[t].qs + 16 * b + 4 * c, 4);
       const __m256i xv = _mm256_set1_epi32(q);
-      for (int h8 = 0; h8 < 2; ++h8) p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(wq[c][h8], xv));
+      for (int h8 = 0; h8 < 2; ++h8) part[h8] = partial_add(part[h8], wq[c][h8], xv);
     }
     auto* m = reinterpret_cast<__m256i*>(isum[t]);
     for (int h8 = 0; h8 < 2; ++h8) {
-      const __m256i v = _mm256_mullo_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), sc[h8]);
+      const __m256i v = _mm256_mullo_epi32(partial_widen(part[h8]), sc[h8]);
       _mm256_store_si256(m + h8, _mm256_add_epi32(_mm256_load_si256(m + h8), v));
     }
   }
@@ -405,19 +446,19 @@ RP_INLINE void q2k_quad(const uint8_t* sec, int quad, const XBlock* xq, int64_t 
         [&]() RP_INLINE_LAMBDA {
           const XBlock& xb = xq[S * xs];
           const int k = 8 * (quad / 2) + 2 * S + b;
-          __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
           for (int c = 0; c < 4; ++c) {
             int32_t q;
             std::memcpy(&q, xb.qs + 16 * b + 4 * c, 4);
             const __m256i xv = _mm256_set1_epi32(q);
             for (int h8 = 0; h8 < 2; ++h8)
-              p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(q2k_chunk<S>(sec, quad, c, h8), xv));
+              part[h8] = partial_add(part[h8], q2k_chunk<S>(sec, quad, c, h8), xv);
           }
           for (int h8 = 0; h8 < 2; ++h8) {
             const __m256i sc = _mm256_cvtepu8_epi32(
                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
             isum[h8] = _mm256_add_epi32(isum[h8],
-                                        _mm256_mullo_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), sc));
+                                        _mm256_mullo_epi32(partial_widen(part[h8]), sc));
           }
         }(),
         ...);
@@ -460,18 +501,18 @@ RP_INLINE void q3k_sub_block_tokens(const uint8_t* sec, int b, const XBlock* xb,
   const __m256i sc[2] = {q3k_scales(sec, k, 0), q3k_scales(sec, k, 1)};
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       int32_t q;
       std::memcpy(&q, xb[t].qs + 16 * b + 4 * c, 4);
       const __m256i xv = _mm256_set1_epi32(q);
-      for (int h8 = 0; h8 < 2; ++h8) p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(wq[c][h8], xv));
+      for (int h8 = 0; h8 < 2; ++h8) part[h8] = partial_add(part[h8], wq[c][h8], xv);
     }
     const __m256i start = _mm256_set1_epi32(-4 * (b ? xb[t].sum_hi : xb[t].sum_lo));
     auto* m = reinterpret_cast<__m256i*>(isum[t]);
     for (int h8 = 0; h8 < 2; ++h8) {
-      const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), start);
+      const __m256i dot = _mm256_add_epi32(partial_widen(part[h8]), start);
       _mm256_store_si256(m + h8, _mm256_add_epi32(_mm256_load_si256(m + h8), _mm256_mullo_epi32(dot, sc[h8])));
     }
   }
@@ -495,17 +536,17 @@ RP_INLINE void q3k_quad(const uint8_t* sec, int b, const XBlock* xq, int64_t xs,
     (
         [&]() RP_INLINE_LAMBDA {
           const XBlock& xb = xq[S * xs];
-          __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
           for (int c = 0; c < 4; ++c) {
             int32_t q;
             std::memcpy(&q, xb.qs + 16 * b + 4 * c, 4);
             const __m256i xv = _mm256_set1_epi32(q);
             for (int h8 = 0; h8 < 2; ++h8)
-              p16[h8] = _mm256_add_epi16(p16[h8], _mm256_maddubs_epi16(q3k_chunk<H, S>(sec, b, c, h8), xv));
+              part[h8] = partial_add(part[h8], q3k_chunk<H, S>(sec, b, c, h8), xv);
           }
           const __m256i start = _mm256_set1_epi32(-4 * (b ? xb.sum_hi : xb.sum_lo));
           for (int h8 = 0; h8 < 2; ++h8) {
-            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p16[h8], _mm256_set1_epi16(1)), start);
+            const __m256i dot = _mm256_add_epi32(partial_widen(part[h8]), start);
             isum[h8] = _mm256_add_epi32(isum[h8], _mm256_mullo_epi32(dot, q3k_scales(sec, 8 * H + 2 * S + b, h8)));
           }
         }(),
@@ -604,9 +645,8 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
       std::memcpy(&q, xb[t].qs + 4 * c, 4);
       const __m256i xv = _mm256_set1_epi32(q);
       for (int h = 0; h < 2; ++h) {
-        const __m256i d = kTable ? dot_s8_chunk(wq[c][h], xv) : dot_u8_chunk(wq[c][h], xv);
-        if (c < 4) lo[h] = _mm256_add_epi32(lo[h], d);
-        else hi[h] = _mm256_add_epi32(hi[h], d);
+        __m256i& sum = c < 4 ? lo[h] : hi[h];
+        sum = kTable ? dot_s8_acc(sum, wq[c][h], xv) : dot_u8_acc(sum, wq[c][h], xv);
       }
     }
     auto* m = reinterpret_cast<__m256i*>(isum[t]);
@@ -724,9 +764,11 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 // 2 x 2 tiles 0.55-0.69x). Token by token they still lose to contiguous
 // pairs (-s 2: Q4_K 0.87x, Q6_K 0.70x; -s 4: 0.90x, 0.84x), against
 // 1.45-1.57x for single-token decode.
+#ifndef REPRISE_AVX_VNNI  // no integer dots: the AVX2 build's serve both tables
 void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles<FKernel<FType::BF16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
+#endif
 void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
@@ -741,6 +783,7 @@ void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 
+#ifndef REPRISE_AVX_VNNI  // the shared helpers: built once, in the AVX2 build
 // The same access patterns as the AVX-512 version (8 streams or 1).
 uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
   constexpr int kAcc = 8;
@@ -842,8 +885,10 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
   attend_tiled_rows(key_rows, value_rows, d, key_group, std::span(groups, static_cast<size_t>(n_groups)), scale);
 }
 
+#endif  // REPRISE_AVX_VNNI
 }  // namespace
 
+#ifndef REPRISE_AVX_VNNI
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
@@ -941,5 +986,30 @@ const IsaKernels& avx2_kernels() {
                             /*decode_prefetch_bytes=*/1024};
   return k;
 }
+
+#else
+// The integer products with vpdpbusd; everything else is the AVX2 table's.
+const IsaKernels& avx2_vnni_kernels() {
+  static const IsaKernels k = [] {
+    IsaKernels t = avx2_kernels();
+    t.name = "avx2vnni";
+    t.matmul_q8_0 = &matmul_q8_0;
+    t.matmul_q4_0 = &matmul_q4_0;
+    t.matmul_q4_1 = &matmul_q4_1;
+    t.matmul_q5_0 = &matmul_q5_0;
+    t.matmul_q5_1 = &matmul_q5_1;
+    t.matmul_q2_k = &matmul_q2_k;
+    t.matmul_q3_k = &matmul_q3_k;
+    t.matmul_q4_k = &matmul_q4_k;
+    t.matmul_q5_k = &matmul_q5_k;
+    t.matmul_q6_k = &matmul_q6_k;
+    t.matmul_q6_k_wide = &matmul_q6_k_wide;
+    t.matmul_iq4_nl = &matmul_iq4_nl;
+    t.matmul_iq4_xs = &matmul_iq4_xs;
+    return t;
+  }();
+  return k;
+}
+#endif  // REPRISE_AVX_VNNI
 
 }  // namespace reprise::kernels

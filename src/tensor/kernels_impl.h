@@ -466,6 +466,10 @@ bool attention_avx2_supports(int64_t head_dim);
 void score16_avx2(const float* q, const float* kt, int64_t d, float* out);
 
 const IsaKernels& avx2_kernels();
+// avx2_kernels() with vpdpbusd for the integer products
+// (kernels_avx2_vnni.cpp): the same bits. Only valid when the CPU supports
+// AVX-VNNI.
+const IsaKernels& avx2_vnni_kernels();
 // The table of the instruction set kernel_isa() selects (kernels.cpp).
 const IsaKernels& isa_kernels();
 // Quantizes n_sections consecutive 256-float sections of x to Q8_K
