@@ -98,13 +98,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   __m512 acc[G][T];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
-    // Small batches stream the weights once: prefetch ahead
-    // (prefetch_f_unit; 4 sequences ran 0.75x without). Single-token decode
-    // reads one interleaved stream that the hardware prefetcher follows, as
-    // Q8_0's does, and prefetching costs it: paired tg48 of a 534 MB F16
-    // model 1.04-1.08x without, the 60M F16 model 0.95-1.15x with the
-    // host's load (docs/performance.md, session 24).
-    if (T > 1 && a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
+    // Decode streams the weights once: prefetch ahead (prefetch_f_unit).
+    if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * us);
