@@ -21,7 +21,7 @@ struct PrefixCache::Node {
 struct PrefixCache::Block : PrefixCache::Node {
   Block() { is_root = false; }
   uint64_t id = 0;
-  std::unique_ptr<uint16_t[]> data;
+  BlockPool::Buffer data;
   std::vector<int32_t> tokens;  // tokens whose state the block holds
   std::vector<Hash128> keys;    // per position, same length as tokens
   int refs = 0;
@@ -66,6 +66,7 @@ PrefixCache::PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config)
   block_bytes_ = block_halfs_ * sizeof(uint16_t);
   block_cost_ = block_bytes_ + sizeof(Block) + block_tokens_ * (sizeof(int32_t) + sizeof(Hash128));
   stats_.budget_bytes = config_.budget_bytes;
+  pool_ = std::make_unique<BlockPool>(block_halfs_);
 }
 
 PrefixCache::~PrefixCache() { budget_link_.share(nullptr); }
@@ -122,7 +123,7 @@ PrefixCache::Node* PrefixCache::root_locked(const Hash128& ns, bool create) {
 PrefixCache::Block* PrefixCache::allocate_locked() {
   auto b = std::make_unique<Block>();
   b->id = next_id_++;
-  if (block_halfs_ > 0) b->data = std::make_unique<uint16_t[]>(block_halfs_);
+  if (block_halfs_ > 0) b->data = pool_->acquire();
   b->refs = 1;
   Block* raw = b.get();
   blocks_.emplace(raw->id, std::move(b));

@@ -30,6 +30,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cache/block_pool.h"
 #include "cache/cache_key.h"
 #include "cache/cache_stats.h"
 #include "cache/memory_budget.h"
@@ -99,6 +100,7 @@ class PrefixCache final : private MemoryBudget::Tier {
   uint64_t block_cost_ = 0;   // accounted per block
 
   mutable std::mutex mutex_;
+  std::unique_ptr<BlockPool> pool_;  // KV buffers; outlives the blocks below
   std::unordered_map<Hash128, std::unique_ptr<Node>, Hash128Hasher> roots_;
   std::unordered_map<uint64_t, std::unique_ptr<Block>> blocks_;
   std::set<std::pair<uint64_t, uint64_t>> evictable_;  // (last_used, id): unreferenced indexed leaves

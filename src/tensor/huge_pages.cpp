@@ -38,43 +38,27 @@ std::atomic<int64_t> g_mapped_bytes{0};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// One anonymous mapping, 2 MiB-aligned and advised for huge pages.
+// A weights mapping: counted in streamed_memory_stats.
 class Mapping {
  public:
-  explicit Mapping(size_t bytes) : size_(round_up(bytes, 4096)) {
-    // Over-map by a huge page and trim, so the start is 2 MiB-aligned and
-    // every whole 2 MiB of the mapping can be a huge page.
-    const size_t span = size_ + kHugePage;
-    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED)
-      throw Error("cannot map " + std::to_string(bytes) + " bytes for weights: " + std::strerror(errno));
-    auto* start = static_cast<uint8_t*>(raw);
-    auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePage));
-    if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
-    uint8_t* end = aligned + size_;
-    if (start + span > end) ::munmap(end, static_cast<size_t>(start + span - end));
-    base_ = aligned;
-    // Advice only: without THP the memory is ordinary pages.
-    ::madvise(base_, size_, MADV_HUGEPAGE);
-    REPRISE_POISON(base_, size_);
+  explicit Mapping(size_t bytes) : pages_(bytes) {
+    REPRISE_POISON(pages_.base(), pages_.size());
     g_mappings.fetch_add(1, std::memory_order_relaxed);
-    g_mapped_bytes.fetch_add(static_cast<int64_t>(size_), std::memory_order_relaxed);
+    g_mapped_bytes.fetch_add(static_cast<int64_t>(pages_.size()), std::memory_order_relaxed);
   }
   ~Mapping() {
-    REPRISE_UNPOISON(base_, size_);  // the address range may be mapped again
-    ::munmap(base_, size_);
+    REPRISE_UNPOISON(pages_.base(), pages_.size());  // the address range may be mapped again
     g_mappings.fetch_sub(1, std::memory_order_relaxed);
-    g_mapped_bytes.fetch_sub(static_cast<int64_t>(size_), std::memory_order_relaxed);
+    g_mapped_bytes.fetch_sub(static_cast<int64_t>(pages_.size()), std::memory_order_relaxed);
   }
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
 
-  uint8_t* base() const { return base_; }
-  size_t size() const { return size_; }
+  uint8_t* base() const { return pages_.base(); }
+  size_t size() const { return pages_.size(); }
 
  private:
-  uint8_t* base_ = nullptr;
-  size_t size_;
+  HugePageMapping pages_;
 };
 
 // The slab small allocations are carved from. Held weakly: allocations keep
@@ -91,6 +75,24 @@ SlabCursor& cursor() {
 }
 
 }  // namespace
+
+HugePageMapping::HugePageMapping(size_t bytes) : size_(round_up(std::max<size_t>(bytes, 1), 4096)) {
+  // Over-map by a huge page and trim, so the start is 2 MiB-aligned and
+  // every whole 2 MiB of the mapping can be a huge page.
+  const size_t span = size_ + kHugePage;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw Error("cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  auto* start = static_cast<uint8_t*>(raw);
+  auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePage));
+  if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
+  uint8_t* end = aligned + size_;
+  if (start + span > end) ::munmap(end, static_cast<size_t>(start + span - end));
+  base_ = aligned;
+  // Advice only: without THP the memory is ordinary pages.
+  ::madvise(base_, size_, MADV_HUGEPAGE);
+}
+
+HugePageMapping::~HugePageMapping() { ::munmap(base_, size_); }
 
 std::shared_ptr<uint8_t[]> allocate_streamed(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);

@@ -20,6 +20,26 @@
 
 namespace reprise {
 
+// One anonymous mapping of at least `bytes` (rounded up to 4 KiB), zeroed,
+// 2 MiB-aligned and advised for transparent huge pages; unmapped when
+// destroyed. For memory that is not weights (the KV block pool): it is not
+// counted in streamed_memory_stats. Throws reprise::Error when the system has
+// no memory to map.
+class HugePageMapping {
+ public:
+  explicit HugePageMapping(size_t bytes);
+  ~HugePageMapping();
+  HugePageMapping(const HugePageMapping&) = delete;
+  HugePageMapping& operator=(const HugePageMapping&) = delete;
+
+  uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_;
+};
+
 // `bytes` (at least 1) of zeroed memory, 64-byte aligned; the memory is freed
 // when the last copy of the pointer is gone. Thread-safe. Throws
 // reprise::Error when the system has no memory to map.
