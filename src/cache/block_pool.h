@@ -14,10 +14,10 @@
 // recycled buffer is cleared before it is handed out again, so no state of
 // an earlier block (another tenant's) can be read through a new one.
 //
-// Accounting: the cache charges blocks, not chunks. What the pool holds
-// beyond the blocks in use is the unused part of its chunks plus at most one
-// wholly free chunk; chunks beyond that are returned to the system as soon
-// as their last block is freed.
+// Accounting: the cache charges blocks, not chunks. A chunk is mapped only
+// when every chunk is full, so the pool never holds more than the most
+// blocks ever in use at once plus one chunk; a chunk whose last block is
+// freed goes back to the system unless it is the only wholly free one.
 //
 // Not thread-safe: the cache calls it under its own lock.
 #pragma once
