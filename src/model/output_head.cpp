@@ -30,8 +30,10 @@ void output_logits(const float* x, std::span<const PassSegment> segments, int64_
     for (int64_t t = first; t < len; ++t, ++rows)
       rms_norm(x + (s.row0 + t) * n_embd, norm.data(), eps, n_embd, scratch + rows * n_embd);
   }
-  thread_local std::vector<float> all_buf;
-  std::vector<float>& all = all_buf;
+  struct AllLogits {
+    std::vector<float> v;
+  };
+  std::vector<float>& all = pool.caller_local<AllLogits>().v;
   all.resize(rows * n_vocab);
   if (rows > 0) matmul(output, scratch, rows, all.data(), pool);
   int64_t row = 0;

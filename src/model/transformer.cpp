@@ -95,6 +95,14 @@ ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
   return t;
 }
 
+// A pass's scratch (see Transformer::run).
+struct PassBuffers {
+  std::vector<int64_t> row_pos;
+  std::vector<float> x, h, q, k, v, attn, tmp, g, u;
+  std::vector<SequenceAttention> per_sequence;
+  ForwardBatch tail;
+};
+
 class Transformer final : public SegmentedModel {
  public:
   explicit Transformer(const gguf::File& file);
@@ -230,30 +238,27 @@ Transformer::Transformer(const gguf::File& file) {
 void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
-  // Every row's position (bound to a reference, like the buffers below, so
-  // lambdas on pool threads see this thread's instance).
-  thread_local std::vector<int64_t> row_pos_buf;
-  std::vector<int64_t>& row_pos = row_pos_buf;
+  // Activation buffers are reused across calls: a prompt's buffers run to
+  // megabytes, and fresh pages would be faulted in each time. One set per
+  // pool (ThreadPool::caller_local), not per calling thread.
+  PassBuffers& pb = pool.caller_local<PassBuffers>();
+  // Every row's position.
+  std::vector<int64_t>& row_pos = pb.row_pos;
   row_pos.resize(n);
   for (const PassSegment& s : segments) {
     const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
     for (int64_t i = 0; i < len; ++i) row_pos[s.row0 + i] = s.batch.pos0 + i;
   }
 
-  // Activation buffers are reused across calls (per thread): a prompt's
-  // buffers run to megabytes, and fresh pages would be faulted in each time.
-  // (Bound to local references: lambdas run on pool threads must see these,
-  // not their own thread's instances.)
-  thread_local std::vector<float> bufs[9];
-  std::vector<float>& x = bufs[0];
-  std::vector<float>& h = bufs[1];
-  std::vector<float>& q = bufs[2];
-  std::vector<float>& k = bufs[3];
-  std::vector<float>& v = bufs[4];
-  std::vector<float>& attn = bufs[5];
-  std::vector<float>& tmp = bufs[6];
-  std::vector<float>& g = bufs[7];
-  std::vector<float>& u = bufs[8];
+  std::vector<float>& x = pb.x;
+  std::vector<float>& h = pb.h;
+  std::vector<float>& q = pb.q;
+  std::vector<float>& k = pb.k;
+  std::vector<float>& v = pb.v;
+  std::vector<float>& attn = pb.attn;
+  std::vector<float>& tmp = pb.tmp;
+  std::vector<float>& g = pb.g;
+  std::vector<float>& u = pb.u;
   x.resize(n * n_embd_);
   h.resize(n * n_embd_);
   q.resize(n * q_dim);
@@ -342,8 +347,8 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     // llama.cpp's inp_out_ids): rows [r0, n). Their K and V are written above.
     const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
     if (r0 >= n) break;
-    thread_local std::vector<SequenceAttention> per_sequence;
-    thread_local ForwardBatch tail;  // the one segment's rows from r0 (r0 > 0 only with one segment)
+    std::vector<SequenceAttention>& per_sequence = pb.per_sequence;
+    ForwardBatch& tail = pb.tail;  // the one segment's rows from r0 (r0 > 0 only with one segment)
     per_sequence.clear();
     if (r0 > 0) {
       tail = rows_from(segments[0].batch, r0);

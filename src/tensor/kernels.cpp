@@ -694,6 +694,11 @@ struct ActBuffer {
   }
 };
 
+// One per activation kind, per pool (ThreadPool::caller_local).
+struct ActBuffers {
+  ActBuffer kinds[kActKinds];
+};
+
 // Activations converted to the weight's dot type, in the token-tiled layout
 // of kernels_impl.h.
 struct PackedX {
@@ -929,7 +934,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
   if (mats.empty() || n_tokens <= 0) return;
   const IsaKernels& isa = isa_kernels();
   const int64_t n_in = mats[0].view->n_in;
-  thread_local ActBuffer bufs[kActKinds];
+  ActBuffer* bufs = pool.caller_local<ActBuffers>().kinds;
   PackedX packed[kActKinds];
   std::vector<Job> jobs;
   jobs.reserve(mats.size());
@@ -1518,6 +1523,11 @@ struct WidenedKv {
   int64_t base, n_blocks, n_pos;
 };
 
+// What WidenedKv points into, per pool (ThreadPool::caller_local).
+struct WidenedKvBuffers {
+  std::vector<uint8_t> kt, v;
+};
+
 WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t D = b.head_dim;
   int64_t lo = b.first[0], hi = b.end[0];
@@ -1530,7 +1540,9 @@ WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t n_blocks = (hi - base + 15) / 16 + 1;  // one spare block for 32-key steps
   const int64_t n_pos = n_blocks * 16;
   // 64-byte aligned: the kernel's full-vector loads must not split cache lines.
-  thread_local std::vector<uint8_t> kt_buf, v_buf;
+  WidenedKvBuffers& buffers = pool.caller_local<WidenedKvBuffers>();
+  std::vector<uint8_t>& kt_buf = buffers.kt;
+  std::vector<uint8_t>& v_buf = buffers.v;
   float* kt = reinterpret_cast<float*>(
       aligned_scratch(kt_buf, static_cast<size_t>(b.n_head_kv * n_blocks * D * 16) * sizeof(float)));
   float* vf = reinterpret_cast<float*>(aligned_scratch(v_buf, static_cast<size_t>(b.n_head_kv * n_pos * D) * sizeof(float)));

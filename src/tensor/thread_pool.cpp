@@ -38,6 +38,11 @@ void futex_wake_all(std::atomic<uint32_t>* addr) {
 
 }  // namespace
 
+size_t ThreadPool::next_caller_slot() {
+  static std::atomic<size_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
 }

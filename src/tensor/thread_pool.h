@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -32,6 +33,21 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+
+  // One T per pool for the thread that dispatches to it: the scratch a
+  // forward pass grows to its batch (activations, widened K/V). Callers use
+  // a pool one at a time, so one instance per pool serves them all; as
+  // thread_local, every HTTP thread that ever led a pass kept its own copy
+  // (tens of MB each for a mid-sized model). Only that caller may use it,
+  // and only while it is the pool's caller; not from inside tasks.
+  template <typename T>
+  T& caller_local() {
+    static const size_t slot = next_caller_slot();
+    if (slot >= caller_locals_.size()) caller_locals_.resize(slot + 1);
+    std::shared_ptr<void>& p = caller_locals_[slot];
+    if (!p) p = std::make_shared<T>();
+    return *static_cast<T*>(p.get());
+  }
 
   // Runs fn(task) for task in [0, n_tasks) across the pool and returns when
   // all are done. Tasks are claimed dynamically. Not reentrant; one caller at
@@ -56,8 +72,12 @@ class ThreadPool {
   // number run.
   int64_t run_tasks(uint32_t job);
 
+  // A process-wide index per caller_local type.
+  static size_t next_caller_slot();
+
   int n_threads_;
   std::vector<std::thread> workers_;
+  std::vector<std::shared_ptr<void>> caller_locals_;
   // Job id (high 32 bits) and next task index (low 32 bits).
   alignas(64) std::atomic<uint64_t> claim_{0};
   alignas(64) std::atomic<int64_t> done_{0};
