@@ -18,6 +18,22 @@
 namespace reprise {
 namespace {
 
+// A pass's scratch, once per pool (ThreadPool::caller_local): fresh vectors
+// per layer were mapped and faulted in anew on every prompt chunk. Every
+// element is written before it is read.
+struct PassScratch {
+  std::vector<float> x, h, tmp;
+};
+struct AttentionScratch {
+  std::vector<float> q, k, v, attn;
+};
+struct FfnScratch {
+  std::vector<float> g, u;
+};
+struct MoeScratch {
+  std::vector<float> expert_out, xs, g, u, d;
+};
+
 // A hyper-parameter given either once for all layers or as one entry per layer.
 std::vector<int64_t> per_layer(const gguf::File& file, const std::string& key, int64_t n_layer,
                                std::optional<int64_t> fallback) {
@@ -207,7 +223,15 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
                       ThreadPool& pool) const {
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
-  std::vector<float> q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
+  AttentionScratch& scratch = pool.caller_local<AttentionScratch>();
+  std::vector<float>& q = scratch.q;
+  std::vector<float>& k = scratch.k;
+  std::vector<float>& v = scratch.v;
+  std::vector<float>& attn = scratch.attn;
+  q.resize(n * q_dim);
+  k.resize(n * kv_dim);
+  v.resize(n * kv_dim);
+  attn.resize(n * q_dim);
   prefetch_kv_slots(segments, il, L.n_head_kv, head_dim_);
   const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
   matmul_many(qkv, h, n, pool);
@@ -224,7 +248,11 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
 
 void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const {
   if (f.router.empty()) {
-    std::vector<float> g(n * n_ff_), u(n * n_ff_);
+    FfnScratch& scratch = pool.caller_local<FfnScratch>();
+    std::vector<float>& g = scratch.g;
+    std::vector<float>& u = scratch.u;
+    g.resize(n * n_ff_);
+    u.resize(n * n_ff_);
     const MatmulOutput gu[] = {{&f.gate, g.data()}, {&f.up, u.data()}};
     matmul_many(gu, h, n, pool);
     silu_mul(g.data(), u.data(), n * n_ff_);
@@ -252,8 +280,13 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
   }
   // Each expert runs once over the tokens routed to it (rows are independent,
   // so grouping never changes a token's result).
-  std::vector<float> expert_out(n * k * n_embd_);
-  std::vector<float> xs, g, u, d;
+  MoeScratch& scratch = pool.caller_local<MoeScratch>();
+  std::vector<float>& expert_out = scratch.expert_out;  // every (token, choice) row is written below
+  expert_out.resize(n * k * n_embd_);
+  std::vector<float>& xs = scratch.xs;
+  std::vector<float>& g = scratch.g;
+  std::vector<float>& u = scratch.u;
+  std::vector<float>& d = scratch.d;
   std::vector<int64_t> slots;
   for (int64_t e = 0; e < ne; ++e) {
     slots.clear();
@@ -292,7 +325,13 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
 void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
 
-  std::vector<float> x(n * n_embd_), h(n * n_embd_), tmp(n * n_embd_);
+  PassScratch& scratch = pool.caller_local<PassScratch>();
+  std::vector<float>& x = scratch.x;
+  std::vector<float>& h = scratch.h;
+  std::vector<float>& tmp = scratch.tmp;
+  x.resize(n * n_embd_);
+  h.resize(n * n_embd_);
+  tmp.resize(n * n_embd_);
   for (const PassSegment& seg : segments)
     for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
       const int32_t tok = seg.batch.tokens[i];

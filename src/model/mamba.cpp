@@ -225,11 +225,36 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
   return runs;
 }
 
+namespace {
+// A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
+// vectors per layer were mapped and faulted in anew on every prompt chunk.
+// Every element is written before it is read.
+struct Mamba1Scratch {
+  std::vector<float> xz, xc, xdb, dt, y, dt_low;
+};
+struct Mamba2Scratch {
+  std::vector<float> zxbcdt, xbc, y;
+};
+struct MambaPassScratch {
+  std::vector<float> x, h, mix;
+};
+}  // namespace
+
 void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
                 float* out, ThreadPool& pool, int64_t out_first) {
   const int64_t n = rows_of(runs);
   const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
-  std::vector<float> xz(n * 2 * di), xc(n * di), xdb(n * n_xdb), dt(n * di), y(n * di);
+  Mamba1Scratch& scratch = pool.caller_local<Mamba1Scratch>();
+  std::vector<float>& xz = scratch.xz;
+  std::vector<float>& xc = scratch.xc;
+  std::vector<float>& xdb = scratch.xdb;
+  std::vector<float>& dt = scratch.dt;
+  std::vector<float>& y = scratch.y;
+  xz.resize(n * 2 * di);
+  xc.resize(n * di);
+  xdb.resize(n * n_xdb);
+  dt.resize(n * di);
+  y.resize(n * di);
 
   // {n_embd} -> x (first d_inner) and z (gate, second d_inner) per token.
   matmul(L.in, in, n, xz.data(), pool);
@@ -247,7 +272,8 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
     }
   }
   // The dt rows are the first R of each x_db row: gather them contiguous.
-  std::vector<float> dt_low(n * R);
+  std::vector<float>& dt_low = scratch.dt_low;
+  dt_low.resize(n * R);
   for (int64_t t = 0; t < n; ++t)
     std::memcpy(dt_low.data() + t * R, xdb.data() + t * n_xdb, R * sizeof(float));
   matmul(L.dt_proj, dt_low.data(), n, dt.data(), pool);
@@ -400,7 +426,13 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
-  std::vector<float> zxbcdt(n * n_proj), xbc(n * conv_ch), y(n * di);
+  Mamba2Scratch& scratch = pool.caller_local<Mamba2Scratch>();
+  std::vector<float>& zxbcdt = scratch.zxbcdt;
+  std::vector<float>& xbc = scratch.xbc;
+  std::vector<float>& y = scratch.y;
+  zxbcdt.resize(n * n_proj);
+  xbc.resize(n * conv_ch);
+  y.resize(n * di);
 
   matmul(L.in, in, n, zxbcdt.data(), pool);
   conv_silu(zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
@@ -448,7 +480,13 @@ void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
 
-  std::vector<float> x(n * n_embd), h(n * n_embd), mix(n * n_embd);
+  MambaPassScratch& scratch = pool.caller_local<MambaPassScratch>();
+  std::vector<float>& x = scratch.x;
+  std::vector<float>& h = scratch.h;
+  std::vector<float>& mix = scratch.mix;
+  x.resize(n * n_embd);
+  h.resize(n * n_embd);
+  mix.resize(n * n_embd);
   for (const PassSegment& seg : segments)
     for (size_t i = 0; i < seg.batch.tokens.size(); ++i) {
       const int32_t tok = seg.batch.tokens[i];
