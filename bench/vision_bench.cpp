@@ -116,6 +116,36 @@ void BM_ImageHit(benchmark::State& state) {
 }
 BENCHMARK(BM_ImageHit)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The encoder alone at a mid size (448x448 input, 14-pixel patches: 1024
+// patches; width 768, 12 heads, FFN 3072, 4 layers, Q8_0), where a layer's
+// activations and attention scores run to tens of megabytes.
+void BM_EncodeMidSize(benchmark::State& state) {
+  static const std::unique_ptr<gguf::File> file = [] {
+    namespace fs = std::filesystem;
+    const fs::path path = fs::temp_directory_path() / ("reprise-vision-mid-" + std::to_string(::getpid()) + ".gguf");
+    SyntheticMmprojSpec spec;
+    spec.image_size = 448;
+    spec.patch_size = 14;
+    spec.n_embd = 768;
+    spec.n_layer = 4;
+    spec.n_head = 12;
+    spec.n_ff = 3072;
+    spec.pool = 4;
+    make_synthetic_mmproj(spec, path.string());
+    return gguf::File::open(path.string());
+  }();
+  static const ClipEncoder encoder(*file);
+  ThreadPool pool(static_cast<int>(state.range(0)));
+  PreprocessedImage image;
+  image.width = image.height = encoder.info().image_size;
+  image.pixels.resize(static_cast<size_t>(image.width * image.height * 3));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& v : image.pixels) v = dist(rng);
+  for (auto _ : state) benchmark::DoNotOptimize(encoder.encode(image, pool));
+}
+BENCHMARK(BM_EncodeMidSize)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Reuse an ideal cache gets: the common prefix (tokens and image keys) with
 // everything computed before, at most all but the last token, never ending
 // inside an image.
