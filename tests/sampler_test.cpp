@@ -3,9 +3,14 @@
 // many ties), and seeded sampling is reproducible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
+#include <cstring>
 #include <unordered_set>
 
+#include "engine/logit_order.h"
 #include "engine/sampler.h"
 
 using namespace reprise;
@@ -57,6 +62,108 @@ TEST(Sampler, SeededSamplingIsReproducible) {
     const int32_t x = a.sample(logits, history);
     ASSERT_EQ(x, b.sample(logits, history));
     history.push_back(x);
+  }
+}
+
+bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+
+// order_by_logit gives std::sort's order, on values with many ties, both
+// zeros, infinities, subnormals and a wide range of magnitudes.
+TEST(LogitOrder, MatchesStdSort) {
+  std::mt19937 rng(11);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f, -0.0f, inf, -inf, 1e-40f, -1e-40f, 3.5f, -3.5f, 1e30f, -1e30f};
+  std::vector<std::pair<float, int32_t>> got, want, scratch;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = static_cast<int>(rng() % 3000);
+    got.clear();
+    for (int i = 0; i < n; ++i) {
+      float v;
+      switch (rng() % 3) {
+        case 0: v = specials[rng() % std::size(specials)]; break;
+        case 1: v = static_cast<float>(static_cast<int>(rng() % 9) - 4) * 0.25f; break;  // ties
+        default: v = std::normal_distribution<float>(0.0f, 1.0f + static_cast<float>(trial))(rng); break;
+      }
+      got.push_back({v, i});
+    }
+    want = got;
+    std::sort(want.begin(), want.end(), by_logit);
+    order_by_logit(got, scratch);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].second, want[i].second) << "trial " << trial << " position " << i;
+      ASSERT_EQ(std::memcmp(&got[i].first, &want[i].first, sizeof(float)), 0);
+    }
+  }
+}
+
+TEST(LogitOrder, NanSortsLast) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::pair<float, int32_t>> c = {{1.0f, 0}, {nan, 1}, {-2.0f, 2}, {nan, 3}, {5.0f, 4}}, scratch;
+  order_by_logit(c, scratch);
+  EXPECT_EQ(c[0].second, 4);
+  EXPECT_EQ(c[1].second, 0);
+  EXPECT_EQ(c[2].second, 2);
+  EXPECT_EQ(c[3].second, 1);
+  EXPECT_EQ(c[4].second, 3);
+}
+
+// With top-k off, a seeded draw is the one the rule stated plainly gives:
+// all candidates sorted by logit (ties: lower id), cut by top-p over the
+// whole vocabulary's probabilities, then by min-p, weights at the
+// temperature, one uniform draw of 53 bits.
+int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng) {
+  std::vector<std::pair<float, int32_t>> c;
+  for (size_t i = 0; i < logits.size(); ++i) c.push_back({logits[i], static_cast<int32_t>(i)});
+  std::sort(c.begin(), c.end(), by_logit);
+  std::vector<double> probs(c.size());
+  double sum = 0;
+  for (size_t i = 0; i < c.size(); ++i) sum += probs[i] = std::exp(double(c[i].first) - c[0].first);
+  size_t keep = c.size();
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += probs[n] / sum;
+      ++n;
+      if (cum >= p.top_p) break;
+    }
+    keep = std::max<size_t>(n, 1);
+  }
+  if (p.min_p > 0.0f) {
+    size_t n = 1;
+    while (n < keep && probs[n] / probs[0] >= p.min_p) ++n;
+    keep = n;
+  }
+  std::vector<double> w(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += w[i] = std::exp(double(c[i].first - c[0].first) / p.temperature);
+  const double u = static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0) * total;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += w[i];
+    if (u < acc) return c[i].second;
+  }
+  return c[keep - 1].second;
+}
+
+TEST(Sampler, TopKOffDrawsWhatAFullSortGives) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 40; ++trial) {
+    SamplingParams p;
+    p.top_k = 0;
+    p.top_p = trial % 3 == 0 ? 1.0f : 0.9f;
+    p.min_p = trial % 2 == 0 ? 0.0f : 0.05f;
+    p.temperature = 0.7f;
+    p.seed = 100 + trial;
+    std::vector<float> logits(5000);
+    // Many ties (quarter steps) and a spread that leaves long tails.
+    for (auto& l : logits) l = std::round(std::normal_distribution<float>(0, 3)(rng) * 4) / 4;
+    Sampler s(p);
+    std::mt19937_64 ref_rng(p.seed);
+    for (int i = 0; i < 20; ++i) ASSERT_EQ(s.sample(logits, {}), reference_draw(logits, p, ref_rng)) << trial;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "engine/sampler.h"
 
+#include "engine/logit_order.h"
+
 #include <algorithm>
 #include <cmath>
 #include <unordered_set>
@@ -69,13 +71,14 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> hi
     keep = params_.top_k;
     std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
   } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    order_by_logit(candidates_, order_scratch_);  // the order std::sort with by_logit gives
   }
   candidates_.resize(keep);
 
   // Probabilities at temperature 1 for top-p / min-p (llama.cpp's order:
   // truncation first, temperature last).
-  std::vector<double> probs(keep);
+  std::vector<double>& probs = probs_;  // kept: a vocabulary-sized vector per token was faulted in each time
+  probs.resize(keep);
   const float max_logit = candidates_[0].first;
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(double(candidates_[i].first) - max_logit);

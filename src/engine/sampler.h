@@ -49,6 +49,8 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<float> penalised_logits_;  // greedy with a repetition penalty
+  std::vector<std::pair<float, int32_t>> order_scratch_;
+  std::vector<double> probs_;
 };
 
 // Index of the largest logit (lowest id on ties).
