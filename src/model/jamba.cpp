@@ -223,11 +223,7 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
                       ThreadPool& pool) const {
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
-  AttentionScratch& scratch = pool.caller_local<AttentionScratch>();
-  std::vector<float>& q = scratch.q;
-  std::vector<float>& k = scratch.k;
-  std::vector<float>& v = scratch.v;
-  std::vector<float>& attn = scratch.attn;
+  auto& [q, k, v, attn] = pool.caller_local<AttentionScratch>();
   q.resize(n * q_dim);
   k.resize(n * kv_dim);
   v.resize(n * kv_dim);
@@ -248,9 +244,7 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
 
 void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const {
   if (f.router.empty()) {
-    FfnScratch& scratch = pool.caller_local<FfnScratch>();
-    std::vector<float>& g = scratch.g;
-    std::vector<float>& u = scratch.u;
+    auto& [g, u] = pool.caller_local<FfnScratch>();
     g.resize(n * n_ff_);
     u.resize(n * n_ff_);
     const MatmulOutput gu[] = {{&f.gate, g.data()}, {&f.up, u.data()}};
@@ -280,13 +274,8 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
   }
   // Each expert runs once over the tokens routed to it (rows are independent,
   // so grouping never changes a token's result).
-  MoeScratch& scratch = pool.caller_local<MoeScratch>();
-  std::vector<float>& expert_out = scratch.expert_out;  // every (token, choice) row is written below
-  expert_out.resize(n * k * n_embd_);
-  std::vector<float>& xs = scratch.xs;
-  std::vector<float>& g = scratch.g;
-  std::vector<float>& u = scratch.u;
-  std::vector<float>& d = scratch.d;
+  auto& [expert_out, xs, g, u, d] = pool.caller_local<MoeScratch>();
+  expert_out.resize(n * k * n_embd_);  // every (token, choice) row is written below
   std::vector<int64_t> slots;
   for (int64_t e = 0; e < ne; ++e) {
     slots.clear();
@@ -325,10 +314,7 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
 void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
 
-  PassScratch& scratch = pool.caller_local<PassScratch>();
-  std::vector<float>& x = scratch.x;
-  std::vector<float>& h = scratch.h;
-  std::vector<float>& tmp = scratch.tmp;
+  auto& [x, h, tmp] = pool.caller_local<PassScratch>();
   x.resize(n * n_embd_);
   h.resize(n * n_embd_);
   tmp.resize(n * n_embd_);

@@ -244,12 +244,7 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
                 float* out, ThreadPool& pool, int64_t out_first) {
   const int64_t n = rows_of(runs);
   const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
-  Mamba1Scratch& scratch = pool.caller_local<Mamba1Scratch>();
-  std::vector<float>& xz = scratch.xz;
-  std::vector<float>& xc = scratch.xc;
-  std::vector<float>& xdb = scratch.xdb;
-  std::vector<float>& dt = scratch.dt;
-  std::vector<float>& y = scratch.y;
+  auto& [xz, xc, xdb, dt, y, dt_low] = pool.caller_local<Mamba1Scratch>();
   xz.resize(n * 2 * di);
   xc.resize(n * di);
   xdb.resize(n * n_xdb);
@@ -272,7 +267,6 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
     }
   }
   // The dt rows are the first R of each x_db row: gather them contiguous.
-  std::vector<float>& dt_low = scratch.dt_low;
   dt_low.resize(n * R);
   for (int64_t t = 0; t < n; ++t)
     std::memcpy(dt_low.data() + t * R, xdb.data() + t * n_xdb, R * sizeof(float));
@@ -426,10 +420,7 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
-  Mamba2Scratch& scratch = pool.caller_local<Mamba2Scratch>();
-  std::vector<float>& zxbcdt = scratch.zxbcdt;
-  std::vector<float>& xbc = scratch.xbc;
-  std::vector<float>& y = scratch.y;
+  auto& [zxbcdt, xbc, y] = pool.caller_local<Mamba2Scratch>();
   zxbcdt.resize(n * n_proj);
   xbc.resize(n * conv_ch);
   y.resize(n * di);
@@ -480,10 +471,7 @@ void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
 
-  MambaPassScratch& scratch = pool.caller_local<MambaPassScratch>();
-  std::vector<float>& x = scratch.x;
-  std::vector<float>& h = scratch.h;
-  std::vector<float>& mix = scratch.mix;
+  auto& [x, h, mix] = pool.caller_local<MambaPassScratch>();
   x.resize(n * n_embd);
   h.resize(n * n_embd);
   mix.resize(n * n_embd);

@@ -95,7 +95,8 @@ ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
   return t;
 }
 
-// A pass's scratch (see Transformer::run).
+// A pass's scratch (see Transformer::run), bound by position there: the
+// fields are only storage, so their order does not matter.
 struct PassBuffers {
   std::vector<int64_t> row_pos;
   std::vector<float> x, h, q, k, v, attn, tmp, g, u;
@@ -241,24 +242,14 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   // Activation buffers are reused across calls: a prompt's buffers run to
   // megabytes, and fresh pages would be faulted in each time. One set per
   // pool (ThreadPool::caller_local), not per calling thread.
-  PassBuffers& pb = pool.caller_local<PassBuffers>();
+  auto& [row_pos, x, h, q, k, v, attn, tmp, g, u, per_sequence, tail] = pool.caller_local<PassBuffers>();
   // Every row's position.
-  std::vector<int64_t>& row_pos = pb.row_pos;
   row_pos.resize(n);
   for (const PassSegment& s : segments) {
     const int64_t len = static_cast<int64_t>(s.batch.tokens.size());
     for (int64_t i = 0; i < len; ++i) row_pos[s.row0 + i] = s.batch.pos0 + i;
   }
 
-  std::vector<float>& x = pb.x;
-  std::vector<float>& h = pb.h;
-  std::vector<float>& q = pb.q;
-  std::vector<float>& k = pb.k;
-  std::vector<float>& v = pb.v;
-  std::vector<float>& attn = pb.attn;
-  std::vector<float>& tmp = pb.tmp;
-  std::vector<float>& g = pb.g;
-  std::vector<float>& u = pb.u;
   x.resize(n * n_embd_);
   h.resize(n * n_embd_);
   q.resize(n * q_dim);
@@ -347,8 +338,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     // llama.cpp's inp_out_ids): rows [r0, n). Their K and V are written above.
     const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
     if (r0 >= n) break;
-    std::vector<SequenceAttention>& per_sequence = pb.per_sequence;
-    ForwardBatch& tail = pb.tail;  // the one segment's rows from r0 (r0 > 0 only with one segment)
+    // tail: the one segment's rows from r0 (r0 > 0 only with one segment).
     per_sequence.clear();
     if (r0 > 0) {
       tail = rows_from(segments[0].batch, r0);

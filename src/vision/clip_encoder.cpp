@@ -184,14 +184,8 @@ struct LayerScratch {
 void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& pool) const {
   const int64_t D = info_.n_embd, H = info_.n_head, hd = D / H;
   const int64_t n = info_.patches_per_side * info_.patches_per_side;
-  LayerScratch& s = pool.caller_local<LayerScratch>();
-  for (std::vector<float>* b : {&s.h, &s.q, &s.k, &s.v, &s.attn, &s.tmp}) b->resize(n * D);
-  std::vector<float>& h = s.h;
-  std::vector<float>& q = s.q;
-  std::vector<float>& k = s.k;
-  std::vector<float>& v = s.v;
-  std::vector<float>& attn = s.attn;
-  std::vector<float>& tmp = s.tmp;
+  auto& [h, q, k, v, attn, tmp, qh, vt, scores, oh, u] = pool.caller_local<LayerScratch>();
+  for (std::vector<float>* b : {&h, &q, &k, &v, &attn, &tmp}) b->resize(n * D);
   for (int64_t t = 0; t < n; ++t)
     layer_norm(x.data() + t * D, L.ln1_w.data(), L.ln1_b.empty() ? nullptr : L.ln1_b.data(), info_.eps, D,
                h.data() + t * D);
@@ -206,12 +200,8 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
   // non-flash path computes it: per head, scores = Q K^T scaled, a softmax
   // per query, then out = scores V. Both products run as f32 matmuls.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (std::vector<float>* b : {&s.qh, &s.vt, &s.oh}) b->resize(n * hd);
-  s.scores.resize(n * n);
-  std::vector<float>& qh = s.qh;
-  std::vector<float>& vt = s.vt;
-  std::vector<float>& scores = s.scores;
-  std::vector<float>& oh = s.oh;
+  for (std::vector<float>* b : {&qh, &vt, &oh}) b->resize(n * hd);
+  scores.resize(n * n);
   for (int64_t head = 0; head < H; ++head) {
     for (int64_t t = 0; t < n; ++t) std::memcpy(&qh[t * hd], &q[t * D + head * hd], hd * sizeof(float));
     for (int64_t t = 0; t < n; ++t)
@@ -236,7 +226,6 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
   for (int64_t t = 0; t < n; ++t)
     layer_norm(x.data() + t * D, L.ln2_w.data(), L.ln2_b.empty() ? nullptr : L.ln2_b.data(), info_.eps, D,
                h.data() + t * D);
-  std::vector<float>& u = s.u;
   u.resize(n * info_.n_ff);
   matmul(L.up, h.data(), n, u.data(), pool);
   add_bias(u, L.b_up, n);
