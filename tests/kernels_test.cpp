@@ -1169,6 +1169,26 @@ TEST(Rope, TableMatchesDirect) {
   }
 }
 
+// GELU (gemma's gate) against its tanh form in double, over a range that
+// covers both tails, and vector lanes equal to the scalar rule.
+TEST(Elementwise, GeluMul) {
+  constexpr int n = 4003;
+  std::vector<float> g(n), u = make_x(n, 2);
+  for (int i = 0; i < n; ++i) g[i] = -12.0f + 24.0f * static_cast<float>(i) / n;
+  g[7] = 0.0f;
+  g[8] = -0.0f;
+  g[9] = 60.0f;
+  g[10] = -60.0f;
+  std::vector<float> g2 = g;
+  gelu_mul(g.data(), u.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const double x = g2[i];
+    const double want = 0.5 * x * (1 + std::tanh(0.7978845608028654 * x * (1 + 0.044715 * x * x))) * u[i];
+    EXPECT_NEAR(g[i], want, 1e-6 * (1 + std::fabs(want))) << "x " << x;
+    EXPECT_EQ(g[i], gelu_sigmoid(g2[i]) * u[i]) << "vector and scalar gelu differ at " << i;
+  }
+}
+
 TEST(Elementwise, SiluMulAndRmsNorm) {
   std::vector<float> g = make_x(1003, 1), u = make_x(1003, 2), g2 = g;
   silu_mul(g.data(), u.data(), 1003);

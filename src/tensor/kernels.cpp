@@ -1207,8 +1207,31 @@ void silu_mul(float* g, const float* u, int64_t n) {
   for (; i < n; ++i) g[i] = silu(g[i]) * u[i];
 }
 
+// GELU's tanh form written as a sigmoid, 0.5 x (1 + tanh(y)) = x / (1 +
+// e^(-2y)), so it runs on the vector exp (a scalar tanhf per element was
+// ~30 % of a gemma3 prompt). Within a few ulp of the tanhf form; the
+// scalar tail performs the same operations as a vector lane, so an
+// element's result never depends on where it falls in the row.
+float gelu_sigmoid(float x) {
+  constexpr float kTwoSqrt2OverPi = 2.0f * 0.79788456080286535587989211986876f;
+  constexpr float kCoef = 0.044715f;
+  const float t = std::fma(kCoef * x, x, 1.0f);
+  return x / (1.0f + exp_scalar(-((kTwoSqrt2OverPi * x) * t)));
+}
+
 void gelu_mul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+  const __m256 c1 = _mm256_set1_ps(2.0f * 0.79788456080286535587989211986876f), c2 = _mm256_set1_ps(0.044715f);
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(c2, x), x, one);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(c1, x), t);
+    const __m256 e = exp8(_mm256_xor_ps(y, sign));
+    const __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(r, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = gelu_sigmoid(g[i]) * u[i];
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {

@@ -125,7 +125,11 @@ float silu(float x);
 float gelu_tanh(float x);
 // g[i] = silu(g[i]) * u[i] (vectorized; silu uses expf_vec below).
 void silu_mul(float* g, const float* u, int64_t n);
-// g[i] = gelu_tanh(g[i]) * u[i].
+// GELU's tanh form as x / (1 + e^(-2y)) on the vector exp (expf_vec's
+// algorithm): within a few ulp of gelu_tanh, the same bits for an element
+// wherever it falls in a row.
+float gelu_sigmoid(float x);
+// g[i] = gelu_sigmoid(g[i]) * u[i].
 void gelu_mul(float* g, const float* u, int64_t n);
 // y[i] += x[i].
 void add_inplace(float* y, const float* x, int64_t n);
