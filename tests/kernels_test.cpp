@@ -1189,6 +1189,35 @@ TEST(Elementwise, GeluMul) {
   }
 }
 
+// Softmax (the image encoder's attention, jamba's router) against double
+// precision, at lengths around the vector width, with -inf entries.
+TEST(Elementwise, Softmax) {
+  for (int64_t n : {1, 7, 8, 9, 16, 31, 100, 1025}) {
+    std::vector<float> x = make_x(n, 40 + static_cast<uint32_t>(n));
+    for (auto& v : x) v *= 8.0f;
+    if (n > 3) x[2] = -INFINITY;
+    const std::vector<float> in = x;
+    softmax_inplace(x.data(), n);
+    double mx = -INFINITY, sum = 0;
+    for (float v : in) mx = std::max<double>(mx, v);
+    for (float v : in) sum += std::exp(static_cast<double>(v) - mx);
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isinf(in[i])) {
+        EXPECT_EQ(x[i], 0.0f);
+        continue;
+      }
+      const double arg = static_cast<double>(in[i]) - mx;
+      const double want = std::exp(arg) / sum;
+      // Float: x - max is rounded (relative error up to |x - max| * 2^-24
+      // in the result), then a few ulp.
+      EXPECT_NEAR(x[i], want, want * (5e-7 + std::fabs(arg) * 0x1p-23) + 1e-30) << "n " << n << " i " << i;
+      total += x[i];
+    }
+    EXPECT_NEAR(total, 1.0, 1e-5) << "n " << n;
+  }
+}
+
 TEST(Elementwise, SiluMulAndRmsNorm) {
   std::vector<float> g = make_x(1003, 1), u = make_x(1003, 2), g2 = g;
   silu_mul(g.data(), u.data(), 1003);
