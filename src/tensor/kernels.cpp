@@ -1209,10 +1209,12 @@ void softmax_inplace(float* x, int64_t n) {
 
 float silu(float x) { return x / (1.0f + exp_scalar(-x)); }
 
+// GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + kGeluCoef x^2))).
+constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+constexpr float kGeluCoef = 0.044715f;
+
 float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
-  constexpr float kCoef = 0.044715f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kGeluCoef * x * x)));
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
@@ -1233,14 +1235,12 @@ void silu_mul(float* g, const float* u, int64_t n) {
 // scalar tail performs the same operations as a vector lane, so an
 // element's result never depends on where it falls in the row.
 float gelu_sigmoid(float x) {
-  constexpr float kTwoSqrt2OverPi = 2.0f * 0.79788456080286535587989211986876f;
-  constexpr float kCoef = 0.044715f;
-  const float t = std::fma(kCoef * x, x, 1.0f);
-  return x / (1.0f + exp_scalar(-((kTwoSqrt2OverPi * x) * t)));
+  const float t = std::fma(kGeluCoef * x, x, 1.0f);
+  return x / (1.0f + exp_scalar(-((2.0f * kSqrt2OverPi * x) * t)));
 }
 
 void gelu_mul(float* g, const float* u, int64_t n) {
-  const __m256 c1 = _mm256_set1_ps(2.0f * 0.79788456080286535587989211986876f), c2 = _mm256_set1_ps(0.044715f);
+  const __m256 c1 = _mm256_set1_ps(2.0f * kSqrt2OverPi), c2 = _mm256_set1_ps(kGeluCoef);
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
