@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tensor/thread_pool.h"
+
 namespace reprise {
 
 void Model::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
@@ -12,10 +14,13 @@ void Model::forward_many(std::span<const SequenceBatch> batches, ThreadPool& poo
 void Model::forward_steps(std::span<const SequenceStep> steps, std::vector<float>& logits, ThreadPool& pool) {
   const int64_t n_vocab = info().n_vocab;
   // Each step's logits land in a vector of its own first. These keep their
-  // capacity from call to call: fresh 128 KB vectors every step were given
-  // fresh pages, whose faults took ~10 % of a 4-sequence decode step.
-  thread_local std::vector<std::vector<float>> per_step_buf;
-  std::vector<std::vector<float>>& per_step = per_step_buf;
+  // capacity from call to call (once per pool, as a pass's scratch): fresh
+  // 128 KB vectors every step were given fresh pages, whose faults took
+  // ~10 % of a 4-sequence decode step.
+  struct StepLogits {
+    std::vector<std::vector<float>> per_step;
+  };
+  std::vector<std::vector<float>>& per_step = pool.caller_local<StepLogits>().per_step;
   if (per_step.size() < steps.size()) per_step.resize(steps.size());
   std::vector<SequenceBatch> batches(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
