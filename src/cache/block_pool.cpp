@@ -24,8 +24,9 @@ size_t stride_for(uint64_t block_halfs) {
 }  // namespace
 
 struct BlockPool::Chunk {
-  std::unique_ptr<HugePageMapping> memory;
-  uint8_t* base = nullptr;
+  explicit Chunk(size_t bytes) : memory(bytes) {}
+  uint8_t* base() const { return memory.base(); }
+  HugePageMapping memory;
   int64_t fresh_from = 0;           // slots [fresh_from, per_chunk) were never handed out: still zero
   std::vector<int64_t> recycled;    // slots handed out before and freed since
   int64_t used = 0;
@@ -44,21 +45,19 @@ BlockPool::Buffer BlockPool::acquire() {
   for (const auto& c : chunks_)
     if (c->used < per_chunk_ && (!best || c->used > best->used)) best = c.get();
   if (!best) {
-    auto c = std::make_unique<Chunk>();
-    c->memory = std::make_unique<HugePageMapping>(stride_ * static_cast<size_t>(per_chunk_));
-    c->base = c->memory->base();
+    auto c = std::make_unique<Chunk>(stride_ * static_cast<size_t>(per_chunk_));
     best = c.get();
-    const auto at = std::upper_bound(chunks_.begin(), chunks_.end(), c->base,
-                                     [](const uint8_t* p, const std::unique_ptr<Chunk>& x) { return p < x->base; });
+    const auto at = std::upper_bound(chunks_.begin(), chunks_.end(), c->base(),
+                                     [](const uint8_t* p, const std::unique_ptr<Chunk>& x) { return p < x->base(); });
     chunks_.insert(at, std::move(c));
   }
   uint8_t* p;
   if (!best->recycled.empty()) {
-    p = best->base + best->recycled.back() * stride_;
+    p = best->base() + best->recycled.back() * stride_;
     best->recycled.pop_back();
     std::memset(p, 0, stride_);
   } else {
-    p = best->base + best->fresh_from++ * stride_;
+    p = best->base() + best->fresh_from++ * stride_;
   }
   ++best->used;
   ++in_use_;
@@ -75,11 +74,11 @@ namespace {
 void BlockPool::release(uint16_t* buffer) noexcept {
   const auto* p = reinterpret_cast<const uint8_t*>(buffer);
   auto it = std::upper_bound(chunks_.begin(), chunks_.end(), p,
-                             [](const uint8_t* q, const std::unique_ptr<Chunk>& x) { return q < x->base; });
+                             [](const uint8_t* q, const std::unique_ptr<Chunk>& x) { return q < x->base(); });
   if (it == chunks_.begin()) foreign_buffer();
   --it;
   Chunk& c = **it;
-  const auto offset = static_cast<size_t>(p - c.base);
+  const auto offset = static_cast<size_t>(p - c.base());
   if (offset % stride_ != 0 || offset / stride_ >= static_cast<size_t>(c.fresh_from))
     foreign_buffer();
   c.recycled.push_back(static_cast<int64_t>(offset / stride_));
