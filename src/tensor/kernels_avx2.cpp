@@ -38,7 +38,7 @@ enum class FType { F32, F16, BF16 };
 RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) { return _mm256_dpbusd_avx_epi32(p, w, xv); }
 RP_INLINE __m256i partial_sum(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 RP_INLINE __m256i partial_widen(__m256i p) { return p; }
-RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) { return _mm256_dpbusd_avx_epi32(acc, w, xv); }
+RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) { return partial_add(acc, w, xv); }
 #else
 RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) {
   return _mm256_add_epi16(p, _mm256_maddubs_epi16(w, xv));
@@ -65,9 +65,7 @@ RP_INLINE __m256i dot_s8_acc(__m256i acc, __m256i q, __m256i xv) {
 // activations' correction, -128 * their sum.
 #ifdef REPRISE_AVX_VNNI
 RP_INLINE __m256i q8_start(const XBlock& xb) { return _mm256_set1_epi32(xb.corr_q8); }
-RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) {
-  return _mm256_dpbusd_avx_epi32(acc, w_biased, xv);
-}
+RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) { return dot_u8_acc(acc, w_biased, xv); }
 #else
 RP_INLINE __m256i q8_start(const XBlock&) { return _mm256_setzero_si256(); }
 RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) {
