@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
 #include "tensor/key_layout.h"
+#include "tensor/prefetch_tuner.h"
 #include "tensor/quantize.h"
 
 using namespace reprise;
@@ -452,6 +454,34 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
           EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches, " << threads << " threads";
         }
       }
+    }
+  }
+}
+
+// Decode tiles prefetch their weights or not as the pool's tuner measures
+// faster (prefetch_tuner.h); while it measures, a product alternates between
+// the two. Every call must give the rule's bits either way.
+TEST(MatmulDecode, SameBitsWhicheverPrefetchTheTunerPicks) {
+  if (std::getenv("REPRISE_PREFETCH")) GTEST_SKIP() << "REPRISE_PREFETCH fixes the distance; the tuner is off";
+  IsaRestore restore;
+  for (DType t : {DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+    const Weights w = make_weights(t, 512, 200, 41);
+    const std::vector<float> x = make_x(512, 43);
+    std::vector<float> want(w.n_out);
+    for (int64_t r = 0; r < w.n_out; ++r) want[r] = canonical(w, r, x.data());
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + " " + dtype_name(static_cast<uint32_t>(t)));
+      ThreadPool pool(2);
+      PackedMatrix pm(w.view());
+      const int calls = 2 * PrefetchTuner::Settings{}.pairs_per_round + 8;
+      for (int i = 0; i < calls; ++i) {
+        std::vector<float> y(w.n_out, -1.0f);
+        matmul(pm, x.data(), 1, y.data(), pool);
+        ASSERT_TRUE(same_bits(y, want)) << "call " << i;
+      }
+      // The calls went through a whole measuring round: both settings ran.
+      EXPECT_EQ(pool.caller_local<PrefetchTuner>().rounds(t), 1);
     }
   }
 }

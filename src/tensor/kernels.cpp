@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "tensor/huge_pages.h"
 #include "tensor/key_layout.h"
 #include "tensor/kernels_impl.h"
+#include "tensor/prefetch_tuner.h"
 #include "tensor/quant_blocks.h"
 #include "tensor/quantize.h"
 #include "tensor/read_probe.h"
@@ -795,6 +797,7 @@ struct Job {
   int64_t n_group_tasks;
   int64_t n_token_tasks;
   int64_t first_task;
+  int64_t prefetch;  // decode tiles' software-prefetch distance (MatmulArgs::prefetch)
 };
 
 thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
@@ -892,15 +895,7 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
   a.n_tokens = t1 - t0;
   a.n_in = n_in;
   a.y_stride = j.n_out;
-  // Decode tiles prefetch their weight streams a little ahead into L1 (AVX2
-  // 1 KiB, AVX-512 512 bytes: on the 2-vCPU VM, F16 decode ~10 % faster than
-  // without; AVX-512's shorter distance another 1.6 % (Q8_0, F16) and 5.7 %
-  // (Q4_0)). REPRISE_PREFETCH=bytes overrides, 0 turns it off.
-  static const char* const prefetch_env = std::getenv("REPRISE_PREFETCH");
-  const int64_t prefetch = prefetch_env ? std::atoll(prefetch_env) : isa_kernels().decode_prefetch_bytes;
-  // Only decode-sized batches stream their weights once (larger ones tile
-  // them through L2).
-  a.prefetch = n_tokens < kTokenTile ? prefetch : 0;
+  a.prefetch = j.prefetch;
   // k blocks keep a task's weight panel and token tile in L1 together.
   const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
   // A kernel covers a batch wider than its token tile in several passes over
@@ -929,6 +924,44 @@ struct MatrixRef {
   float* y;
   int interleave;  // of groups (1 when packing on the fly)
 };
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct DecodePrefetch {
+  int64_t distance = 0;
+  PrefetchTuner::Plan plan;
+  PrefetchTuner* tuner = nullptr;
+  double start = 0.0;
+};
+
+// Decode-sized batches stream their weights once, and their tiles prefetch
+// that stream ahead or not as the pool's tuner has measured faster for the
+// weight type (prefetch_tuner.h); larger batches tile weights through L2 and
+// never prefetch. REPRISE_PREFETCH=bytes fixes the distance (0: off) for
+// comparisons.
+DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, ThreadPool& pool) {
+  DecodePrefetch d;
+  if (n_tokens >= kTokenTile) return d;
+  static const char* const fixed = std::getenv("REPRISE_PREFETCH");
+  if (fixed) {
+    d.distance = std::atoll(fixed);
+    return d;
+  }
+  const int64_t distance = isa_kernels().decode_prefetch_bytes;
+  // Weights packed on the fly have no stable identity to time against.
+  if (!first.groups) {
+    d.distance = distance;
+    return d;
+  }
+  PrefetchTuner& tuner = pool.caller_local<PrefetchTuner>();
+  d.start = seconds_now();
+  d.plan = tuner.plan(first.view->type, first.groups, n_tokens, d.start);
+  d.distance = d.plan.prefetch ? distance : 0;
+  d.tuner = &tuner;
+  return d;
+}
 
 void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_tokens, ThreadPool& pool) {
   if (mats.empty() || n_tokens <= 0) return;
@@ -995,11 +1028,17 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     jobs.push_back(j);
   }
   const int64_t n_tasks = task;
+  const DecodePrefetch prefetch = plan_decode_prefetch(mats[0], n_tokens, pool);
+  for (Job& j : jobs) j.prefetch = prefetch.distance;
   pool.parallel_for(n_tasks, [&](int64_t t) {
     size_t i = 0;
     while (i + 1 < jobs.size() && jobs[i + 1].first_task <= t) ++i;
     run_job_task(jobs[i], n_tokens, n_in, t - jobs[i].first_task);
   });
+  if (prefetch.plan.timed) {
+    const double now = seconds_now();
+    prefetch.tuner->report(prefetch.plan, now - prefetch.start, now);
+  }
 }
 
 }  // namespace
