@@ -97,6 +97,8 @@ TEST(PrefetchTuner, TypesDecideIndependently) {
   }
   EXPECT_FALSE(tuner.prefetches(DType::F16));
   EXPECT_TRUE(tuner.prefetches(DType::Q8_0));
+  EXPECT_EQ(tuner.summary(), "F16 off, Q8_0 on");
+  EXPECT_EQ(PrefetchTuner().summary(), "");
 }
 
 TEST(PrefetchTuner, AnEvenContestKeepsTheCurrentSetting) {
@@ -141,6 +143,35 @@ TEST(PrefetchTuner, MeasuresAgainAfterTheHoldAndFollowsTheHost) {
   for (int i = 0; i < 8; ++i) host.token(tuner, DType::F16, 1.2, now);
   EXPECT_EQ(tuner.rounds(DType::F16), 2);
   EXPECT_TRUE(tuner.prefetches(DType::F16));
+}
+
+TEST(PrefetchTuner, ASteadyHostIsMeasuredLessAndLessOften) {
+  PrefetchTuner::Settings s = quick();
+  s.max_hold_seconds = 4.0;
+  PrefetchTuner tuner(s);
+  FakeProducts host;
+  double now = 0.0;
+  // Runs tokens until the next round has decided; returns when it did.
+  auto next_decision = [&](double off_factor) {
+    const int before = tuner.rounds(DType::F16);
+    while (tuner.rounds(DType::F16) == before) host.token(tuner, DType::F16, off_factor, now);
+    return now;
+  };
+  double last = next_decision(0.85);
+  // Holds of 1, 2, 4 and then 4 (the cap) seconds between rounds: each gap
+  // is at least the hold and less than the hold plus a round's few tokens.
+  for (const double hold : {1.0, 2.0, 4.0, 4.0}) {
+    const double at = next_decision(0.85);
+    EXPECT_GE(at - last, hold);
+    EXPECT_LT(at - last, hold + 0.1);
+    last = at;
+  }
+  EXPECT_FALSE(tuner.prefetches(DType::F16));
+  // A flip goes back to the shortest hold.
+  last = next_decision(1.2);
+  ASSERT_TRUE(tuner.prefetches(DType::F16));
+  const double at = next_decision(1.2);
+  EXPECT_LT(at - last, 1.1);
 }
 
 TEST(PrefetchTuner, ALateReportFromAnEndedRoundIsIgnored) {

@@ -126,7 +126,7 @@ struct PairedRoofline {
 // tgN with several sequences (tgNxS) reports the tokens of all sequences per
 // second; each pass advances all S of them.
 void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
-            const Roofline& roof, const PairedRoofline& paired = {}) {
+            const Roofline& roof, const PairedRoofline& paired = {}, const std::string& prefetch = "") {
   const bool decode = test.rfind("tg", 0) == 0;
   const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
@@ -146,6 +146,7 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
     if (paired.measured)
       std::printf(",\"paired_tokens_per_s\":%.2f,\"paired_read_bandwidth_gbps\":%.2f,\"paired_roofline_fraction\":%.3f",
                   paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction);
+    if (decode) std::printf(",\"decode_prefetch\":\"%s\"", prefetch.c_str());
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -335,7 +336,9 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       return paired;
     };
     const PairedRoofline paired = measure_paired();
-    report(o, b, test, spread(rates), threads, roof, paired);
+    const std::string prefetch = decode_prefetch_summary(pool);
+    report(o, b, test, spread(rates), threads, roof, paired, prefetch);
+    if (!o.json) std::printf("decode prefetch (chosen at run time per weight type): %s\n", prefetch.c_str());
   }
 }
 

@@ -1043,6 +1043,12 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
 
 }  // namespace
 
+std::string decode_prefetch_summary(ThreadPool& pool) {
+  if (const char* fixed = std::getenv("REPRISE_PREFETCH")) return "fixed " + std::to_string(std::atoll(fixed)) + " bytes";
+  const std::string s = pool.caller_local<PrefetchTuner>().summary();
+  return s.empty() ? "not yet decided" : s;
+}
+
 void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
   const MatrixRef m{w.groups(), &w.view(), y, w.interleave()};
   run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);

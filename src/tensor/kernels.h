@@ -98,6 +98,11 @@ struct MatmulOutput {
 };
 void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool& pool);
 
+// Whether decode products on `pool` prefetch their weights, as its tuner has
+// decided per weight type ("F16 off, Q8_0 on"; see prefetch_tuner.h), or
+// "fixed N bytes" under REPRISE_PREFETCH=N. For reports.
+std::string decode_prefetch_summary(ThreadPool& pool);
+
 // Dequantizes row r of w into out (n_in floats): embedding lookups.
 void dequantize_row(const MatrixView& w, int64_t r, float* out);
 

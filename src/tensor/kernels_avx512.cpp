@@ -172,11 +172,14 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        // Eight prefetches per 64-byte chunk: one per cache line the chunk's
-        // groups read. Whether single-token decode should prefetch at all
-        // moves with the host (it measured 1.07-1.10x without in session 18,
-        // 0.97-1.01x in session 24), so the prefetch tuner decides.
-        if (a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
+        // Q8_0's single-token decode reads one stream (interleaved groups)
+        // that the hardware prefetcher follows, and prefetching costs it:
+        // paired tg256 (60M, and a 284 MB model) 1.07-1.10x without. Small
+        // batches keep it (4 sequences: 0.90x without), as do the 4-bit
+        // types (0.88-0.92x without). (Session 24 made the prefetch a
+        // run-time choice; letting this tile take it too cost single-token
+        // decode 7 % with it off, from the branch alone.)
+        if (T > 1 && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);

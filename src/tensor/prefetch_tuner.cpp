@@ -7,9 +7,10 @@ namespace reprise {
 
 PrefetchTuner::Plan PrefetchTuner::plan(DType type, const void* matrix, int64_t n_tokens, double now) {
   TypeState& t = types_[index(type)];
+  t.type = type;
   Plan p;
   p.type = type;
-  if (!t.measuring && now - t.hold_from >= settings_.hold_seconds) {
+  if (!t.measuring && now - t.hold_from >= t.hold) {
     t.measuring = true;
     t.log_ratios.clear();
     ++t.round_id;
@@ -51,12 +52,29 @@ void PrefetchTuner::decide(TypeState& t, double now) {
   const auto mid = r.begin() + static_cast<std::ptrdiff_t>(r.size() / 2);
   std::nth_element(r.begin(), mid, r.end());
   const double median = *mid;  // > 0: off took longer than on
+  const int before = t.chosen_arm;
   if (median > settings_.margin) t.chosen_arm = 0;
   else if (median < -settings_.margin) t.chosen_arm = 1;
+  const bool confirmed = t.rounds > 0 && t.chosen_arm == before;
+  t.hold = confirmed ? std::min(2 * t.hold, settings_.max_hold_seconds) : settings_.hold_seconds;
   t.measuring = false;
   t.hold_from = now;
   ++t.rounds;
   r.clear();
+}
+
+}  // namespace reprise
+
+namespace reprise {
+
+std::string PrefetchTuner::summary() const {
+  std::string s;
+  for (const TypeState& t : types_) {
+    if (t.rounds == 0) continue;
+    if (!s.empty()) s += ", ";
+    s += dtype_name(static_cast<uint32_t>(t.type)) + (t.chosen_arm == 0 ? " on" : " off");
+  }
+  return s;
 }
 
 }  // namespace reprise

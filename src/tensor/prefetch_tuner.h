@@ -15,7 +15,10 @@
 // calls, so every pair of calls compares like with like at nearly the same
 // moment. After `pairs_per_round` pairs the median of their time ratios
 // decides; a median within `margin` of even keeps the current setting. The
-// median ignores a call that the host happened to deschedule.
+// median ignores a call that the host happened to deschedule. A decision
+// that the next round confirms holds twice as long (up to
+// `max_hold_seconds`), so a steady host pays for few rounds; one that flips
+// goes back to `hold_seconds`.
 //
 // Prefetching changes no result: both settings compute the same bits.
 // One tuner belongs to one thread pool's caller (ThreadPool::caller_local),
@@ -23,6 +26,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -34,7 +38,8 @@ class PrefetchTuner {
  public:
   struct Settings {
     int pairs_per_round = 96;   // paired calls a decision rests on
-    double hold_seconds = 2.0;  // how long a decision stands before the next round
+    double hold_seconds = 2.0;       // how long a new decision stands before the next round
+    double max_hold_seconds = 32.0;  // each round that confirms the last doubles the hold, up to this
     double margin = 0.01;       // log-ratio a switch needs (about 1 %)
   };
 
@@ -61,17 +66,22 @@ class PrefetchTuner {
   bool prefetches(DType type) const { return types_[index(type)].chosen_arm == 0; }
   // Decisions taken so far for `type` (measuring rounds completed).
   int rounds(DType type) const { return types_[index(type)].rounds; }
+  // The standing decisions, for reports: "F16 off, Q8_0 on" (types that
+  // completed a round), or "" when none has.
+  std::string summary() const;
 
  private:
   static constexpr size_t kTypeSlots = 64;
   static constexpr size_t kMaxProducts = 4096;  // forget older products past this (models come and go)
 
   struct TypeState {
+    DType type = DType::F32;
     bool measuring = true;
     int chosen_arm = 0;
     int rounds = 0;
     uint32_t round_id = 0;
     double hold_from = 0.0;
+    double hold = 0.0;  // seconds the standing decision holds (0: not yet decided)
     std::vector<double> log_ratios;  // log(off / on) per pair
   };
   struct ProductState {
