@@ -91,16 +91,33 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
   Engine cached_no_snapshots(model, pool, &cache_nosnap);
   Engine uncached(model, pool, nullptr);
 
+  // Turn t's prompt holds the system prompt, t user messages and t - 1
+  // answers; it must leave room in the context for its own answer. A script
+  // longer than the model's context runs the turns that fit, instead of
+  // failing halfway through.
+  const int64_t n_ctx = model.info().n_ctx_train;
+  auto last_prompt = [&](int turns) {
+    return static_cast<int64_t>(o.system_tokens) + int64_t{turns} * o.turn_tokens + int64_t{turns - 1} * o.answer_tokens;
+  };
+  int turns = o.turns;
+  while (turns > 0 && n_ctx > 0 && last_prompt(turns) + o.answer_tokens > n_ctx) --turns;
+  if (turns < 1)
+    throw Error("replay chat: the model's context (" + std::to_string(n_ctx) + " tokens) does not hold one turn of " +
+                std::to_string(last_prompt(1) + o.answer_tokens) + " tokens; lower --system-tokens or --turn-tokens");
+  if (turns < o.turns)
+    std::printf("note: the model's context (%lld tokens) holds %d of the %d turns asked for; running %d\n",
+                static_cast<long long>(n_ctx), turns, o.turns, turns);
+
   std::vector<int32_t> conversation = random_tokens(o.system_tokens, n_vocab, 7);
   std::printf("replay chat on %s: %d turns, %d-token system prompt, %d new user tokens and %d answer tokens per "
               "turn, %d threads\n",
-              b.path.c_str(), o.turns, o.system_tokens, o.turn_tokens, o.answer_tokens, o.threads);
+              b.path.c_str(), turns, o.system_tokens, o.turn_tokens, o.answer_tokens, o.threads);
   std::printf("| turn | prompt | reused | ideal reuse | TTFT cache on (s) |%s TTFT cache off (s) | new-tokens-only (s) "
               "| on/ideal |\n",
               recurrent ? " TTFT no snapshots (s) |" : "");
   int64_t reused_total = 0, prompt_total = 0, ideal_total = 0;
   int64_t previous_computed = 0;  // positions whose state a previous turn computed
-  for (int turn = 1; turn <= o.turns; ++turn) {
+  for (int turn = 1; turn <= turns; ++turn) {
     auto user = random_tokens(o.turn_tokens, n_vocab, 100 + turn);
     conversation.insert(conversation.end(), user.begin(), user.end());
     GenerateRequest req;
@@ -115,6 +132,10 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
     // Ideal: the already-computed prefix costs nothing; time only the new tokens.
     const int64_t ideal_reuse = std::min<int64_t>(previous_computed, conversation.size() - 1);
     FlatMemory memory(model.state_spec());
+    // Sized for the whole prompt up front: growing it inside the timed pass
+    // would copy the prefix's K/V and fault in fresh pages, which no cached
+    // turn pays, and flatter the cache's ratio against this ideal.
+    memory.prepare(0, static_cast<int64_t>(conversation.size()));
     std::vector<float> logits;
     ForwardBatch prefix;
     prefix.tokens = std::span<const int32_t>(conversation).subspan(0, ideal_reuse);

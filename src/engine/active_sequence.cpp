@@ -21,6 +21,9 @@ ReuseReport ActiveSequence::attach(std::span<const int32_t> prompt, std::span<co
   ReuseReport report;
   report.prompt_tokens = static_cast<int64_t>(prompt.size());
   if (!cached_) {
+    // The whole prompt's K/V at once: growing by doubling as the prompt's
+    // chunks arrive would copy what is there at each step.
+    flat_->prepare(0, report.prompt_tokens);
     report.stop_reason = "disabled";
     return report;
   }
