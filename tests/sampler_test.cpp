@@ -50,6 +50,31 @@ TEST(Sampler, GreedyIsTheHighestPenalisedLogitLowestIdOnTies) {
   }
 }
 
+// Speculative sampling draws every distribution into buffers it keeps
+// across tokens: a reused buffer, whatever it held and however long it was,
+// must come out exactly as a fresh one.
+TEST(Sampler, DistributionIntoAReusedBufferEqualsAFreshOne) {
+  std::mt19937 rng(12);
+  std::vector<float> reused(7, 123.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n_vocab = std::uniform_int_distribution<int>(1, 600)(rng);
+    std::vector<float> logits(n_vocab);
+    for (auto& l : logits) l = std::normal_distribution<float>(0, 3)(rng);
+    std::vector<int32_t> history(std::uniform_int_distribution<int>(0, 40)(rng));
+    for (auto& h : history) h = std::uniform_int_distribution<int>(0, n_vocab - 1)(rng);
+    SamplingParams p;
+    p.temperature = trial % 4 == 0 ? 0.0f : 0.8f;
+    p.top_k = trial % 3 == 0 ? 0 : 40;
+    p.repeat_penalty = 1.2f;
+    Sampler fresh_sampler(p), reuse_sampler(p);
+    const std::vector<float> fresh = fresh_sampler.distribution(logits, history);
+    if (trial % 2) std::fill(reused.begin(), reused.end(), 0.5f);  // stale mass where the candidates are not
+    reuse_sampler.distribution(logits, history, reused);
+    ASSERT_EQ(reused.size(), fresh.size()) << trial;
+    ASSERT_EQ(std::memcmp(reused.data(), fresh.data(), fresh.size() * sizeof(float)), 0) << trial;
+  }
+}
+
 TEST(Sampler, SeededSamplingIsReproducible) {
   std::mt19937 rng(9);
   std::vector<float> logits(1000);

@@ -118,12 +118,17 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 }
 
 std::vector<float> Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history) {
+  std::vector<float> p;
+  distribution(logits, history, p);
+  return p;
+}
+
+void Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history, std::vector<float>& out) {
   prepare(logits, history);
-  std::vector<float> p(logits.size(), 0.0f);
+  out.assign(logits.size(), 0.0f);
   double total = 0;
   for (double w : weights_) total += w;
-  for (size_t i = 0; i < candidates_.size(); ++i) p[candidates_[i].second] = static_cast<float>(weights_[i] / total);
-  return p;
+  for (size_t i = 0; i < candidates_.size(); ++i) out[candidates_[i].second] = static_cast<float>(weights_[i] / total);
 }
 
 int32_t Sampler::draw(std::span<const float> weights) {

@@ -35,6 +35,10 @@ class Sampler {
   // The distribution sample() draws from, over the whole vocabulary (zero
   // outside the kept candidates; one-hot for greedy). For speculative sampling.
   std::vector<float> distribution(std::span<const float> logits, std::span<const int32_t> history);
+  // The same into `out` (resized to the vocabulary), so a caller drawing
+  // many distributions reuses one buffer instead of a fresh vocabulary-sized
+  // vector, and its fresh pages, per token.
+  void distribution(std::span<const float> logits, std::span<const int32_t> history, std::vector<float>& out);
   // Draws a token from an (unnormalised, non-negative) distribution.
   int32_t draw(std::span<const float> weights);
   const SamplingParams& params() const { return params_; }

@@ -81,6 +81,12 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
   draft.set_partner(&target);
   bool cut_last_round = false;
 
+  // Per-round buffers, kept across rounds: a sampling request's
+  // distributions are vocabulary-sized, two per drafted token.
+  std::vector<int32_t> proposals, draft_history, verify_history;
+  std::vector<std::vector<float>> draft_probs;
+  std::vector<float> target_probs;
+
   // `logits` holds the target's prediction for the token after history.
   int32_t x = target_sampler.sample(logits, history);
   if (!emit(x, logits)) return;
@@ -92,8 +98,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     if (room_ctx < 0) break;
     // Draft catches up to the sequence (x and any accepted tokens it has not
     // seen), then proposes k tokens.
-    std::vector<int32_t> proposals;
-    std::vector<std::vector<float>> draft_probs;
+    proposals.clear();
     // Batcher memberships follow the round's phases (see set_decoding): the
     // draft's while its batches follow at once (from the verify, whose end
     // starts the next round's catch-up, through the last draft step), the
@@ -116,14 +121,15 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
       const int64_t seq_len = static_cast<int64_t>(history.size());
       draft.feed(std::span<const int32_t>(history).subspan(draft.position(), seq_len - draft.position()), {},
                  LogitsFor::Last, draft_logits);
-      std::vector<int32_t> draft_history(history);
+      draft_history.assign(history.begin(), history.end());
       for (int i = 0; i < k; ++i) {
         int32_t d;
         if (greedy) {
           d = argmax(draft_logits);
         } else {
-          draft_probs.push_back(draft_sampler.distribution(draft_logits, draft_history));
-          d = draft_sampler.draw(draft_probs.back());
+          if (draft_probs.size() <= static_cast<size_t>(i)) draft_probs.resize(i + 1);
+          draft_sampler.distribution(draft_logits, draft_history, draft_probs[i]);
+          d = draft_sampler.draw(draft_probs[i]);
         }
         proposals.push_back(d);
         draft_history.push_back(d);
@@ -152,7 +158,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     result.drafted_tokens += k;
     int accepted = 0;
     int32_t next = -1;
-    std::vector<int32_t> verify_history(history);
+    verify_history.assign(history.begin(), history.end());
     for (int i = 0; i <= k; ++i) {
       const std::span<const float> row = verify_row(i);
       if (i == k) {  // every proposal accepted: a bonus token from the target
@@ -167,7 +173,8 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
           break;
         }
       } else {
-        std::vector<float> p = target_sampler.distribution(row, verify_history);
+        std::vector<float>& p = target_probs;
+        target_sampler.distribution(row, verify_history, p);
         const float q = draft_probs[i][d];
         const double u = static_cast<double>(accept_rng() >> 11) * (1.0 / 9007199254740992.0);
         if (q <= 0 || u >= std::min(1.0, static_cast<double>(p[d]) / q)) {
