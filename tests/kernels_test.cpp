@@ -486,6 +486,33 @@ TEST(MatmulDecode, SameBitsWhicheverPrefetchTheTunerPicks) {
   }
 }
 
+// Decode products split their tiles into one range per thread and let a
+// thread that is done take tiles from the back of the others' ranges. With
+// more threads than cores (so threads are descheduled mid-range and others
+// take over), over several matrices of uneven sizes, every output must be
+// written, once, with the rule's bits.
+TEST(MatmulDecode, RangesAndStealingCoverEveryTile) {
+  IsaRestore restore;
+  const Weights a = make_weights(DType::Q8_0, 256, 1000, 51), b = make_weights(DType::Q8_0, 256, 77, 52),
+                c = make_weights(DType::Q8_0, 256, 300, 53);
+  const PackedMatrix pa(a.view()), pb(b.view()), pc(c.view());
+  for (int threads : {3, 4, 7}) {
+    ThreadPool pool(threads);
+    for (int64_t n_tokens : {1, 2, 5}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, " + std::to_string(n_tokens) + " tokens");
+      const std::vector<float> x = make_x(n_tokens * 256, 54 + static_cast<uint32_t>(n_tokens));
+      const std::vector<float> want_a = run(a, x, n_tokens, 1), want_b = run(b, x, n_tokens, 1),
+                               want_c = run(c, x, n_tokens, 1);
+      for (int rep = 0; rep < 40; ++rep) {
+        std::vector<float> ya(n_tokens * 1000, NAN), yb(n_tokens * 77, NAN), yc(n_tokens * 300, NAN);
+        const MatmulOutput outs[] = {{&pa, ya.data()}, {&pb, yb.data()}, {&pc, yc.data()}};
+        matmul_many(outs, x.data(), n_tokens, pool);
+        ASSERT_TRUE(same_bits(ya, want_a) && same_bits(yb, want_b) && same_bits(yc, want_c)) << "rep " << rep;
+      }
+    }
+  }
+}
+
 // Matrices of 8 MiB and more are packed at load on one thread per core
 // (PackedMatrix), in pieces; the pieces' bytes must not depend on the split.
 // On a one-core machine this is the single-piece path again.
