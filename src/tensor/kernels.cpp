@@ -791,8 +791,9 @@ struct Job {
   int64_t n_out;
   PackedX x;
   float* y;
-  // The groups are dealt to the n_group_tasks tasks evenly, in tiles of
-  // this many (a task's share is a whole number of tiles).
+  // Prompt-sized products' tasks (decode-sized ones are split by
+  // run_decode): the groups are dealt to the n_group_tasks tasks evenly, in
+  // tiles of this many (a task's share is a whole number of tiles).
   int64_t task_tile;
   int64_t tokens_per_task;
   int64_t n_group_tasks;
