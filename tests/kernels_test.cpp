@@ -454,6 +454,23 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
           EXPECT_TRUE(same_bits(pieces, want)) << "uneven batches, " << threads << " threads";
         }
       }
+      // Groups dealt to regions (the F and K types' default on both ISAs),
+      // with counts that leave the last regions short and that no tile width
+      // matches: decode, uneven batches and one prompt-sized batch.
+      for (int regions : {2, 3, 8}) {
+        SCOPED_TRACE("regions " + std::to_string(regions));
+        ThreadPool pool(2);
+        const PackedMatrix pm(w.view(), 0, regions);
+        ASSERT_EQ(pm.regions(), regions);
+        std::vector<float> pieces(n_tokens * n_out);
+        int64_t tok = 0;
+        for (int64_t len : {1, 1, 2, 3, 5, 7, 11, 23}) {
+          matmul(pm, x.data() + tok * n_in, len, pieces.data() + tok * n_out, pool);
+          tok += len;
+        }
+        ASSERT_EQ(tok, n_tokens);
+        EXPECT_TRUE(same_bits(pieces, want)) << "regions";
+      }
     }
   }
 }

@@ -546,7 +546,15 @@ void pack_interleaved(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_gro
 // the first touch of its pages, which the kernel zeroes) is otherwise
 // seconds of one core's work at load. The pieces are disjoint, so the bytes
 // do not depend on the split.
-void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, int f, uint8_t* dst) {
+// Groups [g0, g1) of w, each to its place among `regions` regions
+// (kernels_impl.h).
+void pack_to_regions(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_groups, int regions, uint8_t* dst) {
+  const size_t gb = group_bytes_for(w.type, w.n_in);
+  const int64_t region_groups = (n_groups + regions - 1) / regions;
+  for (int64_t g = g0; g < g1; ++g) pack_groups(w, g, g + 1, dst + ((g % regions) * region_groups + g / regions) * gb);
+}
+
+void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, int f, int regions, uint8_t* dst) {
   static const int cores = default_thread_count();
   const int64_t n_supers = (n_groups + f - 1) / f;
   const int64_t min_supers = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / (group_bytes * f)));
@@ -555,7 +563,12 @@ void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, 
     *g0 = std::min(n_groups, n_supers * i / n * f);
     *g1 = std::min(n_groups, n_supers * (i + 1) / n * f);
   };
-  if (n == 1) return pack_interleaved(w, 0, n_groups, n_groups, f, dst);
+  // Pieces are whole super-groups (any groups, for regions).
+  auto pack_piece = [&](int64_t g0, int64_t g1) {
+    if (regions > 1) pack_to_regions(w, g0, g1, n_groups, regions, dst);
+    else pack_interleaved(w, g0, g1, n_groups, f, dst);
+  };
+  if (n == 1) return pack_piece(0, n_groups);
   std::vector<std::exception_ptr> errors(n);
   {
     std::vector<std::jthread> threads;
@@ -563,7 +576,7 @@ void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, 
       try {
         int64_t g0, g1;
         piece_range(i, &g0, &g1);
-        pack_interleaved(w, g0, g1, n_groups, f, dst);
+        pack_piece(g0, g1);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -586,9 +599,27 @@ namespace {
 // The current ISA's super-group for this type (IsaKernels::interleave_*),
 // or REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on
 // other CPUs).
+const char* interleave_env() { return std::getenv("REPRISE_INTERLEAVE"); }
+
+// The current ISA's regions for this type (IsaKernels::regions_*; 0: the
+// interleaved layout), or REPRISE_REGIONS (0: none; for comparisons).
+// REPRISE_INTERLEAVE, which picks an interleaved layout, implies none.
+int default_regions(DType type) {
+  static const char* const env = std::getenv("REPRISE_REGIONS");
+  if (env) return std::clamp(std::atoi(env), 0, 64);
+  if (interleave_env()) return 0;
+  const IsaKernels& isa = isa_kernels();
+  if (type == DType::Q6_K) return isa.regions_q6_k;
+  switch (unit_elements(type)) {
+    case 1: return isa.regions_f;
+    case kQK_K: return isa.regions_k;
+    default: return 0;
+  }
+}
+
 int default_interleave(DType type) {
   static const int env = [] {
-    const char* v = std::getenv("REPRISE_INTERLEAVE");
+    const char* v = interleave_env();
     return v ? std::clamp(std::atoi(v), 1, 64) : 0;
   }();
   if (env > 0) return env;
@@ -602,14 +633,18 @@ int default_interleave(DType type) {
 
 }  // namespace
 
-PackedMatrix::PackedMatrix(const MatrixView& w, int interleave) : view_(w) {
+PackedMatrix::PackedMatrix(const MatrixView& w, int interleave, int regions) : view_(w) {
   group_bytes_ = group_bytes_for(w.type, w.n_in);
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
-  if (interleave < 0) throw Error("PackedMatrix: negative interleave");
-  interleave_ = interleave > 0 ? interleave : default_interleave(w.type);
-  // Decode streams these once per token: huge pages (huge_pages.h).
-  data_ = allocate_streamed(group_bytes_ * n_groups_);
-  pack_all_groups(w, n_groups_, group_bytes_, interleave_, data_.get());
+  if (interleave < 0 || regions < 0) throw Error("PackedMatrix: negative interleave or regions");
+  if (regions > 1 && interleave > 1) throw Error("PackedMatrix: regions take contiguous groups (interleave 1)");
+  regions_ = regions > 1 ? regions : interleave == 0 ? default_regions(w.type) : 0;
+  interleave_ = regions_ > 1 ? 1 : interleave > 0 ? interleave : default_interleave(w.type);
+  stored_groups_ = regions_ > 1 ? (n_groups_ + regions_ - 1) / regions_ * regions_ : n_groups_;
+  // Decode streams these once per token: huge pages (huge_pages.h). Padding
+  // groups of the last regions stay zero.
+  data_ = allocate_streamed(group_bytes_ * stored_groups_);
+  pack_all_groups(w, n_groups_, group_bytes_, interleave_, regions_, data_.get());
 }
 
 // ---------------------------------------------------------------------------
@@ -1013,6 +1048,7 @@ struct MatrixRef {
   const MatrixView* view;
   float* y;
   int interleave;  // of groups (1 when packing on the fly)
+  int regions;     // PackedMatrix::regions (0 when packing on the fly)
 };
 
 double seconds_now() {
@@ -1074,8 +1110,11 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     Job j{};
     j.fn = matmul_fn(isa, v.type);
     j.groups = {m.groups, group_bytes_for(v.type, n_in), unit_bytes_for(v.type), (v.n_out + kGroupRows - 1) / kGroupRows,
-                m.interleave};
-    WeightReadLog::note(j.groups.base, j.groups.group_bytes * j.groups.n_groups);
+                m.interleave, m.regions};
+    // The packed buffer, with the last regions' padding groups (never read,
+    // at most regions - 1 of them).
+    const int64_t stored = m.regions > 1 ? (j.groups.n_groups + m.regions - 1) / m.regions * m.regions : j.groups.n_groups;
+    WeightReadLog::note(j.groups.base, j.groups.group_bytes * stored);
     j.view = &v;
     j.n_out = v.n_out;
     j.x = packed[ki];
@@ -1130,12 +1169,12 @@ std::string decode_prefetch_summary(ThreadPool& pool) {
 }
 
 void matmul(const PackedMatrix& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  const MatrixRef m{w.groups(), &w.view(), y, w.interleave()};
+  const MatrixRef m{w.groups(), &w.view(), y, w.interleave(), w.regions()};
   run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
 }
 
 void matmul(const MatrixView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  const MatrixRef m{nullptr, &w, y, 1};
+  const MatrixRef m{nullptr, &w, y, 1, 0};
   run_matmuls(std::span<const MatrixRef>(&m, 1), x, n_tokens, pool);
 }
 
@@ -1147,7 +1186,9 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
     more.resize(outputs.size());
     r = more.data();
   }
-  for (size_t i = 0; i < outputs.size(); ++i) r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y, outputs[i].w->interleave()};
+  for (size_t i = 0; i < outputs.size(); ++i)
+    r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y, outputs[i].w->interleave(),
+            outputs[i].w->regions()};
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
 }
 

@@ -56,29 +56,35 @@ class PackedMatrix {
  public:
   PackedMatrix() = default;
   // interleave: groups per super-group (kernels_impl.h); 0 takes the current
-  // instruction set's decode tile width for the type. Any value gives the
-  // same results with either instruction set; only speed differs.
-  explicit PackedMatrix(const MatrixView& w, int interleave = 0);
+  // instruction set's layout for the type (groups dealt to regions for the F
+  // and K types, super-groups of the decode tile's width for the others).
+  // regions > 1 deals the groups to that many regions instead (interleave
+  // must be 0 or 1). Any layout gives the same results with either
+  // instruction set; only speed differs.
+  explicit PackedMatrix(const MatrixView& w, int interleave = 0, int regions = 0);
 
   bool empty() const { return data_ == nullptr; }
   const MatrixView& view() const { return view_; }
   DType type() const { return view_.type; }
   int64_t n_in() const { return view_.n_in; }
   int64_t n_out() const { return view_.n_out; }
-  size_t packed_bytes() const { return group_bytes_ * n_groups_; }
+  size_t packed_bytes() const { return group_bytes_ * stored_groups_; }
 
   // Internal layout (kernels_impl.h).
   const uint8_t* groups() const { return data_.get(); }
   size_t group_bytes() const { return group_bytes_; }
   int64_t n_groups() const { return n_groups_; }
   int interleave() const { return interleave_; }
+  int regions() const { return regions_; }
 
  private:
   MatrixView view_;
   std::shared_ptr<uint8_t[]> data_;
   size_t group_bytes_ = 0;
   int64_t n_groups_ = 0;
+  int64_t stored_groups_ = 0;  // n_groups_, or regions_ whole regions (the last ones padded)
   int interleave_ = 1;
+  int regions_ = 0;
 };
 
 // y[t * n_out + r] = dot(W.row(r), x[t * n_in ...]) for t < n_tokens.

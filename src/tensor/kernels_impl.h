@@ -7,7 +7,13 @@
 // interleaved in super-groups of f (PackedMatrix::interleave): super-group
 // i holds groups fi .. fi+f-1 (fewer in the last), unit by unit, each
 // unit's groups in order; f = 1 is each group's units contiguous. A decode
-// tile of f groups then reads one sequential stream. The units:
+// tile of f groups then reads one sequential stream.
+// Or groups are dealt round-robin to S regions (PackedMatrix::regions,
+// with f = 1): group g is the (g / S)-th group of region g % S, and a region
+// holds ceil(n_groups / S) groups. A decode tile of S groups then reads S
+// streams a region apart, each advancing one group per tile: for the F and
+// K types that reads memory 1.06-1.17x faster than one interleaved stream
+// (docs/performance.md, Decode streams). The units:
 //   F32 / F16 / BF16: for each input index k: the 16 rows' elements at k
 //                     (64 / 32 / 32 bytes), k-major.
 //   Q8_0: for each 32-element block b: 16 f16 scales (32 bytes), then 8 chunks
@@ -232,6 +238,7 @@ struct GroupLayout {
   size_t unit_bytes;
   int64_t n_groups;
   int64_t interleave;
+  int64_t regions = 0;  // > 1: groups dealt round-robin to this many regions (interleave 1)
 
   // Points a.w and its strides at groups [g, g + n) and returns how many of
   // them the strides reach: the rest of g's super-group, at most n.
@@ -281,6 +288,13 @@ struct MatmulArgs {
 };
 
 int64_t GroupLayout::point(int64_t g, int64_t n, MatmulArgs& a) const {
+  if (regions > 1) {
+    const int64_t region_groups = (n_groups + regions - 1) / regions, in_region = g % regions;
+    a.w = base + (in_region * region_groups + g / regions) * group_bytes;
+    a.group_stride = region_groups * group_bytes;
+    a.unit_stride = unit_bytes;
+    return regions - in_region < n ? regions - in_region : n;
+  }
   if (interleave == 1) {
     a.w = base + g * group_bytes;
     a.group_stride = group_bytes;
@@ -445,6 +459,15 @@ struct IsaKernels {
   int interleave_f;
   int interleave_q;
   int interleave_k;
+  // The regions (kernels_impl.h's layout) PackedMatrix deals the F types'
+  // and the K types' groups to by default, instead of interleaving them: the
+  // decode tile's width; 0 keeps the interleaved layout (the 32-element
+  // block types, which read one interleaved stream faster).
+  int regions_f;
+  int regions_k;
+  // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
+  // interleaved ones (the other K types 1.0-1.34x).
+  int regions_q6_k;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
   // docs/performance.md.
