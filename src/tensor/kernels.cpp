@@ -613,7 +613,7 @@ int default_regions(DType type) {
   switch (unit_elements(type)) {
     case 1: return isa.regions_f;
     case kQK_K: return isa.regions_k;
-    default: return 0;
+    default: return isa.regions_q;
   }
 }
 

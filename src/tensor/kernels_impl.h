@@ -459,12 +459,14 @@ struct IsaKernels {
   int interleave_f;
   int interleave_q;
   int interleave_k;
-  // The regions (kernels_impl.h's layout) PackedMatrix deals the F types'
-  // and the K types' groups to by default, instead of interleaving them: the
-  // decode tile's width; 0 keeps the interleaved layout (the 32-element
-  // block types, which read one interleaved stream faster).
+  // The regions (kernels_impl.h's layout) PackedMatrix deals the F types',
+  // the K types' and the 32-element block types' groups to by default,
+  // instead of interleaving them: the decode tile's width, where that
+  // measured faster; 0 keeps the interleaved layout (AVX-512's block types
+  // read one interleaved stream faster).
   int regions_f;
   int regions_k;
+  int regions_q;
   // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
   // interleaved ones (the other K types 1.0-1.34x).
   int regions_q6_k;
