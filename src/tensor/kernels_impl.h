@@ -11,9 +11,10 @@
 // Or groups are dealt round-robin to S regions (PackedMatrix::regions,
 // with f = 1): group g is the (g / S)-th group of region g % S, and a region
 // holds ceil(n_groups / S) groups. A decode tile of S groups then reads S
-// streams a region apart, each advancing one group per tile: for the F and
-// K types that reads memory 1.06-1.17x faster than one interleaved stream
-// (docs/performance.md, Decode streams). The units:
+// streams a region apart, each advancing one group per tile, which read
+// memory faster than one interleaved stream for the F and K types (decode
+// 1.06-1.34x) and, on AVX2, the block types (IsaKernels::regions_*;
+// docs/performance.md, Decode streams). The units:
 //   F32 / F16 / BF16: for each input index k: the 16 rows' elements at k
 //                     (64 / 32 / 32 bytes), k-major.
 //   Q8_0: for each 32-element block b: 16 f16 scales (32 bytes), then 8 chunks
