@@ -475,6 +475,24 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   }
 }
 
+// packed_matrix_bytes (what model loading budgets for) is what PackedMatrix
+// takes in its default layout, padding groups of short last regions included,
+// on every ISA.
+TEST(PackedMatrixBytes, MatchTheDefaultLayout) {
+  IsaRestore restore;
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+      for (int64_t n_out : {16, 77, 200, 1000}) {
+        const int64_t n_in = block_elems(t) == 256 ? 256 : 64;
+        const Weights w = make_weights(t, n_in, n_out, 61);
+        EXPECT_EQ(packed_matrix_bytes(t, n_in, n_out), PackedMatrix(w.view()).packed_bytes())
+            << kernel_isa_name(isa) << " " << dtype_name(static_cast<uint32_t>(t)) << " n_out " << n_out;
+      }
+    }
+  }
+}
+
 // Decode tiles prefetch their weights or not as the pool's tuner measures
 // faster (prefetch_tuner.h); while it measures, a product alternates between
 // the two. Every call must give the rule's bits either way.

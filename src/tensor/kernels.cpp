@@ -590,8 +590,16 @@ void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, 
 
 }  // namespace
 
+namespace {
+int default_regions(DType type);
+}  // namespace
+
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
-  return group_bytes_for(type, n_in) * static_cast<size_t>((n_out + kGroupRows - 1) / kGroupRows);
+  // As PackedMatrix's default layout stores them: dealt to regions, the last
+  // regions padded to whole.
+  const int64_t n_groups = (n_out + kGroupRows - 1) / kGroupRows, regions = default_regions(type);
+  const int64_t stored = regions > 1 ? (n_groups + regions - 1) / regions * regions : n_groups;
+  return group_bytes_for(type, n_in) * static_cast<size_t>(stored);
 }
 
 namespace {

@@ -44,8 +44,10 @@ const char* kernel_isa_name(KernelIsa isa);
 // Matrix products.
 
 // The bytes PackedMatrix takes for an n_out x n_in matrix of a supported
-// type (more than the file's for the K types and IQ4_XS, whose scales are
-// unpacked: a few percent, Q2_K's about a quarter).
+// type in its default layout on the current instruction set (more than the
+// file's for the K types and IQ4_XS, whose scales are unpacked: a few
+// percent, Q2_K's about a quarter; plus up to a few padding groups where
+// groups are dealt to regions).
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out);
 
 // A weight matrix rearranged for the kernels (rows interleaved in groups of
