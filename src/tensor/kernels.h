@@ -51,18 +51,20 @@ const char* kernel_isa_name(KernelIsa isa);
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out);
 
 // A weight matrix rearranged for the kernels (rows interleaved in groups of
-// 16, groups interleaved in super-groups so that a decode tile reads one
-// sequential stream). Packing copies the data once; the source view stays
-// valid for row lookups (embeddings). Copies share the packed storage.
+// 16; groups interleaved in super-groups so that a decode tile reads one
+// sequential stream, or dealt to regions so that it reads one stream per
+// region). Packing copies the data once; the source view stays valid for
+// row lookups (embeddings). Copies share the packed storage.
 class PackedMatrix {
  public:
   PackedMatrix() = default;
   // interleave: groups per super-group (kernels_impl.h); 0 takes the current
-  // instruction set's layout for the type (groups dealt to regions for the F
-  // and K types, super-groups of the decode tile's width for the others).
-  // regions > 1 deals the groups to that many regions instead (interleave
-  // must be 0 or 1). Any layout gives the same results with either
-  // instruction set; only speed differs.
+  // instruction set's layout for the type (groups dealt to as many regions
+  // as its decode tile has groups, or interleaved in super-groups of that
+  // width, whichever measured faster: IsaKernels::regions_*). regions > 1
+  // deals the groups to that many regions instead (interleave must be 0 or
+  // 1). Any layout gives the same results with either instruction set; only
+  // speed differs.
   explicit PackedMatrix(const MatrixView& w, int interleave = 0, int regions = 0);
 
   bool empty() const { return data_ == nullptr; }

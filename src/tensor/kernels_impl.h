@@ -242,7 +242,9 @@ struct GroupLayout {
   int64_t regions = 0;  // > 1: groups dealt round-robin to this many regions (interleave 1)
 
   // Points a.w and its strides at groups [g, g + n) and returns how many of
-  // them the strides reach: the rest of g's super-group, at most n.
+  // them the strides reach: the rest of g's super-group (with regions: of
+  // the S groups g / S * S .. that sit at the same place in each region), at
+  // most n.
   inline int64_t point(int64_t g, int64_t n, MatmulArgs& a) const;
   // Group g's unit 0, and the bytes from one of its units to the next.
   inline const uint8_t* group(int64_t g, size_t* unit_stride) const;
