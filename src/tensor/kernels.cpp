@@ -36,6 +36,7 @@ using kernels::kTokenTile;
 using kernels::takes_tiled_attention;
 using kernels::widen_kv_block;
 using kernels::GroupLayout;
+using kernels::stored_groups;
 using kernels::isa_kernels;
 using kernels::MatmulArgs;
 using kernels::XBlock;
@@ -550,7 +551,7 @@ void pack_interleaved(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_gro
 // (kernels_impl.h).
 void pack_to_regions(const MatrixView& w, int64_t g0, int64_t g1, int64_t n_groups, int regions, uint8_t* dst) {
   const size_t gb = group_bytes_for(w.type, w.n_in);
-  const int64_t region_groups = (n_groups + regions - 1) / regions;
+  const int64_t region_groups = stored_groups(n_groups, regions) / regions;
   for (int64_t g = g0; g < g1; ++g) pack_groups(w, g, g + 1, dst + ((g % regions) * region_groups + g / regions) * gb);
 }
 
@@ -597,16 +598,12 @@ int default_regions(DType type);
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
   // As PackedMatrix's default layout stores them: dealt to regions, the last
   // regions padded to whole.
-  const int64_t n_groups = (n_out + kGroupRows - 1) / kGroupRows, regions = default_regions(type);
-  const int64_t stored = regions > 1 ? (n_groups + regions - 1) / regions * regions : n_groups;
-  return group_bytes_for(type, n_in) * static_cast<size_t>(stored);
+  const int64_t n_groups = (n_out + kGroupRows - 1) / kGroupRows;
+  return group_bytes_for(type, n_in) * static_cast<size_t>(stored_groups(n_groups, default_regions(type)));
 }
 
 namespace {
 
-// The current ISA's super-group for this type (IsaKernels::interleave_*),
-// or REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on
-// other CPUs).
 const char* interleave_env() { return std::getenv("REPRISE_INTERLEAVE"); }
 
 // The current ISA's regions for this type (IsaKernels::regions_*; 0: the
@@ -625,6 +622,9 @@ int default_regions(DType type) {
   }
 }
 
+// The current ISA's super-group for this type (IsaKernels::interleave_*),
+// or REPRISE_INTERLEAVE (1: the contiguous layout; for comparisons on
+// other CPUs).
 int default_interleave(DType type) {
   static const int env = [] {
     const char* v = interleave_env();
@@ -648,7 +648,7 @@ PackedMatrix::PackedMatrix(const MatrixView& w, int interleave, int regions) : v
   if (regions > 1 && interleave > 1) throw Error("PackedMatrix: regions take contiguous groups (interleave 1)");
   regions_ = regions > 1 ? regions : interleave == 0 ? default_regions(w.type) : 0;
   interleave_ = regions_ > 1 ? 1 : interleave > 0 ? interleave : default_interleave(w.type);
-  stored_groups_ = regions_ > 1 ? (n_groups_ + regions_ - 1) / regions_ * regions_ : n_groups_;
+  stored_groups_ = stored_groups(n_groups_, regions_);
   // Decode streams these once per token: huge pages (huge_pages.h). Padding
   // groups of the last regions stay zero.
   data_ = allocate_streamed(group_bytes_ * stored_groups_);
@@ -1075,11 +1075,15 @@ struct DecodePrefetch {
 // weight type (prefetch_tuner.h); larger batches tile weights through L2 and
 // never prefetch. REPRISE_PREFETCH=bytes fixes the distance (0: off) for
 // comparisons.
+const char* fixed_prefetch_env() {
+  static const char* const fixed = std::getenv("REPRISE_PREFETCH");
+  return fixed;
+}
+
 DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, ThreadPool& pool) {
   DecodePrefetch d;
   if (n_tokens >= kTokenTile) return d;
-  static const char* const fixed = std::getenv("REPRISE_PREFETCH");
-  if (fixed) {
+  if (const char* fixed = fixed_prefetch_env()) {
     d.distance = std::atoll(fixed);
     return d;
   }
@@ -1121,8 +1125,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
                 m.interleave, m.regions};
     // The packed buffer, with the last regions' padding groups (never read,
     // at most regions - 1 of them).
-    const int64_t stored = m.regions > 1 ? (j.groups.n_groups + m.regions - 1) / m.regions * m.regions : j.groups.n_groups;
-    WeightReadLog::note(j.groups.base, j.groups.group_bytes * stored);
+    WeightReadLog::note(j.groups.base, j.groups.group_bytes * stored_groups(j.groups.n_groups, m.regions));
     j.view = &v;
     j.n_out = v.n_out;
     j.x = packed[ki];
@@ -1171,7 +1174,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
 }  // namespace
 
 std::string decode_prefetch_summary(ThreadPool& pool) {
-  if (const char* fixed = std::getenv("REPRISE_PREFETCH")) return "fixed " + std::to_string(std::atoll(fixed)) + " bytes";
+  if (const char* fixed = fixed_prefetch_env()) return "fixed " + std::to_string(std::atoll(fixed)) + " bytes";
   const std::string s = pool.caller_local<PrefetchTuner>().summary();
   return s.empty() ? "not yet decided" : s;
 }

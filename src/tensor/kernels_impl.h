@@ -233,6 +233,12 @@ struct MatmulArgs;
 
 // A buffer of packed groups: n_groups groups of group_bytes, interleaved in
 // super-groups of `interleave` (the layout above).
+// Groups a layout stores for n_groups: with regions > 1, every region holds
+// ceil(n_groups / regions) groups (the last ones padded); else n_groups.
+inline int64_t stored_groups(int64_t n_groups, int64_t regions) {
+  return regions > 1 ? (n_groups + regions - 1) / regions * regions : n_groups;
+}
+
 struct GroupLayout {
   const uint8_t* base;
   size_t group_bytes;
@@ -292,7 +298,7 @@ struct MatmulArgs {
 
 int64_t GroupLayout::point(int64_t g, int64_t n, MatmulArgs& a) const {
   if (regions > 1) {
-    const int64_t region_groups = (n_groups + regions - 1) / regions, in_region = g % regions;
+    const int64_t region_groups = stored_groups(n_groups, regions) / regions, in_region = g % regions;
     a.w = base + (in_region * region_groups + g / regions) * group_bytes;
     a.group_stride = region_groups * group_bytes;
     a.unit_stride = unit_bytes;
