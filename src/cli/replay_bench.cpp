@@ -108,6 +108,27 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
     std::printf("note: the model's context (%lld tokens) holds %d of the %d turns asked for; running %d\n",
                 static_cast<long long>(n_ctx), turns, o.turns, turns);
 
+  // The "new tokens only" ideal: the first `reuse` tokens of `tokens`
+  // computed untimed, then the rest timed; returns its seconds. Its memory is
+  // sized for the whole prompt up front: growing it inside the timed pass
+  // would copy the prefix's K/V and fault in fresh pages, which no cached
+  // turn pays, and flatter the cache's ratio against this ideal.
+  auto time_new_tokens = [&](std::span<const int32_t> tokens, int64_t reuse) {
+    FlatMemory memory(model.state_spec());
+    memory.prepare(0, static_cast<int64_t>(tokens.size()));
+    std::vector<float> logits;
+    ForwardBatch prefix;
+    prefix.tokens = tokens.subspan(0, reuse);
+    prefix.logits_for = LogitsFor::None;
+    if (reuse > 0) model.forward(prefix, memory, logits, pool);
+    ForwardBatch rest;
+    rest.tokens = tokens.subspan(reuse);
+    rest.pos0 = reuse;
+    const double t0 = now_seconds();
+    model.forward(rest, memory, logits, pool);
+    return now_seconds() - t0;
+  };
+
   // One untimed request of the first turn's length, of other tokens (no
   // reuse), through every path first: first-touch costs (fresh K/V pages,
   // pass buffers growing to a prompt's size) would otherwise fall on
@@ -122,12 +143,7 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
     if (recurrent) cached_no_snapshots.generate(warm);
     warm.max_tokens = 1;
     uncached.generate(warm);
-    FlatMemory memory(model.state_spec());
-    memory.prepare(0, static_cast<int64_t>(warm.prompt.size()));
-    std::vector<float> logits;
-    ForwardBatch all;
-    all.tokens = warm.prompt;
-    model.forward(all, memory, logits, pool);
+    time_new_tokens(warm.prompt, 0);
   }
   const SnapshotStats warm_snapshots = snapshots.stats();
 
@@ -154,22 +170,7 @@ void replay_chat(const ReplayOptions& o, ModelBundle& b) {
     GenerateResult off = uncached.generate(req);
     // Ideal: the already-computed prefix costs nothing; time only the new tokens.
     const int64_t ideal_reuse = std::min<int64_t>(previous_computed, conversation.size() - 1);
-    FlatMemory memory(model.state_spec());
-    // Sized for the whole prompt up front: growing it inside the timed pass
-    // would copy the prefix's K/V and fault in fresh pages, which no cached
-    // turn pays, and flatter the cache's ratio against this ideal.
-    memory.prepare(0, static_cast<int64_t>(conversation.size()));
-    std::vector<float> logits;
-    ForwardBatch prefix;
-    prefix.tokens = std::span<const int32_t>(conversation).subspan(0, ideal_reuse);
-    prefix.logits_for = LogitsFor::None;
-    if (ideal_reuse > 0) model.forward(prefix, memory, logits, pool);
-    ForwardBatch rest;
-    rest.tokens = std::span<const int32_t>(conversation).subspan(ideal_reuse);
-    rest.pos0 = ideal_reuse;
-    const double t0 = now_seconds();
-    model.forward(rest, memory, logits, pool);
-    const double ideal_s = now_seconds() - t0;
+    const double ideal_s = time_new_tokens(conversation, ideal_reuse);
     if (recurrent)
       std::printf("| %4d | %6zu | %6lld | %11lld | %17.4f | %21.4f | %18.4f | %19.4f | %8.2f |\n", turn,
                   conversation.size(), static_cast<long long>(on.cached_tokens), static_cast<long long>(ideal_reuse),
