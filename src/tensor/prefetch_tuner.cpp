@@ -7,7 +7,6 @@ namespace reprise {
 
 PrefetchTuner::Plan PrefetchTuner::plan(DType type, const void* matrix, int64_t n_tokens, double now) {
   TypeState& t = types_[index(type)];
-  t.type = type;
   Plan p;
   p.type = type;
   if (!t.measuring && now - t.hold_from >= t.hold) {
@@ -69,10 +68,11 @@ namespace reprise {
 
 std::string PrefetchTuner::summary() const {
   std::string s;
-  for (const TypeState& t : types_) {
+  for (size_t i = 0; i < types_.size(); ++i) {
+    const TypeState& t = types_[i];
     if (t.rounds == 0) continue;
     if (!s.empty()) s += ", ";
-    s += dtype_name(static_cast<uint32_t>(t.type)) + (t.chosen_arm == 0 ? " on" : " off");
+    s += dtype_name(static_cast<uint32_t>(i)) + (t.chosen_arm == 0 ? " on" : " off");
   }
   return s;
 }

@@ -71,11 +71,10 @@ class PrefetchTuner {
   std::string summary() const;
 
  private:
-  static constexpr size_t kTypeSlots = 64;
+  static constexpr size_t kTypeSlots = 64;  // every DType's value is below it: a slot's index is its type
   static constexpr size_t kMaxProducts = 4096;  // forget older products past this (models come and go)
 
   struct TypeState {
-    DType type = DType::F32;
     bool measuring = true;
     int chosen_arm = 0;
     int rounds = 0;
