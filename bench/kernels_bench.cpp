@@ -288,5 +288,39 @@ void BM_ReadPacked(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10}, {1, 2}})->UseRealTime();
 
+// Decode's products one after another, as a token runs them: enough distinct
+// packed copies of one 512-input matrix (~96 MB in all, more than the L3) to
+// be read from memory, each product once per iteration. Each product costs
+// its bytes at the read rate plus a fixed part (activation quantizing, the
+// dispatch, the first lines' latency, the last tile's tail); comparing
+// n_out 512 (0.28 MB of Q8_0, the 60M model's O) with 32000 (17 MB, its
+// output) shows that part. Args: dtype index, n_out, threads.
+void BM_DecodeSequence(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t n_in = 512, n_out = state.range(1);
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  Weights w = make_weights(t, n_in, n_out);
+  std::vector<PackedMatrix> copies;
+  size_t bytes = 0;
+  while (bytes < (size_t{96} << 20)) {
+    copies.emplace_back(w.view);
+    bytes += copies.back().packed_bytes();
+  }
+  std::vector<float> x = make_x(n_in), y(n_out);
+  for (auto _ : state) {
+    for (const PackedMatrix& pm : copies) matmul(pm, x.data(), 1, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)) + " " + std::to_string(copies.size()) + " products");
+  state.counters["weight_GBps"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                                                     benchmark::Counter::kIs1000);
+  state.counters["us_per_product"] = benchmark::Counter(
+      static_cast<double>(copies.size()) * 1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_DecodeSequence)
+    ->ArgsProduct({{1, 3}, {512, 1536, 32000}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 BENCHMARK(BM_ReadBandwidth)->ArgsProduct({{4, 36, 64, 120, 512}, {1, 2}})->Iterations(1)->UseRealTime();
 }  // namespace
