@@ -951,7 +951,8 @@ TEST(Attention, TiledRowsEqualTheirReference) {
   IsaRestore restore;
   // 14 / 2 and 20 / 1: query-head groups that are not a multiple of a
   // decode task's 4 heads (a task then takes whole KV heads, or 16 heads).
-  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {8, 2}, {14, 2}, {20, 1}})
+  for (const auto& [n_head, n_head_kv] :
+       {std::pair<int64_t, int64_t>{2, 2}, {8, 8}, {4, 2}, {8, 2}, {14, 2}, {20, 1}})
     for (int64_t head_dim : {16, 32, 64, 80, 128, 256}) {  // 80: a last 16-dimension chunk
       for (int64_t n_q : {41, 42, 43}) {  // a run's last group of queries takes 1, 2 or 3 of them
         SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
@@ -1042,9 +1043,8 @@ TEST(Attention, KvLayoutIsOnlyALayout) {
 // A K value that overflowed f16 (inf) gives scores of +inf, -inf or NaN
 // (0 * inf). Rows that see it still give one answer in every batch, path and
 // instruction set: the reference's (NaN where it is NaN, -inf scores weigh 0).
-TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
-  IsaRestore restore;
-  const int64_t n_head = 4, n_head_kv = 2, head_dim = 64, n_pos = 160, n_q = 24;
+void expect_non_finite_scores_agree(int64_t n_head, int64_t n_head_kv) {
+  const int64_t head_dim = 64, n_pos = 160, n_q = 24;
   KvStore kv(n_pos, n_head_kv * head_dim, 41);
   kv.k[111 * n_head_kv * head_dim] = 0x7c00;  // +inf, element 0 of KV head 0 at position 111
   std::vector<float> q = make_x(n_q * n_head * head_dim, 42);
@@ -1065,7 +1065,8 @@ TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
       for (int64_t h = 0; h < n_head; ++h) {
         std::vector<float> want(head_dim);
         kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, stored.krows.data(),
-                                        stored.vrows.data(), (h / 2) * stored.head_stride, stored.group, first[t],
+                                        stored.vrows.data(), (h / (n_head / n_head_kv)) * stored.head_stride,
+                                        stored.group, first[t],
                                         end[t], head_dim, 0.125f, want.data());
         const float* got[] = {all.data() + (t * n_head + h) * head_dim, one.data() + h * head_dim};
         for (const float* g : got) {
@@ -1080,6 +1081,16 @@ TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
     }
   }
   EXPECT_GT(nan_rows, 0);
+}
+
+// Multi-head attention (2 / 2) too: AVX-512 decode takes two heads' tiles
+// together there, and only one of the two sees the inf.
+TEST(Attention, TiledRowsWithNonFiniteScoresAgree) {
+  IsaRestore restore;
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{4, 2}, {2, 2}}) {
+    SCOPED_TRACE(std::to_string(n_head) + " heads, " + std::to_string(n_head_kv) + " KV heads");
+    expect_non_finite_scores_agree(n_head, n_head_kv);
+  }
 }
 
 // attention_many (one dispatch for several sequences' decode queries, each

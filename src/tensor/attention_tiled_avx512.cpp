@@ -241,6 +241,174 @@ void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64
   tiled::with_query_count(g.queries.n, [&]<int NQ>() { rows_tile<NQ>(c, g, ts, lo, hi, fresh, st); });
 }
 
+// Two heads of one decode query, each with its own K and V (multi-head
+// attention), one tile: tile_step<1, true> for both, interleaved. One head
+// keeps 4 FMA chains in flight (4 score blocks, then 4 value vectors), one
+// FMA a cycle at a 4-cycle latency where the core has two units; the two
+// heads' chains are independent, so together they keep 8. Every element's
+// chain is tile_step's, in its order: the same bits.
+void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, RowState* const (&st)[2],
+                    const F16Tile (&f16)[2], int64_t d) {
+  constexpr int H = 2;
+  const tiled::TileRows rows[H] = {tiled::tile_rows(g[0]->queries, 1, ts), tiled::tile_rows(g[1]->queries, 1, ts)};
+  // The pair shares its query's positions: the same rows for both heads.
+  const int64_t any_lo = rows[0].any_lo, any_hi = rows[0].any_hi;
+  if (any_lo >= any_hi) return;
+  const int64_t b_lo = (any_lo - ts) / 16 * 16, b_hi = any_hi - ts;
+
+  alignas(64) float sc[H][kTile];
+  __m512 vmax[H];
+  const float* q_row[H];
+#pragma GCC unroll 2
+  for (int h = 0; h < H; ++h) {
+    vmax[h] = _mm512_set1_ps(kNegInf);
+    q_row[h] = g[h]->queries.q[0];
+  }
+  const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(kNegInf);
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
+    const uint16_t* kb16[H][NB];
+    const uint16_t* next16[H][NB];
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        kb16[h][j] = f16[h].k[b0 / 16 + j];
+        next16[h][j] = f16[h].next_k[b0 / 16 + j];
+      }
+    __m512 acc[H][NB];
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[h][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; ++i) {
+      if ((i & 1) == 0)  // a line holds two dimensions of a block
+#pragma GCC unroll 2
+        for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next16[h][j] + i * 16), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h) {
+        const __m512 q = _mm512_set1_ps(q_row[h][i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j)
+          acc[h][j] = _mm512_fmadd_ps(
+              q, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[h][j] + i * 16))), acc[h][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const int64_t at = b0 + 16 * j;
+      const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ts + at)), lanes);
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h) {
+        const __mmask16 ok =
+            _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(g[h]->queries.first[0]))) &
+            _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(g[h]->queries.end[0])));
+        const __m512 x = _mm512_mask_mul_ps(neg_inf, ok, acc[h][j], vscale);
+        _mm512_store_ps(sc[h] + at, x);
+        vmax[h] = _mm512_max_ps(x, vmax[h]);  // a NaN score never becomes the maximum
+      }
+    }
+  };
+  int64_t b0 = b_lo;
+  for (; b0 + 48 < b_hi; b0 += 64) score_blocks.template operator()<4>(b0);
+  for (; b0 < b_hi; b0 += 16) score_blocks.template operator()<1>(b0);
+
+  // Online softmax, per head (tile_step's steps).
+  alignas(64) float w[H][kTile];
+  bool active[H];
+#pragma GCC unroll 2
+  for (int h = 0; h < H; ++h) {
+    active[h] = rows[h].active[0];
+    if (!active[h]) continue;
+    const float m = _mm512_reduce_max_ps(vmax[h]);
+    if (m == kNegInf) {  // no finite score: the head skips the tile, as ggml's does
+      active[h] = false;
+      continue;
+    }
+    tiled::raise_max(st[h][0], m, d);
+    const __m512 vm = _mm512_set1_ps(st[h][0].M);
+    double sum = 0.0;
+    for (int64_t b = b_lo; b < b_hi; b += 16) {
+      const __m512 x = _mm512_load_ps(sc[h] + b);
+      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
+      const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
+      _mm512_store_ps(w[h] + b, e);
+      sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
+    }
+    st[h][0].S = static_cast<float>(static_cast<double>(st[h][0].S) + sum);
+  }
+
+  // Values: each active head's keys [lo, hi) in order (the same for both).
+  const int64_t lo = rows[0].lo[0], hi = rows[0].hi[0];
+  auto values = [&]<int C>(int64_t c) RP_ALWAYS_INLINE {
+    __m512 a[H][C];
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) a[h][j] = _mm512_load_ps(st[h][0].acc + c + 16 * j);
+    // Key p into head h's accumulators (all heads when Both).
+    auto step = [&]<bool Both>(int64_t p, int only) RP_ALWAYS_INLINE {
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h) {
+        if (!Both && h != only) continue;
+        const uint16_t* vr = f16[h].v[p] + f16[h].v_off + c;
+        if (p + kTile < f16[h].v_next_hi) {
+          const char* next = reinterpret_cast<const char*>(f16[h].v[p + kTile] + f16[h].v_off + c);
+#pragma GCC unroll 4
+          for (int j = 0; j < C; j += 2) _mm_prefetch(next + 64 * (j / 2), _MM_HINT_T0);  // 32 values a line
+        }
+        const __m512 wv = _mm512_set1_ps(w[h][p - ts]);
+#pragma GCC unroll 4
+        for (int j = 0; j < C; ++j)
+          a[h][j] = _mm512_fmadd_ps(
+              wv, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * j))), a[h][j]);
+      }
+    };
+    if (active[0] && active[1]) {
+      for (int64_t p = lo; p < hi; ++p) step.template operator()<true>(p, 0);
+    } else {
+      for (int h = 0; h < H; ++h)
+        if (active[h])
+          for (int64_t p = lo; p < hi; ++p) step.template operator()<false>(p, h);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) _mm512_store_ps(st[h][0].acc + c + 16 * j, a[h][j]);
+  };
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) values.template operator()<4>(c);
+  for (; c < d; c += 16) values.template operator()<1>(c);
+}
+
+// Whether two groups of a decode task take tile_step_pair: one query each,
+// of different KV heads, attending to the same positions, with keys in whole
+// 16-position groups (read in place: nothing gathered into the context's
+// one scratch tile).
+bool pairable(const RowsContext& c, const TiledGroup& a, const TiledGroup& b) {
+  return c.key_group == kKeyGroup && c.d % 16 == 0 && a.queries.n == 1 && b.queries.n == 1 && a.kv_off != b.kv_off &&
+         a.queries.first[0] == b.queries.first[0] && a.queries.end[0] == b.queries.end[0];
+}
+
+// tiled::walk_row_tiles for groups that pair up (its order of tiles, its
+// start and finish of the states).
+void walk_pairs(const RowsContext& c, const TiledGroup* groups, int n) {
+  RowState st[kMaxTiledGroups][kMaxTiledQueries];
+  for (int i = 0; i < n; ++i) tiled::start(st[i], 1, c.d);
+  const int64_t lo = groups[0].queries.first[0], hi = groups[0].queries.end[0];
+  for (int64_t ts = lo / kTile * kTile; ts < hi; ts += kTile)
+    for (int i = 0; i + 1 < n; i += 2) {
+      const TiledGroup* const g[2] = {&groups[i], &groups[i + 1]};
+      const F16Tile t[2] = {tiled::f16_tile(c, groups[i], ts, lo, hi, true),
+                            tiled::f16_tile(c, groups[i + 1], ts, lo, hi, true)};
+      RowState* const s[2] = {st[i], st[i + 1]};
+      tile_step_pair(g, c.scale, ts, s, t, c.d);
+    }
+  for (int i = 0; i < n; ++i) tiled::finish(st[i], groups[i].queries, c.d);
+}
+
 }  // namespace
 
 void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* const* value_rows, int64_t d,
@@ -249,6 +417,12 @@ void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* c
   // instantiated here.)
   alignas(64) static thread_local uint16_t kt[4 * 256 * 16];
   RowsContext c{key_rows, value_rows, d, key_group, scale, kt};
+  // Multi-head decode: the task's heads two at a time (tile_step_pair).
+  bool pairs = n_groups % 2 == 0 && n_groups <= kMaxTiledGroups;
+  for (int i = 0; pairs && i < n_groups; i += 2)
+    pairs = pairable(c, groups[i], groups[i + 1]) && groups[i].queries.first[0] == groups[0].queries.first[0] &&
+            groups[i].queries.end[0] == groups[0].queries.end[0];
+  if (pairs) return walk_pairs(c, groups, n_groups);
   tiled::walk_row_tiles(groups, n_groups, d, &rows_tile_any, &c);
 }
 

@@ -1628,7 +1628,8 @@ bool all_tiled(const AttentionBatch& b) {
 // took 1.1-1.2x as long).
 int64_t decode_heads_per_task(const AttentionBatch& b) {
   const int64_t group = b.n_head / b.n_head_kv;
-  const int64_t kv_heads = all_tiled(b) ? 1 : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
+  const int64_t kv_heads =
+      all_tiled(b) ? (group == 1 ? isa_kernels().tiled_heads_together : 1) : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
   return std::min<int64_t>(kv_heads * group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
 }
 

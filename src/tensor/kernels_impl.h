@@ -479,6 +479,10 @@ struct IsaKernels {
   // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
   // interleaved ones (the other K types 1.0-1.34x).
   int regions_q6_k;
+  // Heads of different KV heads a decode attention task takes together
+  // when each has one query (multi-head attention): 2 where
+  // attend_tiled_rows interleaves two heads' FMA chains (AVX-512).
+  int tiled_heads_together;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
   // docs/performance.md.
