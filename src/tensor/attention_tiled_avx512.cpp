@@ -67,6 +67,42 @@ RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
   return r;
 }
 
+// A tile's online softmax for one query (the steps of attention_tiled.cpp):
+// its scores sc[b_lo, b_hi) (masked -inf) with maximum vmax become weights
+// w[b_lo, b_hi), and its state is rescaled and summed. False when no score
+// is finite: the query skips the tile, as ggml's does.
+RP_ALWAYS_INLINE inline bool softmax_tile(const float* sc, __m512 vmax, int64_t b_lo, int64_t b_hi, int64_t d,
+                                          RowState& st, float* w) {
+  const float m = _mm512_reduce_max_ps(vmax);
+  if (m == kNegInf) return false;
+  tiled::raise_max(st, m, d);
+  const __m512 vm = _mm512_set1_ps(st.M), neg_inf = _mm512_set1_ps(kNegInf);
+  double sum = 0.0;
+  for (int64_t b = b_lo; b < b_hi; b += 16) {
+    const __m512 x = _mm512_load_ps(sc + b);
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
+    const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
+    _mm512_store_ps(w + b, e);
+    sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
+  }
+  st.S = static_cast<float>(static_cast<double>(st.S) + sum);
+  return true;
+}
+
+// Scores of positions ts + at .. + 15 (acc, unscaled) for a query attending
+// to [first, end): scaled, -inf outside, stored at sc + at; vmax raised (a
+// NaN score never becomes the maximum).
+RP_ALWAYS_INLINE inline void store_scores(__m512 acc, int64_t ts, int64_t at, int64_t first, int64_t end,
+                                          __m512 vscale, float* sc, __m512& vmax) {
+  const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ts + at)),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 ok = _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(first))) &
+                       _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(end)));
+  const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(kNegInf), ok, acc, vscale);
+  _mm512_store_ps(sc + at, x);
+  vmax = _mm512_max_ps(x, vmax);
+}
+
 // Positions [ts, ts + 64) of one tile for NQ queries sharing a KV head.
 // F16Rows (decode): K and V are f16 in place (f16); otherwise from kv's f32
 // buffers.
@@ -92,8 +128,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     vmax[r] = _mm512_set1_ps(kNegInf);
     q_row[r] = qs.q[r];
   }
-  const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(kNegInf);
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 vscale = _mm512_set1_ps(scale);
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const float* kb = F16Rows ? nullptr : kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
     const uint16_t* kb16[NB];
@@ -129,47 +164,24 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) {
-      const int64_t at = b0 + 16 * j;
-      const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ts + at)), lanes);
+    for (int j = 0; j < NB; ++j)
 #pragma GCC unroll 4
-      for (int r = 0; r < NQ; ++r) {
-        const __mmask16 ok =
-            _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(qs.first[r]))) &
-            _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(qs.end[r])));
-        const __m512 x = _mm512_mask_mul_ps(neg_inf, ok, acc[r][j], vscale);
-        _mm512_store_ps(sc[r] + at, x);
-        vmax[r] = _mm512_max_ps(x, vmax[r]);  // a NaN score never becomes the maximum
-      }
-    }
+      for (int r = 0; r < NQ; ++r)
+        store_scores(acc[r][j], ts, b0 + 16 * j, qs.first[r], qs.end[r], vscale, sc[r], vmax[r]);
   };
   int64_t b0 = b_lo;
   if (NQ <= 4)
     for (; b0 + 48 < b_hi; b0 += 64) score_blocks.template operator()<4>(b0);
   for (; b0 < b_hi; b0 += 16) score_blocks.template operator()<1>(b0);
 
-  // Online softmax (the steps of attention_tiled.cpp).
+  // Online softmax.
   alignas(64) float w[NQ][kTile];
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r) {
-    if (!active[r]) continue;
-    const float m = _mm512_reduce_max_ps(vmax[r]);
-    if (m == kNegInf) {
+    if (active[r] && !softmax_tile(sc[r], vmax[r], b_lo, b_hi, d, st[r], w[r])) {
       active[r] = false;
       all_lo = all_hi;
-      continue;
     }
-    tiled::raise_max(st[r], m, d);
-    const __m512 vm = _mm512_set1_ps(st[r].M);
-    double sum = 0.0;
-    for (int64_t b = b_lo; b < b_hi; b += 16) {
-      const __m512 x = _mm512_load_ps(sc[r] + b);
-      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
-      const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
-      _mm512_store_ps(w[r] + b, e);
-      sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
-    }
-    st[r].S = static_cast<float>(static_cast<double>(st[r].S) + sum);
   }
 
   // Values: C vectors of 16 dimensions at a time.
@@ -264,8 +276,7 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     vmax[h] = _mm512_set1_ps(kNegInf);
     q_row[h] = g[h]->queries.q[0];
   }
-  const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(kNegInf);
-  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 vscale = _mm512_set1_ps(scale);
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const uint16_t* kb16[H][NB];
     const uint16_t* next16[H][NB];
@@ -297,48 +308,22 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
       }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) {
-      const int64_t at = b0 + 16 * j;
-      const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ts + at)), lanes);
+    for (int j = 0; j < NB; ++j)
 #pragma GCC unroll 2
-      for (int h = 0; h < H; ++h) {
-        const __mmask16 ok =
-            _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(g[h]->queries.first[0]))) &
-            _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(static_cast<int32_t>(g[h]->queries.end[0])));
-        const __m512 x = _mm512_mask_mul_ps(neg_inf, ok, acc[h][j], vscale);
-        _mm512_store_ps(sc[h] + at, x);
-        vmax[h] = _mm512_max_ps(x, vmax[h]);  // a NaN score never becomes the maximum
-      }
-    }
+      for (int h = 0; h < H; ++h)
+        store_scores(acc[h][j], ts, b0 + 16 * j, g[h]->queries.first[0], g[h]->queries.end[0], vscale, sc[h],
+                     vmax[h]);
   };
   int64_t b0 = b_lo;
   for (; b0 + 48 < b_hi; b0 += 64) score_blocks.template operator()<4>(b0);
   for (; b0 < b_hi; b0 += 16) score_blocks.template operator()<1>(b0);
 
-  // Online softmax, per head (tile_step's steps).
+  // Online softmax, per head.
   alignas(64) float w[H][kTile];
   bool active[H];
 #pragma GCC unroll 2
-  for (int h = 0; h < H; ++h) {
-    active[h] = rows[h].active[0];
-    if (!active[h]) continue;
-    const float m = _mm512_reduce_max_ps(vmax[h]);
-    if (m == kNegInf) {  // no finite score: the head skips the tile, as ggml's does
-      active[h] = false;
-      continue;
-    }
-    tiled::raise_max(st[h][0], m, d);
-    const __m512 vm = _mm512_set1_ps(st[h][0].M);
-    double sum = 0.0;
-    for (int64_t b = b_lo; b < b_hi; b += 16) {
-      const __m512 x = _mm512_load_ps(sc[h] + b);
-      const __mmask16 ok = _mm512_cmp_ps_mask(x, neg_inf, _CMP_NEQ_UQ);  // NaN scores weigh NaN
-      const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_sub_ps(ok, x, vm)));
-      _mm512_store_ps(w[h] + b, e);
-      sum += static_cast<double>(tiled::tree16(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
-    }
-    st[h][0].S = static_cast<float>(static_cast<double>(st[h][0].S) + sum);
-  }
+  for (int h = 0; h < H; ++h)
+    active[h] = rows[h].active[0] && softmax_tile(sc[h], vmax[h], b_lo, b_hi, d, st[h][0], w[h]);
 
   // Values: each active head's keys [lo, hi) in order (the same for both).
   const int64_t lo = rows[0].lo[0], hi = rows[0].hi[0];
