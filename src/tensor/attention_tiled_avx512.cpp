@@ -256,9 +256,14 @@ void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64
 // Two heads of one decode query, each with its own K and V (multi-head
 // attention), one tile: tile_step<1, true> for both, interleaved. One head
 // keeps 4 FMA chains in flight (4 score blocks, then 4 value vectors), one
-// FMA a cycle at a 4-cycle latency where the core has two units; the two
-// heads' chains are independent, so together they keep 8. Every element's
-// chain is tile_step's, in its order: the same bits.
+// FMA a cycle at a 4-cycle latency where the core has two units, and
+// reads one K/V stream; the two heads' chains and streams are independent,
+// so together they keep 8 chains and two streams. Decode's K/V come from
+// memory (a token's weights evict them): there the pair measured
+// 1.04-1.17x. With K/V in cache the f16 conversions bind it and it measured
+// 0.73-0.91x of two single steps (docs/performance.md, Decode attention:
+// two heads at a time). Every element's chain is tile_step's, in its
+// order: the same bits.
 void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, RowState* const (&st)[2],
                     const F16Tile (&f16)[2], int64_t d) {
   constexpr int H = 2;
