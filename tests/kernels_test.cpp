@@ -950,7 +950,8 @@ TEST(Attention, QueryIndependentOfBatchAndCloseToReference) {
 TEST(Attention, TiledRowsEqualTheirReference) {
   IsaRestore restore;
   // 14 / 2 and 20 / 1: query-head groups that are not a multiple of a
-  // decode task's 4 heads (a task then takes whole KV heads, or 16 heads).
+  // decode task's 4 heads (a task then takes whole KV heads, or 16 heads);
+  // 2 / 2 and 8 / 8: multi-head, whose AVX-512 decode takes heads in pairs.
   for (const auto& [n_head, n_head_kv] :
        {std::pair<int64_t, int64_t>{2, 2}, {8, 8}, {4, 2}, {8, 2}, {14, 2}, {20, 1}})
     for (int64_t head_dim : {16, 32, 64, 80, 128, 256}) {  // 80: a last 16-dimension chunk
@@ -1066,8 +1067,7 @@ void expect_non_finite_scores_agree(int64_t n_head, int64_t n_head_kv) {
         std::vector<float> want(head_dim);
         kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, stored.krows.data(),
                                         stored.vrows.data(), (h / (n_head / n_head_kv)) * stored.head_stride,
-                                        stored.group, first[t],
-                                        end[t], head_dim, 0.125f, want.data());
+                                        stored.group, first[t], end[t], head_dim, 0.125f, want.data());
         const float* got[] = {all.data() + (t * n_head + h) * head_dim, one.data() + h * head_dim};
         for (const float* g : got) {
           if (std::isnan(want[0])) {

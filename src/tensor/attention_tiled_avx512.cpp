@@ -267,9 +267,9 @@ void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64
 void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, RowState* const (&st)[2],
                     const F16Tile (&f16)[2], int64_t d) {
   constexpr int H = 2;
-  const tiled::TileRows rows[H] = {tiled::tile_rows(g[0]->queries, 1, ts), tiled::tile_rows(g[1]->queries, 1, ts)};
-  // The pair shares its query's positions: the same rows for both heads.
-  const int64_t any_lo = rows[0].any_lo, any_hi = rows[0].any_hi;
+  // The pair shares its query's positions (pairs_up): one set of rows.
+  const tiled::TileRows rows = tiled::tile_rows(g[0]->queries, 1, ts);
+  const int64_t any_lo = rows.any_lo, any_hi = rows.any_hi;
   if (any_lo >= any_hi) return;
   const int64_t b_lo = (any_lo - ts) / 16 * 16, b_hi = any_hi - ts;
 
@@ -328,10 +328,10 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
   bool active[H];
 #pragma GCC unroll 2
   for (int h = 0; h < H; ++h)
-    active[h] = rows[h].active[0] && softmax_tile(sc[h], vmax[h], b_lo, b_hi, d, st[h][0], w[h]);
+    active[h] = rows.active[0] && softmax_tile(sc[h], vmax[h], b_lo, b_hi, d, st[h][0], w[h]);
 
   // Values: each active head's keys [lo, hi) in order (the same for both).
-  const int64_t lo = rows[0].lo[0], hi = rows[0].hi[0];
+  const int64_t lo = rows.lo[0], hi = rows.hi[0];
   auto values = [&]<int C>(int64_t c) RP_ALWAYS_INLINE {
     __m512 a[H][C];
 #pragma GCC unroll 2
@@ -373,13 +373,20 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
   for (; c < d; c += 16) values.template operator()<1>(c);
 }
 
-// Whether two groups of a decode task take tile_step_pair: one query each,
-// of different KV heads, attending to the same positions, with keys in whole
-// 16-position groups (read in place: nothing gathered into the context's
-// one scratch tile).
-bool pairable(const RowsContext& c, const TiledGroup& a, const TiledGroup& b) {
-  return c.key_group == kKeyGroup && c.d % 16 == 0 && a.queries.n == 1 && b.queries.n == 1 && a.kv_off != b.kv_off &&
-         a.queries.first[0] == b.queries.first[0] && a.queries.end[0] == b.queries.end[0];
+// Whether a decode task's groups take tile_step_pair two by two: an even
+// number of groups, one query each, all attending to the same positions,
+// the two of a pair of different KV heads, with keys in whole 16-position
+// groups (read in place: nothing gathered into the context's one scratch
+// tile).
+bool pairs_up(const RowsContext& c, const TiledGroup* groups, int n) {
+  if (c.key_group != kKeyGroup || n % 2 != 0 || n > kMaxTiledGroups) return false;
+  const TiledQueries& first = groups[0].queries;
+  for (int i = 0; i < n; ++i) {
+    const TiledQueries& q = groups[i].queries;
+    if (q.n != 1 || q.first[0] != first.first[0] || q.end[0] != first.end[0]) return false;
+    if (i % 2 == 1 && groups[i].kv_off == groups[i - 1].kv_off) return false;
+  }
+  return true;
 }
 
 // tiled::walk_row_tiles for groups that pair up (its order of tiles, its
@@ -408,11 +415,7 @@ void attend_tiled_rows_avx512(const uint16_t* const* key_rows, const uint16_t* c
   alignas(64) static thread_local uint16_t kt[4 * 256 * 16];
   RowsContext c{key_rows, value_rows, d, key_group, scale, kt};
   // Multi-head decode: the task's heads two at a time (tile_step_pair).
-  bool pairs = n_groups % 2 == 0 && n_groups <= kMaxTiledGroups;
-  for (int i = 0; pairs && i < n_groups; i += 2)
-    pairs = pairable(c, groups[i], groups[i + 1]) && groups[i].queries.first[0] == groups[0].queries.first[0] &&
-            groups[i].queries.end[0] == groups[0].queries.end[0];
-  if (pairs) return walk_pairs(c, groups, n_groups);
+  if (pairs_up(c, groups, n_groups)) return walk_pairs(c, groups, n_groups);
   tiled::walk_row_tiles(groups, n_groups, d, &rows_tile_any, &c);
 }
 

@@ -1625,11 +1625,13 @@ bool all_tiled(const AttentionBatch& b) {
 // accumulator is one serial rounding chain per head: those tasks take about
 // 4 query heads (whole KV heads), which the kernel interleaves so the chains
 // overlap (with one head a task, 60M decode's attention at positions 32-63
-// took 1.1-1.2x as long).
+// took 1.1-1.2x as long). Multi-head models' tiled tasks take
+// IsaKernels::tiled_heads_together KV heads (two on AVX-512, whose kernel
+// interleaves the two heads' chains: tile_step_pair).
 int64_t decode_heads_per_task(const AttentionBatch& b) {
   const int64_t group = b.n_head / b.n_head_kv;
-  const int64_t kv_heads =
-      all_tiled(b) ? (group == 1 ? isa_kernels().tiled_heads_together : 1) : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
+  const int64_t tiled_kv_heads = group == 1 ? isa_kernels().tiled_heads_together : 1;
+  const int64_t kv_heads = all_tiled(b) ? tiled_kv_heads : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
   return std::min<int64_t>(kv_heads * group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
 }
 
