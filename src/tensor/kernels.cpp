@@ -1087,7 +1087,8 @@ DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, Th
     d.distance = std::atoll(fixed);
     return d;
   }
-  const int64_t distance = isa_kernels().decode_prefetch_bytes;
+  const IsaKernels& isa = isa_kernels();
+  const int64_t distance = unit_elements(first.view->type) == kQK8_0 ? isa.decode_prefetch_bytes_q : isa.decode_prefetch_bytes;
   // Weights packed on the fly have no stable identity to time against.
   if (!first.groups) {
     d.distance = distance;

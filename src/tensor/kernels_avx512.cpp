@@ -127,7 +127,9 @@ RP_INLINE __m512i iq4nl_table() {
   return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
 }
 
-template <QType Q, int G, int T>
+// kPrefetch false: a.prefetch is 0, and the tile has no branch for it (see
+// QKernel).
+template <QType Q, int G, int T, bool kPrefetch = true>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
   constexpr size_t kQuants = kQuantOffset<Q>;
@@ -172,14 +174,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
     if constexpr (Q == QType::Q8_0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
-        // Q8_0's single-token decode reads one stream (interleaved groups)
-        // that the hardware prefetcher follows, and prefetching costs it:
-        // paired tg256 (60M, and a 284 MB model) 1.07-1.10x without. Small
-        // batches keep it (4 sequences: 0.90x without), as do the 4-bit
-        // types (0.88-0.92x without). (Session 24 made the prefetch a
-        // run-time choice; letting this tile take it too cost single-token
-        // decode 7 % with it off, from the branch alone.)
-        if (T > 1 && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
+        if (kPrefetch && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
@@ -642,7 +637,20 @@ template <QType Q>
 struct QKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      // Q8_0's single-token tile with a run-time prefetch branch in its
+      // chunk loop ran 7 % slower with the prefetch off, from the branch
+      // alone (session 24), so it is compiled both ways. Whether its decode
+      // prefetches is the tuner's call: 2 rows ahead measured 1.17-1.28x
+      // none while the host's memory was slow, 0.97x while it was fast
+      // (session 27); before, this tile never prefetched.
+      if constexpr (Q == QType::Q8_0) {
+        if (a.prefetch > 0) tile_q<Q, G, T, true>(a, g0, t0);
+        else tile_q<Q, G, T, false>(a, g0, t0);
+      } else {
+        tile_q<Q, G, T>(a, g0, t0);
+      }
+    }
   };
 };
 
@@ -1425,7 +1433,8 @@ const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
                             /*regions_f=*/kDecodeGroupsFQ, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
-                            /*tiled_heads_together=*/2, /*decode_prefetch_bytes=*/512};
+                            /*tiled_heads_together=*/2, /*decode_prefetch_bytes=*/512,
+                            /*decode_prefetch_bytes_q=*/1088};
   return k;
 }
 

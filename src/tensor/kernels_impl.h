@@ -485,8 +485,12 @@ struct IsaKernels {
   int tiled_heads_together;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
-  // docs/performance.md.
+  // docs/performance.md. The 32-element block types take their own: on
+  // AVX-512 their 8 groups are one interleaved stream, which the distance
+  // reaches in whole rows (tile_runner.h, rows_ahead), and 2 rows of Q8_0
+  // (8.7 KB) measured 1.17x 1 row (session 27).
   int64_t decode_prefetch_bytes;
+  int64_t decode_prefetch_bytes_q;
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
