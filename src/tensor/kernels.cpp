@@ -1088,7 +1088,8 @@ DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, Th
     return d;
   }
   const IsaKernels& isa = isa_kernels();
-  const int64_t distance = unit_elements(first.view->type) == kQK8_0 ? isa.decode_prefetch_bytes_q : isa.decode_prefetch_bytes;
+  const int64_t unit = unit_elements(first.view->type);
+  const int64_t distance = unit == 1 ? isa.decode_prefetch_f : unit == kQK8_0 ? isa.decode_prefetch_q : isa.decode_prefetch_k;
   // Weights packed on the fly have no stable identity to time against.
   if (!first.groups) {
     d.distance = distance;

@@ -983,8 +983,8 @@ const IsaKernels& avx2_kernels() {
                             /*interleave_f=*/1, kDecodeGroupsQ, kDecodeGroupsQ,
                             /*regions_f=*/kDecodeGroupsF, /*regions_k=*/kDecodeGroupsQ, /*regions_q=*/kDecodeGroupsQ,
                             /*regions_q6_k=*/kDecodeGroupsQ, /*tiled_heads_together=*/1,
-                            /*decode_prefetch_bytes=*/1024,
-                            /*decode_prefetch_bytes_q=*/1024};
+                            /*decode_prefetch_f=*/1024,
+                            /*decode_prefetch_q=*/1024, /*decode_prefetch_k=*/1024};
   return k;
 }
 

@@ -1433,8 +1433,8 @@ const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
                             /*regions_f=*/kDecodeGroupsFQ, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
-                            /*tiled_heads_together=*/2, /*decode_prefetch_bytes=*/512,
-                            /*decode_prefetch_bytes_q=*/1088};
+                            /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,
+                            /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512};
   return k;
 }
 

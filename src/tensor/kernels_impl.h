@@ -484,13 +484,15 @@ struct IsaKernels {
   // attend_tiled_rows interleaves two heads' FMA chains (AVX-512).
   int tiled_heads_together;
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
-  // (MatmulArgs::prefetch); tuned per ISA on the 2-vCPU VM, see
-  // docs/performance.md. The 32-element block types take their own: on
-  // AVX-512 their 8 groups are one interleaved stream, which the distance
-  // reaches in whole rows (tile_runner.h, rows_ahead), and 2 rows of Q8_0
-  // (8.7 KB) measured 1.17x 1 row (session 27).
-  int64_t decode_prefetch_bytes;
-  int64_t decode_prefetch_bytes_q;
+  // (MatmulArgs::prefetch) for the F types, the 32-element block types and
+  // the K types; tuned per ISA on the 2-vCPU VM (docs/performance.md,
+  // Decode prefetch distances). On AVX-512 the F types read 8 region
+  // streams, 256 bytes ahead each; the block types one interleaved stream,
+  // which the distance reaches in whole rows (tile_runner.h, rows_ahead):
+  // 1088 is 2 rows of Q8_0 (8.7 KB), 4 of Q4_0.
+  int64_t decode_prefetch_f;
+  int64_t decode_prefetch_q;
+  int64_t decode_prefetch_k;
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
