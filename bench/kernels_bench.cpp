@@ -9,11 +9,10 @@
 
 #include <atomic>
 #include <cmath>
-#include <memory>
-#include <new>
-#include <thread>
+#include <cstdint>
 #include <iterator>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "tensor/fp16.h"
@@ -353,9 +352,11 @@ void BM_ReadTokenPattern(benchmark::State& state) {
   std::vector<size_t> offsets;
   for (size_t s = 0, o = 0; s < sizes.size(); o += sizes[s++]) offsets.push_back(o);
   const size_t lines = total / 64 + 1;
-  std::unique_ptr<uint64_t[]> buf(new (std::align_val_t{64}) uint64_t[lines * 8]);
-  for (size_t i = 0; i < lines * 8; ++i) buf[i] = i;
-  const auto* bytes = reinterpret_cast<const uint8_t*>(buf.get());
+  // Whole lines: the buffer's first line-aligned word onward.
+  std::vector<uint64_t> buf(lines * 8 + 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(buf.data());
+  bytes += (64 - reinterpret_cast<uintptr_t>(bytes) % 64) % 64;
   struct alignas(64) Arrival {
     std::atomic<int64_t> epoch{0};
   };
