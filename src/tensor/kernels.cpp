@@ -162,6 +162,17 @@ int64_t unit_elements(DType type) {
 
 size_t unit_bytes_for(DType type) { return group_bytes_for(type, unit_elements(type)); }
 
+// Which of an IsaKernels setting's per-family values applies to `type`: the
+// F types', the 32-element block types' or the K types'.
+template <typename T>
+T for_family(DType type, T f, T q, T k) {
+  switch (unit_elements(type)) {
+    case 1: return f;
+    case kQK_K: return k;
+    default: return q;
+  }
+}
+
 // 8 rows x 8 16-bit elements -> 8 outputs of the 8 rows' element k.
 inline void transpose8x8_epi16(__m128i (&v)[8]) {
   const __m128i a0 = _mm_unpacklo_epi16(v[0], v[1]), a1 = _mm_unpackhi_epi16(v[0], v[1]);
@@ -615,11 +626,7 @@ int default_regions(DType type) {
   if (interleave_env()) return 0;
   const IsaKernels& isa = isa_kernels();
   if (type == DType::Q6_K) return isa.regions_q6_k;
-  switch (unit_elements(type)) {
-    case 1: return isa.regions_f;
-    case kQK_K: return isa.regions_k;
-    default: return isa.regions_q;
-  }
+  return for_family(type, isa.regions_f, isa.regions_q, isa.regions_k);
 }
 
 // The current ISA's super-group for this type (IsaKernels::interleave_*),
@@ -632,11 +639,7 @@ int default_interleave(DType type) {
   }();
   if (env > 0) return env;
   const IsaKernels& isa = isa_kernels();
-  switch (unit_elements(type)) {
-    case 1: return isa.interleave_f;
-    case kQK_K: return isa.interleave_k;
-    default: return isa.interleave_q;
-  }
+  return for_family(type, isa.interleave_f, isa.interleave_q, isa.interleave_k);
 }
 
 }  // namespace
@@ -1088,8 +1091,8 @@ DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, Th
     return d;
   }
   const IsaKernels& isa = isa_kernels();
-  const int64_t unit = unit_elements(first.view->type);
-  const int64_t distance = unit == 1 ? isa.decode_prefetch_f : unit == kQK8_0 ? isa.decode_prefetch_q : isa.decode_prefetch_k;
+  const int64_t distance =
+      for_family(first.view->type, isa.decode_prefetch_f, isa.decode_prefetch_q, isa.decode_prefetch_k);
   // Weights packed on the fly have no stable identity to time against.
   if (!first.groups) {
     d.distance = distance;

@@ -184,7 +184,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
             [&]() RP_INLINE_LAMBDA {
-              if (a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, g0, C, a.prefetch);
+              if (kPrefetch && a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, g0, C, a.prefetch);
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
