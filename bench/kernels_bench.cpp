@@ -340,11 +340,12 @@ BENCHMARK(BM_DecodeSequence)
 void BM_ReadTokenPattern(benchmark::State& state) {
   const int copies = static_cast<int>(state.range(0));
   const bool one = state.range(1) != 0;
+  auto q8 = [](int64_t n_in, int64_t n_out) { return packed_matrix_bytes(DType::Q8_0, n_in, n_out); };
+  const size_t layer[] = {q8(512, 3 * 512), q8(512, 512), q8(512, 2 * 1536), q8(1536, 512)};
   std::vector<size_t> sizes;
   for (int c = 0; c < copies; ++c) {
-    for (int l = 0; l < 8; ++l)
-      for (size_t s : {835584ul, 278528ul, 1671168ul, 835584ul}) sizes.push_back(s);
-    sizes.push_back(17408000);
+    for (int l = 0; l < 8; ++l) sizes.insert(sizes.end(), std::begin(layer), std::end(layer));
+    sizes.push_back(q8(512, 32000));
   }
   size_t total = 0;
   for (size_t s : sizes) total += s;
