@@ -457,7 +457,7 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
       // Groups dealt to regions (the F and K types' default on both ISAs),
       // with counts that leave the last regions short and that no tile width
       // matches: decode, uneven batches and one prompt-sized batch.
-      for (int regions : {2, 3, 8}) {
+      for (int regions : {2, 3, 4, 8}) {
         SCOPED_TRACE("regions " + std::to_string(regions));
         ThreadPool pool(2);
         const PackedMatrix pm(w.view(), 0, regions);
@@ -489,6 +489,32 @@ TEST(PackedMatrixBytes, MatchTheDefaultLayout) {
         EXPECT_EQ(packed_matrix_bytes(t, n_in, n_out), PackedMatrix(w.view()).packed_bytes())
             << kernel_isa_name(isa) << " " << dtype_name(static_cast<uint32_t>(t)) << " n_out " << n_out;
       }
+    }
+    // F matrices of more than 4 MiB take the long matrices' regions: at the
+    // bound (4 MiB of F16) and just above it.
+    for (int64_t n_out : {2048, 2064}) {
+      const Weights w = make_weights(DType::F16, 1024, n_out, 67);
+      EXPECT_EQ(packed_matrix_bytes(DType::F16, 1024, n_out), PackedMatrix(w.view()).packed_bytes())
+          << kernel_isa_name(isa) << " F16 n_out " << n_out;
+    }
+  }
+}
+
+// The F types' short matrices are dealt to 4 regions on AVX-512 (4 streams
+// start faster after each decode dispatch) and matrices of more than 4 MiB
+// to 8 (long shares read faster from 8); AVX2 deals both to 4 (session 28).
+TEST(PackedMatrixRegions, FTypesTakeMoreRegionsForLongMatrices) {
+  if (std::getenv("REPRISE_REGIONS") || std::getenv("REPRISE_INTERLEAVE")) GTEST_SKIP() << "layout fixed by the environment";
+  IsaRestore restore;
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    const bool avx512 = isa == KernelIsa::Avx512;
+    for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+      const int64_t n_in = 1024, long_rows = (int64_t{4} << 20) / static_cast<int64_t>(dtype_row_bytes(t, n_in)) + 16;
+      EXPECT_EQ(PackedMatrix(make_weights(t, n_in, 1000, 71).view()).regions(), 4)
+          << kernel_isa_name(isa) << " " << dtype_name(static_cast<uint32_t>(t));
+      EXPECT_EQ(PackedMatrix(make_weights(t, n_in, long_rows, 73).view()).regions(), avx512 ? 8 : 4)
+          << kernel_isa_name(isa) << " " << dtype_name(static_cast<uint32_t>(t));
     }
   }
 }

@@ -603,30 +603,38 @@ void pack_all_groups(const MatrixView& w, int64_t n_groups, size_t group_bytes, 
 }  // namespace
 
 namespace {
-int default_regions(DType type);
+int default_regions(DType type, int64_t n_in, int64_t n_out);
 }  // namespace
 
 size_t packed_matrix_bytes(DType type, int64_t n_in, int64_t n_out) {
   // As PackedMatrix's default layout stores them: dealt to regions, the last
   // regions padded to whole.
   const int64_t n_groups = (n_out + kGroupRows - 1) / kGroupRows;
-  return group_bytes_for(type, n_in) * static_cast<size_t>(stored_groups(n_groups, default_regions(type)));
+  return group_bytes_for(type, n_in) * static_cast<size_t>(stored_groups(n_groups, default_regions(type, n_in, n_out)));
 }
 
 namespace {
 
 const char* interleave_env() { return std::getenv("REPRISE_INTERLEAVE"); }
 
-// The current ISA's regions for this type (IsaKernels::regions_*; 0: the
-// interleaved layout), or REPRISE_REGIONS (0: none; for comparisons).
-// REPRISE_INTERLEAVE, which picks an interleaved layout, implies none.
-int default_regions(DType type) {
+// F matrices above this size take IsaKernels::regions_f_long. Between the
+// 60M models' largest layer matrix (1.6 MB in F16) and the 534 MB model's
+// feed-forward ones (8 MB), where the two settings measured apart.
+constexpr int64_t kLongMatrixBytes = int64_t{4} << 20;
+
+// The current ISA's regions for this type and shape (IsaKernels::regions_*;
+// 0: the interleaved layout), or REPRISE_REGIONS (0: none; for
+// comparisons). REPRISE_INTERLEAVE, which picks an interleaved layout,
+// implies none.
+int default_regions(DType type, int64_t n_in, int64_t n_out) {
   static const char* const env = std::getenv("REPRISE_REGIONS");
   if (env) return std::clamp(std::atoi(env), 0, 64);
   if (interleave_env()) return 0;
   const IsaKernels& isa = isa_kernels();
   if (type == DType::Q6_K) return isa.regions_q6_k;
-  return for_family(type, isa.regions_f, isa.regions_q, isa.regions_k);
+  const int64_t bytes = static_cast<int64_t>(group_bytes_for(type, n_in)) * ((n_out + kGroupRows - 1) / kGroupRows);
+  const int regions_f = bytes > kLongMatrixBytes ? isa.regions_f_long : isa.regions_f;
+  return for_family(type, regions_f, isa.regions_q, isa.regions_k);
 }
 
 // The current ISA's super-group for this type (IsaKernels::interleave_*),
@@ -649,7 +657,7 @@ PackedMatrix::PackedMatrix(const MatrixView& w, int interleave, int regions) : v
   n_groups_ = (w.n_out + kGroupRows - 1) / kGroupRows;
   if (interleave < 0 || regions < 0) throw Error("PackedMatrix: negative interleave or regions");
   if (regions > 1 && interleave > 1) throw Error("PackedMatrix: regions take contiguous groups (interleave 1)");
-  regions_ = regions > 1 ? regions : interleave == 0 ? default_regions(w.type) : 0;
+  regions_ = regions > 1 ? regions : interleave == 0 ? default_regions(w.type, w.n_in, w.n_out) : 0;
   interleave_ = regions_ > 1 ? 1 : interleave > 0 ? interleave : default_interleave(w.type);
   stored_groups_ = stored_groups(n_groups_, regions_);
   // Decode streams these once per token: huge pages (huge_pages.h). Padding

@@ -668,6 +668,15 @@ constexpr int kTileQ = 6;   // 2 groups x 6 tokens: 12 float + 12 integer accumu
 // types; the K types' integer sums per group take more registers.
 constexpr int kDecodeGroupsFQ = 8;
 constexpr int kDecodeGroupsK = 4;
+// The F types' decode streams (IsaKernels::regions_f, regions_f_long): a
+// matrix of up to 4 MiB is dealt to 4 regions, read by the 4-group decode
+// tile, so a thread's share of a short product is 4 streams, which start
+// faster after each dispatch than 8; larger matrices keep 8 (session 25's
+// one per group of the 8-group tile), which read long shares faster
+// (session 28: the 60M F16 model's 0.5-1.6 MB products read 8-10 % faster
+// with 4 in BM_DecodeSequence, but the 534 MB model's 8 MB ones lost 3 %).
+constexpr int kRegionsF = 4;
+constexpr int kRegionsFLong = kDecodeGroupsFQ;
 // Small batches' remainder tiles (run_tiles_small) read whole interleaved
 // rows where the registers allow: F types 8 groups x up to 2 tokens (x2:
 // 1.15x paired), K types 4 groups x up to 4 tokens (Q4_K x2 1.30x, x4
@@ -1432,7 +1441,7 @@ uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
-                            /*regions_f=*/kDecodeGroupsFQ, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
+                            /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
                             /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,
                             /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512};
   return k;

@@ -474,6 +474,10 @@ struct IsaKernels {
   // measured faster; 0 keeps the interleaved layout (AVX-512's block types
   // read one interleaved stream faster).
   int regions_f;
+  // The F types' regions for matrices of more than kLongMatrixBytes
+  // (kernels.cpp): where a thread's share of a product is long, more
+  // streams read it faster; short products start fewer streams faster.
+  int regions_f_long;
   int regions_k;
   int regions_q;
   // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
