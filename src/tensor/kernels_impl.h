@@ -490,10 +490,10 @@ struct IsaKernels {
   // How far ahead (bytes) decode tiles prefetch each weight stream into L1
   // (MatmulArgs::prefetch) for the F types, the 32-element block types and
   // the K types; tuned per ISA on the 2-vCPU VM (docs/performance.md,
-  // Decode prefetch distances). On AVX-512 the F types read 8 region
-  // streams, 256 bytes ahead each; the block types one interleaved stream,
-  // which the distance reaches in whole rows (tile_runner.h, rows_ahead):
-  // 1088 is 2 rows of Q8_0 (8.7 KB), 4 of Q4_0.
+  // Decode prefetch distances). On AVX-512 the F types read 4 or 8 region
+  // streams (regions_f, regions_f_long), 256 bytes ahead each; the block
+  // types one interleaved stream, which the distance reaches in whole rows
+  // (tile_runner.h, rows_ahead): 1088 is 2 rows of Q8_0 (8.7 KB), 4 of Q4_0.
   int64_t decode_prefetch_f;
   int64_t decode_prefetch_q;
   int64_t decode_prefetch_k;
