@@ -12,10 +12,7 @@ namespace {
 
 // Row bookkeeping of one sequence's batch: each query's visible range and the
 // K/V row pointers for the positions any query sees.
-struct SequenceRows {
-  std::vector<int64_t> first, end;
-  std::vector<const uint16_t*> key_rows, value_rows;
-};
+using SequenceRows = AttentionRows;
 
 AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, int layer,
                             const LayerAttentionShape& shape, const float* q, float* out, SequenceRows& rows) {
@@ -57,25 +54,51 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
 
 }  // namespace
 
+// The lines position p's K/V rows of KV heads [j0, j1) occupy; its key
+// group's only where p starts the group or the run (`whole_group`).
+void prefetch_position_heads(SequenceMemory& memory, int layer, int64_t p, bool whole_group, int64_t j0, int64_t j1,
+                             int64_t head_dim) {
+  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+  // The group's lines (written at every position of it) once per group.
+  if (whole_group || p % group == 0) {
+    const char* kg = reinterpret_cast<const char*>(memory.key(layer, p - p % group));
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t off = 0; off < group * head_dim * 2; off += 64) __builtin_prefetch(kg + j * stride * 2 + off, 1);
+  }
+  const char* vr = reinterpret_cast<const char*>(memory.value(layer, p));
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t off = 0; off < head_dim * 2; off += 64) __builtin_prefetch(vr + j * stride * 2 + off, 1);
+}
+
 void prefetch_kv_slots(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim) {
   constexpr int64_t kMaxPositions = 4;  // prompts write whole groups: the hardware prefetcher follows those
   for (const PassSegment& seg : segments) {
     const int64_t n = static_cast<int64_t>(seg.batch.tokens.size());
     if (n > kMaxPositions) continue;
-    SequenceMemory& memory = *seg.memory;
-    const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
-    for (int64_t p = seg.batch.pos0; p < seg.batch.pos0 + n; ++p) {
-      // The group's lines (written at every position of it) once per group.
-      if (p == seg.batch.pos0 || p % group == 0) {
-        const char* kg = reinterpret_cast<const char*>(memory.key(layer, p - p % group));
-        for (int64_t j = 0; j < n_kv_heads; ++j)
-          for (int64_t off = 0; off < group * head_dim * 2; off += 64) __builtin_prefetch(kg + j * stride * 2 + off, 1);
-      }
-      const char* vr = reinterpret_cast<const char*>(memory.value(layer, p));
-      for (int64_t j = 0; j < n_kv_heads; ++j)
-        for (int64_t off = 0; off < head_dim * 2; off += 64) __builtin_prefetch(vr + j * stride * 2 + off, 1);
-    }
+    for (int64_t p = seg.batch.pos0; p < seg.batch.pos0 + n; ++p)
+      prefetch_position_heads(*seg.memory, layer, p, p == seg.batch.pos0, 0, n_kv_heads, head_dim);
   }
+}
+
+void prefetch_kv_slot_heads(SequenceMemory& memory, int layer, int64_t pos, int64_t j0, int64_t j1,
+                            int64_t head_dim) {
+  prefetch_position_heads(memory, layer, pos, true, j0, j1, head_dim);
+}
+
+void store_kv_heads(SequenceMemory& memory, int layer, int64_t pos, int64_t j0, int64_t j1, int64_t head_dim,
+                    const float* k, const float* v) {
+  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+  uint16_t* kg = memory.key(layer, pos - pos % group);
+  uint16_t* vr = memory.value(layer, pos);
+  for (int64_t j = j0; j < j1; ++j) {
+    store_keys(kg + j * stride, group, pos, 1, k + j * head_dim, head_dim, head_dim);
+    convert_f32_to_f16(v + j * head_dim, vr + j * stride, head_dim);
+  }
+}
+
+AttentionBatch one_token_attention(const ForwardBatch& batch, SequenceMemory& memory, int layer,
+                                   const LayerAttentionShape& shape, const float* q, float* out, AttentionRows& rows) {
+  return prepare_rows(batch, memory, layer, shape, q, out, rows);
 }
 
 void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_heads, int64_t head_dim, const float* k,

@@ -6,10 +6,12 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "model/model.h"
 #include "model/pass_segments.h"
 #include "model/sequence_memory.h"
+#include "tensor/kernels.h"
 #include "tensor/thread_pool.h"
 
 namespace reprise {
@@ -51,5 +53,25 @@ struct SequenceAttention {
 // attend_layer for each sequence, dispatched together where the kernels allow.
 void attend_layer_many(std::span<const SequenceAttention> sequences, int layer, const LayerAttentionShape& shape,
                        ThreadPool& pool);
+
+// For single-token steps run by a DecodeTeam (tensor/decode_team.h), whose
+// attention tasks each store and attend whole KV heads.
+
+// A token's row bookkeeping: its visible range and the K/V row pointers of
+// the positions it sees. Each team member keeps its own.
+struct AttentionRows {
+  std::vector<int64_t> first, end;
+  std::vector<const uint16_t*> key_rows, value_rows;
+};
+// The attention batch of a one-token `batch` at `layer`, its rows in `rows`.
+AttentionBatch one_token_attention(const ForwardBatch& batch, SequenceMemory& memory, int layer,
+                                   const LayerAttentionShape& shape, const float* q, float* out, AttentionRows& rows);
+// store_kv for KV heads [j0, j1) of one token at position pos (k and v: the
+// token's n_kv_heads x head_dim rows).
+void store_kv_heads(SequenceMemory& memory, int layer, int64_t pos, int64_t j0, int64_t j1, int64_t head_dim,
+                    const float* k, const float* v);
+// prefetch_kv_slots for KV heads [j0, j1) of one token at position pos.
+void prefetch_kv_slot_heads(SequenceMemory& memory, int layer, int64_t pos, int64_t j0, int64_t j1,
+                            int64_t head_dim);
 
 }  // namespace reprise

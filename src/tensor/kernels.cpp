@@ -1114,6 +1114,27 @@ DecodePrefetch plan_decode_prefetch(const MatrixRef& first, int64_t n_tokens, Th
   return d;
 }
 
+// A product's job without its task split: the kernel, the weights, the
+// activations and the output.
+Job base_job(const MatrixRef& m, const PackedX& x, const IsaKernels& isa) {
+  const MatrixView& v = *m.view;
+  Job j{};
+  j.fn = matmul_fn(isa, v.type);
+  j.groups = {m.groups, group_bytes_for(v.type, v.n_in), unit_bytes_for(v.type), (v.n_out + kGroupRows - 1) / kGroupRows,
+              m.interleave, m.regions};
+  j.view = &v;
+  j.n_out = v.n_out;
+  j.x = x;
+  j.y = m.y;
+  return j;
+}
+
+// Records the job's packed buffer for the paired probe, with the last
+// regions' padding groups (never read, at most regions - 1 of them).
+void note_read(const Job& j) {
+  WeightReadLog::note(j.groups.base, j.groups.group_bytes * stored_groups(j.groups.n_groups, j.groups.regions));
+}
+
 void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_tokens, ThreadPool& pool) {
   if (mats.empty() || n_tokens <= 0) return;
   const IsaKernels& isa = isa_kernels();
@@ -1132,17 +1153,8 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     const ActKind kind = act_kind(v.type);
     const int ki = static_cast<int>(kind);
     if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
-    Job j{};
-    j.fn = matmul_fn(isa, v.type);
-    j.groups = {m.groups, group_bytes_for(v.type, n_in), unit_bytes_for(v.type), (v.n_out + kGroupRows - 1) / kGroupRows,
-                m.interleave, m.regions};
-    // The packed buffer, with the last regions' padding groups (never read,
-    // at most regions - 1 of them).
-    WeightReadLog::note(j.groups.base, j.groups.group_bytes * stored_groups(j.groups.n_groups, m.regions));
-    j.view = &v;
-    j.n_out = v.n_out;
-    j.x = packed[ki];
-    j.y = m.y;
+    Job j = base_job(m, packed[ki], isa);
+    note_read(j);
     if (n_tokens >= kTokenTile) {
       // Groups per task, at most (the tasks' count follows from it).
       int64_t groups_per_task = 8;
@@ -1214,6 +1226,66 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
     r[i] = {outputs[i].w->groups(), &outputs[i].w->view(), outputs[i].y, outputs[i].w->interleave(),
             outputs[i].w->regions()};
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
+}
+
+void plan_team_step(std::span<const PackedMatrix* const> firsts, TeamStepPlan& plan, ThreadPool& pool) {
+  plan.plans.resize(firsts.size());
+  plan.distance.resize(firsts.size());
+  plan.seconds.assign(firsts.size(), 0.0);
+  for (size_t i = 0; i < firsts.size(); ++i) {
+    const PackedMatrix& w = *firsts[i];
+    const MatrixRef m{w.groups(), &w.view(), nullptr, w.interleave(), w.regions()};
+    const DecodePrefetch d = plan_decode_prefetch(m, 1, pool);
+    plan.plans[i] = d.plan;
+    plan.distance[i] = d.distance;
+  }
+  plan.last_barrier = seconds_now();
+}
+
+void report_team_step(const TeamStepPlan& plan, ThreadPool& pool) {
+  if (fixed_prefetch_env()) return;
+  PrefetchTuner& tuner = pool.caller_local<PrefetchTuner>();
+  const double now = seconds_now();
+  for (size_t i = 0; i < plan.plans.size(); ++i)
+    if (plan.plans[i].timed) tuner.report(plan.plans[i], plan.seconds[i], now);
+}
+
+void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
+                      TeamStepPlan& plan, int index) {
+  const IsaKernels& isa = isa_kernels();
+  const int64_t n_in = outputs[0].w->view().n_in;
+  // This member's activations, one buffer per kind: every member reads
+  // all of x, converted by itself (the same bits).
+  thread_local ActBuffers t_acts;
+  PackedX packed[kActKinds];
+  constexpr size_t kMaxOutputs = 4;
+  if (outputs.size() > kMaxOutputs) throw Error("team_matmul_many: too many outputs");
+  Job jobs[kMaxOutputs];
+  int64_t first_tile[kMaxOutputs];
+  int64_t n_tiles = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const PackedMatrix& w = *outputs[i].w;
+    const MatrixView& v = w.view();
+    if (v.n_in != n_in) throw Error("team_matmul_many: matrices differ in n_in");
+    const ActKind kind = act_kind(v.type);
+    const int ki = static_cast<int>(kind);
+    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, 1, t_acts.kinds[ki], m.pool());
+    jobs[i] = base_job(MatrixRef{w.groups(), &v, outputs[i].y, w.interleave(), w.regions()}, packed[ki], isa);
+    jobs[i].prefetch = plan.distance[index];
+    if (m.index() == 0) note_read(jobs[i]);
+    first_tile[i] = n_tiles;
+    n_tiles += (jobs[i].groups.n_groups + kDecodeTile - 1) / kDecodeTile;
+  }
+  const std::span<const Job> job_span(jobs, outputs.size());
+  const std::span<const int64_t> first_span(first_tile, outputs.size());
+  int64_t t0, t1;
+  while (m.claim(n_tiles, true, t0, t1)) run_decode_span(job_span, first_span, 1, n_in, t0, t1);
+  m.barrier();
+  if (m.index() == 0) {
+    const double now = seconds_now();
+    plan.seconds[index] = now - plan.last_barrier;
+    plan.last_barrier = now;
+  }
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -1727,7 +1799,40 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
   }
 }
 
+// Heads per decode task for a model's shape whichever numerics a batch
+// takes (decode_heads_per_task for per-key and for tiled batches).
+bool decode_tasks_take_whole_kv_heads(int64_t n_head, int64_t n_head_kv) {
+  const int64_t group = n_head / n_head_kv;
+  const int64_t cap = kernels::kMaxTiledGroups * kernels::kMaxTiledQueries;
+  const int64_t tiled = std::min<int64_t>((group == 1 ? isa_kernels().tiled_heads_together : 1) * group, cap);
+  const int64_t per_key = std::min<int64_t>(std::max<int64_t>(1, kPerKeyHeadsPerCall / group) * group, cap);
+  return tiled % group == 0 && per_key % group == 0;
+}
+
 }  // namespace
+
+bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv) {
+  const IsaKernels& isa = isa_kernels();
+  return n_head_kv > 0 && n_head % n_head_kv == 0 && isa.attend_rows && isa.attend_rows_supports(head_dim) &&
+         decode_tasks_take_whole_kv_heads(n_head, n_head_kv);
+}
+
+void team_attention(const AttentionBatch& b, DecodeTeam::Member& m, void (*prepare)(void*, int64_t, int64_t),
+                    void* ctx, TeamStepPlan& plan) {
+  if (b.n_tokens != 1) throw Error("team_attention: one token at a time");
+  const IsaKernels& isa = isa_kernels();
+  const int64_t chunks = decode_chunks(b), per_task = decode_heads_per_task(b);
+  int64_t t0, t1;
+  while (m.claim(chunks, false, t0, t1)) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t h0 = task * per_task, h1 = std::min(b.n_head, h0 + per_task);
+      prepare(ctx, h0, h1);
+      decode_attention_task(b, isa, task);
+    }
+  }
+  m.barrier();
+  if (m.index() == 0) plan.last_barrier = seconds_now();
+}
 
 void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool) {
   const IsaKernels& isa = isa_kernels();

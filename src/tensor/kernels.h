@@ -23,7 +23,9 @@
 #include <span>
 #include <vector>
 
+#include "tensor/decode_team.h"
 #include "tensor/matrix.h"
+#include "tensor/prefetch_tuner.h"
 #include "tensor/thread_pool.h"
 
 namespace reprise {
@@ -194,6 +196,41 @@ void attention(const AttentionBatch& batch, ThreadPool& pool);
 // pass) in one dispatch where their kernels allow; each output is what
 // attention() gives for its own batch.
 void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
+
+// ---------------------------------------------------------------------------
+// A single-token step run by a DecodeTeam (decode_team.h): its products and
+// attention, split between the members as matmul_many and attention split
+// them, each followed by a barrier. Same bits as the dispatched forms.
+
+// The decode prefetch of a team step's products, one plan per product in
+// the order the step runs them (by its first matrix), from the pool's tuner
+// (prefetch_tuner.h); member 0 times the products it asks to time. Plan it
+// before DecodeTeam::run and report it after, on the pool's caller.
+struct TeamStepPlan {
+  std::vector<PrefetchTuner::Plan> plans;
+  std::vector<int64_t> distance;
+  std::vector<double> seconds;  // member 0: from the barrier before a product to the one after it
+  double last_barrier = 0.0;    // member 0's clock at its latest barrier
+};
+void plan_team_step(std::span<const PackedMatrix* const> firsts, TeamStepPlan& plan, ThreadPool& pool);
+void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
+
+// Product `index` of the step (ys[i] = W_i x for one token), for member m:
+// the member converts x to the weights' dot type itself, claims tiles of
+// the matrices with the others, and returns after the barrier that follows.
+void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
+                      TeamStepPlan& plan, int index);
+
+// Whether team_attention takes a model's attention: a decode kernel for the
+// head size on this instruction set, with tasks of whole KV heads.
+bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv);
+// One token's attention (batch.n_tokens == 1) for member m, split in the
+// tasks attention() runs; before a task attends, prepare(ctx, h0, h1)
+// readies its query heads [h0, h1) and their KV heads (whole), which no
+// other task reads. Returns after the barrier that follows (which starts
+// the next product's time in plan).
+void team_attention(const AttentionBatch& batch, DecodeTeam::Member& m, void (*prepare)(void*, int64_t, int64_t),
+                    void* ctx, TeamStepPlan& plan);
 
 // Dot of two f32 rows with the same summation order as matmul's F32 path.
 float dot_f32(const float* a, const float* b, int64_t n);

@@ -1,0 +1,121 @@
+#include "tensor/decode_team.h"
+
+#include <immintrin.h>
+#include <x86intrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "tensor/thread_pool.h"
+
+namespace reprise {
+
+namespace {
+
+// A share's word: the work's tag (its low 20 bits) and [next, end), 22 bits
+// each. Shares alternate between two sets, so a set's stale tag is always
+// that of two works before, never the current one.
+constexpr int kItemBits = 22;
+constexpr uint64_t kItemMask = (uint64_t{1} << kItemBits) - 1;
+constexpr uint64_t kTagMask = (uint64_t{1} << 20) - 1;
+
+uint64_t pack(uint64_t tag, uint64_t next, uint64_t end) {
+  return ((tag & kTagMask) << (2 * kItemBits)) | (next << kItemBits) | end;
+}
+uint64_t tag_of(uint64_t w) { return w >> (2 * kItemBits); }
+uint64_t next_of(uint64_t w) { return (w >> kItemBits) & kItemMask; }
+uint64_t end_of(uint64_t w) { return w & kItemMask; }
+
+// A member that waits longer than this at a barrier yields its core
+// between checks: a teammate was descheduled.
+constexpr uint64_t kSpinTicks = 150000;  // ~50 us
+
+std::atomic<int>& enabled_state() {
+  static std::atomic<int> state{[] {
+    const char* env = std::getenv("REPRISE_DECODE_TEAM");
+    return env && std::atoi(env) == 0 ? 0 : 1;
+  }()};
+  return state;
+}
+
+}  // namespace
+
+int DecodeTeam::Member::size() const { return team_.size_; }
+
+ThreadPool& DecodeTeam::Member::pool() const { return team_.pool_; }
+
+bool DecodeTeam::Member::claim(int64_t n_items, bool halves, int64_t& i0, int64_t& i1) {
+  const int n = team_.size_;
+  const uint64_t tag = work_ & kTagMask;
+  const uint64_t items = static_cast<uint64_t>(n_items);
+  for (; share_ < n; ++share_) {
+    const int r = (index_ + share_) % n;
+    std::atomic<uint64_t>& word = team_.shares_[(work_ & 1) * n + r].word;
+    const uint64_t start = pack(tag, items * r / n, items * (r + 1) / n);
+    const bool owner = share_ == 0;
+    for (uint64_t cur = word.load(std::memory_order_acquire);;) {
+      if (tag_of(cur) != tag) {
+        // The share's first claim in this work starts it; a member that
+        // loses the race sees the winner's word.
+        word.compare_exchange_weak(cur, start, std::memory_order_acq_rel, std::memory_order_acquire);
+        continue;
+      }
+      const uint64_t next = next_of(cur), end = end_of(cur);
+      if (next >= end) break;
+      const uint64_t take = halves ? std::max<uint64_t>(1, (end - next) / 2) : 1;
+      const uint64_t b = owner ? next : end - take;
+      const uint64_t claimed = owner ? pack(tag, next + take, end) : pack(tag, next, end - take);
+      if (word.compare_exchange_weak(cur, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        i0 = static_cast<int64_t>(b);
+        i1 = static_cast<int64_t>(b + take);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void DecodeTeam::Member::barrier() {
+  arrivals_ += static_cast<uint64_t>(team_.size_);
+  team_.arrived_.fetch_add(1, std::memory_order_acq_rel);
+  if (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
+    const uint64_t t0 = __rdtsc();
+    while (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
+      if (__rdtsc() - t0 < kSpinTicks) _mm_pause();
+      else std::this_thread::yield();
+    }
+  }
+  ++work_;
+  share_ = 0;
+}
+
+DecodeTeam::DecodeTeam(ThreadPool& pool)
+    : pool_(pool), size_(pool.size()), shares_(std::make_unique<Share[]>(2 * static_cast<size_t>(pool.size()))) {
+  // As if set s had last served work s - 2, so works 0 and 1 start theirs.
+  for (int s = 0; s < 2; ++s)
+    for (int r = 0; r < size_; ++r) shares_[s * size_ + r].word.store(pack(static_cast<uint64_t>(s) - 2, 0, 0));
+}
+
+DecodeTeam::~DecodeTeam() = default;
+
+void DecodeTeam::run_members(MemberFn fn, void* ctx) {
+  // Every member starts from the same counts; the pool's dispatch publishes
+  // them. A run's members all pass the same barriers, so afterwards the
+  // arrivals are a whole number of barriers and the works their count.
+  const uint64_t arrived = arrived_.load(std::memory_order_relaxed);
+  const uint64_t works = works_;
+  std::atomic<uint64_t> works_after{0};
+  pool_.parallel_for(size_, [&](int64_t index) {
+    Member m(*this, static_cast<int>(index), works, arrived);
+    fn(ctx, m);
+    if (index == 0) works_after.store(m.work_, std::memory_order_relaxed);
+  });
+  works_ = works_after.load(std::memory_order_relaxed);
+}
+
+bool DecodeTeam::enabled() { return enabled_state().load(std::memory_order_relaxed) != 0; }
+
+void DecodeTeam::set_enabled(bool on) { enabled_state().store(on ? 1 : 0, std::memory_order_relaxed); }
+
+}  // namespace reprise

@@ -1,0 +1,98 @@
+// A single-token forward step run by all of a pool's threads at once.
+//
+// A decode step of a small model is ~40 products and attention dispatches
+// of a few microseconds each. Dispatched one by one (ThreadPool::parallel_for)
+// each pays the pool's publish, wake-up and completion count on top of its
+// bytes; on the 2-vCPU host, whose vCPUs are ~250 ns apart, that measured
+// ~0.7 us more per 0.28-1.6 MB product than the same products run by
+// threads that stay inside one dispatch and meet at a spin barrier after
+// each (docs/performance.md, Decode teams). A team is that: run() enters
+// every pool thread once, and each member walks the same sequence of works
+// (products, attention), claiming items of each (its own share first, then
+// the others' from the back, as run_decode splits a product) and meeting the
+// others at barrier() before the work's outputs are read.
+//
+// Every member must call barrier() the same number of times in a run, and
+// claim only between barriers. Work that every member needs between two
+// barriers (norms, residual adds, activation quantizing) each member does
+// itself, on its own buffers, so it needs no barrier; which member computes
+// an output changes no bits.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+namespace reprise {
+
+class ThreadPool;
+
+class DecodeTeam {
+ public:
+  // One thread's part in a run.
+  class Member {
+   public:
+    int index() const { return index_; }
+    int size() const;
+    ThreadPool& pool() const;
+    // Claims items [i0, i1) of the current work, which has n_items items
+    // (every member must pass the same count): first from this member's own
+    // share (items n_items * index / size ..), then from the back of the
+    // others'; `halves` takes half of what is left of a share at a time,
+    // else one item. False when no item of the work is left.
+    bool claim(int64_t n_items, bool halves, int64_t& i0, int64_t& i1);
+    // Waits until every member has arrived here; the next work starts.
+    void barrier();
+
+   private:
+    friend class DecodeTeam;
+    Member(DecodeTeam& team, int index, uint64_t work, uint64_t arrivals)
+        : team_(team), index_(index), work_(work), arrivals_(arrivals) {}
+    DecodeTeam& team_;
+    int index_;
+    uint64_t work_;      // works begun by the team before this one
+    uint64_t arrivals_;  // team arrivals that complete this member's next barrier, minus size
+    int share_ = 0;      // the share being claimed from: own (0), then the next members'
+  };
+
+  // A team of all of pool's threads (pool.size() members).
+  explicit DecodeTeam(ThreadPool& pool);
+  ~DecodeTeam();
+  DecodeTeam(const DecodeTeam&) = delete;
+  DecodeTeam& operator=(const DecodeTeam&) = delete;
+
+  int size() const { return size_; }
+
+  // Runs fn(member) on every thread of the pool (the caller is one of them)
+  // and returns when all have returned. Not reentrant.
+  template <typename Fn>
+  void run(Fn&& fn) {
+    using F = std::remove_reference_t<Fn>;
+    run_members([](void* ctx, Member& m) { (*static_cast<F*>(ctx))(m); }, &fn);
+  }
+
+  // Whether single-token steps run as teams: on by default with more than
+  // one thread; REPRISE_DECODE_TEAM=0 turns it off (for comparisons), as
+  // does set_enabled(false) (tests).
+  static bool enabled();
+  static void set_enabled(bool on);
+
+ private:
+  using MemberFn = void (*)(void*, Member&);
+  void run_members(MemberFn fn, void* ctx);
+
+  // Item ranges [next, end) of one share, tagged with the work they belong
+  // to: the first member to claim from a share in a new work starts it.
+  struct alignas(64) Share {
+    std::atomic<uint64_t> word{0};
+  };
+
+  ThreadPool& pool_;
+  int size_;
+  // Two works' shares, alternating: consecutive works are separated by a
+  // barrier, so a set is idle while the other is claimed from.
+  std::unique_ptr<Share[]> shares_;
+  alignas(64) std::atomic<uint64_t> arrived_{0};
+  uint64_t works_ = 0;  // works begun in earlier runs (all members agree)
+};
+
+}  // namespace reprise
