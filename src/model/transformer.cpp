@@ -248,7 +248,7 @@ bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadP
   if (pool.size() < 2 || segments.size() != 1 || !DecodeTeam::enabled()) return false;
   const ForwardBatch& b = segments[0].batch;
   return b.tokens.size() == 1 && !b.embeddings && b.logits_for != LogitsFor::None && segments[0].logits &&
-         team_attention_takes(head_dim_, n_head_, n_head_kv_);
+         team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1);
 }
 
 // What a team step keeps between steps, per pool (ThreadPool::caller_local).

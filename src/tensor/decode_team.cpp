@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include "tensor/thread_pool.h"
@@ -30,6 +31,11 @@ uint64_t end_of(uint64_t w) { return w & kItemMask; }
 // A member that waits longer than this at a barrier yields its core
 // between checks: a teammate was descheduled.
 constexpr uint64_t kSpinTicks = 150000;  // ~50 us
+
+// Thrown out of a barrier when another member has thrown.
+struct Aborted {};
+
+std::atomic<uint64_t> g_runs{0};
 
 std::atomic<int>& enabled_state() {
   static std::atomic<int> state{[] {
@@ -82,6 +88,7 @@ void DecodeTeam::Member::barrier() {
   if (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
     const uint64_t t0 = __rdtsc();
     while (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
+      if (team_.aborted_.load(std::memory_order_relaxed)) throw Aborted{};
       if (__rdtsc() - t0 < kSpinTicks) _mm_pause();
       else std::this_thread::yield();
     }
@@ -92,9 +99,16 @@ void DecodeTeam::Member::barrier() {
 
 DecodeTeam::DecodeTeam(ThreadPool& pool)
     : pool_(pool), size_(pool.size()), shares_(std::make_unique<Share[]>(2 * static_cast<size_t>(pool.size()))) {
+  reset();
+}
+
+void DecodeTeam::reset() {
   // As if set s had last served work s - 2, so works 0 and 1 start theirs.
   for (int s = 0; s < 2; ++s)
     for (int r = 0; r < size_; ++r) shares_[s * size_ + r].word.store(pack(static_cast<uint64_t>(s) - 2, 0, 0));
+  arrived_.store(0);
+  aborted_.store(false);
+  works_ = 0;
 }
 
 DecodeTeam::~DecodeTeam() = default;
@@ -106,13 +120,30 @@ void DecodeTeam::run_members(MemberFn fn, void* ctx) {
   const uint64_t arrived = arrived_.load(std::memory_order_relaxed);
   const uint64_t works = works_;
   std::atomic<uint64_t> works_after{0};
+  std::exception_ptr error;
+  std::atomic_flag error_taken = ATOMIC_FLAG_INIT;
   pool_.parallel_for(size_, [&](int64_t index) {
     Member m(*this, static_cast<int>(index), works, arrived);
-    fn(ctx, m);
+    try {
+      fn(ctx, m);
+    } catch (const Aborted&) {
+      return;
+    } catch (...) {
+      if (!error_taken.test_and_set()) error = std::current_exception();
+      aborted_.store(true, std::memory_order_relaxed);
+      return;
+    }
     if (index == 0) works_after.store(m.work_, std::memory_order_relaxed);
   });
+  if (error) {
+    reset();
+    std::rethrow_exception(error);
+  }
   works_ = works_after.load(std::memory_order_relaxed);
+  g_runs.fetch_add(1, std::memory_order_relaxed);
 }
+
+uint64_t DecodeTeam::runs() { return g_runs.load(std::memory_order_relaxed); }
 
 bool DecodeTeam::enabled() { return enabled_state().load(std::memory_order_relaxed) != 0; }
 

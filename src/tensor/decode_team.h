@@ -63,7 +63,9 @@ class DecodeTeam {
   int size() const { return size_; }
 
   // Runs fn(member) on every thread of the pool (the caller is one of them)
-  // and returns when all have returned. Not reentrant.
+  // and returns when all have returned. Not reentrant. If a member throws,
+  // the others leave at their next barrier and run() rethrows the first
+  // exception; the team is then as new.
   template <typename Fn>
   void run(Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
@@ -75,10 +77,14 @@ class DecodeTeam {
   // does set_enabled(false) (tests).
   static bool enabled();
   static void set_enabled(bool on);
+  // Runs completed by all teams of the process (for tests).
+  static uint64_t runs();
 
  private:
   using MemberFn = void (*)(void*, Member&);
   void run_members(MemberFn fn, void* ctx);
+  // Back to a new team's counts and shares (after an aborted run).
+  void reset();
 
   // Item ranges [next, end) of one share, tagged with the work they belong
   // to: the first member to claim from a share in a new work starts it.
@@ -92,6 +98,7 @@ class DecodeTeam {
   // barrier, so a set is idle while the other is claimed from.
   std::unique_ptr<Share[]> shares_;
   alignas(64) std::atomic<uint64_t> arrived_{0};
+  std::atomic<bool> aborted_{false};  // a member threw: the others leave at their next barrier
   uint64_t works_ = 0;  // works begun in earlier runs (all members agree)
 };
 

@@ -1799,22 +1799,21 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
   }
 }
 
-// Heads per decode task for a model's shape whichever numerics a batch
-// takes (decode_heads_per_task for per-key and for tiled batches).
-bool decode_tasks_take_whole_kv_heads(int64_t n_head, int64_t n_head_kv) {
-  const int64_t group = n_head / n_head_kv;
-  const int64_t cap = kernels::kMaxTiledGroups * kernels::kMaxTiledQueries;
-  const int64_t tiled = std::min<int64_t>((group == 1 ? isa_kernels().tiled_heads_together : 1) * group, cap);
-  const int64_t per_key = std::min<int64_t>(std::max<int64_t>(1, kPerKeyHeadsPerCall / group) * group, cap);
-  return tiled % group == 0 && per_key % group == 0;
-}
-
 }  // namespace
 
-bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv) {
-  const IsaKernels& isa = isa_kernels();
-  return n_head_kv > 0 && n_head % n_head_kv == 0 && isa.attend_rows && isa.attend_rows_supports(head_dim) &&
-         decode_tasks_take_whole_kv_heads(n_head, n_head_kv);
+bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t end) {
+  if (n_head_kv <= 0 || n_head % n_head_kv != 0) return false;
+  // decode_kernel_takes and decode_heads_per_task for a one-token batch
+  // whose query sees positions up to `end`.
+  AttentionBatch b;
+  b.n_tokens = 1;
+  b.n_head = n_head;
+  b.n_head_kv = n_head_kv;
+  b.head_dim = head_dim;
+  const int64_t first = 0;
+  b.first = &first;
+  b.end = &end;
+  return decode_kernel_takes(b, isa_kernels()) && decode_heads_per_task(b) % (n_head / n_head_kv) == 0;
 }
 
 void team_attention(const AttentionBatch& b, DecodeTeam::Member& m, void (*prepare)(void*, int64_t, int64_t),

@@ -221,9 +221,10 @@ void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
                       TeamStepPlan& plan, int index);
 
-// Whether team_attention takes a model's attention: a decode kernel for the
-// head size on this instruction set, with tasks of whole KV heads.
-bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv);
+// Whether team_attention takes a token's attention at every layer of a
+// model, its query seeing positions up to `end` (the token's position + 1):
+// a decode kernel on this instruction set, in tasks of whole KV heads.
+bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t end);
 // One token's attention (batch.n_tokens == 1) for member m, split in the
 // tasks attention() runs; before a task attends, prepare(ctx, h0, h1)
 // readies its query heads [h0, h1) and their KV heads (whole), which no

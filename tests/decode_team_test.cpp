@@ -1,0 +1,190 @@
+// Decode teams (tensor/decode_team.h): claims hand out every item of every
+// work exactly once, barriers hold every member until all arrive, a member
+// that throws releases the others, and a transformer's single-token steps
+// run by a team give exactly (bit for bit) the logits and state of the
+// dispatched path, for every attention layout the team takes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/flat_memory.h"
+#include "model_fixtures.h"
+#include "tensor/decode_team.h"
+#include "tensor/kernels.h"
+#include "tensor/thread_pool.h"
+
+using namespace reprise;
+
+namespace {
+
+// Restores DecodeTeam::enabled() at scope exit.
+struct TeamSwitch {
+  bool was = DecodeTeam::enabled();
+  ~TeamSwitch() { DecodeTeam::set_enabled(was); }
+};
+
+// Each work's items, claimed by all members (halves or one at a time), are
+// each taken exactly once; a barrier after each work means the counts a
+// member reads after it are final. More threads than cores: members are
+// descheduled mid-work and the others take their shares.
+TEST(DecodeTeam, ClaimsCoverEveryItemOnceAndBarriersHold) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    DecodeTeam team(pool);
+    std::mt19937_64 rng(threads);
+    for (int run = 0; run < 6; ++run) {
+      std::vector<int64_t> sizes(40);
+      for (auto& n : sizes) n = std::uniform_int_distribution<int64_t>(0, 3000)(rng);
+      std::vector<std::vector<std::atomic<int>>> taken(sizes.size());
+      for (size_t w = 0; w < sizes.size(); ++w) taken[w] = std::vector<std::atomic<int>>(sizes[w]);
+      std::atomic<int> bad{0};
+      team.run([&](DecodeTeam::Member& m) {
+        for (size_t w = 0; w < sizes.size(); ++w) {
+          const bool halves = w % 2 == 0;
+          int64_t i0, i1;
+          while (m.claim(sizes[w], halves, i0, i1)) {
+            if (i0 < 0 || i1 > sizes[w] || i0 >= i1 || (!halves && i1 != i0 + 1)) bad.fetch_add(1);
+            for (int64_t i = i0; i < i1 && i < sizes[w]; ++i) taken[w][i].fetch_add(1);
+          }
+          m.barrier();
+          // After the barrier every member has claimed its last item.
+          int64_t total = 0;
+          for (int64_t i = 0; i < sizes[w]; ++i) total += taken[w][i].load();
+          if (total != sizes[w]) bad.fetch_add(1);
+        }
+      });
+      ASSERT_EQ(bad.load(), 0) << threads << " threads, run " << run;
+      for (size_t w = 0; w < sizes.size(); ++w)
+        for (int64_t i = 0; i < sizes[w]; ++i) ASSERT_EQ(taken[w][i].load(), 1) << "work " << w << " item " << i;
+    }
+  }
+}
+
+// A member that throws releases the others at their next barrier; run()
+// rethrows it, and the team works again afterwards.
+TEST(DecodeTeam, AMemberThatThrowsReleasesTheOthers) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    DecodeTeam team(pool);
+    for (int thrower = 0; thrower < threads; ++thrower) {
+      EXPECT_THROW(team.run([&](DecodeTeam::Member& m) {
+        for (int w = 0; w < 5; ++w) {
+          if (w == 3 && m.index() == thrower) throw std::runtime_error("member failed");
+          int64_t i0, i1;
+          while (m.claim(100, true, i0, i1)) {
+          }
+          m.barrier();
+        }
+      }),
+                   std::runtime_error);
+      std::atomic<int64_t> items{0};
+      team.run([&](DecodeTeam::Member& m) {
+        for (int w = 0; w < 4; ++w) {
+          int64_t i0, i1;
+          while (m.claim(50, false, i0, i1)) items.fetch_add(i1 - i0);
+          m.barrier();
+        }
+      });
+      EXPECT_EQ(items.load(), 200) << threads << " threads, thrower " << thrower;
+    }
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A prompt, then single-token steps of random tokens, on two memories: one
+// with teams off, one with them on; the logits of every step match exactly.
+void check_team_steps_match(Model& model, uint64_t seed, int threads, int64_t prompt_len, int steps) {
+  TeamSwitch restore;
+  std::mt19937_64 rng(seed);
+  const int64_t n_vocab = model.info().n_vocab;
+  auto token = [&] { return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(3, n_vocab - 1)(rng)); };
+  ThreadPool pool(threads);
+  FlatMemory off(model.state_spec()), on(model.state_spec());
+  std::vector<int32_t> prompt(prompt_len);
+  for (auto& t : prompt) t = token();
+  ForwardBatch b;
+  b.tokens = prompt;
+  std::vector<float> a, c;
+  model.forward(b, off, a, pool);
+  model.forward(b, on, c, pool);
+  ASSERT_TRUE(same_bits(a, c));
+  const uint64_t runs_before = DecodeTeam::runs();
+  for (int i = 0; i < steps; ++i) {
+    const int32_t tok = token();
+    ForwardBatch step;
+    step.tokens = std::span<const int32_t>(&tok, 1);
+    step.pos0 = prompt_len + i;
+    DecodeTeam::set_enabled(false);
+    model.forward(step, off, a, pool);
+    DecodeTeam::set_enabled(true);
+    model.forward(step, on, c, pool);
+    ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, step " << i << " at position "
+                                 << step.pos0;
+  }
+  if (threads > 1) EXPECT_GT(DecodeTeam::runs(), runs_before) << "the team path never ran";
+}
+
+struct Shape {
+  const char* arch;
+  DType dtype;
+  int64_t n_head, n_head_kv, head_dim;
+};
+
+void PrintTo(const Shape& p, std::ostream* os) {
+  *os << p.arch << " " << dtype_name(static_cast<uint32_t>(p.dtype)) << " " << p.n_head << "x" << p.n_head_kv << " d"
+      << p.head_dim;
+}
+
+class TeamSteps : public ::testing::TestWithParam<Shape> {};
+
+// Per-key (positions up to 64) and tiled (beyond) decode attention, one and
+// several query heads per KV head, on each instruction set this CPU has
+// (AVX2 has no per-key decode kernel: its teams start at position 64).
+TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
+  const Shape& p = GetParam();
+  SyntheticModelSpec s = synthetic_preset(std::string(p.arch) == "llama" ? "tiny" : std::string("tiny-") + p.arch);
+  s.dtype = p.dtype;
+  s.n_vocab = 320;
+  s.n_head = p.n_head;
+  s.n_head_kv = p.n_head_kv;
+  s.head_dim = p.head_dim;
+  s.n_embd = 256;
+  s.n_ff = 512;
+  if (std::string(p.arch) == "gemma3") {
+    s.sliding_window = 40;
+    s.sliding_window_pattern = 2;
+  }
+  const std::string tag = std::string("team-") + p.arch + "-" + dtype_name(static_cast<uint32_t>(p.dtype)) + "-" +
+                          std::to_string(p.n_head) + "-" + std::to_string(p.n_head_kv) + "-" +
+                          std::to_string(p.head_dim);
+  Model& model = *test::synthetic_model(tag, s).model;
+  const KernelIsa native = kernel_isa();
+  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx2Vnni, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    for (int threads : {2, 3}) check_team_steps_match(model, 11 + threads, threads, 50, 30);
+  }
+  set_kernel_isa(native);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, TeamSteps,
+                         ::testing::Values(Shape{"llama", DType::F16, 4, 4, 64}, Shape{"llama", DType::Q8_0, 8, 2, 32},
+                                           Shape{"llama", DType::Q4_0, 2, 1, 128}, Shape{"qwen2", DType::F32, 4, 4, 64},
+                                           Shape{"qwen3", DType::Q8_0, 4, 2, 64},
+                                           Shape{"gemma3", DType::BF16, 4, 1, 64}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch) + "_" +
+                                  dtype_name(static_cast<uint32_t>(info.param.dtype)) + "_" +
+                                  std::to_string(info.param.n_head) + "x" + std::to_string(info.param.n_head_kv) +
+                                  "_d" + std::to_string(info.param.head_dim);
+                         });
+
+}  // namespace
