@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tensor/thread_pool.h"
+#include "util/error.h"
 
 namespace reprise {
 
@@ -52,6 +53,7 @@ int DecodeTeam::Member::size() const { return team_.size_; }
 ThreadPool& DecodeTeam::Member::pool() const { return team_.pool_; }
 
 bool DecodeTeam::Member::claim(int64_t n_items, bool halves, int64_t& i0, int64_t& i1) {
+  if (n_items < 0 || static_cast<uint64_t>(n_items) > kItemMask) throw Error("DecodeTeam: too many items in one work");
   const int n = team_.size_;
   const uint64_t tag = work_ & kTagMask;
   const uint64_t items = static_cast<uint64_t>(n_items);
