@@ -1,6 +1,7 @@
 #include "model/transformer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -244,13 +245,6 @@ Transformer::Transformer(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
-bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
-  if (pool.size() < 2 || segments.size() != 1 || !DecodeTeam::enabled()) return false;
-  const ForwardBatch& b = segments[0].batch;
-  return b.tokens.size() == 1 && !b.embeddings && b.logits_for != LogitsFor::None && segments[0].logits &&
-         team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1);
-}
-
 // What a team step keeps between steps, per pool (ThreadPool::caller_local).
 struct TeamStepState {
   std::unique_ptr<DecodeTeam> team;
@@ -258,6 +252,17 @@ struct TeamStepState {
   std::vector<const PackedMatrix*> firsts;
   std::vector<float> cos, sin;  // RoPE angles of the token, per layer
 };
+
+bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
+  if (pool.size() < 2 || segments.size() != 1 || !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
+    return false;
+  const ForwardBatch& b = segments[0].batch;
+  if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || !segments[0].logits ||
+      !team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1))
+    return false;
+  const TeamStepState& st = pool.caller_local<TeamStepState>();
+  return !st.team || st.team->ready(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 
 void Transformer::run_team_step(const PassSegment& seg, ThreadPool& pool) {
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_, half_rot = n_rot_ / 2;

@@ -3,11 +3,17 @@
 #include <immintrin.h>
 #include <x86intrin.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <exception>
 #include <thread>
 
+#include "tensor/cpu_topology.h"
 #include "tensor/thread_pool.h"
 #include "util/error.h"
 
@@ -32,6 +38,13 @@ uint64_t end_of(uint64_t w) { return w & kItemMask; }
 // A member that waits longer than this at a barrier yields its core
 // between checks: a teammate was descheduled.
 constexpr uint64_t kSpinTicks = 150000;  // ~50 us
+
+// How long teams stand down after a run in which a member had to yield.
+constexpr double kStandDownSeconds = 1.0;
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Thrown out of a barrier when another member has thrown.
 struct Aborted {};
@@ -91,8 +104,12 @@ void DecodeTeam::Member::barrier() {
     const uint64_t t0 = __rdtsc();
     while (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
       if (team_.aborted_.load(std::memory_order_relaxed)) throw Aborted{};
-      if (__rdtsc() - t0 < kSpinTicks) _mm_pause();
-      else std::this_thread::yield();
+      if (__rdtsc() - t0 < kSpinTicks) {
+        _mm_pause();
+      } else {
+        team_.stalled_.store(true, std::memory_order_relaxed);
+        std::this_thread::yield();
+      }
     }
   }
   ++work_;
@@ -143,6 +160,18 @@ void DecodeTeam::run_members(MemberFn fn, void* ctx) {
   }
   works_ = works_after.load(std::memory_order_relaxed);
   g_runs.fetch_add(1, std::memory_order_relaxed);
+  if (stalled_.exchange(false, std::memory_order_relaxed)) stood_down_until_ = seconds_now() + kStandDownSeconds;
+}
+
+bool DecodeTeam::fits_cpus(int threads) {
+  static const int cpus = [] {
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    if (const std::optional<double> quota = cgroup_cpu_quota(CpuFacts{}))
+      n = std::min(n, std::max(1, static_cast<int>(std::ceil(*quota))));
+    return n;
+  }();
+  return threads <= cpus;
 }
 
 uint64_t DecodeTeam::runs() { return g_runs.load(std::memory_order_relaxed); }

@@ -73,11 +73,21 @@ class DecodeTeam {
     run_members([](void* ctx, Member& m) { (*static_cast<F*>(ctx))(m); }, &fn);
   }
 
+  // Whether a team should run now. A member that waits ~50 us at a barrier
+  // means a teammate lost its CPU (other work, or more threads than CPUs),
+  // and every barrier of a step can then cost a scheduler time slice where
+  // dispatched products would have been taken over by the threads still
+  // running: after a run that waited so, teams stand down for a second.
+  bool ready(double now) const { return now >= stood_down_until_; }
+
   // Whether single-token steps run as teams: on by default with more than
   // one thread; REPRISE_DECODE_TEAM=0 turns it off (for comparisons), as
   // does set_enabled(false) (tests).
   static bool enabled();
   static void set_enabled(bool on);
+  // Whether a pool of `threads` may run as a team: no more threads than
+  // the CPUs this process may use (its affinity mask, its cgroup quota).
+  static bool fits_cpus(int threads);
   // Runs completed by all teams of the process (for tests).
   static uint64_t runs();
 
@@ -100,6 +110,8 @@ class DecodeTeam {
   std::unique_ptr<Share[]> shares_;
   alignas(64) std::atomic<uint64_t> arrived_{0};
   std::atomic<bool> aborted_{false};  // a member threw: the others leave at their next barrier
+  std::atomic<bool> stalled_{false};  // a member waited past its spin budget in this run
+  double stood_down_until_ = 0.0;     // seconds (steady clock); see ready()
   uint64_t works_ = 0;  // works begun in earlier runs (all members agree)
 };
 
