@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -134,6 +135,50 @@ void check_team_steps_match(Model& model, uint64_t seed, int threads, int64_t pr
   if (!DecodeTeam::fits_cpus(threads)) EXPECT_EQ(DecodeTeam::runs(), runs_before) << "a team ran on too many threads";
 }
 
+// The same for passes of several sequences (one token each): sequences
+// with prompts of different lengths (min_prompt to min_prompt + 40) step
+// together; on AVX2 the team runs once every sequence is past position 64.
+void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int n_seq, int64_t min_prompt,
+                                  int rounds) {
+  TeamSwitch restore;
+  std::mt19937_64 rng(seed);
+  const int64_t n_vocab = model.info().n_vocab;
+  auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  ThreadPool pool(threads);
+  std::vector<std::unique_ptr<FlatMemory>> off, on;
+  std::vector<int64_t> pos(n_seq);
+  std::vector<float> a, c;
+  for (int s = 0; s < n_seq; ++s) {
+    off.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    on.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+    std::vector<int32_t> prompt(rnd(min_prompt, min_prompt + 40));
+    for (auto& t : prompt) t = static_cast<int32_t>(rnd(3, n_vocab - 1));
+    ForwardBatch b;
+    b.tokens = prompt;
+    model.forward(b, *off[s], a, pool);
+    model.forward(b, *on[s], c, pool);
+    pos[s] = static_cast<int64_t>(prompt.size());
+  }
+  const uint64_t runs_before = DecodeTeam::runs();
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<SequenceStep> steps_off, steps_on;
+    for (int s = 0; s < n_seq; ++s) {
+      const auto tok = static_cast<int32_t>(rnd(3, n_vocab - 1));
+      steps_off.push_back({tok, pos[s], off[s].get()});
+      steps_on.push_back({tok, pos[s], on[s].get()});
+      ++pos[s];
+    }
+    DecodeTeam::set_enabled(false);
+    model.forward_steps(steps_off, a, pool);
+    DecodeTeam::set_enabled(true);
+    model.forward_steps(steps_on, c, pool);
+    ASSERT_EQ(a.size(), static_cast<size_t>(n_seq * n_vocab));
+    ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, " << n_seq << " sequences, round "
+                                 << r;
+  }
+  if (DecodeTeam::fits_cpus(threads)) EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
+}
+
 struct Shape {
   const char* arch;
   DType dtype;
@@ -174,6 +219,8 @@ TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
     set_kernel_isa(isa);
     SCOPED_TRACE(kernel_isa_name(isa));
     for (int threads : {2, 3}) check_team_steps_match(model, 11 + threads, threads, 50, 30);
+    check_team_multi_steps_match(model, 5, 2, 3, 30, 40);
+    check_team_multi_steps_match(model, 6, 2, 5, 60, 12);
   }
   set_kernel_isa(native);
 }

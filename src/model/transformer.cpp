@@ -98,6 +98,10 @@ ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
   return t;
 }
 
+// Passes of fewer sequences than this (one token each) may run as decode
+// teams: the products' decode-sized batches (below a prompt tile).
+constexpr int64_t kDecodeTeamMaxSequences = 12;
+
 // A pass's scratch (see Transformer::run), bound by position there: the
 // fields are only storage, so their order does not matter.
 struct PassBuffers {
@@ -117,12 +121,13 @@ class Transformer final : public SegmentedModel {
   // One pass over every segment's rows: products over all rows at once,
   // attention per segment against its own memory.
   void run(std::span<const PassSegment> segments, ThreadPool& pool) override;
-  // Whether run_team_step takes the pass: one token of one sequence that
-  // wants its logits, on a pool of several threads.
+  // Whether run_team_step takes the pass: one token of each sequence (a
+  // decode step of up to kDecodeTeamMaxSequences - 1), each wanting its
+  // logits, on a pool of several threads that fits the CPUs.
   bool team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const;
-  // run for one token, by every thread of the pool inside one dispatch
+  // run for such a pass, by every thread of the pool inside one dispatch
   // (tensor/decode_team.h): the same operations, the same bits.
-  void run_team_step(const PassSegment& seg, ThreadPool& pool);
+  void run_team_step(std::span<const PassSegment> segments, ThreadPool& pool);
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -250,144 +255,181 @@ struct TeamStepState {
   std::unique_ptr<DecodeTeam> team;
   TeamStepPlan plan;
   std::vector<const PackedMatrix*> firsts;
-  std::vector<float> cos, sin;  // RoPE angles of the token, per layer
+  std::vector<float> cos, sin;  // RoPE angles: [sequence][layer][n_rot / 2]
+  std::vector<float> logits;    // every sequence's, in order
 };
 
 bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
-  if (pool.size() < 2 || segments.size() != 1 || !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
+  if (pool.size() < 2 || segments.empty() || static_cast<int64_t>(segments.size()) >= kDecodeTeamMaxSequences ||
+      !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
     return false;
-  const ForwardBatch& b = segments[0].batch;
-  if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || !segments[0].logits ||
-      !team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1))
-    return false;
+  for (const PassSegment& seg : segments) {
+    const ForwardBatch& b = seg.batch;
+    if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || !seg.logits ||
+        !team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1))
+      return false;
+  }
   const TeamStepState& st = pool.caller_local<TeamStepState>();
   return !st.team || st.team->ready(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
-void Transformer::run_team_step(const PassSegment& seg, ThreadPool& pool) {
+void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(segments.size());  // one token (row) per sequence
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_, half_rot = n_rot_ / 2;
-  const int64_t n_layer = static_cast<int64_t>(layers_.size());
-  const ForwardBatch& batch = seg.batch;
-  SequenceMemory& memory = *seg.memory;
-  const int64_t pos = batch.pos0;
+  const int64_t n_layer = static_cast<int64_t>(layers_.size()), n_vocab = info_.n_vocab;
   // Outputs of the products and attention, which every member reads.
   auto& [row_pos, x_unused, h_unused, q, k, v, attn, tmp, g, u, per_sequence, tail] = pool.caller_local<PassBuffers>();
-  q.resize(q_dim);
-  k.resize(kv_dim);
-  v.resize(kv_dim);
-  attn.resize(q_dim);
-  tmp.resize(n_embd_);
-  g.resize(n_ff_);
-  u.resize(n_ff_);
-  std::vector<float>& logits = *seg.logits;
-  logits.resize(info_.n_vocab);
+  q.resize(n * q_dim);
+  k.resize(n * kv_dim);
+  v.resize(n * kv_dim);
+  attn.resize(n * q_dim);
+  tmp.resize(n * n_embd_);
+  g.resize(n * n_ff_);
+  u.resize(n * n_ff_);
 
   TeamStepState& st = pool.caller_local<TeamStepState>();
   if (!st.team || st.team->size() != pool.size()) st.team = std::make_unique<DecodeTeam>(pool);
+  std::vector<float>& logits = n == 1 ? *segments[0].logits : st.logits;
+  logits.resize(n * n_vocab);
   // The step's products in order, by their first matrices, for the
   // decode prefetch tuner.
   st.firsts.clear();
   for (const Layer& L : layers_) st.firsts.insert(st.firsts.end(), {&L.wq, &L.wo, &L.gate, &L.down});
   st.firsts.push_back(&output_);
-  plan_team_step(st.firsts, st.plan, pool);
-  st.cos.resize(n_layer * half_rot);
-  st.sin.resize(n_layer * half_rot);
-  for (int64_t il = 0; il < n_layer; ++il)
-    rope_table(static_cast<int>(n_rot_), pos, layers_[il].rope_base, layers_[il].rope_scale,
-               st.cos.data() + il * half_rot, st.sin.data() + il * half_rot);
+  plan_team_step(st.firsts, n, st.plan, pool);
+  st.cos.resize(n * n_layer * half_rot);
+  st.sin.resize(n * n_layer * half_rot);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t il = 0; il < n_layer; ++il)
+      rope_table(static_cast<int>(n_rot_), segments[r].batch.pos0, layers_[il].rope_base, layers_[il].rope_scale,
+                 st.cos.data() + (r * n_layer + il) * half_rot, st.sin.data() + (r * n_layer + il) * half_rot);
 
   st.team->run([&](DecodeTeam::Member& m) {
     // This member's residual stream and inputs: every member computes them
     // all (the same bits), so reading them needs no barrier.
     thread_local std::vector<float> x, h, act;
-    thread_local AttentionRows rows;
-    x.resize(n_embd_);
-    h.resize(n_embd_);
-    act.resize(std::max(n_embd_, n_ff_));
-    dequantize_row(token_embd_, batch.tokens[0], x.data());
-    if (traits_.embed_scale) {
-      const float s = std::sqrt(static_cast<float>(n_embd_));
-      for (int64_t j = 0; j < n_embd_; ++j) x[j] *= s;
+    thread_local std::vector<AttentionRows> rows;
+    thread_local std::vector<AttentionBatch> batches;
+    x.resize(n * n_embd_);
+    h.resize(n * n_embd_);
+    act.resize(n * std::max(n_embd_, n_ff_));
+    if (static_cast<int64_t>(rows.size()) < n) rows.resize(n);
+    batches.resize(n);
+    for (int64_t r = 0; r < n; ++r) {
+      float* xr = x.data() + r * n_embd_;
+      dequantize_row(token_embd_, segments[r].batch.tokens[0], xr);
+      if (traits_.embed_scale) {
+        const float s = std::sqrt(static_cast<float>(n_embd_));
+        for (int64_t j = 0; j < n_embd_; ++j) xr[j] *= s;
+      }
     }
+    auto norm_rows = [&](const std::vector<float>& weight) {
+      for (int64_t r = 0; r < n; ++r)
+        rms_norm(x.data() + r * n_embd_, weight.data(), eps_, n_embd_, h.data() + r * n_embd_);
+    };
     // The residual update of a product's output in tmp (post-norm first).
     auto add_residual = [&](const std::vector<float>& post_norm) {
-      if (traits_.post_norms) {
-        rms_norm(tmp.data(), post_norm.data(), eps_, n_embd_, act.data());
-        add_inplace(x.data(), act.data(), n_embd_);
-      } else {
-        add_inplace(x.data(), tmp.data(), n_embd_);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* t = tmp.data() + r * n_embd_;
+        if (traits_.post_norms) {
+          rms_norm(t, post_norm.data(), eps_, n_embd_, act.data());
+          t = act.data();
+        }
+        add_inplace(x.data() + r * n_embd_, t, n_embd_);
       }
     };
-    // The KV heads this member's attention tasks start with.
-    const int64_t my_j0 = n_head_kv_ * m.index() / m.size(), my_j1 = n_head_kv_ * (m.index() + 1) / m.size();
+    // The K/V slots this member's attention tasks will likely write (its
+    // share of the tasks, which run sequence by sequence): its part of the
+    // KV heads of one sequence, or its part of several sequences.
+    auto prefetch_my_slots = [&](int layer) {
+      const int me = m.index(), size = m.size();
+      if (n == 1) {
+        prefetch_kv_slot_heads(*segments[0].memory, layer, segments[0].batch.pos0, n_head_kv_ * me / size,
+                               n_head_kv_ * (me + 1) / size, head_dim_);
+        return;
+      }
+      for (int64_t r = n * me / size; r < n * (me + 1) / size; ++r)
+        prefetch_kv_slot_heads(*segments[r].memory, layer, segments[r].batch.pos0, 0, n_head_kv_, head_dim_);
+    };
     int product = 0;
     for (int64_t il = 0; il < n_layer; ++il) {
       const Layer& L = layers_[il];
       const int layer = static_cast<int>(il);
-      rms_norm(x.data(), L.attn_norm.data(), eps_, n_embd_, h.data());
-      prefetch_kv_slot_heads(memory, layer, pos, my_j0, my_j1, head_dim_);
+      norm_rows(L.attn_norm);
+      prefetch_my_slots(layer);
       const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
       team_matmul_many(qkv, h.data(), m, st.plan, product++);
       const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
                                       1.0f / std::sqrt(static_cast<float>(head_dim_))};
-      const AttentionBatch b = one_token_attention(batch, memory, layer, shape, q.data(), attn.data(), rows);
+      for (int64_t r = 0; r < n; ++r)
+        batches[r] = one_token_attention(segments[r].batch, *segments[r].memory, layer, shape, q.data() + r * q_dim,
+                                         attn.data() + r * q_dim, rows[r]);
       // A task's heads, readied before it attends them: biases, norms and
       // RoPE on its query heads and KV heads, then its K/V rows stored.
       struct Prepare {
         const Transformer* self;
         const Layer* L;
         int layer;
-        int64_t pos;
+        int64_t n_layer;
+        std::span<const PassSegment> segments;
         float *q, *k, *v;
         const float *cos, *sin;
-        SequenceMemory* memory;
-      } prep{this, &L, layer, pos, q.data(), k.data(), v.data(), st.cos.data() + il * half_rot,
-             st.sin.data() + il * half_rot, &memory};
-      auto prepare = [](void* ctx, int64_t h0, int64_t h1) {
+      } prep{this, &L, layer, n_layer, segments, q.data(), k.data(), v.data(), st.cos.data(), st.sin.data()};
+      auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
         const Prepare& p = *static_cast<const Prepare*>(ctx);
         const Transformer& t = *p.self;
         const Layer& L = *p.L;
         const int64_t D = t.head_dim_, group = t.n_head_ / t.n_head_kv_, j0 = h0 / group, j1 = h1 / group;
+        float* q = p.q + r * t.n_head_ * D;
+        float* k = p.k + r * t.n_head_kv_ * D;
+        float* v = p.v + r * t.n_head_kv_ * D;
         auto add_bias = [&](float* m, const std::vector<float>& b, int64_t from, int64_t to) {
           if (b.empty()) return;
           for (int64_t i = from; i < to; ++i) m[i] += b[i];
         };
-        add_bias(p.q, L.bq, h0 * D, h1 * D);
-        add_bias(p.k, L.bk, j0 * D, j1 * D);
-        add_bias(p.v, L.bv, j0 * D, j1 * D);
+        add_bias(q, L.bq, h0 * D, h1 * D);
+        add_bias(k, L.bk, j0 * D, j1 * D);
+        add_bias(v, L.bv, j0 * D, j1 * D);
         if (t.traits_.qk_norm) {
-          for (int64_t hh = h0; hh < h1; ++hh) rms_norm(p.q + hh * D, L.q_norm.data(), t.eps_, D, p.q + hh * D);
-          for (int64_t j = j0; j < j1; ++j) rms_norm(p.k + j * D, L.k_norm.data(), t.eps_, D, p.k + j * D);
+          for (int64_t hh = h0; hh < h1; ++hh) rms_norm(q + hh * D, L.q_norm.data(), t.eps_, D, q + hh * D);
+          for (int64_t j = j0; j < j1; ++j) rms_norm(k + j * D, L.k_norm.data(), t.eps_, D, k + j * D);
         }
-        rope_apply(p.q + h0 * D, static_cast<int>(h1 - h0), static_cast<int>(D), static_cast<int>(t.n_rot_), p.cos,
-                   p.sin, t.traits_.rope);
-        rope_apply(p.k + j0 * D, static_cast<int>(j1 - j0), static_cast<int>(D), static_cast<int>(t.n_rot_), p.cos,
-                   p.sin, t.traits_.rope);
-        store_kv_heads(*p.memory, p.layer, p.pos, j0, j1, D, p.k, p.v);
+        const int64_t half_rot = t.n_rot_ / 2, at = (static_cast<int64_t>(r) * p.n_layer + p.layer) * half_rot;
+        rope_apply(q + h0 * D, static_cast<int>(h1 - h0), static_cast<int>(D), static_cast<int>(t.n_rot_),
+                   p.cos + at, p.sin + at, t.traits_.rope);
+        rope_apply(k + j0 * D, static_cast<int>(j1 - j0), static_cast<int>(D), static_cast<int>(t.n_rot_),
+                   p.cos + at, p.sin + at, t.traits_.rope);
+        const PassSegment& seg = p.segments[r];
+        store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, j0, j1, D, k, v);
       };
-      team_attention(b, m, prepare, &prep, st.plan);
+      team_attention(std::span<const AttentionBatch>(batches.data(), n), m, prepare, &prep, st.plan);
       const MatmulOutput o[] = {{&L.wo, tmp.data()}};
       team_matmul_many(o, attn.data(), m, st.plan, product++);
       add_residual(L.post_attn_norm);
-      rms_norm(x.data(), L.ffn_norm.data(), eps_, n_embd_, h.data());
+      norm_rows(L.ffn_norm);
       const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
       team_matmul_many(gate_up, h.data(), m, st.plan, product++);
-      std::memcpy(act.data(), g.data(), n_ff_ * sizeof(float));
-      if (traits_.gelu) gelu_mul(act.data(), u.data(), n_ff_);
-      else silu_mul(act.data(), u.data(), n_ff_);
+      std::memcpy(act.data(), g.data(), n * n_ff_ * sizeof(float));
+      for (int64_t r = 0; r < n; ++r) {
+        if (traits_.gelu) gelu_mul(act.data() + r * n_ff_, u.data() + r * n_ff_, n_ff_);
+        else silu_mul(act.data() + r * n_ff_, u.data() + r * n_ff_, n_ff_);
+      }
       const MatmulOutput down[] = {{&L.down, tmp.data()}};
       team_matmul_many(down, act.data(), m, st.plan, product++);
       add_residual(L.post_ffn_norm);
     }
-    rms_norm(x.data(), output_norm_.data(), eps_, n_embd_, h.data());
+    norm_rows(output_norm_);
     const MatmulOutput out[] = {{&output_, logits.data()}};
     team_matmul_many(out, h.data(), m, st.plan, product++);
   });
   report_team_step(st.plan, pool);
+  if (n > 1)
+    for (int64_t r = 0; r < n; ++r)
+      segments[r].logits->assign(logits.begin() + r * n_vocab, logits.begin() + (r + 1) * n_vocab);
 }
 
 void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
-  if (team_step_takes(segments, pool)) return run_team_step(segments[0], pool);
+  if (team_step_takes(segments, pool)) return run_team_step(segments, pool);
   const int64_t n = pass_rows(segments);
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   // Activation buffers are reused across calls: a prompt's buffers run to

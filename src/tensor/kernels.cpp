@@ -1228,14 +1228,17 @@ void matmul_many(std::span<const MatmulOutput> outputs, const float* x, int64_t 
   run_matmuls(std::span<const MatrixRef>(r, outputs.size()), x, n_tokens, pool);
 }
 
-void plan_team_step(std::span<const PackedMatrix* const> firsts, TeamStepPlan& plan, ThreadPool& pool) {
+void plan_team_step(std::span<const PackedMatrix* const> firsts, int64_t n_tokens, TeamStepPlan& plan,
+                    ThreadPool& pool) {
+  if (n_tokens < 1 || n_tokens >= kTokenTile) throw Error("plan_team_step: not a decode-sized batch");
+  plan.n_tokens = n_tokens;
   plan.plans.resize(firsts.size());
   plan.distance.resize(firsts.size());
   plan.seconds.assign(firsts.size(), 0.0);
   for (size_t i = 0; i < firsts.size(); ++i) {
     const PackedMatrix& w = *firsts[i];
     const MatrixRef m{w.groups(), &w.view(), nullptr, w.interleave(), w.regions()};
-    const DecodePrefetch d = plan_decode_prefetch(m, 1, pool);
+    const DecodePrefetch d = plan_decode_prefetch(m, n_tokens, pool);
     plan.plans[i] = d.plan;
     plan.distance[i] = d.distance;
   }
@@ -1269,7 +1272,7 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
     if (v.n_in != n_in) throw Error("team_matmul_many: matrices differ in n_in");
     const ActKind kind = act_kind(v.type);
     const int ki = static_cast<int>(kind);
-    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, 1, t_acts.kinds[ki], m.pool());
+    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, plan.n_tokens, t_acts.kinds[ki], m.pool());
     jobs[i] = base_job(MatrixRef{w.groups(), &v, outputs[i].y, w.interleave(), w.regions()}, packed[ki], isa);
     jobs[i].prefetch = plan.distance[index];
     if (m.index() == 0) note_read(jobs[i]);
@@ -1279,7 +1282,7 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
   const std::span<const Job> job_span(jobs, outputs.size());
   const std::span<const int64_t> first_span(first_tile, outputs.size());
   int64_t t0, t1;
-  while (m.claim(n_tiles, true, t0, t1)) run_decode_span(job_span, first_span, 1, n_in, t0, t1);
+  while (m.claim(n_tiles, true, t0, t1)) run_decode_span(job_span, first_span, plan.n_tokens, n_in, t0, t1);
   m.barrier();
   if (m.index() == 0) {
     const double now = seconds_now();
@@ -1816,17 +1819,27 @@ bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv, i
   return decode_kernel_takes(b, isa_kernels()) && decode_heads_per_task(b) % (n_head / n_head_kv) == 0;
 }
 
-void team_attention(const AttentionBatch& b, DecodeTeam::Member& m, void (*prepare)(void*, int64_t, int64_t),
-                    void* ctx, TeamStepPlan& plan) {
-  if (b.n_tokens != 1) throw Error("team_attention: one token at a time");
+void team_attention(std::span<const AttentionBatch> batches, DecodeTeam::Member& m,
+                    void (*prepare)(void*, size_t, int64_t, int64_t), void* ctx, TeamStepPlan& plan) {
   const IsaKernels& isa = isa_kernels();
-  const int64_t chunks = decode_chunks(b), per_task = decode_heads_per_task(b);
+  // The batches' tasks end to end, as attention_many deals them.
+  constexpr size_t kMaxBatches = kTokenTile;
+  if (batches.size() > kMaxBatches) throw Error("team_attention: too many sequences");
+  int64_t task_end[kMaxBatches];
+  int64_t total = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i].n_tokens != 1) throw Error("team_attention: one token a sequence");
+    task_end[i] = total += decode_chunks(batches[i]);
+  }
   int64_t t0, t1;
-  while (m.claim(chunks, false, t0, t1)) {
+  while (m.claim(total, false, t0, t1)) {
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t h0 = task * per_task, h1 = std::min(b.n_head, h0 + per_task);
-      prepare(ctx, h0, h1);
-      decode_attention_task(b, isa, task);
+      const size_t i = std::upper_bound(task_end, task_end + batches.size(), task) - task_end;
+      const AttentionBatch& b = batches[i];
+      const int64_t local = task - (i ? task_end[i - 1] : 0), per_task = decode_heads_per_task(b);
+      const int64_t h0 = local * per_task, h1 = std::min(b.n_head, h0 + per_task);
+      prepare(ctx, i, h0, h1);
+      decode_attention_task(b, isa, local);
     }
   }
   m.barrier();

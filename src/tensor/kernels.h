@@ -207,15 +207,17 @@ void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
 // (prefetch_tuner.h); member 0 times the products it asks to time. Plan it
 // before DecodeTeam::run and report it after, on the pool's caller.
 struct TeamStepPlan {
+  int64_t n_tokens = 1;  // the step's tokens (one per sequence), fewer than a prompt tile
   std::vector<PrefetchTuner::Plan> plans;
   std::vector<int64_t> distance;
   std::vector<double> seconds;  // member 0: from the barrier before a product to the one after it
   double last_barrier = 0.0;    // member 0's clock at its latest barrier
 };
-void plan_team_step(std::span<const PackedMatrix* const> firsts, TeamStepPlan& plan, ThreadPool& pool);
+void plan_team_step(std::span<const PackedMatrix* const> firsts, int64_t n_tokens, TeamStepPlan& plan,
+                    ThreadPool& pool);
 void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 
-// Product `index` of the step (ys[i] = W_i x for one token), for member m:
+// Product `index` of the step (ys[i] = W_i x for plan.n_tokens tokens), for member m:
 // the member converts x to the weights' dot type itself, claims tiles of
 // the matrices with the others, and returns after the barrier that follows.
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
@@ -225,13 +227,13 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
 // model, its query seeing positions up to `end` (the token's position + 1):
 // a decode kernel on this instruction set, in tasks of whole KV heads.
 bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t end);
-// One token's attention (batch.n_tokens == 1) for member m, split in the
-// tasks attention() runs; before a task attends, prepare(ctx, h0, h1)
-// readies its query heads [h0, h1) and their KV heads (whole), which no
-// other task reads. Returns after the barrier that follows (which starts
-// the next product's time in plan).
-void team_attention(const AttentionBatch& batch, DecodeTeam::Member& m, void (*prepare)(void*, int64_t, int64_t),
-                    void* ctx, TeamStepPlan& plan);
+// One token's attention per sequence (each batch's n_tokens == 1) for
+// member m, split in the tasks attention_many runs; before a task attends,
+// prepare(ctx, i, h0, h1) readies batch i's query heads [h0, h1) and their
+// KV heads (whole), which no other task reads. Returns after the barrier
+// that follows (which starts the next product's time in plan).
+void team_attention(std::span<const AttentionBatch> batches, DecodeTeam::Member& m,
+                    void (*prepare)(void*, size_t, int64_t, int64_t), void* ctx, TeamStepPlan& plan);
 
 // Dot of two f32 rows with the same summation order as matmul's F32 path.
 float dot_f32(const float* a, const float* b, int64_t n);
