@@ -129,6 +129,20 @@ class Transformer final : public SegmentedModel {
   // (tensor/decode_team.h): the same operations, the same bits.
   void run_team_step(std::span<const PassSegment> segments, ThreadPool& pool);
 
+  // Steps both forms of a pass take, so they take them alike.
+  // The pass's product and attention outputs, sized for n rows.
+  void size_pass_buffers(PassBuffers& b, int64_t n) const;
+  // A token's embedding row (out: n_embd floats).
+  void embed_token(int32_t token, float* out) const;
+  // One row's query heads [h0, h1) and their KV heads (whole), as the
+  // layer's projections left them: biases, Q/K norms, then RoPE (the row's
+  // angles, n_rot / 2 each).
+  void ready_heads(const Layer& L, float* q, float* k, float* v, int64_t h0, int64_t h1, const float* cos,
+                   const float* sin) const;
+  // x += the product output t (post-normed into scratch first where the
+  // architecture has post-norms).
+  void add_residual(float* x, const float* t, const std::vector<float>& post_norm, float* scratch) const;
+
   ArchTraits traits_;
   ModelInfo info_;
   StateSpec spec_;
@@ -250,6 +264,55 @@ Transformer::Transformer(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
+void Transformer::size_pass_buffers(PassBuffers& b, int64_t n) const {
+  const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
+  b.x.resize(n * n_embd_);
+  b.h.resize(n * n_embd_);
+  b.q.resize(n * q_dim);
+  b.k.resize(n * kv_dim);
+  b.v.resize(n * kv_dim);
+  b.attn.resize(n * q_dim);
+  b.tmp.resize(n * n_embd_);
+  b.g.resize(n * n_ff_);
+  b.u.resize(n * n_ff_);
+}
+
+void Transformer::embed_token(int32_t token, float* out) const {
+  dequantize_row(token_embd_, token, out);
+  if (traits_.embed_scale) {
+    const float s = std::sqrt(static_cast<float>(n_embd_));
+    for (int64_t j = 0; j < n_embd_; ++j) out[j] *= s;
+  }
+}
+
+void Transformer::ready_heads(const Layer& L, float* q, float* k, float* v, int64_t h0, int64_t h1, const float* cos,
+                              const float* sin) const {
+  const int64_t D = head_dim_, group = n_head_ / n_head_kv_, j0 = h0 / group, j1 = h1 / group;
+  auto add_bias = [](float* m, const std::vector<float>& b, int64_t from, int64_t to) {
+    if (b.empty()) return;
+    for (int64_t i = from; i < to; ++i) m[i] += b[i];
+  };
+  add_bias(q, L.bq, h0 * D, h1 * D);
+  add_bias(k, L.bk, j0 * D, j1 * D);
+  add_bias(v, L.bv, j0 * D, j1 * D);
+  if (traits_.qk_norm) {
+    for (int64_t hh = h0; hh < h1; ++hh) rms_norm(q + hh * D, L.q_norm.data(), eps_, D, q + hh * D);
+    for (int64_t j = j0; j < j1; ++j) rms_norm(k + j * D, L.k_norm.data(), eps_, D, k + j * D);
+  }
+  rope_apply(q + h0 * D, static_cast<int>(h1 - h0), static_cast<int>(D), static_cast<int>(n_rot_), cos, sin,
+             traits_.rope);
+  rope_apply(k + j0 * D, static_cast<int>(j1 - j0), static_cast<int>(D), static_cast<int>(n_rot_), cos, sin,
+             traits_.rope);
+}
+
+void Transformer::add_residual(float* x, const float* t, const std::vector<float>& post_norm, float* scratch) const {
+  if (traits_.post_norms) {
+    rms_norm(t, post_norm.data(), eps_, n_embd_, scratch);
+    t = scratch;
+  }
+  add_inplace(x, t, n_embd_);
+}
+
 // What a team step keeps between steps, per pool (ThreadPool::caller_local).
 struct TeamStepState {
   std::unique_ptr<DecodeTeam> team;
@@ -275,17 +338,14 @@ bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadP
 
 void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(segments.size());  // one token (row) per sequence
-  const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_, half_rot = n_rot_ / 2;
+  const int64_t q_dim = n_head_ * head_dim_, half_rot = n_rot_ / 2;
   const int64_t n_layer = static_cast<int64_t>(layers_.size()), n_vocab = info_.n_vocab;
-  // Outputs of the products and attention, which every member reads.
-  auto& [row_pos, x_unused, h_unused, q, k, v, attn, tmp, g, u, per_sequence, tail] = pool.caller_local<PassBuffers>();
-  q.resize(n * q_dim);
-  k.resize(n * kv_dim);
-  v.resize(n * kv_dim);
-  attn.resize(n * q_dim);
-  tmp.resize(n * n_embd_);
-  g.resize(n * n_ff_);
-  u.resize(n * n_ff_);
+  // Outputs of the products and attention, which every member reads (each
+  // member keeps its own residual stream and inputs below).
+  PassBuffers& shared = pool.caller_local<PassBuffers>();
+  size_pass_buffers(shared, n);
+  std::vector<float>&q = shared.q, &k = shared.k, &v = shared.v, &attn = shared.attn, &tmp = shared.tmp,
+                     &g = shared.g, &u = shared.u;
 
   TeamStepState& st = pool.caller_local<TeamStepState>();
   if (!st.team || st.team->size() != pool.size()) st.team = std::make_unique<DecodeTeam>(pool);
@@ -315,28 +375,13 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
     act.resize(n * std::max(n_embd_, n_ff_));
     if (static_cast<int64_t>(rows.size()) < n) rows.resize(n);
     batches.resize(n);
-    for (int64_t r = 0; r < n; ++r) {
-      float* xr = x.data() + r * n_embd_;
-      dequantize_row(token_embd_, segments[r].batch.tokens[0], xr);
-      if (traits_.embed_scale) {
-        const float s = std::sqrt(static_cast<float>(n_embd_));
-        for (int64_t j = 0; j < n_embd_; ++j) xr[j] *= s;
-      }
-    }
+    for (int64_t r = 0; r < n; ++r) embed_token(segments[r].batch.tokens[0], x.data() + r * n_embd_);
     auto norm_rows = [&](const std::vector<float>& weight) {
       for (int64_t r = 0; r < n; ++r)
         rms_norm(x.data() + r * n_embd_, weight.data(), eps_, n_embd_, h.data() + r * n_embd_);
     };
-    // The residual update of a product's output in tmp (post-norm first).
-    auto add_residual = [&](const std::vector<float>& post_norm) {
-      for (int64_t r = 0; r < n; ++r) {
-        const float* t = tmp.data() + r * n_embd_;
-        if (traits_.post_norms) {
-          rms_norm(t, post_norm.data(), eps_, n_embd_, act.data());
-          t = act.data();
-        }
-        add_inplace(x.data() + r * n_embd_, t, n_embd_);
-      }
+    auto add_residuals = [&](const std::vector<float>& post_norm) {
+      for (int64_t r = 0; r < n; ++r) add_residual(x.data() + r * n_embd_, tmp.data() + r * n_embd_, post_norm, act.data());
     };
     // The K/V slots this member's attention tasks will likely write (its
     // share of the tasks, which run sequence by sequence): its part of the
@@ -378,34 +423,19 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
         const Prepare& p = *static_cast<const Prepare*>(ctx);
         const Transformer& t = *p.self;
-        const Layer& L = *p.L;
-        const int64_t D = t.head_dim_, group = t.n_head_ / t.n_head_kv_, j0 = h0 / group, j1 = h1 / group;
+        const int64_t D = t.head_dim_, group = t.n_head_ / t.n_head_kv_;
         float* q = p.q + r * t.n_head_ * D;
         float* k = p.k + r * t.n_head_kv_ * D;
         float* v = p.v + r * t.n_head_kv_ * D;
-        auto add_bias = [&](float* m, const std::vector<float>& b, int64_t from, int64_t to) {
-          if (b.empty()) return;
-          for (int64_t i = from; i < to; ++i) m[i] += b[i];
-        };
-        add_bias(q, L.bq, h0 * D, h1 * D);
-        add_bias(k, L.bk, j0 * D, j1 * D);
-        add_bias(v, L.bv, j0 * D, j1 * D);
-        if (t.traits_.qk_norm) {
-          for (int64_t hh = h0; hh < h1; ++hh) rms_norm(q + hh * D, L.q_norm.data(), t.eps_, D, q + hh * D);
-          for (int64_t j = j0; j < j1; ++j) rms_norm(k + j * D, L.k_norm.data(), t.eps_, D, k + j * D);
-        }
-        const int64_t half_rot = t.n_rot_ / 2, at = (static_cast<int64_t>(r) * p.n_layer + p.layer) * half_rot;
-        rope_apply(q + h0 * D, static_cast<int>(h1 - h0), static_cast<int>(D), static_cast<int>(t.n_rot_),
-                   p.cos + at, p.sin + at, t.traits_.rope);
-        rope_apply(k + j0 * D, static_cast<int>(j1 - j0), static_cast<int>(D), static_cast<int>(t.n_rot_),
-                   p.cos + at, p.sin + at, t.traits_.rope);
+        const int64_t at = (static_cast<int64_t>(r) * p.n_layer + p.layer) * (t.n_rot_ / 2);
+        t.ready_heads(*p.L, q, k, v, h0, h1, p.cos + at, p.sin + at);
         const PassSegment& seg = p.segments[r];
-        store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, j0, j1, D, k, v);
+        store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, h0 / group, h1 / group, D, k, v);
       };
       team_attention(std::span<const AttentionBatch>(batches.data(), n), m, prepare, &prep, st.plan);
       const MatmulOutput o[] = {{&L.wo, tmp.data()}};
       team_matmul_many(o, attn.data(), m, st.plan, product++);
-      add_residual(L.post_attn_norm);
+      add_residuals(L.post_attn_norm);
       norm_rows(L.ffn_norm);
       const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
       team_matmul_many(gate_up, h.data(), m, st.plan, product++);
@@ -416,7 +446,7 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       }
       const MatmulOutput down[] = {{&L.down, tmp.data()}};
       team_matmul_many(down, act.data(), m, st.plan, product++);
-      add_residual(L.post_ffn_norm);
+      add_residuals(L.post_ffn_norm);
     }
     norm_rows(output_norm_);
     const MatmulOutput out[] = {{&output_, logits.data()}};
@@ -443,15 +473,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     for (int64_t i = 0; i < len; ++i) row_pos[s.row0 + i] = s.batch.pos0 + i;
   }
 
-  x.resize(n * n_embd_);
-  h.resize(n * n_embd_);
-  q.resize(n * q_dim);
-  k.resize(n * kv_dim);
-  v.resize(n * kv_dim);
-  attn.resize(n * q_dim);
-  tmp.resize(n * n_embd_);
-  g.resize(n * n_ff_);
-  u.resize(n * n_ff_);
+  size_pass_buffers(pool.caller_local<PassBuffers>(), n);
 
   for (const PassSegment& seg : segments) {
     const ForwardBatch& batch = seg.batch;
@@ -461,21 +483,9 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
         std::memcpy(xt, batch.embeddings + (i - batch.embd_begin) * n_embd_, n_embd_ * sizeof(float));
         continue;  // projected image embeddings are already in the model's space
       }
-      const int32_t tok = batch.tokens[i];
-      dequantize_row(token_embd_, tok, xt);
-      if (traits_.embed_scale) {
-        const float s = std::sqrt(static_cast<float>(n_embd_));
-        for (int64_t j = 0; j < n_embd_; ++j) xt[j] *= s;
-      }
+      embed_token(batch.tokens[i], xt);
     }
   }
-
-  auto add_bias = [](std::vector<float>& m, const std::vector<float>& b, int64_t rows) {
-    if (b.empty()) return;
-    const int64_t dim = static_cast<int64_t>(b.size());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < dim; ++i) m[r * dim + i] += b[i];
-  };
 
   // RoPE angles per position, once per forward for each (base, scale) in use.
   struct RopeCache {
@@ -504,25 +514,10 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     prefetch_kv_slots(segments, il, n_head_kv_, head_dim_);
     const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     matmul_many(qkv, h.data(), n, pool);
-    add_bias(q, L.bq, n);
-    add_bias(k, L.bk, n);
-    add_bias(v, L.bv, n);
     const RopeCache& rc = rope_cache(L);
     for_tokens(n, pool, [&](int64_t t) {
-      float* qt = q.data() + t * q_dim;
-      float* kt = k.data() + t * kv_dim;
-      if (traits_.qk_norm) {
-        for (int64_t hh = 0; hh < n_head_; ++hh)
-          rms_norm(qt + hh * head_dim_, L.q_norm.data(), eps_, head_dim_, qt + hh * head_dim_);
-        for (int64_t hh = 0; hh < n_head_kv_; ++hh)
-          rms_norm(kt + hh * head_dim_, L.k_norm.data(), eps_, head_dim_, kt + hh * head_dim_);
-      }
-      const float* cs = rc.cos.data() + t * half_rot;
-      const float* sn = rc.sin.data() + t * half_rot;
-      rope_apply(qt, static_cast<int>(n_head_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
-                 traits_.rope);
-      rope_apply(kt, static_cast<int>(n_head_kv_), static_cast<int>(head_dim_), static_cast<int>(n_rot_), cs, sn,
-                 traits_.rope);
+      ready_heads(L, q.data() + t * q_dim, k.data() + t * kv_dim, v.data() + t * kv_dim, 0, n_head_,
+                  rc.cos.data() + t * half_rot, rc.sin.data() + t * half_rot);
     });
     store_kv(segments, il, n_head_kv_, head_dim_, k.data(), v.data(), pool);
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
@@ -545,8 +540,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     matmul(L.wo, attn.data() + r0 * q_dim, m, tmp.data() + r0 * n_embd_, pool);
     for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
-      if (traits_.post_norms) rms_norm(tt, L.post_attn_norm.data(), eps_, n_embd_, tt);
-      add_inplace(x.data() + t * n_embd_, tt, n_embd_);
+      add_residual(x.data() + t * n_embd_, tt, L.post_attn_norm, tt);
       rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
     });
     const MatmulOutput gate_up[] = {{&L.gate, g.data() + r0 * n_ff_}, {&L.up, u.data() + r0 * n_ff_}};
@@ -558,8 +552,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     matmul(L.down, g.data() + r0 * n_ff_, m, tmp.data() + r0 * n_embd_, pool);
     for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
-      if (traits_.post_norms) rms_norm(tt, L.post_ffn_norm.data(), eps_, n_embd_, tt);
-      add_inplace(x.data() + t * n_embd_, tt, n_embd_);
+      add_residual(x.data() + t * n_embd_, tt, L.post_ffn_norm, tt);
     });
   }
 
