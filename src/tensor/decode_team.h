@@ -1,4 +1,5 @@
-// A single-token forward step run by all of a pool's threads at once.
+// A decode step (one token per sequence) run by all of a pool's threads at
+// once.
 //
 // A decode step of a small model is ~40 products and attention dispatches
 // of a few microseconds each. Dispatched one by one (ThreadPool::parallel_for)
