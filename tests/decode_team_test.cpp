@@ -131,8 +131,12 @@ void check_team_steps_match(Model& model, uint64_t seed, int threads, int64_t pr
   }
   // Teams run on pools that fit the CPUs (at least the first step: a stall
   // stands them down for a while); larger pools keep the dispatched path.
-  if (threads > 1 && DecodeTeam::fits_cpus(threads)) EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
-  if (!DecodeTeam::fits_cpus(threads)) EXPECT_EQ(DecodeTeam::runs(), runs_before) << "a team ran on too many threads";
+  if (threads > 1 && DecodeTeam::fits_cpus(threads)) {
+    EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
+  }
+  if (!DecodeTeam::fits_cpus(threads)) {
+    EXPECT_EQ(DecodeTeam::runs(), runs_before) << "a team ran on too many threads";
+  }
 }
 
 // The same for passes of several sequences (one token each): sequences
@@ -176,7 +180,9 @@ void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int 
     ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, " << n_seq << " sequences, round "
                                  << r;
   }
-  if (DecodeTeam::fits_cpus(threads)) EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
+  if (DecodeTeam::fits_cpus(threads)) {
+    EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
+  }
 }
 
 struct Shape {

@@ -18,6 +18,7 @@
 #include "engine/flat_memory.h"
 #include "engine/model_bundle.h"
 #include "gguf/gguf_file.h"
+#include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/read_probe.h"
 #include "util/error.h"
@@ -130,7 +131,8 @@ struct PairedRoofline {
 // tgN with several sequences (tgNxS) reports the tokens of all sequences per
 // second; each pass advances all S of them.
 void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
-            const Roofline& roof, const PairedRoofline& paired = {}, const std::string& prefetch = "") {
+            const Roofline& roof, const PairedRoofline& paired = {}, const std::string& prefetch = "",
+            double team_share = 0.0) {
   const bool decode = test.rfind("tg", 0) == 0;
   const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
@@ -152,7 +154,7 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
                   ",\"paired_read_one_stream_gbps\":%.2f,\"paired_read_eight_streams_gbps\":%.2f",
                   paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction, paired.one_stream_bw / 1e9,
                   paired.eight_streams_bw / 1e9);
-    if (decode) std::printf(",\"decode_prefetch\":\"%s\"", prefetch.c_str());
+    if (decode) std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f", prefetch.c_str(), team_share);
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -296,6 +298,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       return dt;
     };
     std::vector<std::span<const uint8_t>> step_weights;  // the weights a step reads, in order
+    int64_t team_steps = 0;  // timed steps run by a decode team (tensor/decode_team.h)
     for (int r = -1; r < o.reps; ++r) {
       turn.wait_turn();
       // The VM's bandwidth moves from minute to minute: probe again between
@@ -307,7 +310,9 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
         if (i > 0) turn.wait_turn();
         std::optional<WeightReadLog> weights_log;  // the warm-up's first step records what a step reads
         if (r < 0 && i == 0) weights_log.emplace();
+        const uint64_t team_runs = DecodeTeam::runs();
         const double dt = decode_step(run, i);
+        if (r >= 0 && DecodeTeam::runs() > team_runs) ++team_steps;
         if (weights_log) step_weights = weights_log->regions();
         turn.pass_turn();
         busy += dt;
@@ -344,8 +349,13 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     };
     const PairedRoofline paired = measure_paired();
     const std::string prefetch = decode_prefetch_summary(pool);
-    report(o, b, test, spread(rates), threads, roof, paired, prefetch);
-    if (!o.json) std::printf("decode prefetch (chosen at run time per weight type): %s\n", prefetch.c_str());
+    const double team_share =
+        o.reps > 0 && o.n_gen > 0 ? static_cast<double>(team_steps) / (static_cast<double>(o.reps) * o.n_gen) : 0.0;
+    report(o, b, test, spread(rates), threads, roof, paired, prefetch, team_share);
+    if (!o.json) {
+      std::printf("decode prefetch (chosen at run time per weight type): %s\n", prefetch.c_str());
+      std::printf("decode teams (one dispatch a step): %.0f %% of the timed steps\n", 100 * team_share);
+    }
   }
 }
 

@@ -36,8 +36,13 @@ uint64_t next_of(uint64_t w) { return (w >> kItemBits) & kItemMask; }
 uint64_t end_of(uint64_t w) { return w & kItemMask; }
 
 // A member that waits longer than this at a barrier yields its core
-// between checks: a teammate was descheduled.
+// between checks.
 constexpr uint64_t kSpinTicks = 150000;  // ~50 us
+// A wait this long means a teammate lost its CPU (a scheduler time slice
+// is milliseconds). Shorter waits are a pool worker waking from its futex
+// at the first barrier of a run (tens to hundreds of microseconds after an
+// idle spell), which must not stand teams down.
+constexpr uint64_t kStallTicks = 3000000;  // ~1 ms
 
 // How long teams stand down after a run in which a member had to yield.
 constexpr double kStandDownSeconds = 1.0;
@@ -104,10 +109,11 @@ void DecodeTeam::Member::barrier() {
     const uint64_t t0 = __rdtsc();
     while (team_.arrived_.load(std::memory_order_acquire) < arrivals_) {
       if (team_.aborted_.load(std::memory_order_relaxed)) throw Aborted{};
-      if (__rdtsc() - t0 < kSpinTicks) {
+      const uint64_t waited = __rdtsc() - t0;
+      if (waited < kSpinTicks) {
         _mm_pause();
       } else {
-        team_.stalled_.store(true, std::memory_order_relaxed);
+        if (waited > kStallTicks) team_.stalled_.store(true, std::memory_order_relaxed);
         std::this_thread::yield();
       }
     }

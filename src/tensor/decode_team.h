@@ -74,7 +74,7 @@ class DecodeTeam {
     run_members([](void* ctx, Member& m) { (*static_cast<F*>(ctx))(m); }, &fn);
   }
 
-  // Whether a team should run now. A member that waits ~50 us at a barrier
+  // Whether a team should run now. A member that waits ~1 ms at a barrier
   // means a teammate lost its CPU (other work, or more threads than CPUs),
   // and every barrier of a step can then cost a scheduler time slice where
   // dispatched products would have been taken over by the threads still
