@@ -133,6 +133,8 @@ void DecodeTeam::reset() {
     for (int r = 0; r < size_; ++r) shares_[s * size_ + r].word.store(pack(static_cast<uint64_t>(s) - 2, 0, 0));
   arrived_.store(0);
   aborted_.store(false);
+  stalled_.store(false);
+  stalled_runs_ = 0;
   works_ = 0;
 }
 
@@ -166,7 +168,14 @@ void DecodeTeam::run_members(MemberFn fn, void* ctx) {
   }
   works_ = works_after.load(std::memory_order_relaxed);
   g_runs.fetch_add(1, std::memory_order_relaxed);
-  if (stalled_.exchange(false, std::memory_order_relaxed)) stood_down_until_ = seconds_now() + kStandDownSeconds;
+  // One stalled run is often a one-off (a page fault on a new huge page
+  // of K/V memory took 1.4 ms once); two in a row mean a teammate keeps
+  // losing its CPU.
+  stalled_runs_ = stalled_.exchange(false, std::memory_order_relaxed) ? stalled_runs_ + 1 : 0;
+  if (stalled_runs_ >= 2) {
+    stood_down_until_ = seconds_now() + kStandDownSeconds;
+    stalled_runs_ = 0;
+  }
 }
 
 bool DecodeTeam::fits_cpus(int threads) {

@@ -78,7 +78,8 @@ class DecodeTeam {
   // means a teammate lost its CPU (other work, or more threads than CPUs),
   // and every barrier of a step can then cost a scheduler time slice where
   // dispatched products would have been taken over by the threads still
-  // running: after a run that waited so, teams stand down for a second.
+  // running: after two runs in a row that waited so, teams stand down for
+  // a second.
   bool ready(double now) const { return now >= stood_down_until_; }
 
   // Whether single-token steps run as teams: on by default with more than
@@ -111,7 +112,8 @@ class DecodeTeam {
   std::unique_ptr<Share[]> shares_;
   alignas(64) std::atomic<uint64_t> arrived_{0};
   std::atomic<bool> aborted_{false};  // a member threw: the others leave at their next barrier
-  std::atomic<bool> stalled_{false};  // a member waited past its spin budget in this run
+  std::atomic<bool> stalled_{false};  // a member waited ~1 ms at a barrier in this run
+  int stalled_runs_ = 0;              // consecutive runs that stalled
   double stood_down_until_ = 0.0;     // seconds (steady clock); see ready()
   uint64_t works_ = 0;  // works begun in earlier runs (all members agree)
 };
