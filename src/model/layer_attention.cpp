@@ -52,6 +52,21 @@ AttentionBatch prepare_rows(const ForwardBatch& batch, SequenceMemory& memory, i
   return a;
 }
 
+// Stores KV heads [j0, j1) of n consecutive positions from pos0, all in
+// one key group (k and v: the first position's row; rows row_stride
+// floats apart).
+void store_run_heads(SequenceMemory& memory, int layer, int64_t pos0, int64_t n, int64_t j0, int64_t j1,
+                     int64_t head_dim, const float* k, const float* v, int64_t row_stride) {
+  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
+  uint16_t* kg = memory.key(layer, pos0 - pos0 % group);
+  for (int64_t j = j0; j < j1; ++j) store_keys(kg + j * stride, group, pos0, n, k + j * head_dim, row_stride, head_dim);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t* vr = memory.value(layer, pos0 + i);
+    for (int64_t j = j0; j < j1; ++j)
+      convert_f32_to_f16(v + i * row_stride + j * head_dim, vr + j * stride, head_dim);
+  }
+}
+
 }  // namespace
 
 // The lines position p's K/V rows of KV heads [j0, j1) occupy; its key
@@ -87,13 +102,7 @@ void prefetch_kv_slot_heads(SequenceMemory& memory, int layer, int64_t pos, int6
 
 void store_kv_heads(SequenceMemory& memory, int layer, int64_t pos, int64_t j0, int64_t j1, int64_t head_dim,
                     const float* k, const float* v) {
-  const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
-  uint16_t* kg = memory.key(layer, pos - pos % group);
-  uint16_t* vr = memory.value(layer, pos);
-  for (int64_t j = j0; j < j1; ++j) {
-    store_keys(kg + j * stride, group, pos, 1, k + j * head_dim, head_dim, head_dim);
-    convert_f32_to_f16(v + j * head_dim, vr + j * stride, head_dim);
-  }
+  store_run_heads(memory, layer, pos, 1, j0, j1, head_dim, k, v, 0);
 }
 
 AttentionBatch one_token_attention(const ForwardBatch& batch, SequenceMemory& memory, int layer,
@@ -123,16 +132,8 @@ void store_kv(std::span<const PassSegment> segments, int layer, int64_t n_kv_hea
   }
   const int64_t kv_dim = n_kv_heads * head_dim;
   auto store_run = [&](const Run& r) {
-    SequenceMemory& memory = *r.memory;
-    const int64_t stride = memory.kv_head_stride(layer), group = memory.key_group(layer);
-    uint16_t* kg = memory.key(layer, r.pos0 - r.pos0 % group);
-    for (int64_t j = 0; j < n_kv_heads; ++j)
-      store_keys(kg + j * stride, group, r.pos0, r.n, k + r.row0 * kv_dim + j * head_dim, kv_dim, head_dim);
-    for (int64_t i = 0; i < r.n; ++i) {
-      uint16_t* vr = memory.value(layer, r.pos0 + i);
-      for (int64_t j = 0; j < n_kv_heads; ++j)
-        convert_f32_to_f16(v + (r.row0 + i) * kv_dim + j * head_dim, vr + j * stride, head_dim);
-    }
+    store_run_heads(*r.memory, layer, r.pos0, r.n, 0, n_kv_heads, head_dim, k + r.row0 * kv_dim,
+                    v + r.row0 * kv_dim, kv_dim);
   };
   if (runs.size() < 4) {  // decode steps: not worth a dispatch
     for (const Run& r : runs) store_run(r);

@@ -1,7 +1,6 @@
 #include "model/transformer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -102,6 +101,18 @@ ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
 // teams: the products' decode-sized batches (below a prompt tile).
 constexpr int64_t kDecodeTeamMaxSequences = 12;
 
+// RoPE angles of a pass's rows: one table for each (base, scale) its layers
+// use (gemma3's local layers share one, its global ones another).
+struct RopeTables {
+  std::vector<int> of_layer;    // layer -> its table
+  std::vector<float> cos, sin;  // [table][row][n_rot / 2]
+  int64_t n_rows = 0;
+  int64_t half_rot = 0;
+  const float* cos_at(int layer, int64_t row) const { return cos.data() + offset(layer, row); }
+  const float* sin_at(int layer, int64_t row) const { return sin.data() + offset(layer, row); }
+  int64_t offset(int layer, int64_t row) const { return (of_layer[layer] * n_rows + row) * half_rot; }
+};
+
 // A pass's scratch (see Transformer::run), bound by position there: the
 // fields are only storage, so their order does not matter.
 struct PassBuffers {
@@ -142,6 +153,8 @@ class Transformer final : public SegmentedModel {
   // x += the product output t (post-normed into scratch first where the
   // architecture has post-norms).
   void add_residual(float* x, const float* t, const std::vector<float>& post_norm, float* scratch) const;
+  // The RoPE tables of rows at `positions`, each computed once.
+  void build_rope_tables(std::span<const int64_t> positions, RopeTables& t, ThreadPool& pool) const;
 
   ArchTraits traits_;
   ModelInfo info_;
@@ -313,13 +326,39 @@ void Transformer::add_residual(float* x, const float* t, const std::vector<float
   add_inplace(x, t, n_embd_);
 }
 
+void Transformer::build_rope_tables(std::span<const int64_t> positions, RopeTables& t, ThreadPool& pool) const {
+  const int64_t n = static_cast<int64_t>(positions.size()), half_rot = n_rot_ / 2;
+  t.n_rows = n;
+  t.half_rot = half_rot;
+  t.of_layer.assign(layers_.size(), 0);
+  std::vector<const Layer*> firsts;  // each table's first layer
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const Layer& L = layers_[il];
+    size_t i = 0;
+    while (i < firsts.size() && (firsts[i]->rope_base != L.rope_base || firsts[i]->rope_scale != L.rope_scale)) ++i;
+    if (i == firsts.size()) firsts.push_back(&L);
+    t.of_layer[il] = static_cast<int>(i);
+  }
+  const int64_t n_tables = static_cast<int64_t>(firsts.size());
+  t.cos.resize(n_tables * n * half_rot);
+  t.sin.resize(n_tables * n * half_rot);
+  for (int64_t i = 0; i < n_tables; ++i) {
+    const Layer& L = *firsts[i];
+    for_tokens(n, pool, [&](int64_t r) {
+      rope_table(static_cast<int>(n_rot_), positions[r], L.rope_base, L.rope_scale,
+                 t.cos.data() + (i * n + r) * half_rot, t.sin.data() + (i * n + r) * half_rot);
+    });
+  }
+}
+
 // What a team step keeps between steps, per pool (ThreadPool::caller_local).
 struct TeamStepState {
   std::unique_ptr<DecodeTeam> team;
   TeamStepPlan plan;
   std::vector<const PackedMatrix*> firsts;
-  std::vector<float> cos, sin;  // RoPE angles: [sequence][layer][n_rot / 2]
-  std::vector<float> logits;    // every sequence's, in order
+  std::vector<int64_t> positions;  // each sequence's token's
+  RopeTables rope;
+  std::vector<float> logits;  // every sequence's, in order
 };
 
 bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
@@ -333,12 +372,12 @@ bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadP
       return false;
   }
   const TeamStepState& st = pool.caller_local<TeamStepState>();
-  return !st.team || st.team->ready(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return !st.team || st.team->ready();
 }
 
 void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(segments.size());  // one token (row) per sequence
-  const int64_t q_dim = n_head_ * head_dim_, half_rot = n_rot_ / 2;
+  const int64_t q_dim = n_head_ * head_dim_;
   const int64_t n_layer = static_cast<int64_t>(layers_.size()), n_vocab = info_.n_vocab;
   // Outputs of the products and attention, which every member reads (each
   // member keeps its own residual stream and inputs below).
@@ -357,12 +396,9 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
   for (const Layer& L : layers_) st.firsts.insert(st.firsts.end(), {&L.wq, &L.wo, &L.gate, &L.down});
   st.firsts.push_back(&output_);
   plan_team_step(st.firsts, n, st.plan, pool);
-  st.cos.resize(n * n_layer * half_rot);
-  st.sin.resize(n * n_layer * half_rot);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t il = 0; il < n_layer; ++il)
-      rope_table(static_cast<int>(n_rot_), segments[r].batch.pos0, layers_[il].rope_base, layers_[il].rope_scale,
-                 st.cos.data() + (r * n_layer + il) * half_rot, st.sin.data() + (r * n_layer + il) * half_rot);
+  st.positions.resize(n);
+  for (int64_t r = 0; r < n; ++r) st.positions[r] = segments[r].batch.pos0;
+  build_rope_tables(st.positions, st.rope, pool);
 
   st.team->run([&](DecodeTeam::Member& m) {
     // This member's residual stream and inputs: every member computes them
@@ -415,11 +451,10 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
         const Transformer* self;
         const Layer* L;
         int layer;
-        int64_t n_layer;
         std::span<const PassSegment> segments;
         float *q, *k, *v;
-        const float *cos, *sin;
-      } prep{this, &L, layer, n_layer, segments, q.data(), k.data(), v.data(), st.cos.data(), st.sin.data()};
+        const RopeTables* rope;
+      } prep{this, &L, layer, segments, q.data(), k.data(), v.data(), &st.rope};
       auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
         const Prepare& p = *static_cast<const Prepare*>(ctx);
         const Transformer& t = *p.self;
@@ -427,8 +462,8 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
         float* q = p.q + r * t.n_head_ * D;
         float* k = p.k + r * t.n_head_kv_ * D;
         float* v = p.v + r * t.n_head_kv_ * D;
-        const int64_t at = (static_cast<int64_t>(r) * p.n_layer + p.layer) * (t.n_rot_ / 2);
-        t.ready_heads(*p.L, q, k, v, h0, h1, p.cos + at, p.sin + at);
+        const auto row = static_cast<int64_t>(r);
+        t.ready_heads(*p.L, q, k, v, h0, h1, p.rope->cos_at(p.layer, row), p.rope->sin_at(p.layer, row));
         const PassSegment& seg = p.segments[r];
         store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, h0 / group, h1 / group, D, k, v);
       };
@@ -487,24 +522,8 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     }
   }
 
-  // RoPE angles per position, once per forward for each (base, scale) in use.
-  struct RopeCache {
-    float base, scale;
-    std::vector<float> cos, sin;
-  };
-  std::vector<RopeCache> rope_caches;
-  const int64_t half_rot = n_rot_ / 2;
-  auto rope_cache = [&](const Layer& L) -> const RopeCache& {
-    for (const auto& c : rope_caches)
-      if (c.base == L.rope_base && c.scale == L.rope_scale) return c;
-    RopeCache c{L.rope_base, L.rope_scale, std::vector<float>(n * half_rot), std::vector<float>(n * half_rot)};
-    for_tokens(n, pool, [&](int64_t t) {
-      rope_table(static_cast<int>(n_rot_), row_pos[t], L.rope_base, L.rope_scale, c.cos.data() + t * half_rot,
-                 c.sin.data() + t * half_rot);
-    });
-    rope_caches.push_back(std::move(c));
-    return rope_caches.back();
-  };
+  RopeTables rope;
+  build_rope_tables(row_pos, rope, pool);
 
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
@@ -514,10 +533,9 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     prefetch_kv_slots(segments, il, n_head_kv_, head_dim_);
     const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     matmul_many(qkv, h.data(), n, pool);
-    const RopeCache& rc = rope_cache(L);
     for_tokens(n, pool, [&](int64_t t) {
       ready_heads(L, q.data() + t * q_dim, k.data() + t * kv_dim, v.data() + t * kv_dim, 0, n_head_,
-                  rc.cos.data() + t * half_rot, rc.sin.data() + t * half_rot);
+                  rope.cos_at(il, t), rope.sin_at(il, t));
     });
     store_kv(segments, il, n_head_kv_, head_dim_, k.data(), v.data(), pool);
     const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,

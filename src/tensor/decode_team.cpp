@@ -44,7 +44,7 @@ constexpr uint64_t kSpinTicks = 150000;  // ~50 us
 // idle spell), which must not stand teams down.
 constexpr uint64_t kStallTicks = 3000000;  // ~1 ms
 
-// How long teams stand down after a run in which a member had to yield.
+// How long teams stand down after two stalled runs in a row.
 constexpr double kStandDownSeconds = 1.0;
 
 double seconds_now() {
@@ -190,6 +190,8 @@ bool DecodeTeam::fits_cpus(int threads) {
 }
 
 uint64_t DecodeTeam::runs() { return g_runs.load(std::memory_order_relaxed); }
+
+bool DecodeTeam::ready() const { return seconds_now() >= stood_down_until_; }
 
 bool DecodeTeam::enabled() { return enabled_state().load(std::memory_order_relaxed) != 0; }
 

@@ -80,7 +80,7 @@ class DecodeTeam {
   // dispatched products would have been taken over by the threads still
   // running: after two runs in a row that waited so, teams stand down for
   // a second.
-  bool ready(double now) const { return now >= stood_down_until_; }
+  bool ready() const;
 
   // Whether single-token steps run as teams: on by default with more than
   // one thread; REPRISE_DECODE_TEAM=0 turns it off (for comparisons), as

@@ -198,9 +198,10 @@ void attention(const AttentionBatch& batch, ThreadPool& pool);
 void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------
-// A single-token step run by a DecodeTeam (decode_team.h): its products and
-// attention, split between the members as matmul_many and attention split
-// them, each followed by a barrier. Same bits as the dispatched forms.
+// A decode step (one token per sequence) run by a DecodeTeam
+// (decode_team.h): its products and attention, split between the members
+// as matmul_many and attention_many split them, each followed by a
+// barrier. Same bits as the dispatched forms.
 
 // The decode prefetch of a team step's products, one plan per product in
 // the order the step runs them (by its first matrix), from the pool's tuner
