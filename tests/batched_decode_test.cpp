@@ -35,20 +35,8 @@ void check_steps_match_single(Model& model, uint64_t seed, int n_seq, int rounds
   std::mt19937_64 rng(seed);
   auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const int64_t n_vocab = model.info().n_vocab;
-  std::vector<std::unique_ptr<FlatMemory>> ref, bat;
-  std::vector<int64_t> pos(n_seq);
+  auto [ref, bat, pos] = test::prefill_pairs(model, rng, n_seq, 1, 40, pool);
   std::vector<float> logits, alone;
-  for (int s = 0; s < n_seq; ++s) {
-    ref.push_back(std::make_unique<FlatMemory>(model.state_spec()));
-    bat.push_back(std::make_unique<FlatMemory>(model.state_spec()));
-    std::vector<int32_t> prompt(rnd(1, 40));
-    for (auto& t : prompt) t = static_cast<int32_t>(rnd(3, n_vocab - 1));
-    ForwardBatch b;
-    b.tokens = prompt;
-    model.forward(b, *ref[s], logits, pool);
-    model.forward(b, *bat[s], logits, pool);
-    pos[s] = static_cast<int64_t>(prompt.size());
-  }
   for (int r = 0; r < rounds; ++r) {
     std::vector<int> order(n_seq);
     for (int s = 0; s < n_seq; ++s) order[s] = s;

@@ -149,20 +149,8 @@ void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int 
   const int64_t n_vocab = model.info().n_vocab;
   auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   ThreadPool pool(threads);
-  std::vector<std::unique_ptr<FlatMemory>> off, on;
-  std::vector<int64_t> pos(n_seq);
+  auto [off, on, pos] = test::prefill_pairs(model, rng, n_seq, min_prompt, min_prompt + 40, pool);
   std::vector<float> a, c;
-  for (int s = 0; s < n_seq; ++s) {
-    off.push_back(std::make_unique<FlatMemory>(model.state_spec()));
-    on.push_back(std::make_unique<FlatMemory>(model.state_spec()));
-    std::vector<int32_t> prompt(rnd(min_prompt, min_prompt + 40));
-    for (auto& t : prompt) t = static_cast<int32_t>(rnd(3, n_vocab - 1));
-    ForwardBatch b;
-    b.tokens = prompt;
-    model.forward(b, *off[s], a, pool);
-    model.forward(b, *on[s], c, pool);
-    pos[s] = static_cast<int64_t>(prompt.size());
-  }
   const uint64_t runs_before = DecodeTeam::runs();
   for (int r = 0; r < rounds; ++r) {
     std::vector<SequenceStep> steps_off, steps_on;
