@@ -632,6 +632,7 @@ int default_regions(DType type, int64_t n_in, int64_t n_out) {
   if (interleave_env()) return 0;
   const IsaKernels& isa = isa_kernels();
   if (type == DType::Q6_K) return isa.regions_q6_k;
+  if (type == DType::Q8_0) return isa.regions_q8_0;
   const int64_t bytes = static_cast<int64_t>(group_bytes_for(type, n_in)) * ((n_out + kGroupRows - 1) / kGroupRows);
   const int regions_f = bytes > kLongMatrixBytes ? isa.regions_f_long : isa.regions_f;
   return for_family(type, regions_f, isa.regions_q, isa.regions_k);
@@ -956,7 +957,11 @@ void run_job_range(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int
   // of reading a decode task's (megabytes of) weights from memory again.
   // Each output is computed as before.
   a.layout = layout;
-  const int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(layout.group_bytes) : n_groups;
+  int64_t chunk = n_tokens > 1 && n_tokens < kTokenTile ? small_batch_groups(layout.group_bytes) : n_groups;
+  // Q8_0's small batches read whole region rows (run_tiles_rows, AVX-512)
+  // in one pass, so chunks of them lose nothing to a second pass.
+  if (j.view->type == DType::Q8_0 && layout.regions > 1)
+    chunk = (chunk + layout.regions - 1) / layout.regions * layout.regions;
   for (int64_t g = 0; g < n_groups; g += chunk) {
     a.g_first = first + g;
     a.n_groups = std::min(chunk, n_groups - g);

@@ -236,6 +236,70 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 }
 
 
+// Small batches (2 to kTokenTile - 1 tokens) over one row of a region
+// layout: the G groups' blocks in turn, each group's stream a block at a
+// time as the decode tile reads them (G streams at once), every token's
+// dots of a group-block from one load of it, the tile's accumulators parked
+// in L1 between a group's blocks. A tile of 2 groups x T tokens reads 2
+// regions at a time, one group of each, then the next 2. Each output's
+// operations are tile_q's, in its order (the same bits).
+template <QType Q, int G, int T>
+void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  static_assert(Q == QType::Q8_0, "the row tile reads Q8_0 blocks");
+  constexpr size_t kBytes = kBlockBytes<Q>;
+  const uint8_t* w = a.w + g0 * a.group_stride;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
+  const size_t gb = a.group_stride, us = a.unit_stride;
+  const int64_t xs = a.x_tile;
+  alignas(64) float parked[G][T][kGroupRows];
+  {
+    __m512 acc[G][T];
+    init_acc<G, T>(a, g0, t0, acc);
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) _mm512_store_ps(parked[g][t], acc[g][t]);
+  }
+  for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      // Beyond 2 tokens the block's 8 x T activation broadcasts, hoisted out
+      // of the group loop, spill: the opaque pointer has each group read
+      // them again (embedded broadcasts; loads are what the tile has spare).
+      const XBlock* xb = x + b * xs;
+      if constexpr (T > 2) asm("" : "+r"(xb));
+      const uint8_t* wg = w + b * us + g * gb;
+      if (a.prefetch > 0) prefetch_streams<1>(wg, 0, kBytes, a.prefetch);
+      __m512i ia[T];
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) ia[t] = _mm512_set1_epi32(xb[t].corr_q8);
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i wv = _mm512_loadu_si512(wg + 32 + c * 64);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          int32_t q;
+          std::memcpy(&q, xb[t].qs + 4 * c, 4);
+          ia[t] = _mm512_dpbusd_epi32(ia[t], wv, _mm512_set1_epi32(q));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg)));
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const __m512 acc = _mm512_load_ps(parked[g][t]);
+        _mm512_store_ps(parked[g][t], _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb[t].d)),
+                                                      _mm512_cvtepi32_ps(ia[t]), acc));
+      }
+    }
+  }
+  __m512 acc[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_load_ps(parked[g][t]);
+  store_acc<G, T>(a, g0, t0, acc);
+}
+
 // Q4_K's odd sub-blocks are read in place as 16 * u (the high nibble masked,
 // not shifted: shifts issue only on port 0, beside vpdpbusd); their dots are
 // divided by 16 (exactly) once per block instead.
@@ -654,6 +718,22 @@ struct QKernel {
   };
 };
 
+// Groups per region row of Q8_0's region layout (IsaKernels::regions_q8_0),
+// read by its decode tile and by tile_q_rows.
+constexpr int kRowGroupsQ = 8;
+
+// Q8_0: QKernel's tiles, and tile_q_rows for small batches' whole region
+// rows (run_tiles_rows).
+struct Q8RowsKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (T > 1 && G == kRowGroupsQ) tile_q_rows<QType::Q8_0, G, T>(a, g0, t0);
+      else QKernel<QType::Q8_0>::K<G, T>::run(a, g0, t0);
+    }
+  };
+};
+
 template <KType KT>
 struct KKernel {
   template <int G, int T>
@@ -689,7 +769,7 @@ constexpr int kRegionsFLong = kDecodeGroupsFQ;
 void matmul_f32(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
-void matmul_q8_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q8_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
+void matmul_q8_0(const MatmulArgs& a) { run_tiles_rows<Q8RowsKernel::K, 2, kTileQ, kRowGroupsQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
@@ -1442,6 +1522,7 @@ const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
                             /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
+                            /*regions_q8_0=*/kRowGroupsQ,
                             /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,
                             /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512};
   return k;

@@ -483,6 +483,11 @@ struct IsaKernels {
   // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
   // interleaved ones (the other K types 1.0-1.34x).
   int regions_q6_k;
+  // Q8_0's own: on AVX-512 its single-token tile reads 8 regions' streams
+  // faster than one interleaved stream, and its small batches read whole
+  // region rows in one pass (tile_q_rows); the other block types keep
+  // regions_q.
+  int regions_q8_0;
   // Heads of different KV heads a decode attention task takes together
   // when each has one query (multi-head attention): 2 where
   // attend_tiled_rows interleaves two heads' FMA chains (AVX-512).

@@ -140,6 +140,18 @@ void run_tiles(const MatmulArgs& a) {
   run_tiles_small<K, GPrefill, TMax, 0, 0, GDecode...>(a);
 }
 
+// Small batches (2 to kTokenTile - 1 tokens) on a layout of GRow regions
+// in one pass of GRow-group tiles, one region row each (then single
+// groups); other batches and layouts as run_tiles.
+template <template <int, int> class K, int GPrefill, int TMax, int GRow, int... GDecode>
+void run_tiles_rows(const MatmulArgs& a) {
+  if (a.n_tokens <= 1 || a.n_tokens >= kTokenTile || a.layout.regions != GRow)
+    return run_tiles<K, GPrefill, TMax, GDecode...>(a);
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((a.n_tokens == I + 2 ? (over_groups<K, I + 2, GRow, 1>(a, 0), 0) : 0), ...);
+  }(std::make_integer_sequence<int, kTokenTile - 2>{});
+}
+
 // Small batches (2 to kTokenTile - 1 tokens: sequences decoding together)
 // token by token with the decode tiles, which read whole interleaved rows
 // where the prefill tiles would read a part of each; other batches as
