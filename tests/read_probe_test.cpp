@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/thread_pool.h"
 #include "util/error.h"
@@ -53,6 +54,34 @@ TEST(WeightReadLog, NamesEachProductsPackedWeightsInCallOrder) {
   matmul(pb, x.data(), 1, yb.data(), pool);
   ASSERT_EQ(next.regions().size(), 1u);
   EXPECT_TRUE(same_region(next.regions()[0], pb));
+}
+
+// A decode team's products are recorded by whichever member runs on the
+// thread that holds the log (the pool's caller may be any member), once
+// each: a log kept only by member 0 missed the step when a worker took
+// index 0, and `reprise bench` then printed no paired roofline.
+TEST(WeightReadLog, NamesATeamStepsProductsWhicheverMemberTheCallerIs) {
+  ThreadPool pool(2);
+  DecodeTeam team(pool);
+  const F32Matrix a(64, 48), b(64, 32);
+  const PackedMatrix pa(a.view), pb(b.view);
+  std::vector<float> x(64, 1.0f), ya(48), yb(32);
+  const PackedMatrix* firsts[] = {&pa, &pb};
+  TeamStepPlan plan;
+  for (int run = 0; run < 200; ++run) {
+    plan_team_step(firsts, 1, plan, pool);
+    WeightReadLog log;
+    team.run([&](DecodeTeam::Member& m) {
+      const MatmulOutput first[] = {{&pa, ya.data()}};
+      const MatmulOutput second[] = {{&pb, yb.data()}};
+      team_matmul_many(first, x.data(), m, plan, 0);
+      team_matmul_many(second, x.data(), m, plan, 1);
+    });
+    report_team_step(plan, pool);
+    ASSERT_EQ(log.regions().size(), 2u) << "run " << run;
+    EXPECT_TRUE(same_region(log.regions()[0], pa));
+    EXPECT_TRUE(same_region(log.regions()[1], pb));
+  }
 }
 
 TEST(WeightReadLog, OnePerThreadAndOnlyItsThreadsProducts) {

@@ -1280,7 +1280,9 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
     if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, plan.n_tokens, t_acts.kinds[ki], m.pool());
     jobs[i] = base_job(MatrixRef{w.groups(), &v, outputs[i].y, w.interleave(), w.regions()}, packed[ki], isa);
     jobs[i].prefetch = plan.distance[index];
-    if (m.index() == 0) note_read(jobs[i]);
+    // The recording log is the calling thread's (WeightReadLog), which may
+    // be any member's.
+    note_read(jobs[i]);
     first_tile[i] = n_tiles;
     n_tiles += (jobs[i].groups.n_groups + kDecodeTile - 1) / kDecodeTile;
   }
