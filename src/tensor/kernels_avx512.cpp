@@ -240,9 +240,9 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // layout: the G groups' blocks in turn, each group's stream a block at a
 // time as the decode tile reads them (G streams at once), every token's
 // dots of a group-block from one load of it, the tile's accumulators parked
-// in L1 between a group's blocks. A tile of 2 groups x T tokens reads 2
-// regions at a time, one group of each, then the next 2. Each output's
-// operations are tile_q's, in its order (the same bits).
+// in L1 between a group's blocks (the prompt tile, 2 groups x T tokens,
+// would read 2 of the row's regions along all of k, then the next 2). Each
+// output's operations are tile_q's, in its order (the same bits).
 template <QType Q, int G, int T>
 void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
   static_assert(Q == QType::Q8_0, "the row tile reads Q8_0 blocks");
