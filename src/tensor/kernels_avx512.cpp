@@ -87,6 +87,28 @@ RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m512 (&a
                  acc[g][t]);
 }
 
+// Tiles whose accumulators live in L1 between uses (parked): init_acc's
+// values stored there, and store_acc from there at the end.
+template <int G, int T>
+RP_INLINE void park_acc(const MatmulArgs& a, int64_t g0, int64_t t0, float (&parked)[G][T][kGroupRows]) {
+  __m512 acc[G][T];
+  init_acc<G, T>(a, g0, t0, acc);
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) _mm512_store_ps(parked[g][t], acc[g][t]);
+}
+
+template <int G, int T>
+RP_INLINE void store_parked(const MatmulArgs& a, int64_t g0, int64_t t0, const float (&parked)[G][T][kGroupRows]) {
+  __m512 acc[G][T];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_load_ps(parked[g][t]);
+  store_acc<G, T>(a, g0, t0, acc);
+}
+
 // G groups x T tokens; every output is one sequential FMA chain over k.
 template <FType W, int G, int T>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
@@ -252,14 +274,7 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
   const size_t gb = a.group_stride, us = a.unit_stride;
   const int64_t xs = a.x_tile;
   alignas(64) float parked[G][T][kGroupRows];
-  {
-    __m512 acc[G][T];
-    init_acc<G, T>(a, g0, t0, acc);
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) _mm512_store_ps(parked[g][t], acc[g][t]);
-  }
+  park_acc<G, T>(a, g0, t0, parked);
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -292,12 +307,7 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     }
   }
-  __m512 acc[G][T];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_load_ps(parked[g][t]);
-  store_acc<G, T>(a, g0, t0, acc);
+  store_parked<G, T>(a, g0, t0, parked);
 }
 
 // Q4_K's odd sub-blocks are read in place as 16 * u (the high nibble masked,
@@ -598,15 +608,8 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   // (the barrier below keeps the compiler from holding them in registers),
   // which leaves the registers to the integer sums; in registers they made
   // the compiler spill inside the block loop.
-  alignas(64) float acc_mem[G][T][16];
-  {
-    __m512 acc[G][T];
-    init_acc<G, T>(a, g0, t0, acc);
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) _mm512_store_ps(acc_mem[g][t], acc[g][t]);
-  }
+  alignas(64) float acc_mem[G][T][kGroupRows];
+  park_acc<G, T>(a, g0, t0, acc_mem);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
     asm volatile("" : : "r"(acc_mem) : "memory");
     const uint8_t* ws = w + s * us;
@@ -682,12 +685,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t) _mm512_store_ps(acc_mem[g][t], acc[t]);
     }
   }
-  __m512 acc[G][T];
-#pragma GCC unroll 16
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_load_ps(acc_mem[g][t]);
-  store_acc<G, T>(a, g0, t0, acc);
+  store_parked<G, T>(a, g0, t0, acc_mem);
 }
 
 template <FType W>
