@@ -528,6 +528,35 @@ TEST(PackedMatrixRegions, FollowTheTypeTheSizeAndTheIsa) {
   }
 }
 
+// Every small batch (2 to 11 tokens) on Q8_0's 8 regions, where AVX-512
+// reads whole region rows in one pass with a tile per batch size: rows
+// that fill whole region rows, a short last row, and more groups than one
+// kernel call takes, against the rule's bits token by token.
+TEST(MatmulSmallBatch, Q8_0RegionRowsGiveTheRulesBitsForEveryBatchSize) {
+  IsaRestore restore;
+  for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{256, 128}, {96, 200}, {1056, 1000}}) {
+    SCOPED_TRACE("n_in " + std::to_string(n_in) + " n_out " + std::to_string(n_out));
+    const Weights w = make_weights(DType::Q8_0, n_in, n_out, 83 + static_cast<uint32_t>(n_out));
+    const int64_t n_tokens = 11;
+    const std::vector<float> x = make_x(n_tokens * n_in, 85);
+    const std::vector<float> want = canonical_outputs(w, x, n_tokens);
+    for (KernelIsa isa : isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(kernel_isa_name(isa));
+      const PackedMatrix pm(w.view(), 0, 8);
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        for (int64_t len = 2; len <= n_tokens; ++len) {
+          std::vector<float> y(len * n_out, -1.0f);
+          matmul(pm, x.data(), len, y.data(), pool);
+          const std::vector<float> want_len(want.begin(), want.begin() + len * n_out);
+          EXPECT_TRUE(same_bits(y, want_len)) << len << " tokens, " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 // Decode tiles prefetch their weights or not as the pool's tuner measures
 // faster (prefetch_tuner.h); while it measures, a product alternates between
 // the two. Every call must give the rule's bits either way.
