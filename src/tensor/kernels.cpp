@@ -1809,6 +1809,23 @@ void decode_attention_task(const AttentionBatch& b, const IsaKernels& isa, int64
   }
 }
 
+// Several batches' decode tasks end to end, as attention_many and
+// team_attention deal them: task_end[i] is one past batch i's last task.
+// Returns the tasks' count.
+int64_t decode_task_ends(std::span<const AttentionBatch> batches, int64_t* task_end) {
+  int64_t total = 0;
+  for (size_t i = 0; i < batches.size(); ++i) task_end[i] = total += batches[i].n_tokens * decode_chunks(batches[i]);
+  return total;
+}
+
+// The batch that task `task` (of decode_task_ends' numbering) belongs to,
+// and (local) its index among that batch's tasks.
+size_t batch_of_task(std::span<const int64_t> task_end, int64_t task, int64_t& local) {
+  const size_t i = std::upper_bound(task_end.begin(), task_end.end(), task) - task_end.begin();
+  local = task - (i ? task_end[i - 1] : 0);
+  return i;
+}
+
 }  // namespace
 
 bool team_attention_takes(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t end) {
@@ -1832,18 +1849,18 @@ void team_attention(std::span<const AttentionBatch> batches, DecodeTeam::Member&
   // The batches' tasks end to end, as attention_many deals them.
   constexpr size_t kMaxBatches = kTokenTile;
   if (batches.size() > kMaxBatches) throw Error("team_attention: too many sequences");
+  for (const AttentionBatch& b : batches)
+    if (b.n_tokens != 1) throw Error("team_attention: one token a sequence");
   int64_t task_end[kMaxBatches];
-  int64_t total = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (batches[i].n_tokens != 1) throw Error("team_attention: one token a sequence");
-    task_end[i] = total += decode_chunks(batches[i]);
-  }
+  const int64_t total = decode_task_ends(batches, task_end);
+  const std::span<const int64_t> ends(task_end, batches.size());
   int64_t t0, t1;
   while (m.claim(total, false, t0, t1)) {
     for (int64_t task = t0; task < t1; ++task) {
-      const size_t i = std::upper_bound(task_end, task_end + batches.size(), task) - task_end;
+      int64_t local;
+      const size_t i = batch_of_task(ends, task, local);
       const AttentionBatch& b = batches[i];
-      const int64_t local = task - (i ? task_end[i - 1] : 0), per_task = decode_heads_per_task(b);
+      const int64_t per_task = decode_heads_per_task(b);
       const int64_t h0 = local * per_task, h1 = std::min(b.n_head, h0 + per_task);
       prepare(ctx, i, h0, h1);
       decode_attention_task(b, isa, local);
@@ -1865,11 +1882,11 @@ void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool) {
   thread_local std::vector<int64_t> task_end_buf;
   std::vector<int64_t>& task_end = task_end_buf;
   task_end.resize(batches.size());
-  int64_t total = 0;
-  for (size_t i = 0; i < batches.size(); ++i) task_end[i] = total += batches[i].n_tokens * decode_chunks(batches[i]);
+  const int64_t total = decode_task_ends(batches, task_end.data());
   pool.parallel_for(total, [&](int64_t task) {
-    const size_t i = std::upper_bound(task_end.begin(), task_end.end(), task) - task_end.begin();
-    decode_attention_task(batches[i], isa, task - (i ? task_end[i - 1] : 0));
+    int64_t local;
+    const size_t i = batch_of_task(task_end, task, local);
+    decode_attention_task(batches[i], isa, local);
   });
 }
 
