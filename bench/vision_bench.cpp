@@ -14,12 +14,10 @@
 // ../shared gemma3 pair), else synthetic ones (a gemma3 text model and a
 // 64x64-input projector) written to a temp directory.
 #include <benchmark/benchmark.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <random>
 
@@ -27,6 +25,7 @@
 #include "engine/model_bundle.h"
 #include "gguf/gguf_file.h"
 #include "model/synthetic_model.h"
+#include "util/scratch_dir.h"
 #include "vision/clip_encoder.h"
 #include "vision/encoder_cache.h"
 #include "vision/image_embedder.h"
@@ -51,11 +50,9 @@ Pair& pair() {
     if (const char* t = std::getenv("REPRISE_VISION_MODEL")) text_path = t;
     if (const char* m = std::getenv("REPRISE_VISION_MMPROJ")) mmproj_path = m;
     if (text_path.empty() || mmproj_path.empty()) {
-      namespace fs = std::filesystem;
-      const fs::path dir = fs::temp_directory_path() / ("reprise-vision-bench-" + std::to_string(::getpid()));
-      fs::create_directories(dir);
-      text_path = (dir / "gemma3.gguf").string();
-      mmproj_path = (dir / "mmproj.gguf").string();
+      const ScratchDir& dir = process_scratch_dir("reprise-vision-bench-");
+      text_path = dir.file("gemma3.gguf");
+      mmproj_path = dir.file("mmproj.gguf");
       make_synthetic_model(synthetic_preset("tiny-gemma3"), text_path);
       SyntheticMmprojSpec spec;
       spec.image_size = 64;
@@ -121,8 +118,7 @@ BENCHMARK(BM_ImageHit)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTi
 // activations and attention scores run to tens of megabytes.
 void BM_EncodeMidSize(benchmark::State& state) {
   static const std::unique_ptr<gguf::File> file = [] {
-    namespace fs = std::filesystem;
-    const fs::path path = fs::temp_directory_path() / ("reprise-vision-mid-" + std::to_string(::getpid()) + ".gguf");
+    const std::string path = process_scratch_dir("reprise-vision-bench-").file("mid.gguf");
     SyntheticMmprojSpec spec;
     spec.image_size = 448;
     spec.patch_size = 14;
@@ -131,8 +127,8 @@ void BM_EncodeMidSize(benchmark::State& state) {
     spec.n_head = 12;
     spec.n_ff = 3072;
     spec.pool = 4;
-    make_synthetic_mmproj(spec, path.string());
-    return gguf::File::open(path.string());
+    make_synthetic_mmproj(spec, path);
+    return gguf::File::open(path);
   }();
   static const ClipEncoder encoder(*file);
   ThreadPool pool(static_cast<int>(state.range(0)));

@@ -1,10 +1,9 @@
 #include "model_fixtures.h"
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <map>
 #include <mutex>
+
+#include "util/scratch_dir.h"
 
 namespace reprise::test {
 
@@ -14,11 +13,8 @@ LoadedModel& synthetic_model(const std::string& tag, const SyntheticModelSpec& s
   std::lock_guard<std::mutex> lock(mutex);
   auto it = models.find(tag);
   if (it != models.end()) return it->second;
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("reprise-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
   LoadedModel m;
-  m.path = (dir / (tag + ".gguf")).string();
+  m.path = process_scratch_dir("reprise-test-").file(tag + ".gguf");
   make_synthetic_model(spec, m.path);
   m.file = gguf::File::open(m.path);
   m.model = load_model(*m.file);

@@ -31,6 +31,7 @@
 #include "model/synthetic_model.h"
 #include "test_support.h"
 #include "util/error.h"
+#include "util/scratch_dir.h"
 #include "vision/clip_encoder.h"
 #include "vision/encoder_cache.h"
 #include "vision/image_decode.h"
@@ -57,12 +58,7 @@ struct VisionPair {
   std::unique_ptr<ClipEncoder> encoder;
 };
 
-std::string temp_dir() {
-  namespace fs = std::filesystem;
-  static const fs::path dir = fs::temp_directory_path() / ("reprise-vision-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir.string();
-}
+std::string temp_dir() { return process_scratch_dir("reprise-vision-test-").path().string(); }
 
 VisionPair load_pair(const std::string& text_path, const std::string& mmproj_path) {
   VisionPair p;
