@@ -110,6 +110,12 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
     for (int n_out : {4096, 16384}) b->Args({t, 4096, n_out, 1, 1});
   // Decode from memory for the 4-6-bit types (Q4_0, Q4_K, Q5_K, Q6_K).
   for (int t : {4, 8, 9, 10}) b->Args({t, 4096, 16384, 1, 2});
+  // Small batches from L2 (a 60M layer's gate/up shape, one thread): the
+  // kernels' compute per token, batch size by batch size, for Q8_0, Q4_0,
+  // Q4_K and Q6_K (the prompt tile from 12 tokens on).
+  for (int t : {3, 4, 8, 10})
+    for (int n_tokens = 1; n_tokens <= 12; ++n_tokens) b->Args({t, 512, 1536, n_tokens, 1});
+  for (int t : {8, 9, 10}) { b->Args({t, 4096, 256, 1, 1}); b->Args({t, 4096, 4096, 1, 1}); b->Args({t, 4096, 4096, 1, 2}); }
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

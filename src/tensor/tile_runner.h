@@ -1,8 +1,15 @@
 // How the ISA kernel files cover a product with their tile shapes, and the
 // prefetch their decode tiles share. A kernel
-// K<G, T>::run(args, g0, t0) computes G row groups x T tokens. Templates
-// only, instantiated with each ISA file's own (internal) kernel types, so no
-// code compiled for one instruction set is shared with another.
+// K<G, T>::run(args, g0, t0) computes G row groups x T tokens.
+//
+// Everything here is in an anonymous namespace, so each ISA file gets its own
+// copies, calling its own kernels. Instantiated with a file's internal kernel
+// types alone, GCC 12 still gave these templates weak external linkage (the
+// kernel types are template template arguments) under the same names in
+// every file, and the linker kept one copy for all: the AVX-VNNI table ran the
+// AVX2 build's code for 19 of its entry points (with the other link order the
+// AVX2 table would have run AVX-VNNI instructions on CPUs without them).
+// tests/isa_symbols_test.sh checks that no ISA file shares such a symbol.
 #pragma once
 #include <xmmintrin.h>
 
@@ -13,6 +20,7 @@
 #include "tensor/kernels_impl.h"
 
 namespace reprise::kernels {
+namespace {
 
 // Decode tiles stream each of their G groups' weights once: prefetch the
 // lines `ahead` bytes past [p, p + bytes) in every group's stream (group_stride
@@ -162,4 +170,5 @@ void run_tiles_token_by_token(const MatmulArgs& a) {
   for (int64_t t = 0; t < a.n_tokens; ++t) over_groups<K, 1, GDecode...>(a, t);
 }
 
+}  // namespace
 }  // namespace reprise::kernels
