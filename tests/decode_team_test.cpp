@@ -208,7 +208,7 @@ TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
                           std::to_string(p.head_dim);
   Model& model = *test::synthetic_model(tag, s).model;
   const KernelIsa native = kernel_isa();
-  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx2Vnni, KernelIsa::Avx512, KernelIsa::Avx512Gfni}) {
+  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx2Vnni, KernelIsa::Avx512}) {
     if (!kernel_isa_supported(isa)) continue;
     set_kernel_isa(isa);
     SCOPED_TRACE(kernel_isa_name(isa));

@@ -383,7 +383,6 @@ std::vector<KernelIsa> isas() {
   std::vector<KernelIsa> v{KernelIsa::Avx2};
   if (kernel_isa_supported(KernelIsa::Avx2Vnni)) v.push_back(KernelIsa::Avx2Vnni);
   if (kernel_isa_supported(KernelIsa::Avx512)) v.push_back(KernelIsa::Avx512);
-  if (kernel_isa_supported(KernelIsa::Avx512Gfni)) v.push_back(KernelIsa::Avx512Gfni);
   return v;
 }
 
@@ -517,7 +516,7 @@ TEST(PackedMatrixRegions, FollowTheTypeTheSizeAndTheIsa) {
   for (KernelIsa isa : isas()) {
     set_kernel_isa(isa);
     SCOPED_TRACE(kernel_isa_name(isa));
-    const bool avx512 = isa == KernelIsa::Avx512 || isa == KernelIsa::Avx512Gfni;
+    const bool avx512 = isa == KernelIsa::Avx512;
     for (DType t : {DType::F32, DType::F16, DType::BF16}) {
       const int64_t n_in = 1024, long_rows = (int64_t{4} << 20) / static_cast<int64_t>(dtype_row_bytes(t, n_in)) + 16;
       EXPECT_EQ(PackedMatrix(make_weights(t, n_in, 1000, 71).view()).regions(), 4) << dtype_name(static_cast<uint32_t>(t));

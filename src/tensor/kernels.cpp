@@ -62,11 +62,6 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-bool cpu_has_gfni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("gfni");
-}
-
 bool cpu_has_avx_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avxvnni");
@@ -76,8 +71,7 @@ KernelIsa detect_isa() {
   const char* env = std::getenv("REPRISE_ISA");
   if (env && std::string(env) == "avx2") return KernelIsa::Avx2;
   if (env && std::string(env) == "avx2vnni" && cpu_has_avx_vnni()) return KernelIsa::Avx2Vnni;
-  if (env && std::string(env) == "avx512" && cpu_has_avx512()) return KernelIsa::Avx512;
-  if (cpu_has_avx512()) return cpu_has_gfni() ? KernelIsa::Avx512Gfni : KernelIsa::Avx512;
+  if (cpu_has_avx512()) return KernelIsa::Avx512;
   return cpu_has_avx_vnni() ? KernelIsa::Avx2Vnni : KernelIsa::Avx2;
 }
 
@@ -88,7 +82,6 @@ std::atomic<int> g_isa{-1};
 const IsaKernels& kernels::isa_kernels() {
   switch (kernel_isa()) {
     case KernelIsa::Avx512: return kernels::avx512_kernels();
-    case KernelIsa::Avx512Gfni: return kernels::avx512_gfni_kernels();
     case KernelIsa::Avx2Vnni: return kernels::avx2_vnni_kernels();
     default: return kernels::avx2_kernels();
   }
@@ -106,7 +99,6 @@ KernelIsa kernel_isa() {
 bool kernel_isa_supported(KernelIsa isa) {
   switch (isa) {
     case KernelIsa::Avx512: return cpu_has_avx512();
-    case KernelIsa::Avx512Gfni: return cpu_has_avx512() && cpu_has_gfni();
     case KernelIsa::Avx2Vnni: return cpu_has_avx_vnni();
     default: return true;
   }
@@ -120,7 +112,6 @@ void set_kernel_isa(KernelIsa isa) {
 const char* kernel_isa_name(KernelIsa isa) {
   switch (isa) {
     case KernelIsa::Avx512: return "avx512";
-    case KernelIsa::Avx512Gfni: return "avx512gfni";
     case KernelIsa::Avx2Vnni: return "avx2vnni";
     default: return "avx2";
   }

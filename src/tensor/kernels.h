@@ -32,12 +32,10 @@ namespace reprise {
 
 // ---------------------------------------------------------------------------
 // Instruction set selection. Chosen once from the CPU: AVX-512 F/BW/VL/DQ +
-// VNNI when present (with GFNI's byte affine transform placing Q5_K/Q6_K's
-// high bits when the CPU has GFNI too: fewer operations per weight), else
-// AVX2 with AVX-VNNI's integer dots when present, else AVX2.
-// REPRISE_ISA=avx2, avx2vnni or avx512 in the environment forces one of the
-// narrower ones (when the CPU has it). Results are identical either way.
-enum class KernelIsa { Avx2, Avx2Vnni, Avx512, Avx512Gfni };
+// VNNI when present, else AVX2 with AVX-VNNI's integer dots when present,
+// else AVX2. REPRISE_ISA=avx2 or avx2vnni in the environment forces one of
+// the narrower ones (when the CPU has it). Results are identical either way.
+enum class KernelIsa { Avx2, Avx2Vnni, Avx512 };
 KernelIsa kernel_isa();
 bool kernel_isa_supported(KernelIsa isa);
 // For tests and benchmarks; throws reprise::Error when unsupported.

@@ -1,7 +1,4 @@
 // AVX-512 (F, BW, VL, DQ, VNNI) kernels, chosen at run time (kernels.cpp).
-// kernels_avx512_gfni.cpp builds this file again with REPRISE_AVX512_GFNI
-// defined, for CPUs that also have GFNI: only the Q5_K and Q6_K kernels,
-// whose high bits one affine byte transform puts in place.
 // Everything below the target pragma is compiled for AVX-512 and must only run
 // after the CPU check, so this file uses intrinsics and plain C only: no
 // standard-library inline functions are instantiated with these options.
@@ -16,22 +13,14 @@
 #include "tensor/tile_runner.h"
 
 #if defined(__clang__)
-#ifdef REPRISE_AVX512_GFNI
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2,gfni"))), apply_to = function)
-#else
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2"))), apply_to = function)
-#endif
 #else
 #pragma GCC push_options
 // GCC 12 warns about _mm512_undefined_ps inside its own intrinsics headers.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#ifdef REPRISE_AVX512_GFNI
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2,gfni")
-#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")
-#endif
 // Loops start on 64-byte boundaries: where the Q8_0 decode loop happened to
 // land moved its speed by ~7 % between otherwise equal builds (Zen 5); aligned,
 // paired tg256 Q8_0 1.066x, the other types within noise.
@@ -335,24 +324,6 @@ template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   if constexpr (kTimes16<KT, Odd>) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
-#ifdef REPRISE_AVX512_GFNI
-  if constexpr (KT == KType::Q5K || KT == KType::Q6K) {
-    // One affine byte transform moves the chunk's high bit(s) to bit 4 (5)
-    // and clears the rest of the byte; another (odd sub-blocks) moves the
-    // high nibble down. Row b of the matrix (byte 7 - b) picks output bit b.
-    constexpr int kBit = KT == KType::Q5K ? 2 * (C % 4) + (Odd ? 1 : 0) : 2 * (2 * (C % 2) + (Odd ? 1 : 0));
-    constexpr uint64_t kHigh = KT == KType::Q5K
-                                   ? uint64_t{1} << kBit << 24
-                                   : (uint64_t{1} << kBit << 24) | (uint64_t{1} << (kBit + 1) << 16);
-    const __m512i hb = _mm512_gf2p8affine_epi64_epi8(h, _mm512_set1_epi64(static_cast<long long>(kHigh)), 0);
-    if constexpr (Odd) {
-      constexpr uint64_t kHighNibble = 0x1020408000000000ull;  // bits 4..7 to 0..3
-      return _mm512_or_si512(
-          _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(static_cast<long long>(kHighNibble)), 0), hb);
-    }
-    return _mm512_ternarylogic_epi32(v, hb, nibble, 0xEC);  // (v & 0x0f) | hb
-  }
-#endif
   __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
   // The high bits sit at bit kBit of a plane byte; 16-bit shifts move them to
   // bit 4 (what spills from the neighbouring byte falls outside the mask).
@@ -793,7 +764,6 @@ constexpr int kRegionsFLong = kDecodeGroupsFQ;
 // Decode is bound by memory: a tile of 8 groups reads their interleaved
 // super-group as one stream (8 separate streams read ~40 % faster than 4 on
 // the Ice Lake VM, and one interleaved stream faster still on Zen 5).
-#ifndef REPRISE_AVX512_GFNI
 void matmul_f32(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F32>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::F16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_bf16(const MatmulArgs& a) { run_tiles_small<FKernel<FType::BF16>::K, 4, kTileF, kDecodeGroupsFQ, 2, kDecodeGroupsFQ, 4, 1>(a); }
@@ -810,10 +780,8 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 void matmul_q2_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q3_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
-#endif  // REPRISE_AVX512_GFNI
 void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
-#ifndef REPRISE_AVX512_GFNI
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_small<KKernel<KType::IQ4XS>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
@@ -1546,11 +1514,8 @@ uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
   return static_cast<uint64_t>(_mm512_reduce_add_epi64(t));
 }
 
-#endif  // REPRISE_AVX512_GFNI
-
 }  // namespace
 
-#ifndef REPRISE_AVX512_GFNI
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
@@ -1560,20 +1525,6 @@ const IsaKernels& avx512_kernels() {
                             /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512};
   return k;
 }
-#else
-// The K types whose high bits GFNI places; everything else is the AVX-512
-// table's.
-const IsaKernels& avx512_gfni_kernels() {
-  static const IsaKernels k = [] {
-    IsaKernels t = avx512_kernels();
-    t.name = "avx512gfni";
-    t.matmul_q5_k = &matmul_q5_k;
-    t.matmul_q6_k = &matmul_q6_k;
-    return t;
-  }();
-  return k;
-}
-#endif  // REPRISE_AVX512_GFNI
 
 }  // namespace reprise::kernels
 

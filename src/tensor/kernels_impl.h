@@ -540,9 +540,5 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
 void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);
 // Only valid when the CPU supports AVX-512 F/BW/VL/DQ and VNNI.
 const IsaKernels& avx512_kernels();
-// avx512_kernels() with GFNI for Q5_K/Q6_K's high bits
-// (kernels_avx512_gfni.cpp): the same bits. Only valid when the CPU also
-// supports GFNI.
-const IsaKernels& avx512_gfni_kernels();
 
 }  // namespace reprise::kernels
