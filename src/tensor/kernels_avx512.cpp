@@ -310,33 +310,43 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_parked<G, T>(a, g0, t0, parked);
 }
 
-// Q4_K's odd sub-blocks are read in place as 16 * u (the high nibble masked,
-// not shifted: shifts issue only on port 0, beside vpdpbusd); their dots are
-// divided by 16 (exactly) once per block instead.
+// Odd sub-blocks' quants are read as 2^kOddShift * u, where their bits can
+// be put in place without a shift of their own, and their dots are divided
+// by 2^kOddShift (exactly: every term is a multiple) once per block:
+// Q4_K's high nibble masked in place (16 * u); Q5_K's and Q6_K's nibble
+// shifted down by 3 and 2 (2 * u and 4 * u), to meet their high bits where
+// the plane's one shift for both sub-blocks of a chunk leaves them. Shifts
+// issue on fewer ports than masks and share them with vpdpbusd.
 template <KType KT, bool Odd>
-constexpr bool kTimes16 = KT == KType::Q4K && Odd;
+constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1 : KT == KType::Q6K ? 2 : 0;
 
 // Chunk C of a K-type section's sub-block 2 * pair + Odd as unsigned quants
-// (0..15, 0..31 or 0..63; 16 * 0..15 when kTimes16), for 16 rows, from the
-// chunk's nibble bytes v and (Q5_K, Q6_K) the high-bit plane bytes h that hold
-// its high bits.
+// (0..15, 0..31 or 0..63, times 2^kOddShift), for 16 rows, from the chunk's
+// nibble bytes v and (Q5_K, Q6_K) the high-bit plane bytes h that hold its
+// high bits.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
-  const __m512i nibble = _mm512_set1_epi8(0x0f);
-  if constexpr (kTimes16<KT, Odd>) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
-  __m512i q = Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
-  // The high bits sit at bit kBit of a plane byte; 16-bit shifts move them to
-  // bit 4 (what spills from the neighbouring byte falls outside the mask).
-  if constexpr (KT == KType::Q5K) {
-    constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
-    const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
-    q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
-  } else if constexpr (KT == KType::Q6K) {
-    constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
-    const __m512i hb = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
-    q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
+  constexpr int kShift = kOddShift<KT, Odd>;
+  if constexpr (KT != KType::Q5K && KT != KType::Q6K) {
+    if constexpr (kShift == 4) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    return Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
+  } else {
+    // The even sub-block's high bits sit at bit kBit of a plane byte, the
+    // odd one's just above (Q5_K: 1 bit each, Q6_K: 2); one 16-bit shift
+    // moves the even one's to bit 4, the odd one's to bit 4 + kHighBits:
+    // where 2^kShift * u wants them. What spills from the neighbouring byte
+    // falls outside the masks.
+    constexpr int kHighBits = KT == KType::Q5K ? 1 : 2;
+    constexpr int kBit = KT == KType::Q5K ? 2 * (C % 4) : 4 * (C % 2);
+    const __m512i s = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
+    constexpr int kHighMask = ((1 << kHighBits) - 1) << (4 + (Odd ? kHighBits : 0));
+    constexpr int kLowMask = 0x0f << kShift;
+    const __m512i high = _mm512_and_si512(s, _mm512_set1_epi8(static_cast<char>(kHighMask)));
+    const __m512i low = Odd ? _mm512_srli_epi16(v, 4 - kShift) : v;
+    // (low & kLowMask) | high
+    return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(static_cast<char>(kLowMask)), 0xEC);
   }
-  return q;
 }
 
 // Where chunk C of pair `pair`'s nibble bytes and high-bit plane bytes are in
@@ -413,7 +423,7 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
         }(),
         ...);
   }(std::make_integer_sequence<int, 8>{});
-  add_scaled_dots<false, kTimes16<KT, Odd> ? 4 : 0>(ws, gb, kQ4KScales + j * 16, ia, isum);
+  add_scaled_dots<false, kOddShift<KT, Odd>>(ws, gb, kQ4KScales + j * 16, ia, isum);
 }
 
 // Both sub-blocks of pair `pair` (k_affine_block for 2 * pair, then for
@@ -449,19 +459,19 @@ RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBloc
         ...);
   }(std::make_integer_sequence<int, 8>{});
   add_scaled_dots<false, 0>(ws, gb, kQ4KScales + 2 * pair * 16, ie, isum);
-  add_scaled_dots<false, kTimes16<KT, true> ? 4 : 0>(ws, gb, kQ4KScales + (2 * pair + 1) * 16, io, isum);
+  add_scaled_dots<false, kOddShift<KT, true>>(ws, gb, kQ4KScales + (2 * pair + 1) * 16, io, isum);
 }
 
 // isum[g][t] += sc (the group's 16 signed scales of this half of block
 // j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
-// activations - 32 * their sum).
+// activations - 32 * their sum), the odd block's taken 2^kOddShift times.
 template <KType KT, bool Odd, int C0, int G, int T>
 RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m512i c = _mm512_set1_epi32(-32 * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
+    const __m512i c = _mm512_set1_epi32(-(32 << kOddShift<KT, Odd>) * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = c;
   }
@@ -475,7 +485,7 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
-  add_scaled_dots<true, 0>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
+  add_scaled_dots<true, kOddShift<KT, Odd>>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
 }
 
 // isum[g][t] += sc[j] (signed) * (the dots of IQ4_XS sub-block j's table
