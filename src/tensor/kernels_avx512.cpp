@@ -326,11 +326,11 @@ constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1
 // high bits.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
+  static_assert(KT == KType::Q4K || KT == KType::Q5K || KT == KType::Q6K);
   constexpr int kShift = kOddShift<KT, Odd>;
-  if constexpr (KT != KType::Q5K && KT != KType::Q6K) {
-    if constexpr (kShift == 4) return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
-    const __m512i nibble = _mm512_set1_epi8(0x0f);
-    return Odd ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble) : _mm512_and_si512(v, nibble);
+  if constexpr (KT == KType::Q4K) {
+    // The low nibble, or the high one in place (16 * u).
+    return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kShift)));
   } else {
     // The even sub-block's high bits sit at bit kBit of a plane byte, the
     // odd one's just above (Q5_K: 1 bit each, Q6_K: 2); one 16-bit shift
@@ -368,7 +368,8 @@ RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
-  return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
+  else
+    return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
 }
 
 // ia[g][t] += the dots of chunk c's weight quants wv (4 per row) with token
