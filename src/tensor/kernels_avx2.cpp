@@ -39,6 +39,7 @@ RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) { return _mm256_
 RP_INLINE __m256i partial_sum(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 RP_INLINE __m256i partial_widen(__m256i p) { return p; }
 RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) { return partial_add(acc, w, xv); }
+constexpr bool kPartials16 = false;
 #else
 RP_INLINE __m256i partial_add(__m256i p, __m256i w, __m256i xv) {
   return _mm256_add_epi16(p, _mm256_maddubs_epi16(w, xv));
@@ -50,7 +51,57 @@ RP_INLINE __m256i partial_widen(__m256i p) { return _mm256_madd_epi16(p, _mm256_
 RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) {
   return _mm256_add_epi32(acc, partial_widen(_mm256_maddubs_epi16(w, xv)));
 }
+constexpr bool kPartials16 = true;
 #endif
+
+// How many chunks of unsigned quants below 2^Bits one 16-bit partial can
+// sum exactly (a pair of products of at most 127 each per 16-bit lane):
+// 8 for Q4_K's nibbles, 4 for Q5_K, 2 for Q6_K.
+template <int Bits>
+constexpr int kChunksPerPartial = 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 8   ? 8
+                                  : 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 4 ? 4
+                                  : 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 2 ? 2
+                                                                               : 1;
+static_assert(kChunksPerPartial<4> == 8 && kChunksPerPartial<5> == 4 && kChunksPerPartial<6> == 2);
+
+template <int C>
+using ChunkIndex = std::integral_constant<int, C>;
+
+// Rows 0-7 and 8-15's dots of chunks C0..C0 + Span - 1 of unsigned quants
+// below 2^Bits (w(ChunkIndex<c>, h): chunk c of rows 8h..8h+7) with the
+// activation chunks xv(ChunkIndex<c>), added to acc[h] in 32 bits. AVX2
+// sums them as 16-bit partials and widens once per kChunksPerPartial
+// chunks (vpmaddubsw + vpaddw per chunk where dot_u8_acc takes vpmaddubsw
+// + vpmaddwd + vpaddd); AVX-VNNI adds each chunk's dots directly.
+template <int Bits, int C0, int Span, class W, class X>
+RP_INLINE void dot_u8_chunks(__m256i (&acc)[2], W&& w, X&& xv) {
+  constexpr int kPer = !kPartials16 ? 1 : kChunksPerPartial<Bits> < Span ? kChunksPerPartial<Bits> : Span;
+  static_assert(Span % kPer == 0);
+  [&]<int... P>(std::integer_sequence<int, P...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          constexpr int kFirst = C0 + P * kPer;
+          if constexpr (!kPartials16) {
+            const __m256i x = xv(ChunkIndex<kFirst>{});
+            for (int h = 0; h < 2; ++h) acc[h] = partial_add(acc[h], w(ChunkIndex<kFirst>{}, h), x);
+          } else {
+            __m256i part[2];
+            const __m256i x = xv(ChunkIndex<kFirst>{});
+            for (int h = 0; h < 2; ++h) part[h] = _mm256_maddubs_epi16(w(ChunkIndex<kFirst>{}, h), x);
+            [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+              (
+                  [&]() RP_INLINE_LAMBDA {
+                    const __m256i xc = xv(ChunkIndex<kFirst + 1 + C>{});
+                    for (int h = 0; h < 2; ++h) part[h] = partial_add(part[h], w(ChunkIndex<kFirst + 1 + C>{}, h), xc);
+                  }(),
+                  ...);
+            }(std::make_integer_sequence<int, kPer - 1>{});
+            for (int h = 0; h < 2; ++h) acc[h] = _mm256_add_epi32(acc[h], partial_widen(part[h]));
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, Span / kPer>{});
+}
 
 // acc + the dots of signed weights q (-128..127) with signed activations
 // (-127..127): |q| against x with q's sign (a pair of 128 * 127 products
@@ -304,6 +355,13 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 }
 
 
+// Activation chunk c (bytes 4c..4c+3) of xb in every 32-bit lane.
+RP_INLINE __m256i broadcast_chunk(const XBlock& xb, int c) {
+  int32_t q;
+  std::memcpy(&q, xb.qs + 4 * c, 4);
+  return _mm256_set1_epi32(q);
+}
+
 // Rows 8h..8h+7 of chunk C's unsigned quants of sub-block 2 * pair + Odd of
 // a K-type section; see the AVX-512 version.
 template <KType KT, bool Odd, int C>
@@ -337,17 +395,9 @@ template <KType KT, bool Odd>
 RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
-    (
-        [&]() RP_INLINE_LAMBDA {
-          int32_t q;
-          std::memcpy(&q, xb.qs + 4 * C, 4);
-          const __m256i xv = _mm256_set1_epi32(q);
-          for (int h = 0; h < 2; ++h)
-            is[h] = dot_u8_acc(is[h], k_affine_chunk<KT, Odd, C>(sec, pair, h), xv);
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, 8>{});
+  dot_u8_chunks<KT == KType::Q5K ? 5 : 4, 0, 8>(
+      is, [&](auto c, int h) RP_INLINE_LAMBDA { return k_affine_chunk<KT, Odd, decltype(c)::value>(sec, pair, h); },
+      [&](auto c) RP_INLINE_LAMBDA { return broadcast_chunk(xb, decltype(c)::value); });
   for (int h = 0; h < 2; ++h) {
     const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
     isum[h] = _mm256_add_epi32(isum[h], _mm256_mullo_epi32(is[h], sc));
@@ -361,20 +411,10 @@ RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i
   const int j = 2 * pair + (Odd ? 1 : 0);
   const __m256i lo0 = _mm256_set1_epi32(-32 * xb.sum_lo), hi0 = _mm256_set1_epi32(-32 * xb.sum_hi);
   __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
-  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
-    (
-        [&]() RP_INLINE_LAMBDA {
-          int32_t q;
-          std::memcpy(&q, xb.qs + 4 * C, 4);
-          const __m256i xv = _mm256_set1_epi32(q);
-          for (int h = 0; h < 2; ++h) {
-            const __m256i w = k_affine_chunk<KT, Odd, C>(sec, pair, h);
-            if constexpr (C < 4) lo[h] = dot_u8_acc(lo[h], w, xv);
-            else hi[h] = dot_u8_acc(hi[h], w, xv);
-          }
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, 8>{});
+  auto w = [&](auto c, int h) RP_INLINE_LAMBDA { return k_affine_chunk<KT, Odd, decltype(c)::value>(sec, pair, h); };
+  auto xv = [&](auto c) RP_INLINE_LAMBDA { return broadcast_chunk(xb, decltype(c)::value); };
+  dot_u8_chunks<6, 0, 4>(lo, w, xv);
+  dot_u8_chunks<6, 4, 4>(hi, w, xv);
   for (int h = 0; h < 2; ++h) {
     const __m256i sc_lo =
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + 2 * j * 16 + 8 * h)));
