@@ -8,6 +8,7 @@
 // their table (avx2_vnni_kernels).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -766,6 +767,135 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
+// Small batches of Q4_K / Q5_K / Q6_K (several sequences decoding together) read each unpacked chunk once for all their
+// tokens, where prompt tiles keep 16 chunks in registers (so AVX2 spills
+// them) and decode tiles unpack per token. One half of a group's rows (8
+// rows, one register per token) at a time: 16 registers hold the T tokens'
+// partials, block sums and section sums with the chunk and its activations.
+// Passes of at most kSmallBatchTokens<KT> tokens: Q4_K's unpacking (a mask,
+// a shift) saves little when shared, and its 4-token tile ran slower per
+// token than its 2-token one: passes of 2 ran 1.06x passes of 4 (60M, 8
+// sequences). Q5_K's passes of 4 ran 1.13x passes of 3 (4 sequences).
+// AVX-VNNI's dots take one instruction a chunk, and for Q4_K its token by
+// token decode tiles (1) stay ahead: the small tile ran 0.95-0.98x (2 and 4
+// sequences), where Q5_K ran 1.13x and Q6_K 1.00-1.07x.
+template <KType KT>
+constexpr int kSmallBatchTokens = KT != KType::Q4K ? 4 : kPartials16 ? 2 : 1;
+// Prompts in passes of 4 tokens with the small tile ran faster than the
+// prompt tile (k_block_tokens, whose 16 unpacked chunks AVX2 spills): pp512
+// Q4_K 1.18x (passes of 2; 4 gained 1.03x more), Q5_K 1.22x; AVX-VNNI Q4_K
+// 1.19x, Q5_K 1.26x. Q6_K's stay with the prompt tile (1.00x, AVX-VNNI 0.98x).
+template <KType KT>
+constexpr bool kPromptsInSmallTiles = KT != KType::Q6K;
+
+// First dot of a partial (see partial_add).
+RP_INLINE __m256i partial_first(__m256i w, __m256i xv) {
+  return kPartials16 ? _mm256_maddubs_epi16(w, xv) : partial_add(_mm256_setzero_si256(), w, xv);
+}
+
+// part[t] = (First) or += the dots of chunks C0..C0 + N - 1 of rows
+// 8h..8h+7 of sub-block 2 * pair + Odd with token t's activation block xb[t]
+// (a partial: N within kChunksPerPartial).
+template <KType KT, bool Odd, int T, int C0, int N, bool First>
+RP_INLINE void k_chunks_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&part)[T]) {
+  const __m256i w = k_affine_chunk<KT, Odd, C0>(sec, pair, h);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const __m256i xv = broadcast_chunk(xb[t], C0);
+    part[t] = First ? partial_first(w, xv) : partial_add(part[t], w, xv);
+  }
+  if constexpr (N > 1) k_chunks_tokens<KT, Odd, T, C0 + 1, N - 1, false>(sec, pair, h, xb, part);
+}
+
+// sum[t] = (First) or += the same dots of chunks C0..C0 + N - 1 in 32 bits,
+// Per chunks to a partial.
+template <KType KT, bool Odd, int T, int C0, int N, int Per, bool First>
+RP_INLINE void k_span_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&sum)[T]) {
+  __m256i part[T];
+  k_chunks_tokens<KT, Odd, T, C0, Per, true>(sec, pair, h, xb, part);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) sum[t] = First ? partial_widen(part[t]) : _mm256_add_epi32(sum[t], partial_widen(part[t]));
+  if constexpr (N > Per) k_span_tokens<KT, Odd, T, C0 + Per, N - Per, Per, false>(sec, pair, h, xb, sum);
+}
+
+// is[t] += rows 8h..8h+7's scaled dots of the elements of sub-block
+// j = 2 * pair + Odd under scale S (Q4_K/Q5_K: one per block; Q6_K: 0 and
+// 1 for its two 16-element halves) with token t's activation block xb[t].
+template <KType KT, bool Odd, int T, int S>
+RP_INLINE void k_scaled_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&is)[T]) {
+  constexpr bool kQ6 = KT == KType::Q6K;
+  constexpr int kBits = KT == KType::Q4K ? 4 : KT == KType::Q5K ? 5 : 6;
+  constexpr int kSpan = kQ6 ? 4 : 8;  // chunks under one scale
+  constexpr int kPer = kPartials16 ? kChunksPerPartial<kBits> : kSpan;
+  static_assert(kSpan % kPer == 0);
+  const int j = 2 * pair + (Odd ? 1 : 0);
+  __m256i sum[T];
+  k_span_tokens<KT, Odd, T, S * kSpan, kSpan, kPer, true>(sec, pair, h, xb, sum);
+  const __m256i sc =
+      kQ6 ? _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + S) * 16 + 8 * h)))
+          : _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    // Q6_K's quants are u - 32: less 32 * the activations' sum.
+    if constexpr (kQ6)
+      sum[t] = _mm256_add_epi32(sum[t], _mm256_set1_epi32(-32 * (S == 0 ? xb[t].sum_lo : xb[t].sum_hi)));
+    is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sum[t], sc));
+  }
+}
+
+// is[t] += rows 8h..8h+7's scaled dots of sub-block 2 * pair + Odd with
+// token t's activation block xb[t]: the integers k_block adds for that half.
+template <KType KT, bool Odd, int T>
+RP_INLINE void k_block_half_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&is)[T]) {
+  k_scaled_tokens<KT, Odd, T, 0>(sec, pair, h, xb, is);
+  if constexpr (KT == KType::Q6K) k_scaled_tokens<KT, Odd, T, 1>(sec, pair, h, xb, is);
+}
+
+// G groups x T tokens of a small batch: group by group through each
+// super-block, as the decode tile goes (so interleaved pairs are read in
+// order), each half of the group's rows for all T tokens at once.
+template <KType KT, int G, int T>
+void tile_k_small(const MatmulArgs& a, int64_t g0, int64_t t0) {
+  constexpr size_t kSec = kSection<KT>;
+  const uint8_t* w = a.w + g0 * a.group_stride;
+  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
+  const size_t gb = a.group_stride, us = a.unit_stride;
+  const int64_t xs = a.x_tile;
+  __m256 acc[G][T][2];
+  init_acc<G, T>(a, g0, t0, acc);
+  for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
+    const XBlock* xsec = x + s * 8 * xs;
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* sec = w + g * gb + s * us;
+      alignas(32) int32_t isum_mem[T][16];
+      for (int h = 0; h < 2; ++h) {
+        __m256i is[T];
+        for (int t = 0; t < T; ++t) is[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; ++p) {
+          if (h == 0 && a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, g0 + g, p, a.prefetch);
+          k_block_half_tokens<KT, false, T>(sec, p, h, xsec + 2 * p * xs, is);
+          k_block_half_tokens<KT, true, T>(sec, p, h, xsec + (2 * p + 1) * xs, is);
+        }
+        for (int t = 0; t < T; ++t) _mm256_store_si256(reinterpret_cast<__m256i*>(isum_mem[t] + 8 * h), is[t]);
+      }
+      for (int t = 0; t < T; ++t) {
+        const auto* m = reinterpret_cast<const __m256i*>(isum_mem[t]);
+        const __m256i isum[2] = {_mm256_load_si256(m), _mm256_load_si256(m + 1)};
+        k_finish<KT>(sec, xsec, xs, t, isum, acc[g][t]);
+      }
+    }
+  }
+  store_acc<G, T>(a, g0, t0, acc);
+}
+
+template <KType KT>
+struct KSmallKernel {
+  template <int G, int T>
+  struct K {
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k_small<KT, G, T>(a, g0, t0); }
+  };
+};
+
 template <KType KT>
 struct KKernel {
   template <int G, int T>
@@ -802,6 +932,40 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 // 2 x 2 tiles 0.55-0.69x). Token by token they still lose to contiguous
 // pairs (-s 2: Q4_K 0.87x, Q6_K 0.70x; -s 4: 0.90x, 0.84x), against
 // 1.45-1.57x for single-token decode.
+// The tokens of each activation tile (x_tile tokens; a kernel reads one
+// tile's) in passes of at most kMax tokens, as even as they divide (5 =
+// 3 + 2; passes of 2: 2 + 2 + 1), with tile_k_small on whole interleaved
+// pairs (a pass of one token with the decode tile). A pass after the first
+// finds the weights its thread read in cache.
+template <KType KT, int kMax>
+void run_k_passes(const MatmulArgs& a) {
+  for (int64_t t = 0; t < a.n_tokens;) {
+    const int64_t tile_end = std::min(a.n_tokens, ((a.t0 + t) / a.x_tile + 1) * a.x_tile - a.t0);
+    const int64_t passes = (tile_end - t + kMax - 1) / kMax;
+    for (int64_t i = 0; i < passes; ++i) {
+      const int64_t len = (tile_end - t) / (passes - i) + ((tile_end - t) % (passes - i) != 0 ? 1 : 0);
+      if (len == 1) over_groups<KKernel<KT>::template K, 1, kDecodeGroupsQ, 1>(a, t);
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        ((len == I + 2 ? (over_groups<KSmallKernel<KT>::template K, I + 2, kDecodeGroupsQ, 1>(a, t), 0) : 0), ...);
+      }(std::make_integer_sequence<int, kMax - 1>{});
+      t += len;
+    }
+  }
+}
+
+// Q4_K / Q5_K / Q6_K: decode with the decode tile; small batches (2 to
+// kTokenTile - 1 tokens) in passes of kSmallBatchTokens (1: token by
+// token); prompts in passes of 4 or with the prompt tile.
+template <KType KT>
+void run_k_tiles(const MatmulArgs& a) {
+  constexpr int kSmall = kSmallBatchTokens<KT>;
+  if (a.n_tokens <= 1 || (a.n_tokens >= kTokenTile && !kPromptsInSmallTiles<KT>))
+    return run_tiles<KKernel<KT>::template K, 1, 4, kDecodeGroupsQ, 1>(a);
+  if (a.n_tokens >= kTokenTile) return run_k_passes<KT, 4>(a);
+  if constexpr (kSmall == 1) run_tiles_token_by_token<KKernel<KT>::template K, 1, 4, kDecodeGroupsQ, 1>(a);
+  else run_k_passes<KT, kSmall>(a);
+}
+
 #ifndef REPRISE_AVX_VNNI  // no integer dots: the AVX2 build's serve both tables
 void matmul_f32(const MatmulArgs& a) { run_tiles<FKernel<FType::F32>::K, 1, 6, kDecodeGroupsF, 1>(a); }
 void matmul_f16(const MatmulArgs& a) { run_tiles<FKernel<FType::F16>::K, 1, 6, kDecodeGroupsF, 1>(a); }
@@ -814,9 +978,9 @@ void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4,
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q2_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q2K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q3_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q3K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q4K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q5K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_q6_k(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::Q6K>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_q4_k(const MatmulArgs& a) { run_k_tiles<KType::Q4K>(a); }
+void matmul_q5_k(const MatmulArgs& a) { run_k_tiles<KType::Q5K>(a); }
+void matmul_q6_k(const MatmulArgs& a) { run_k_tiles<KType::Q6K>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
