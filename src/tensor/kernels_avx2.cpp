@@ -406,16 +406,28 @@ RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __
 }
 
 // The same for block 2 * pair + Odd of Q6_K weights: each half's dot of u
-// with the activations, less 32 * their sum, times its signed scale.
+// with the activations, less 32 * their sum, times its signed scale. Each
+// chunk's dots are widened at once: AVX2's 16-bit partials of 2 chunks
+// (dot_u8_chunks) decoded 0.88-0.94x (60M, paired), though fewer instructions.
 template <KType KT, bool Odd>
 RP_INLINE void q6k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   const __m256i lo0 = _mm256_set1_epi32(-32 * xb.sum_lo), hi0 = _mm256_set1_epi32(-32 * xb.sum_hi);
   __m256i lo[2] = {lo0, lo0}, hi[2] = {hi0, hi0};
-  auto w = [&](auto c, int h) RP_INLINE_LAMBDA { return k_affine_chunk<KT, Odd, decltype(c)::value>(sec, pair, h); };
-  auto xv = [&](auto c) RP_INLINE_LAMBDA { return broadcast_chunk(xb, decltype(c)::value); };
-  dot_u8_chunks<6, 0, 4>(lo, w, xv);
-  dot_u8_chunks<6, 4, 4>(hi, w, xv);
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          int32_t q;
+          std::memcpy(&q, xb.qs + 4 * C, 4);
+          const __m256i xv = _mm256_set1_epi32(q);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i w = k_affine_chunk<KT, Odd, C>(sec, pair, h);
+            if constexpr (C < 4) lo[h] = dot_u8_acc(lo[h], w, xv);
+            else hi[h] = dot_u8_acc(hi[h], w, xv);
+          }
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 8>{});
   for (int h = 0; h < 2; ++h) {
     const __m256i sc_lo =
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + 2 * j * 16 + 8 * h)));
