@@ -939,11 +939,11 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 // stay contiguous. Interleaved, F16 decode ran 1.10x, but four sequences
 // decoding together 0.79x: a 1-group prefill tile reads a quarter of each
 // row, and no tile of 4 groups x 2+ tokens fits 16 registers. The K types'
-// small batches run as decode tiles, token by token (run_tiles_token_by_token):
-// their 1-group prompt tiles on interleaved pairs ran 0.52x (Q4_K, -s 4;
-// 2 x 2 tiles 0.55-0.69x). Token by token they still lose to contiguous
-// pairs (-s 2: Q4_K 0.87x, Q6_K 0.70x; -s 4: 0.90x, 0.84x), against
-// 1.45-1.57x for single-token decode.
+// 1-group prompt tiles on interleaved pairs ran small batches 0.52x (Q4_K,
+// -s 4; 2 x 2 prompt tiles 0.55-0.69x), so their small batches ran token by
+// token until Q4_K/Q5_K/Q6_K got tile_k_small (run_k_tiles); IQ4_XS, Q2_K
+// and Q3_K still do (run_tiles_token_by_token).
+
 // The tokens of each activation tile (x_tile tokens; a kernel reads one
 // tile's) in passes of at most kMax tokens, as even as they divide (5 =
 // 3 + 2; passes of 2: 2 + 2 + 1), with tile_k_small on whole interleaved
