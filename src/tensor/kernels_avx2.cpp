@@ -709,13 +709,30 @@ RP_INLINE void k_block_tokens(const uint8_t* sec, int pair, const XBlock* xb, in
   }
 }
 
+// A K-type tile's first group's sections and its first token's activation
+// blocks (Q8_K: 8 per section, x_tile apart).
+struct KTileOperands {
+  const uint8_t* w;
+  const XBlock* x;
+  size_t gb, us;  // group and section strides
+  int64_t xs;     // activation block stride
+  KTileOperands(const MatmulArgs& a, int64_t g0, int64_t t0)
+      : w(a.w + g0 * a.group_stride),
+        x(static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k)),
+        gb(a.group_stride),
+        us(a.unit_stride),
+        xs(a.x_tile) {}
+  const uint8_t* section(int g, int64_t s) const { return w + g * gb + s * us; }
+};
+
 // Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations (rule in
 // kernels_impl.h); 16 registers shape the loops.
 //   Decode (T = 1): one group at a time through a whole super-block, its
 //   integer sums and float accumulators in registers.
 //   Prompts: block by block over the groups (k_block_tokens), the float
 //   accumulators in registers and the integer sums in memory (one load and
-//   store per block per output).
+//   store per block per output). (Q4_K/Q5_K prompts and the small batches of
+//   those and Q6_K take tile_k_small instead; see run_k_tiles.)
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
@@ -868,32 +885,29 @@ RP_INLINE void k_block_half_tokens(const uint8_t* sec, int pair, int h, const XB
 // order), each half of the group's rows for all T tokens at once.
 template <KType KT, int G, int T>
 void tile_k_small(const MatmulArgs& a, int64_t g0, int64_t t0) {
-  constexpr size_t kSec = kSection<KT>;
-  const uint8_t* w = a.w + g0 * a.group_stride;
-  const XBlock* x = static_cast<const XBlock*>(a.x) + x_offset(a.t0 + t0, 0, a.x_tile, a.x_k);
-  const size_t gb = a.group_stride, us = a.unit_stride;
-  const int64_t xs = a.x_tile;
+  const KTileOperands op(a, g0, t0);
   __m256 acc[G][T][2];
   init_acc<G, T>(a, g0, t0, acc);
   for (int64_t s = a.k_begin / kQK_K; s < a.k_end / kQK_K; ++s) {
-    const XBlock* xsec = x + s * 8 * xs;
+    const XBlock* xsec = op.x + s * 8 * op.xs;
     for (int g = 0; g < G; ++g) {
-      const uint8_t* sec = w + g * gb + s * us;
+      const uint8_t* sec = op.section(g, s);
       alignas(32) int32_t isum_mem[T][16];
       for (int h = 0; h < 2; ++h) {
         __m256i is[T];
         for (int t = 0; t < T; ++t) is[t] = _mm256_setzero_si256();
         for (int p = 0; p < 4; ++p) {
-          if (h == 0 && a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, g0 + g, p, a.prefetch);
-          k_block_half_tokens<KT, false, T>(sec, p, h, xsec + 2 * p * xs, is);
-          k_block_half_tokens<KT, true, T>(sec, p, h, xsec + (2 * p + 1) * xs, is);
+          if (h == 0 && a.prefetch > 0)
+            prefetch_share_at<1, kSection<KT>, 4>(sec, op.gb, op.us, g0 + g, p, a.prefetch);
+          k_block_half_tokens<KT, false, T>(sec, p, h, xsec + 2 * p * op.xs, is);
+          k_block_half_tokens<KT, true, T>(sec, p, h, xsec + (2 * p + 1) * op.xs, is);
         }
         for (int t = 0; t < T; ++t) _mm256_store_si256(reinterpret_cast<__m256i*>(isum_mem[t] + 8 * h), is[t]);
       }
       for (int t = 0; t < T; ++t) {
         const auto* m = reinterpret_cast<const __m256i*>(isum_mem[t]);
         const __m256i isum[2] = {_mm256_load_si256(m), _mm256_load_si256(m + 1)};
-        k_finish<KT>(sec, xsec, xs, t, isum, acc[g][t]);
+        k_finish<KT>(sec, xsec, op.xs, t, isum, acc[g][t]);
       }
     }
   }
