@@ -56,14 +56,16 @@ constexpr bool kPartials16 = true;
 #endif
 
 // How many chunks of unsigned quants below 2^Bits one 16-bit partial can
-// sum exactly (a pair of products of at most 127 each per 16-bit lane):
-// 8 for Q4_K's nibbles, 4 for Q5_K, 2 for Q6_K.
+// sum exactly (per 16-bit lane a pair of products with activations of at
+// most 127 in magnitude): 8 for Q4_K's nibbles, 4 for Q5_K, 2 for Q6_K, 1
+// for IQ4_XS's table values (|w| up to 127, the sign trick).
 template <int Bits>
 constexpr int kChunksPerPartial = 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 8   ? 8
                                   : 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 4 ? 4
                                   : 32767 / (2 * 127 * ((1 << Bits) - 1)) >= 2 ? 2
                                                                                : 1;
-static_assert(kChunksPerPartial<4> == 8 && kChunksPerPartial<5> == 4 && kChunksPerPartial<6> == 2);
+static_assert(kChunksPerPartial<4> == 8 && kChunksPerPartial<5> == 4 && kChunksPerPartial<6> == 2 &&
+              kChunksPerPartial<7> == 1);
 
 template <int C>
 using ChunkIndex = std::integral_constant<int, C>;
@@ -731,8 +733,8 @@ struct KTileOperands {
 //   integer sums and float accumulators in registers.
 //   Prompts: block by block over the groups (k_block_tokens), the float
 //   accumulators in registers and the integer sums in memory (one load and
-//   store per block per output). (Q4_K/Q5_K prompts and the small batches of
-//   those and Q6_K take tile_k_small instead; see run_k_tiles.)
+//   store per block per output). (Q4_K/Q5_K/IQ4_XS prompts and the small
+//   batches of those and Q6_K take tile_k_small instead; see run_k_tiles.)
 template <KType KT, int G, int T>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
@@ -796,9 +798,10 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-// Small batches of Q4_K / Q5_K / Q6_K (several sequences decoding together) read each unpacked chunk once for all their
-// tokens, where prompt tiles keep 16 chunks in registers (so AVX2 spills
-// them) and decode tiles unpack per token. One half of a group's rows (8
+// Small batches of Q4_K / Q5_K / Q6_K / IQ4_XS (several sequences decoding
+// together) read each unpacked chunk once for all their tokens, where
+// prompt tiles keep 16 chunks in registers (so AVX2 spills them) and decode
+// tiles unpack per token. One half of a group's rows (8
 // rows, one register per token) at a time: 16 registers hold the T tokens'
 // partials, block sums and section sums with the chunk and its activations.
 // Passes of at most kSmallBatchTokens<KT> tokens: Q4_K's unpacking (a mask,
@@ -807,13 +810,15 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // sequences). Q5_K's passes of 4 ran 1.13x passes of 3 (4 sequences).
 // AVX-VNNI's dots take one instruction a chunk, and for Q4_K its token by
 // token decode tiles (1) stay ahead: the small tile ran 0.95-0.98x (2 and 4
-// sequences), where Q5_K ran 1.13x and Q6_K 1.00-1.07x.
+// sequences), where Q5_K ran 1.13x and Q6_K 1.00-1.07x. IQ4_XS (passes of
+// 4): 1.13-1.17x on AVX2, 1.15-1.29x on AVX-VNNI (2 and 4 sequences).
 template <KType KT>
 constexpr int kSmallBatchTokens = KT != KType::Q4K ? 4 : kPartials16 ? 2 : 1;
 // Prompts in passes of 4 tokens with the small tile ran faster than the
 // prompt tile (k_block_tokens, whose 16 unpacked chunks AVX2 spills): pp512
 // Q4_K 1.18x (passes of 2; 4 gained 1.03x more), Q5_K 1.22x; AVX-VNNI Q4_K
-// 1.19x, Q5_K 1.26x. Q6_K's stay with the prompt tile (1.00x, AVX-VNNI 0.98x).
+// 1.19x, Q5_K 1.26x; IQ4_XS 1.19x, AVX-VNNI 1.51x. Q6_K's stay with the
+// prompt tile (1.00x, AVX-VNNI 0.98x).
 template <KType KT>
 constexpr bool kPromptsInSmallTiles = KT != KType::Q6K;
 
@@ -825,13 +830,23 @@ RP_INLINE __m256i partial_first(__m256i w, __m256i xv) {
 // part[t] = (First) or += the dots of chunks C0..C0 + N - 1 of rows
 // 8h..8h+7 of sub-block 2 * pair + Odd with token t's activation block xb[t]
 // (a partial: N within kChunksPerPartial).
+// IQ4_XS's quants are signed table values: the sign trick of dot_s8_acc,
+// |w| shared by the tokens, each token's activations given w's signs.
 template <KType KT, bool Odd, int T, int C0, int N, bool First>
 RP_INLINE void k_chunks_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&part)[T]) {
-  const __m256i w = k_affine_chunk<KT, Odd, C0>(sec, pair, h);
+  constexpr bool kTable = KT == KType::IQ4XS;
+  __m256i w;
+  if constexpr (kTable)
+    w = iq4nl_lookup<(C0 >= 4)>(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + (2 * pair + Odd) * 256 + (C0 % 4) * 64 + 32 * h)));
+  else
+    w = k_affine_chunk<KT, Odd, C0>(sec, pair, h);
+  const __m256i wu = kTable ? _mm256_sign_epi8(w, w) : w;
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
-    const __m256i xv = broadcast_chunk(xb[t], C0);
-    part[t] = First ? partial_first(w, xv) : partial_add(part[t], w, xv);
+    const __m256i x = broadcast_chunk(xb[t], C0);
+    const __m256i xv = kTable ? _mm256_sign_epi8(x, w) : x;
+    part[t] = First ? partial_first(wu, xv) : partial_add(part[t], wu, xv);
   }
   if constexpr (N > 1) k_chunks_tokens<KT, Odd, T, C0 + 1, N - 1, false>(sec, pair, h, xb, part);
 }
@@ -848,21 +863,25 @@ RP_INLINE void k_span_tokens(const uint8_t* sec, int pair, int h, const XBlock* 
 }
 
 // is[t] += rows 8h..8h+7's scaled dots of the elements of sub-block
-// j = 2 * pair + Odd under scale S (Q4_K/Q5_K: one per block; Q6_K: 0 and
+// j = 2 * pair + Odd under scale S (Q4_K/Q5_K/IQ4_XS: one per block; Q6_K: 0 and
 // 1 for its two 16-element halves) with token t's activation block xb[t].
 template <KType KT, bool Odd, int T, int S>
 RP_INLINE void k_scaled_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&is)[T]) {
   constexpr bool kQ6 = KT == KType::Q6K;
-  constexpr int kBits = KT == KType::Q4K ? 4 : KT == KType::Q5K ? 5 : 6;
+  // IQ4_XS: |w| up to 127 (one chunk per partial).
+  constexpr int kBits = KT == KType::Q4K ? 4 : KT == KType::Q5K ? 5 : kQ6 ? 6 : 7;
   constexpr int kSpan = kQ6 ? 4 : 8;  // chunks under one scale
   constexpr int kPer = kPartials16 ? kChunksPerPartial<kBits> : kSpan;
   static_assert(kSpan % kPer == 0);
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m256i sum[T];
   k_span_tokens<KT, Odd, T, S * kSpan, kSpan, kPer, true>(sec, pair, h, xb, sum);
-  const __m256i sc =
-      kQ6 ? _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + 64 + (2 * j + S) * 16 + 8 * h)))
-          : _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ4KScales + j * 16 + 8 * h)));
+  const size_t scales_at = kQ6                     ? 64 + (2 * j + S) * 16 + 8 * h
+                           : KT == KType::IQ4XS ? kIq4XsScales + j * 16 + 8 * h
+                                                  : kQ4KScales + j * 16 + 8 * h;
+  const __m128i scale_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + scales_at));
+  // Q4_K/Q5_K's scales are unsigned, Q6_K's and IQ4_XS's signed.
+  const __m256i sc = kQ6 || KT == KType::IQ4XS ? _mm256_cvtepi8_epi32(scale_bytes) : _mm256_cvtepu8_epi32(scale_bytes);
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     // Q6_K's quants are u - 32: less 32 * the activations' sum.
@@ -955,7 +974,7 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 // row, and no tile of 4 groups x 2+ tokens fits 16 registers. The K types'
 // 1-group prompt tiles on interleaved pairs ran small batches 0.52x (Q4_K,
 // -s 4; 2 x 2 prompt tiles 0.55-0.69x), so their small batches ran token by
-// token until Q4_K/Q5_K/Q6_K got tile_k_small (run_k_tiles); IQ4_XS, Q2_K
+// token until Q4_K/Q5_K/Q6_K/IQ4_XS got tile_k_small (run_k_tiles); Q2_K
 // and Q3_K still do (run_tiles_token_by_token).
 
 // The tokens of each activation tile (x_tile tokens; a kernel reads one
@@ -979,7 +998,7 @@ void run_k_passes(const MatmulArgs& a) {
   }
 }
 
-// Q4_K / Q5_K / Q6_K: decode with the decode tile; small batches (2 to
+// Q4_K / Q5_K / Q6_K / IQ4_XS: decode with the decode tile; small batches (2 to
 // kTokenTile - 1 tokens) in passes of kSmallBatchTokens (1: token by
 // token); prompts in passes of 4 or with the prompt tile.
 template <KType KT>
@@ -1009,7 +1028,7 @@ void matmul_q5_k(const MatmulArgs& a) { run_k_tiles<KType::Q5K>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_k_tiles<KType::Q6K>(a); }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_token_by_token<KKernel<KType::IQ4XS>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
+void matmul_iq4_xs(const MatmulArgs& a) { run_k_tiles<KType::IQ4XS>(a); }
 
 #ifndef REPRISE_AVX_VNNI  // the shared helpers: built once, in the AVX2 build
 // The same access patterns as the AVX-512 version (8 streams or 1).
