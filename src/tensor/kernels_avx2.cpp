@@ -801,9 +801,9 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // Small batches of Q4_K / Q5_K / Q6_K / IQ4_XS (several sequences decoding
 // together) read each unpacked chunk once for all their tokens, where
 // prompt tiles keep 16 chunks in registers (so AVX2 spills them) and decode
-// tiles unpack per token. One half of a group's rows (8
-// rows, one register per token) at a time: 16 registers hold the T tokens'
-// partials, block sums and section sums with the chunk and its activations.
+// tiles unpack per token. One half of a group's rows (8 rows, one register
+// per token) at a time: 16 registers hold the T tokens' partials, block
+// sums and section sums with the chunk and its activations.
 // Passes of at most kSmallBatchTokens<KT> tokens: Q4_K's unpacking (a mask,
 // a shift) saves little when shared, and its 4-token tile ran slower per
 // token than its 2-token one: passes of 2 ran 1.06x passes of 4 (60M, 8
