@@ -112,10 +112,10 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   for (int t : {4, 8, 9, 10}) b->Args({t, 4096, 16384, 1, 2});
   // Small batches from L2 (a 60M layer's gate/up shape, one thread): the
   // kernels' compute per token, batch size by batch size, for Q8_0, Q4_0,
-  // Q4_K, Q5_K, Q6_K and IQ4_XS (the prompt tile from 12 tokens on). The
-  // sizes registered above (one token for all; 2 and 4 for Q8_0 and Q4_0)
-  // are skipped.
-  for (int t : {3, 4, 8, 9, 10, 13})
+  // Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS and Q2_K (the prompt tile from 12 tokens
+  // on). The sizes registered above (one token for all; 2 and 4 for Q8_0
+  // and Q4_0) are skipped.
+  for (int t : {3, 4, 8, 9, 10, 11, 13, 14})
     for (int n_tokens = 2; n_tokens <= 12; ++n_tokens)
       if (t >= kFirstNewType || (n_tokens != 2 && n_tokens != 4)) b->Args({t, 512, 1536, n_tokens, 1});
   // The K types' decode compute at n_in 4096 (256 rows: in L2, one thread),
