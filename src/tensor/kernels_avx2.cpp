@@ -70,20 +70,20 @@ static_assert(kChunksPerPartial<4> == 8 && kChunksPerPartial<5> == 4 && kChunksP
 template <int C>
 using ChunkIndex = std::integral_constant<int, C>;
 
-// Rows 0-7 and 8-15's dots of chunks C0..C0 + Span - 1 of unsigned quants
-// below 2^Bits (w(ChunkIndex<c>, h): chunk c of rows 8h..8h+7) with the
+// Rows 0-7 and 8-15's dots of a block's 8 chunks of unsigned quants below
+// 2^Bits (w(ChunkIndex<c>, h): chunk c of rows 8h..8h+7) with the
 // activation chunks xv(ChunkIndex<c>), added to acc[h] in 32 bits. AVX2
 // sums them as 16-bit partials and widens once per kChunksPerPartial
 // chunks (vpmaddubsw + vpaddw per chunk where dot_u8_acc takes vpmaddubsw
 // + vpmaddwd + vpaddd); AVX-VNNI adds each chunk's dots directly.
-template <int Bits, int C0, int Span, class W, class X>
+template <int Bits, class W, class X>
 RP_INLINE void dot_u8_chunks(__m256i (&acc)[2], W&& w, X&& xv) {
-  constexpr int kPer = !kPartials16 ? 1 : kChunksPerPartial<Bits> < Span ? kChunksPerPartial<Bits> : Span;
-  static_assert(Span % kPer == 0);
+  constexpr int kPer = kPartials16 ? kChunksPerPartial<Bits> : 1;
+  static_assert(8 % kPer == 0);
   [&]<int... P>(std::integer_sequence<int, P...>) RP_INLINE_LAMBDA {
     (
         [&]() RP_INLINE_LAMBDA {
-          constexpr int kFirst = C0 + P * kPer;
+          constexpr int kFirst = P * kPer;
           if constexpr (!kPartials16) {
             const __m256i x = xv(ChunkIndex<kFirst>{});
             for (int h = 0; h < 2; ++h) acc[h] = partial_add(acc[h], w(ChunkIndex<kFirst>{}, h), x);
@@ -103,7 +103,7 @@ RP_INLINE void dot_u8_chunks(__m256i (&acc)[2], W&& w, X&& xv) {
           }
         }(),
         ...);
-  }(std::make_integer_sequence<int, Span / kPer>{});
+  }(std::make_integer_sequence<int, 8 / kPer>{});
 }
 
 // acc + the dots of signed weights q (-128..127) with signed activations
@@ -398,7 +398,7 @@ template <KType KT, bool Odd>
 RP_INLINE void k_affine_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  dot_u8_chunks<KT == KType::Q5K ? 5 : 4, 0, 8>(
+  dot_u8_chunks<KT == KType::Q5K ? 5 : 4>(
       is, [&](auto c, int h) RP_INLINE_LAMBDA { return k_affine_chunk<KT, Odd, decltype(c)::value>(sec, pair, h); },
       [&](auto c) RP_INLINE_LAMBDA { return broadcast_chunk(xb, decltype(c)::value); });
   for (int h = 0; h < 2; ++h) {
@@ -814,13 +814,17 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // 4): 1.13-1.17x on AVX2, 1.15-1.29x on AVX-VNNI (2 and 4 sequences).
 template <KType KT>
 constexpr int kSmallBatchTokens = KT != KType::Q4K ? 4 : kPartials16 ? 2 : 1;
+// The types tile_k_small serves; Q2_K and Q3_K take their prompt tiles in
+// the same passes (see kDecodeGroupsQ).
+template <KType KT>
+constexpr bool kHasSmallTile = KT == KType::Q4K || KT == KType::Q5K || KT == KType::Q6K || KT == KType::IQ4XS;
 // Prompts in passes of 4 tokens with the small tile ran faster than the
 // prompt tile (k_block_tokens, whose 16 unpacked chunks AVX2 spills): pp512
 // Q4_K 1.18x (passes of 2; 4 gained 1.03x more), Q5_K 1.22x; AVX-VNNI Q4_K
 // 1.19x, Q5_K 1.26x; IQ4_XS 1.19x, AVX-VNNI 1.51x. Q6_K's stay with the
-// prompt tile (1.00x, AVX-VNNI 0.98x).
+// prompt tile (1.00x, AVX-VNNI 0.98x), as do Q2_K's and Q3_K's.
 template <KType KT>
-constexpr bool kPromptsInSmallTiles = KT != KType::Q6K;
+constexpr bool kPromptsInSmallTiles = kHasSmallTile<KT> && KT != KType::Q6K;
 
 // First dot of a partial (see partial_add).
 RP_INLINE __m256i partial_first(__m256i w, __m256i xv) {
@@ -933,19 +937,15 @@ void tile_k_small(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-template <KType KT>
-struct KSmallKernel {
-  template <int G, int T>
-  struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k_small<KT, G, T>(a, g0, t0); }
-  };
-};
-
-template <KType KT>
+// Small: tile_k_small's tiles (kHasSmallTile types only) instead of tile_k's.
+template <KType KT, bool Small = false>
 struct KKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k<KT, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (Small) tile_k_small<KT, G, T>(a, g0, t0);
+      else tile_k<KT, G, T>(a, g0, t0);
+    }
   };
 };
 
@@ -983,10 +983,11 @@ constexpr int kDecodeGroupsQ = 2;  // the Q and K types
 
 // The tokens of each activation tile (x_tile tokens; a kernel reads one
 // tile's) in passes of at most kMax tokens, as even as they divide (5 =
-// 3 + 2; passes of 2: 2 + 2 + 1), with Tile (tile_k_small unless given) on
-// whole interleaved pairs (a pass of one token with the decode tile). A
-// pass after the first finds the weights its thread read in cache.
-template <KType KT, int kMax, template <int, int> class Tile = KSmallKernel<KT>::template K>
+// 3 + 2; passes of 2: 2 + 2 + 1), with tile_k_small (Q2_K, Q3_K: the
+// prompt tile) on whole interleaved pairs (a pass of one token with the
+// decode tile). A pass after the first finds the weights its thread read
+// in cache.
+template <KType KT, int kMax>
 void run_k_passes(const MatmulArgs& a) {
   for (int64_t t = 0; t < a.n_tokens;) {
     const int64_t tile_end = std::min(a.n_tokens, ((a.t0 + t) / a.x_tile + 1) * a.x_tile - a.t0);
@@ -995,14 +996,16 @@ void run_k_passes(const MatmulArgs& a) {
       const int64_t len = (tile_end - t) / (passes - i) + ((tile_end - t) % (passes - i) != 0 ? 1 : 0);
       if (len == 1) over_groups<KKernel<KT>::template K, 1, kDecodeGroupsQ, 1>(a, t);
       [&]<int... I>(std::integer_sequence<int, I...>) {
-        ((len == I + 2 ? (over_groups<Tile, I + 2, kDecodeGroupsQ, 1>(a, t), 0) : 0), ...);
+        ((len == I + 2 ? (over_groups<KKernel<KT, kHasSmallTile<KT>>::template K, I + 2, kDecodeGroupsQ, 1>(a, t), 0)
+                       : 0),
+         ...);
       }(std::make_integer_sequence<int, kMax - 1>{});
       t += len;
     }
   }
 }
 
-// Q4_K / Q5_K / Q6_K / IQ4_XS: decode with the decode tile; small batches (2 to
+// The K types: decode with the decode tile; small batches (2 to
 // kTokenTile - 1 tokens) in passes of kSmallBatchTokens (1: token by
 // token); prompts in passes of 4 or with the prompt tile.
 template <KType KT>
@@ -1025,14 +1028,8 @@ void matmul_q4_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_0>::K, 1, 4,
 void matmul_q4_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q4_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q5_0(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_0>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
 void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 1, 4, kDecodeGroupsQ, 1>(a); }
-void matmul_q2_k(const MatmulArgs& a) {
-  if (a.n_tokens <= 1 || a.n_tokens >= kTokenTile) return run_tiles<KKernel<KType::Q2K>::K, 1, 4, kDecodeGroupsQ, 1>(a);
-  run_k_passes<KType::Q2K, 4, KKernel<KType::Q2K>::K>(a);
-}
-void matmul_q3_k(const MatmulArgs& a) {
-  if (a.n_tokens <= 1 || a.n_tokens >= kTokenTile) return run_tiles<KKernel<KType::Q3K>::K, 1, 4, kDecodeGroupsQ, 1>(a);
-  run_k_passes<KType::Q3K, 4, KKernel<KType::Q3K>::K>(a);
-}
+void matmul_q2_k(const MatmulArgs& a) { run_k_tiles<KType::Q2K>(a); }
+void matmul_q3_k(const MatmulArgs& a) { run_k_tiles<KType::Q3K>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_k_tiles<KType::Q4K>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_k_tiles<KType::Q5K>(a); }
 void matmul_q6_k(const MatmulArgs& a) { run_k_tiles<KType::Q6K>(a); }
