@@ -338,6 +338,40 @@ BENCHMARK(BM_DecodeSequence)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// Prompt-sized products as a pass runs them: distinct packed copies of one
+// 512-input matrix (~96 MB in all, so each is read from memory), each
+// multiplied with n_tokens activations in turn; or (last arg 1) one copy
+// every time, from cache. The gap between the two is what a prompt chunk or
+// a large decode batch pays for weights that come from memory: each task
+// reads its groups once in its first token tile, and the later ones find
+// them in cache (prefetch_next_groups requests the next tile's groups while
+// a tile computes). Args: dtype index, n_out, threads, n_tokens, cached.
+void BM_PromptSequence(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t n_in = 512, n_out = state.range(1), n_tokens = state.range(3);
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  Weights w = make_weights(t, n_in, n_out);
+  std::vector<PackedMatrix> copies;
+  size_t bytes = 0;
+  while (bytes < (size_t{96} << 20)) {
+    copies.emplace_back(w.view);
+    bytes += copies.back().packed_bytes();
+  }
+  const size_t used = state.range(4) ? 1 : copies.size();
+  std::vector<float> x = make_x(n_in * n_tokens), y(n_out * n_tokens);
+  for (auto _ : state) {
+    for (size_t i = 0; i < copies.size(); ++i) matmul(copies[i % used], x.data(), n_tokens, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(dtype_name(static_cast<uint32_t>(t)) + (state.range(4) ? " cached" : " from memory"));
+  state.counters["GFLOPS"] = benchmark::Counter(2.0 * n_in * n_out * n_tokens * static_cast<double>(copies.size()),
+                                                benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_PromptSequence)
+    ->ArgsProduct({{1, 3, 8}, {1536}, {2}, {16, 32, 64}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // The read pattern alone of a 60M Q8_0 token: its 33 products' bytes (8
 // layers of QKV, O, gate+up and down, then the output matrix) read in order
 // by two threads of their own, each half of each product, meeting at a spin

@@ -186,7 +186,8 @@ RP_INLINE void store_acc(const MatmulArgs& a, int64_t g0, int64_t t0, __m256 (&a
                  acc[g][t][0], acc[g][t][1]);
 }
 
-template <FType W, int G, int T>
+// kNext: requests the next tile's weights (requests_next_groups).
+template <FType W, int G, int T, bool kNext = false>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
   const uint8_t* w = a.w + g0 * a.group_stride;
@@ -198,6 +199,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (one line per 2 k for 16-bit weights).
     if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
+    if constexpr (kNext)
+      if ((k * kStep) % 64 == 0) prefetch_next_groups<G, 64, 1>(a, g0, k * us, 0);
     __m256 wv[G][2];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
@@ -256,7 +259,8 @@ RP_INLINE __m256i fifth_bits(__m256i plane) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-template <QType Q, int G, int T>
+// kNext: requests the next tile's weights (requests_next_groups).
+template <QType Q, int G, int T, bool kNext = false>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
   constexpr size_t kQuants = kQuantOffset<Q>;
@@ -270,6 +274,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t b = a.k_begin / kQK8_0; b < a.k_end / kQK8_0; ++b) {
     // Decode streams the weights once: prefetch each group's stream ahead.
     if (a.prefetch > 0) prefetch_share<G, kBytes, 1>(w + b * us, gb, us, g0, 0, a.prefetch);
+    if constexpr (kNext) prefetch_next_groups<G, kBytes, 1>(a, g0, b * us, 0);
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
       const uint8_t* wb = w + g * gb + b * us;
@@ -735,7 +740,8 @@ struct KTileOperands {
 //   accumulators in registers and the integer sums in memory (one load and
 //   store per block per output). (Q4_K/Q5_K/IQ4_XS prompts and the small
 //   batches of those and Q6_K take tile_k_small instead; see run_k_tiles.)
-template <KType KT, int G, int T>
+// kNext: requests the next tile's weights (requests_next_groups).
+template <KType KT, int G, int T, bool kNext = false>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
   const uint8_t* w = a.w + g0 * a.group_stride;
@@ -767,7 +773,8 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       }
     } else {
       alignas(32) int32_t isum_mem[G][T][16] = {};
-      for (int p = 0; p < 4; ++p)
+      for (int p = 0; p < 4; ++p) {
+        if constexpr (kNext) prefetch_next_groups<G, kSec, 4>(a, g0, s * us, p);
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) {
           const uint8_t* sec = w + g * gb + s * us;
@@ -785,6 +792,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
             k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
           }
         }
+      }
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
@@ -943,8 +951,13 @@ struct KKernel {
   template <int G, int T>
   struct K {
     static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
-      if constexpr (Small) tile_k_small<KT, G, T>(a, g0, t0);
-      else tile_k<KT, G, T>(a, g0, t0);
+      if constexpr (Small) {
+        tile_k_small<KT, G, T>(a, g0, t0);
+      } else {
+        if constexpr (T > 1)
+          if (requests_next_groups<G>(a, g0, t0)) return tile_k<KT, G, T, true>(a, g0, t0);
+        tile_k<KT, G, T>(a, g0, t0);
+      }
     }
   };
 };
@@ -953,14 +966,22 @@ template <FType W>
 struct FKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_f<W, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (T > 1)
+        if (requests_next_groups<G>(a, g0, t0)) return tile_f<W, G, T, true>(a, g0, t0);
+      tile_f<W, G, T>(a, g0, t0);
+    }
   };
 };
 template <QType Q>
 struct QKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_q<Q, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (T > 1)
+        if (requests_next_groups<G>(a, g0, t0)) return tile_q<Q, G, T, true>(a, g0, t0);
+      tile_q<Q, G, T>(a, g0, t0);
+    }
   };
 };
 

@@ -110,7 +110,8 @@ RP_INLINE void store_parked(const MatmulArgs& a, int64_t g0, int64_t t0, const f
 }
 
 // G groups x T tokens; every output is one sequential FMA chain over k.
-template <FType W, int G, int T>
+// kNext: requests the next tile's weights (requests_next_groups).
+template <FType W, int G, int T, bool kNext = false>
 void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kStep = kGroupRows * kElemBytes<W>;
   const uint8_t* w = a.w + g0 * a.group_stride;
@@ -122,6 +123,8 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   for (int64_t k = a.k_begin; k < a.k_end; ++k) {
     // Decode streams the weights once: prefetch ahead (prefetch_f_unit).
     if (a.prefetch > 0) prefetch_f_unit<G, kStep>(w + k * us, gb, us, g0, k, a.prefetch);
+    if constexpr (kNext)
+      if ((k * kStep) % 64 == 0) prefetch_next_groups<G, 64, 1>(a, g0, k * us, 0);
     __m512 wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) wv[g] = load_row16<W>(w + g * gb + k * us);
@@ -150,8 +153,8 @@ RP_INLINE __m512i iq4nl_table() {
 }
 
 // kPrefetch false: a.prefetch is 0, and the tile has no branch for it (see
-// QKernel).
-template <QType Q, int G, int T, bool kPrefetch = true>
+// QKernel). kNext: requests the next tile's weights (requests_next_groups).
+template <QType Q, int G, int T, bool kPrefetch = true, bool kNext = false>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kBytes = kBlockBytes<Q>;
   constexpr size_t kQuants = kQuantOffset<Q>;
@@ -197,6 +200,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         if (kPrefetch && a.prefetch > 0) prefetch_share<G, kBytes, 8>(wb, gb, us, g0, c, a.prefetch);
+        if constexpr (kNext) prefetch_next_groups<G, kBytes, 8>(a, g0, b * us, c);
         __m512i wv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(wb + g * gb + 32 + c * 64);
@@ -207,6 +211,7 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
         (
             [&]() RP_INLINE_LAMBDA {
               if (kPrefetch && a.prefetch > 0) prefetch_share<G, kBytes, 4>(wb, gb, us, g0, C, a.prefetch);
+              if constexpr (kNext) prefetch_next_groups<G, kBytes, 4>(a, g0, b * us, C);
               __m512i wv[G];
 #pragma GCC unroll 16
               for (int g = 0; g < G; ++g) {
@@ -603,7 +608,8 @@ RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, i
 // Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations
 // (rule in kernels_impl.h): the sub-blocks add up in integers, and each
 // super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.
-template <KType KT, int G, int T>
+// kNext: requests the next tile's weights (requests_next_groups).
+template <KType KT, int G, int T, bool kNext = false>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
   constexpr bool kAffine = KT == KType::Q4K || KT == KType::Q5K;
@@ -632,6 +638,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
       for (int t = 0; t < T; ++t) isum[g][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, g0, p, a.prefetch);
+      if constexpr (kNext) prefetch_next_groups<G, kSec, 4>(a, g0, s * us, p);
       if constexpr (kAffine && G * T <= 4) {  // the pair's sums fit in registers (k_affine_pair)
         k_affine_pair<KT, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
       } else if constexpr (kAffine) {
@@ -703,7 +710,11 @@ template <FType W>
 struct FKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_f<W, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (T > 1)
+        if (requests_next_groups<G>(a, g0, t0)) return tile_f<W, G, T, true>(a, g0, t0);
+      tile_f<W, G, T>(a, g0, t0);
+    }
   };
 };
 template <QType Q>
@@ -717,6 +728,8 @@ struct QKernel {
       // prefetches is the tuner's call: 2 rows ahead measured 1.17-1.28x
       // none while the host's memory was slow, 0.97x while it was fast
       // (session 27); before, this tile never prefetched.
+      if constexpr (T > 1)
+        if (requests_next_groups<G>(a, g0, t0)) return tile_q<Q, G, T, true, true>(a, g0, t0);
       if constexpr (Q == QType::Q8_0) {
         if (a.prefetch > 0) tile_q<Q, G, T, true>(a, g0, t0);
         else tile_q<Q, G, T, false>(a, g0, t0);
@@ -747,7 +760,11 @@ template <KType KT>
 struct KKernel {
   template <int G, int T>
   struct K {
-    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) { tile_k<KT, G, T>(a, g0, t0); }
+    static void run(const MatmulArgs& a, int64_t g0, int64_t t0) {
+      if constexpr (T > 1)
+        if (requests_next_groups<G>(a, g0, t0)) return tile_k<KT, G, T, true>(a, g0, t0);
+      tile_k<KT, G, T>(a, g0, t0);
+    }
   };
 };
 

@@ -290,6 +290,9 @@ struct MatmulArgs {
   int64_t y_stride;
   // Decode tiles prefetch this many bytes ahead in each weight stream (0: off).
   int64_t prefetch;
+  // Multi-token tiles of the first token tile request the next tile's
+  // weights as they compute (prefetch_next_groups, tile_runner.h).
+  bool prefetch_next = false;
   // Set by the tile runner (see above).
   const uint8_t* w;
   size_t group_stride;
