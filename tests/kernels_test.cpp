@@ -479,6 +479,39 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   }
 }
 
+// Calls of up to 512 tokens run streamed (a contiguous range of tiles per
+// thread, each covered for all tokens a few groups at a time; Q6_K and Q3_K
+// widened from 48 tokens on), larger ones in prompt tasks of 48 tokens (F16
+// and BF16 widened too, 528 tokens a task): both give the canonical bits,
+// and so do the multi-token tiles that request the next tile's weights.
+TEST_P(MatmulTest, StreamedCallsAndPromptTasksGiveTheSameBits) {
+  const DType t = GetParam();
+  IsaRestore restore;
+  const int64_t n_in = block_elems(t) == 256 ? 512 : 256, n_out = 150;
+  const Weights w = make_weights(t, n_in, n_out, 97);
+  const int64_t n_tokens = 600;
+  const std::vector<float> x = make_x(n_tokens * n_in, 13);
+  const std::vector<float> want = canonical_outputs(w, x, n_tokens);
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    ThreadPool pool(2);
+    const PackedMatrix pm(w.view());
+    // 600 tokens in prompt tasks (13 token tasks, the last short), then
+    // 512, 60 and 28 tokens streamed.
+    std::vector<float> tasks(n_tokens * n_out), streamed(n_tokens * n_out);
+    matmul(pm, x.data(), n_tokens, tasks.data(), pool);
+    EXPECT_TRUE(same_bits(tasks, want)) << "prompt tasks";
+    int64_t tok = 0;
+    for (int64_t len : {512, 60, 28}) {
+      matmul(pm, x.data() + tok * n_in, len, streamed.data() + tok * n_out, pool);
+      tok += len;
+    }
+    ASSERT_EQ(tok, n_tokens);
+    EXPECT_TRUE(same_bits(streamed, want)) << "streamed";
+  }
+}
+
 // packed_matrix_bytes (what model loading budgets for) is what PackedMatrix
 // takes in its default layout, padding groups of short last regions included,
 // on every ISA.

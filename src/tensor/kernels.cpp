@@ -859,14 +859,20 @@ struct Job {
 
 thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
 
-// Calls of fewer tokens than this are split as decode splits them
-// (run_decode: a contiguous range of tiles per thread) rather than in
-// prompt tasks claimed one by one: with one token task (48 tokens a task),
-// a task's weights are read from memory once, and a thread whose tasks
-// follow one another in memory reads one stream that the hardware
-// prefetcher follows, where dealt tasks jump. Paired (session 32, 60M Q8_0):
-// 12 sequences decoding together 1.12x, 16 1.08x, 32 1.05x; pp16 1.07x.
-constexpr int64_t kStreamedTokens = 4 * kTokenTile;
+// Calls of fewer tokens than this (up to the engine's 512-token prompt
+// chunks) are split as decode splits them (run_decode: a contiguous range
+// of 8-group tiles per thread, claimed in halves, the rest stolen from the
+// back), and each tile is covered for all the call's tokens a few groups at
+// a time (run_job_range), rather than in prompt tasks of 8 groups x 48
+// tokens dealt one by one. Each weight is then read from memory once per
+// call, by a thread whose tiles follow one another in memory (one stream
+// that the hardware prefetcher follows, where dealt tasks jump), and
+// widened once. Paired (session 32, 60M, AVX-512): against dealt tasks, 12
+// sequences decoding together Q8_0 1.09x, Q4_K 1.14x; pp16 1.05-1.16x;
+// pp64 1.02-1.13x, pp512 1.00-1.09x (Q6_K, F16); the 284 MB Q8_0 model pp128
+// 1.20x. Larger calls keep the tasks (their tokens would not stay in cache
+// over a tile's groups).
+constexpr int64_t kStreamedTokens = 513;
 
 // Groups a small batch's kernel call covers at once (see run_job_task): up
 // to 8, within ~512 KiB of weights (well inside L2), in multiples of 4 (the
@@ -926,10 +932,11 @@ void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n
   }
 }
 
-// Groups [g0, g1) of job j for tokens [t0, t1).
-void run_job_range(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+// Groups [g0, g1) of job j for tokens [t0, t1), in one kernel call per k
+// block (packed on the fly, or widened, first when the job asks for it).
+void run_job_part(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const int64_t n_groups = g1 - g0;
-  // The task's groups are `first`.. of `layout`.
+  // The part's groups are `first`.. of `layout`.
   GroupLayout layout = j.groups;
   int64_t first = g0;
   if (!layout.base) {
@@ -963,28 +970,36 @@ void run_job_range(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int
   a.prefetch_next = fn == j.fn && (n_tokens >= kTokenTile || for_family(j.view->type, false, true, true));
   // k blocks keep a task's weight panel and token tile in L1 together.
   const int64_t kb = j.k_block > 0 ? j.k_block : n_in;
-  // A kernel covers a batch wider than its token tile in several passes over
-  // the groups it is given: hand it a few groups at a time
-  // (small_batch_groups), so the later passes find the weights in L2 instead
-  // of reading a decode task's (megabytes of) weights from memory again.
-  // Each output is computed as before.
   a.layout = layout;
-  int64_t chunk = n_tokens > 1 && n_tokens < kStreamedTokens ? small_batch_groups(layout.group_bytes) : n_groups;
-  // Q8_0's small batches read whole region rows (run_tiles_rows, AVX-512)
-  // in one pass, so chunks of them lose nothing to a second pass.
-  if (j.view->type == DType::Q8_0 && layout.regions > 1)
-    chunk = (chunk + layout.regions - 1) / layout.regions * layout.regions;
-  for (int64_t g = 0; g < n_groups; g += chunk) {
-    a.g_first = first + g;
-    a.n_groups = std::min(chunk, n_groups - g);
-    a.n_rows = j.n_out - (g0 + g) * kGroupRows;
-    a.y = j.y + t0 * j.n_out + (g0 + g) * kGroupRows;
-    for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
-      a.k_begin = k0;
-      a.k_end = std::min(n_in, k0 + kb);
-      fn(a);
-    }
+  a.g_first = first;
+  a.n_groups = n_groups;
+  a.n_rows = j.n_out - g0 * kGroupRows;
+  a.y = j.y + t0 * j.n_out + g0 * kGroupRows;
+  for (int64_t k0 = 0; k0 < n_in; k0 += kb) {
+    a.k_begin = k0;
+    a.k_end = std::min(n_in, k0 + kb);
+    fn(a);
   }
+}
+
+// Groups [g0, g1) of job j for tokens [t0, t1). A streamed call's kernel
+// covers all its tokens in several passes over the groups it is given (one
+// per token tile): hand it a few groups at a time (small_batch_groups, by
+// their widened size where they are widened), so the later passes find the
+// weights in L2 instead of reading a thread's (megabytes of) weights from
+// memory again. Each output is computed as before.
+void run_job_range(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  int64_t chunk = g1 - g0;
+  if (n_tokens > 1 && n_tokens < kStreamedTokens) {
+    const size_t bytes = j.wide_unit > 0 ? static_cast<size_t>(n_in / unit_elements(j.view->type)) * j.wide_unit
+                                         : j.groups.group_bytes;
+    chunk = small_batch_groups(bytes);
+    // Q8_0's small batches read whole region rows (run_tiles_rows, AVX-512)
+    // in one pass, so chunks of them lose nothing to a second pass.
+    if (j.view->type == DType::Q8_0 && j.groups.regions > 1)
+      chunk = (chunk + j.groups.regions - 1) / j.groups.regions * j.groups.regions;
+  }
+  for (int64_t c = g0; c < g1; c += chunk) run_job_part(j, n_tokens, n_in, c, std::min(g1, c + chunk), t0, t1);
 }
 
 void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
@@ -997,7 +1012,7 @@ void run_job_task(const Job& j, int64_t n_tokens, int64_t n_in, int64_t task) {
 }
 
 // Products of fewer than kStreamedTokens tokens (decode, several sequences
-// decoding together, short prompts). The 8-group
+// decoding together, prompt chunks). The 8-group
 // tiles of all the call's matrices, in order, are cut into one contiguous
 // range per thread. A thread claims half of what is left of its own range at
 // a time, front to back, so it reads one long sequential stream (what the
@@ -1161,9 +1176,9 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
   PackedX packed[kActKinds];
   std::vector<Job> jobs;
   jobs.reserve(mats.size());
-  // Work split: batches of up to one token task split rows only
-  // (run_decode, kStreamedTokens); larger ones tile rows x tokens so a
-  // task's weights stay in L2 and its tokens in L1.
+  // Work split: calls of up to 512 tokens split rows only (run_decode,
+  // kStreamedTokens); larger ones tile rows x tokens so a task's weights
+  // stay in L2 and its tokens in L1.
   int64_t task = 0;
   for (const auto& m : mats) {
     const MatrixView& v = *m.view;
@@ -1173,22 +1188,24 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
     Job j = base_job(m, packed[ki], isa);
     note_read(j);
+    // Large batches of Q6_K and Q3_K widen their quants to bytes once (and
+    // F16/BF16 prompt tasks their weights to f32), reused over every token
+    // tile.
+    const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
+    const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
+    // F16/BF16 widen only in prompt tasks: streamed, their tiles convert
+    // in place faster (60M pp128 and pp512: widening 0.95x).
+    const bool wide = n_tokens >= 4 * kTokenTile && (q6_like || (f16_like && n_tokens >= kStreamedTokens));
+    if (wide) {
+      j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;
+      j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
+      if (f16_like) j.k_block = 512;
+    }
     if (n_tokens >= kStreamedTokens) {
-      // Groups per task, at most (the tasks' count follows from it).
-      int64_t groups_per_task = 8;
-      j.tokens_per_task = 4 * kTokenTile;
-      // Large F16/BF16 batches: tasks widen 4 groups of weights to f32 once
-      // (Q6_K and Q3_K: their quants to bytes) and reuse them over up to 44
-      // token tiles.
-      const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
-      const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
-      if (f16_like || q6_like) {
-        j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;
-        j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
-        groups_per_task = 4;
-        j.tokens_per_task = 44 * kTokenTile;  // 528: a 512-token prompt widens each weight once
-        if (f16_like) j.k_block = 512;
-      }
+      // Groups per task, at most (the tasks' count follows from it); widened
+      // tasks reuse their groups over up to 44 token tiles.
+      const int64_t groups_per_task = wide ? 4 : 8;
+      j.tokens_per_task = wide ? 44 * kTokenTile : 4 * kTokenTile;
       j.task_tile = groups_per_task;  // one tile a task: groups_per_task each, the last fewer
       j.n_group_tasks = (j.groups.n_groups + groups_per_task - 1) / groups_per_task;
       j.n_token_tasks = (n_tokens + j.tokens_per_task - 1) / j.tokens_per_task;
