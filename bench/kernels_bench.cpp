@@ -304,6 +304,18 @@ void BM_ReadPacked(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10}, {1, 2}})->UseRealTime();
 
+// Packed copies of w, each its own memory, until they hold ~96 MB (bytes:
+// their total): multiplied one after another, each is read from memory.
+std::vector<PackedMatrix> distinct_copies(const Weights& w, size_t& bytes) {
+  std::vector<PackedMatrix> copies;
+  bytes = 0;
+  while (bytes < (size_t{96} << 20)) {
+    copies.emplace_back(w.view);
+    bytes += copies.back().packed_bytes();
+  }
+  return copies;
+}
+
 // Decode's products one after another, as a token runs them: enough distinct
 // packed copies of one 512-input matrix (~96 MB in all, more than the L3) to
 // be read from memory, each product once per iteration. Each product costs
@@ -316,12 +328,8 @@ void BM_DecodeSequence(benchmark::State& state) {
   const int64_t n_in = 512, n_out = state.range(1);
   ThreadPool pool(static_cast<int>(state.range(2)));
   Weights w = make_weights(t, n_in, n_out);
-  std::vector<PackedMatrix> copies;
   size_t bytes = 0;
-  while (bytes < (size_t{96} << 20)) {
-    copies.emplace_back(w.view);
-    bytes += copies.back().packed_bytes();
-  }
+  const std::vector<PackedMatrix> copies = distinct_copies(w, bytes);
   std::vector<float> x = make_x(n_in), y(n_out);
   for (auto _ : state) {
     for (const PackedMatrix& pm : copies) matmul(pm, x.data(), 1, y.data(), pool);
@@ -351,12 +359,8 @@ void BM_PromptSequence(benchmark::State& state) {
   const int64_t n_in = 512, n_out = state.range(1), n_tokens = state.range(3);
   ThreadPool pool(static_cast<int>(state.range(2)));
   Weights w = make_weights(t, n_in, n_out);
-  std::vector<PackedMatrix> copies;
   size_t bytes = 0;
-  while (bytes < (size_t{96} << 20)) {
-    copies.emplace_back(w.view);
-    bytes += copies.back().packed_bytes();
-  }
+  const std::vector<PackedMatrix> copies = distinct_copies(w, bytes);
   const size_t used = state.range(4) ? 1 : copies.size();
   std::vector<float> x = make_x(n_in * n_tokens), y(n_out * n_tokens);
   for (auto _ : state) {

@@ -479,6 +479,27 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
   }
 }
 
+// On every ISA, the product of w's default packing with x taken in calls of
+// the given lengths, one after another on 2 threads, gives the rule's bits.
+void expect_calls_follow_the_rule(const Weights& w, const std::vector<float>& x, std::initializer_list<int64_t> calls) {
+  int64_t n_tokens = 0;
+  for (int64_t len : calls) n_tokens += len;
+  const std::vector<float> want = canonical_outputs(w, x, n_tokens);
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    ThreadPool pool(2);
+    const PackedMatrix pm(w.view());
+    std::vector<float> y(n_tokens * w.n_out);
+    int64_t tok = 0;
+    for (int64_t len : calls) {
+      matmul(pm, x.data() + tok * w.n_in, len, y.data() + tok * w.n_out, pool);
+      tok += len;
+    }
+    EXPECT_TRUE(same_bits(y, want));
+  }
+}
+
 // Calls of up to 512 tokens run streamed (a contiguous range of tiles per
 // thread, each covered for all tokens a few groups at a time; Q6_K and Q3_K
 // widened from 48 tokens on), larger ones in prompt tasks of 48 tokens (F16
@@ -487,28 +508,16 @@ TEST_P(MatmulTest, BitIdenticalAcrossBatchThreadsTilingAndIsa) {
 TEST_P(MatmulTest, StreamedCallsAndPromptTasksGiveTheSameBits) {
   const DType t = GetParam();
   IsaRestore restore;
-  const int64_t n_in = block_elems(t) == 256 ? 512 : 256, n_out = 150;
-  const Weights w = make_weights(t, n_in, n_out, 97);
-  const int64_t n_tokens = 600;
-  const std::vector<float> x = make_x(n_tokens * n_in, 13);
-  const std::vector<float> want = canonical_outputs(w, x, n_tokens);
-  for (KernelIsa isa : isas()) {
-    set_kernel_isa(isa);
-    SCOPED_TRACE(kernel_isa_name(isa));
-    ThreadPool pool(2);
-    const PackedMatrix pm(w.view());
-    // 600 tokens in prompt tasks (13 token tasks, the last short), then
-    // 512, 60 and 28 tokens streamed.
-    std::vector<float> tasks(n_tokens * n_out), streamed(n_tokens * n_out);
-    matmul(pm, x.data(), n_tokens, tasks.data(), pool);
-    EXPECT_TRUE(same_bits(tasks, want)) << "prompt tasks";
-    int64_t tok = 0;
-    for (int64_t len : {512, 60, 28}) {
-      matmul(pm, x.data() + tok * n_in, len, streamed.data() + tok * n_out, pool);
-      tok += len;
-    }
-    ASSERT_EQ(tok, n_tokens);
-    EXPECT_TRUE(same_bits(streamed, want)) << "streamed";
+  const int64_t n_in = block_elems(t) == 256 ? 512 : 256;
+  const Weights w = make_weights(t, n_in, 150, 97);
+  const std::vector<float> x = make_x(600 * n_in, 13);
+  {
+    SCOPED_TRACE("600 tokens in prompt tasks (13 token tasks, the last short)");
+    expect_calls_follow_the_rule(w, x, {600});
+  }
+  {
+    SCOPED_TRACE("512, 60 and 28 tokens streamed");
+    expect_calls_follow_the_rule(w, x, {512, 60, 28});
   }
 }
 
