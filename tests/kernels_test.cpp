@@ -500,7 +500,7 @@ void expect_calls_follow_the_rule(const Weights& w, const std::vector<float>& x,
   }
 }
 
-// Calls of up to 512 tokens run streamed (a contiguous range of tiles per
+// Calls of up to 1024 tokens run streamed (a contiguous range of tiles per
 // thread, each covered for all tokens a few groups at a time; Q6_K and Q3_K
 // widened from 48 tokens on), larger ones in prompt tasks of 48 tokens (F16
 // and BF16 widened too, 528 tokens a task): both give the canonical bits,
@@ -508,16 +508,15 @@ void expect_calls_follow_the_rule(const Weights& w, const std::vector<float>& x,
 TEST_P(MatmulTest, StreamedCallsAndPromptTasksGiveTheSameBits) {
   const DType t = GetParam();
   IsaRestore restore;
-  const int64_t n_in = block_elems(t) == 256 ? 512 : 256;
-  const Weights w = make_weights(t, n_in, 150, 97);
-  const std::vector<float> x = make_x(600 * n_in, 13);
+  const Weights w = make_weights(t, 256, 100, 97);
+  const std::vector<float> x = make_x(1100 * 256, 13);
   {
-    SCOPED_TRACE("600 tokens in prompt tasks (13 token tasks, the last short)");
-    expect_calls_follow_the_rule(w, x, {600});
+    SCOPED_TRACE("1100 tokens in prompt tasks (23 token tasks, the last short)");
+    expect_calls_follow_the_rule(w, x, {1100});
   }
   {
-    SCOPED_TRACE("512, 60 and 28 tokens streamed");
-    expect_calls_follow_the_rule(w, x, {512, 60, 28});
+    SCOPED_TRACE("1024, 60 and 16 tokens streamed");
+    expect_calls_follow_the_rule(w, x, {1024, 60, 16});
   }
 }
 

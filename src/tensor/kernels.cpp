@@ -859,8 +859,8 @@ struct Job {
 
 thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
 
-// Calls of fewer tokens than this (up to the engine's 512-token prompt
-// chunks) are split as decode splits them (run_decode: a contiguous range
+// Calls of fewer tokens than this (the engine's prompt chunks are 512 by
+// default) are split as decode splits them (run_decode: a contiguous range
 // of 8-group tiles per thread, claimed in halves, the rest stolen from the
 // back), and each tile is covered for all the call's tokens a few groups at
 // a time (run_job_range), rather than in prompt tasks of 8 groups x 48
@@ -869,10 +869,11 @@ thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
 // that the hardware prefetcher follows, where dealt tasks jump), and
 // widened once. Paired (session 32, 60M, AVX-512): against dealt tasks, 12
 // sequences decoding together Q8_0 1.09x, Q4_K 1.14x; pp16 1.05-1.16x;
-// pp64 1.02-1.13x, pp512 1.00-1.09x (Q6_K, F16); the 284 MB Q8_0 model pp128
-// 1.20x. Larger calls keep the tasks (their tokens would not stay in cache
-// over a tile's groups).
-constexpr int64_t kStreamedTokens = 513;
+// pp64 1.02-1.13x, pp512 1.00-1.09x (Q6_K, F16), pp1024 1.00-1.10x; the 284
+// MB Q8_0 model pp128 1.20x. Larger calls keep the tasks: a chunk's pass
+// over all tokens would read their activations from beyond L3 (8192 tokens
+// at n_in 4096: 33 MB), where a task's 48 tokens stay in L1.
+constexpr int64_t kStreamedTokens = 1025;
 
 // Groups a small batch's kernel call covers at once (see run_job_task): up
 // to 8, within ~512 KiB of weights (well inside L2), in multiples of 4 (the
@@ -1176,7 +1177,7 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
   PackedX packed[kActKinds];
   std::vector<Job> jobs;
   jobs.reserve(mats.size());
-  // Work split: calls of up to 512 tokens split rows only (run_decode,
+  // Work split: calls of up to 1024 tokens split rows only (run_decode,
   // kStreamedTokens); larger ones tile rows x tokens so a task's weights
   // stay in L2 and its tokens in L1.
   int64_t task = 0;
