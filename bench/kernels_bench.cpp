@@ -304,15 +304,11 @@ void BM_ReadPacked(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10}, {1, 2}})->UseRealTime();
 
-// Packed copies of w, each its own memory, until they hold ~96 MB (bytes:
-// their total): multiplied one after another, each is read from memory.
-std::vector<PackedMatrix> distinct_copies(const Weights& w, size_t& bytes) {
+// Packed copies of w, each its own memory, until they hold ~96 MB:
+// multiplied one after another, each is read from memory.
+std::vector<PackedMatrix> distinct_copies(const Weights& w) {
   std::vector<PackedMatrix> copies;
-  bytes = 0;
-  while (bytes < (size_t{96} << 20)) {
-    copies.emplace_back(w.view);
-    bytes += copies.back().packed_bytes();
-  }
+  for (size_t bytes = 0; bytes < (size_t{96} << 20); bytes += copies.back().packed_bytes()) copies.emplace_back(w.view);
   return copies;
 }
 
@@ -328,8 +324,8 @@ void BM_DecodeSequence(benchmark::State& state) {
   const int64_t n_in = 512, n_out = state.range(1);
   ThreadPool pool(static_cast<int>(state.range(2)));
   Weights w = make_weights(t, n_in, n_out);
-  size_t bytes = 0;
-  const std::vector<PackedMatrix> copies = distinct_copies(w, bytes);
+  const std::vector<PackedMatrix> copies = distinct_copies(w);
+  const size_t bytes = copies.size() * copies[0].packed_bytes();
   std::vector<float> x = make_x(n_in), y(n_out);
   for (auto _ : state) {
     for (const PackedMatrix& pm : copies) matmul(pm, x.data(), 1, y.data(), pool);
@@ -350,17 +346,16 @@ BENCHMARK(BM_DecodeSequence)
 // 512-input matrix (~96 MB in all, so each is read from memory), each
 // multiplied with n_tokens activations in turn; or (last arg 1) one copy
 // every time, from cache. The gap between the two is what a prompt chunk or
-// a large decode batch pays for weights that come from memory: each task
-// reads its groups once in its first token tile, and the later ones find
-// them in cache (prefetch_next_groups requests the next tile's groups while
-// a tile computes). Args: dtype index, n_out, threads, n_tokens, cached.
+// a large decode batch pays for weights that come from memory: a call reads
+// each group once in its first token tile, and the later ones find it in
+// cache (prefetch_next_groups requests the next tile's groups while a tile
+// computes). Args: dtype index, n_out, threads, n_tokens, cached.
 void BM_PromptSequence(benchmark::State& state) {
   const DType t = kTypes[state.range(0)];
   const int64_t n_in = 512, n_out = state.range(1), n_tokens = state.range(3);
   ThreadPool pool(static_cast<int>(state.range(2)));
   Weights w = make_weights(t, n_in, n_out);
-  size_t bytes = 0;
-  const std::vector<PackedMatrix> copies = distinct_copies(w, bytes);
+  const std::vector<PackedMatrix> copies = distinct_copies(w);
   const size_t used = state.range(4) ? 1 : copies.size();
   std::vector<float> x = make_x(n_in * n_tokens), y(n_out * n_tokens);
   for (auto _ : state) {

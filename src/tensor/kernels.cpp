@@ -875,9 +875,9 @@ thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
 // at n_in 4096: 33 MB), where a task's 48 tokens stay in L1.
 constexpr int64_t kStreamedTokens = 1025;
 
-// Groups a small batch's kernel call covers at once (see run_job_task): up
-// to 8, within ~512 KiB of weights (well inside L2), in multiples of 4 (the
-// widest small-batch tile).
+// Groups a streamed call's kernel call covers at once (see run_job_range):
+// up to 8, within ~512 KiB of weights (well inside L2), in multiples of 4
+// (the widest small-batch tile).
 int64_t small_batch_groups(size_t group_bytes) {
   const int64_t fit = static_cast<int64_t>((size_t{512} << 10) / group_bytes) / 4 * 4;
   return std::clamp<int64_t>(fit, 4, 8);
@@ -933,6 +933,9 @@ void widen_task_groups(DType type, const GroupLayout& src, int64_t g0, int64_t n
   }
 }
 
+// Units (k steps, blocks or sections) in one of job j's groups.
+int64_t units_per_group(const Job& j, int64_t n_in) { return n_in / unit_elements(j.view->type); }
+
 // Groups [g0, g1) of job j for tokens [t0, t1), in one kernel call per k
 // block (packed on the fly, or widened, first when the job asks for it).
 void run_job_part(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
@@ -950,7 +953,7 @@ void run_job_part(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int6
   if (j.wide_unit > 0) {
     // Same values, same operations as the packed kernels: identical bits,
     // without a conversion or unpacking per weight per token tile.
-    const int64_t n_units = n_in / unit_elements(j.view->type);
+    const int64_t n_units = units_per_group(j, n_in);
     uint8_t* wide = aligned_scratch(t_widen_scratch, n_groups * n_units * j.wide_unit);
     widen_task_groups(j.view->type, layout, first, n_groups, n_units, j.wide_unit, wide);
     layout = {wide, n_units * j.wide_unit, j.wide_unit, n_groups, n_groups};
@@ -992,8 +995,8 @@ void run_job_part(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int6
 void run_job_range(const Job& j, int64_t n_tokens, int64_t n_in, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   int64_t chunk = g1 - g0;
   if (n_tokens > 1 && n_tokens < kStreamedTokens) {
-    const size_t bytes = j.wide_unit > 0 ? static_cast<size_t>(n_in / unit_elements(j.view->type)) * j.wide_unit
-                                         : j.groups.group_bytes;
+    const size_t bytes =
+        j.wide_unit > 0 ? static_cast<size_t>(units_per_group(j, n_in)) * j.wide_unit : j.groups.group_bytes;
     chunk = small_batch_groups(bytes);
     // Q8_0's small batches read whole region rows (run_tiles_rows, AVX-512)
     // in one pass, so chunks of them lose nothing to a second pass.
@@ -1189,13 +1192,12 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, bufs[ki], pool);
     Job j = base_job(m, packed[ki], isa);
     note_read(j);
-    // Large batches of Q6_K and Q3_K widen their quants to bytes once (and
-    // F16/BF16 prompt tasks their weights to f32), reused over every token
-    // tile.
+    // Large batches of Q6_K and Q3_K widen their quants to bytes once, and
+    // F16/BF16 prompt tasks their weights to f32, reused over every token
+    // tile. Streamed F16/BF16 tiles convert in place faster (60M pp128 and
+    // pp512: widening 0.95x).
     const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
     const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
-    // F16/BF16 widen only in prompt tasks: streamed, their tiles convert
-    // in place faster (60M pp128 and pp512: widening 0.95x).
     const bool wide = n_tokens >= 4 * kTokenTile && (q6_like || (f16_like && n_tokens >= kStreamedTokens));
     if (wide) {
       j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;

@@ -58,6 +58,16 @@ inline __attribute__((always_inline)) int64_t rows_ahead(size_t unit_stride, int
   return (units > 1 ? units : 1) * static_cast<int64_t>(unit_stride);
 }
 
+// Part `part` of `Parts` of the lines of each of G groups' kBytes-long unit
+// at p (group_stride apart), `ahead` bytes further along each group's stream.
+template <int G, size_t kBytes, int Parts>
+inline __attribute__((always_inline)) void prefetch_unit_part(const uint8_t* p, size_t group_stride, int part,
+                                                              int64_t ahead) {
+  constexpr size_t kLines = (kBytes + 63) / 64;
+  const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
+  prefetch_streams<G>(p + l0 * 64, group_stride, (l1 - l0) * 64, ahead);
+}
+
 template <int G, size_t kBytes, int Parts>
 inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size_t group_stride, size_t unit_stride,
                                                           int64_t g0, int part, int64_t ahead) {
@@ -68,9 +78,7 @@ inline __attribute__((always_inline)) void prefetch_share(const uint8_t* p, size
                    rows_ahead<kBytes>(unit_stride, ahead));
     return;
   }
-  constexpr size_t kLines = (kBytes + 63) / 64;
-  const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
-  prefetch_streams<G>(p + l0 * 64, group_stride, (l1 - l0) * 64, ahead);
+  prefetch_unit_part<G, kBytes, Parts>(p, group_stride, part, ahead);
 }
 
 // Multi-token tiles whose weights come from memory or L3 (the first token
@@ -95,10 +103,7 @@ inline __attribute__((always_inline)) bool requests_next_groups(const MatmulArgs
 template <int G, size_t kBytes, int Parts>
 inline __attribute__((always_inline)) void prefetch_next_groups(const MatmulArgs& a, int64_t g0, size_t unit_offset,
                                                                 int part) {
-  constexpr size_t kLines = (kBytes + 63) / 64;
-  const size_t l0 = (part * kLines + Parts - 1) / Parts, l1 = ((part + 1) * kLines + Parts - 1) / Parts;
-  const size_t gb = a.group_stride;
-  prefetch_streams<G>(a.w + (g0 + G) * gb + unit_offset + l0 * 64, gb, (l1 - l0) * 64, 0);
+  prefetch_unit_part<G, kBytes, Parts>(a.w + (g0 + G) * a.group_stride + unit_offset, a.group_stride, part, 0);
 }
 
 // prefetch_share for a part known only at run time (a loop over a unit's
