@@ -20,6 +20,7 @@
 #include "tensor/read_probe.h"
 #include "tensor/key_layout.h"
 #include "tensor/quantize.h"
+#include "tensor/ssm_scan.h"
 
 using namespace reprise;
 
@@ -264,6 +265,34 @@ void BM_Exp(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 1024);
 }
 BENCHMARK(BM_Exp);
+
+// Mamba-1's selective scan over one 16-channel block: arg 0 tokens (1 is a
+// decode step), arg 1 d_state. Items are state elements times tokens.
+void BM_Mamba1Scan(benchmark::State& state) {
+  const int64_t n = state.range(0), ds = state.range(1), stride = 512, nc = kernels::kScanBlock;
+  std::vector<float> dt = make_x(n * stride), x = make_x(n * stride), y(n * stride), bc = make_x(n * 2 * ds);
+  std::vector<float> a = make_x(nc * ds), st(nc * ds, 0.0f);
+  for (float& v : dt) v = std::log1p(std::exp(v));
+  for (float& v : a) v = -std::exp(v);
+  kernels::Mamba1Scan s;
+  s.n_tokens = n;
+  s.channels = nc;
+  s.d_state = ds;
+  s.dt = dt.data();
+  s.x = x.data();
+  s.y = y.data();
+  s.row_stride = stride;
+  s.bc = bc.data();
+  s.bc_stride = 2 * ds;
+  s.A = a.data();
+  s.state = st.data();
+  for (auto _ : state) {
+    kernels::mamba1_scan(s);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n * nc * ds);
+}
+BENCHMARK(BM_Mamba1Scan)->ArgsProduct({{1, 512}, {16}});
 
 // Dispatch cost of one parallel_for with one trivial task per thread.
 void BM_ParallelFor(benchmark::State& state) {

@@ -10,6 +10,7 @@
 #include "model/output_head.h"
 #include "model/pass_segments.h"
 #include "tensor/kernels.h"
+#include "tensor/ssm_scan.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -19,37 +20,6 @@ namespace {
 
 // ggml_compute_softplus_f32: the time step's softplus, as the scan computes it.
 inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
-
-// exp over 8 lanes (Cephes-style range reduction and degree-5 polynomial,
-// within ~2 ulp of expf). Used for Mamba-1's d_state decay factors, the one
-// exp per state element per token; inputs there are <= 0. Lanes below the
-// float range give 0, above it +inf.
-inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  // Scale by 2^n in two steps so n = 128 (x near the top of the range) works.
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i half = _mm256_srai_epi32(ni, 1);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-  const __m256 s2 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  return _mm256_andnot_ps(underflow, y);
-}
 
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -131,24 +101,20 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
   });
 }
 
-// One state row: s = s * dA + B * x_dt; returns sum(s * C). dA is per element
-// (Mamba-1: exp(dt * A[k]), A given) or a scalar (Mamba-2: A == nullptr).
-inline float scan_row(float* s, const float* A, float dt, float dA_scalar, const float* B,
-                      const float* C, float x_dt, int64_t d_state) {
-  const __m256 vdt = _mm256_set1_ps(dt), vxdt = _mm256_set1_ps(x_dt);
-  const __m256 vdA = _mm256_set1_ps(dA_scalar);
+// One Mamba-2 state row: s = s * dA + B * x_dt (dA one value per head);
+// returns sum(s * C).
+inline float scan_row(float* s, float dA, const float* B, const float* C, float x_dt, int64_t d_state) {
+  const __m256 vxdt = _mm256_set1_ps(x_dt), vdA = _mm256_set1_ps(dA);
   __m256 acc = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= d_state; k += 8) {
-    const __m256 dA = A ? exp8(_mm256_mul_ps(vdt, _mm256_loadu_ps(A + k))) : vdA;
-    const __m256 st = _mm256_fmadd_ps(_mm256_loadu_ps(s + k), dA, _mm256_mul_ps(_mm256_loadu_ps(B + k), vxdt));
+    const __m256 st = _mm256_fmadd_ps(_mm256_loadu_ps(s + k), vdA, _mm256_mul_ps(_mm256_loadu_ps(B + k), vxdt));
     _mm256_storeu_ps(s + k, st);
     acc = _mm256_fmadd_ps(st, _mm256_loadu_ps(C + k), acc);
   }
   if (k < d_state) {
     const __m256i m = tail_mask(d_state - k);
-    const __m256 dA = A ? exp8(_mm256_mul_ps(vdt, _mm256_maskload_ps(A + k, m))) : vdA;
-    const __m256 st = _mm256_fmadd_ps(_mm256_maskload_ps(s + k, m), dA,
+    const __m256 st = _mm256_fmadd_ps(_mm256_maskload_ps(s + k, m), vdA,
                                       _mm256_mul_ps(_mm256_maskload_ps(B + k, m), vxdt));
     _mm256_maskstore_ps(s + k, m, st);
     acc = _mm256_fmadd_ps(st, _mm256_maskload_ps(C + k, m), acc);  // masked C lanes are 0
@@ -191,6 +157,21 @@ Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int
   return d;
 }
 
+namespace {
+
+// A per channel ([c][k], as stored) to the scan's layout (mamba.h).
+std::vector<float> by_scan_blocks(const std::vector<float>& per_channel, int64_t channels, int64_t d_state) {
+  std::vector<float> out(per_channel.size());
+  for (int64_t c0 = 0; c0 < channels; c0 += kernels::kScanBlock) {
+    const int64_t nc = std::min(kernels::kScanBlock, channels - c0);
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t k = 0; k < d_state; ++k) out[c0 * d_state + k * nc + c] = per_channel[(c0 + c) * d_state + k];
+  }
+  return out;
+}
+
+}  // namespace
+
 Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dims& d,
                               bool with_bc_norms) {
   const std::string p = "blk." + std::to_string(il) + ".";
@@ -201,7 +182,7 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
   L.x_proj = PackedMatrix(w.matrix(p + "ssm_x.weight", d.d_inner, d.dt_rank + 2 * d.d_state));
   L.dt_proj = PackedMatrix(w.matrix(p + "ssm_dt.weight", d.dt_rank, d.d_inner));
   L.dt_b = w.vector(p + "ssm_dt.bias", d.d_inner);
-  L.A = w.dense(p + "ssm_a", {d.d_state, d.d_inner});
+  L.A = by_scan_blocks(w.dense(p + "ssm_a", {d.d_state, d.d_inner}), d.d_inner, d.d_state);
   L.D = w.vector(p + "ssm_d", d.d_inner);
   L.out = PackedMatrix(w.matrix(p + "ssm_out.weight", d.d_inner, d.n_embd));
   if (with_bc_norms) {
@@ -274,25 +255,25 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   for (int64_t t = 0; t < n; ++t)
     for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
 
-  // Selective scan: blocks of channels in parallel; within a block, tokens in
-  // order (one cache line of dt, x and y per token) and the block's states
-  // stay in L1.
-  constexpr int64_t kBlock = 16;
+  // Selective scan (kernels::mamba1_scan): blocks of channels in parallel,
+  // each run's tokens in order within a block.
+  constexpr int64_t kBlock = kernels::kScanBlock;
   pool.parallel_for((di + kBlock - 1) / kBlock, [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
-    float sp[kBlock];
     for (const RecurrentRun& run : runs) {
-      float* ssm_state = run.ssm_state;
-      for (int64_t t = run.row0; t < run.row0 + run.n; ++t) {
-        // libm calls first, so the scan's vector constants stay in registers.
-        for (int64_t c = c0; c < c1; ++c) sp[c - c0] = softplus(dt[t * di + c]);
-        const float* B = xdb.data() + t * n_xdb + R;
-        for (int64_t c = c0; c < c1; ++c) {
-          const float x = xc[t * di + c];
-          y[t * di + c] =
-              scan_row(ssm_state + c * ds, L.A.data() + c * ds, sp[c - c0], 0.0f, B, B + ds, x * sp[c - c0], ds);
-        }
-      }
+      kernels::Mamba1Scan s;
+      s.n_tokens = run.n;
+      s.channels = c1 - c0;
+      s.d_state = ds;
+      s.dt = dt.data() + run.row0 * di + c0;
+      s.x = xc.data() + run.row0 * di + c0;
+      s.y = y.data() + run.row0 * di + c0;
+      s.row_stride = di;
+      s.bc = xdb.data() + run.row0 * n_xdb + R;
+      s.bc_stride = n_xdb;
+      s.A = L.A.data() + c0 * ds;
+      s.state = run.ssm_state + c0 * ds;
+      kernels::mamba1_scan(s);
     }
   });
   // y = (y + x * D) * silu(z), row by row.
@@ -447,7 +428,7 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
         const float* C = xt + di + ng * ds + g * ds;
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t ch = h * hd + i;
-          y[t * di + ch] = scan_row(ssm_state + ch * ds, nullptr, sp, dA, B, C, xt[ch] * sp, ds);
+          y[t * di + ch] = scan_row(ssm_state + ch * ds, dA, B, C, xt[ch] * sp, ds);
         }
       }
     }

@@ -2,11 +2,16 @@
 // heads and groups, gated RMS norm), following llama.cpp's graphs
 // (build_mamba_layer / build_mamba2_layer, ggml_ssm_conv, ggml_ssm_scan).
 //
-// Per recurrent layer the sequence state is exactly what llama.cpp keeps:
+// Per recurrent layer the sequence state holds what llama.cpp keeps:
 //   conv_state: (d_conv - 1) floats per conv channel, channel-major, oldest
 //               input first (ggml's {d_conv - 1, channels});
 //   ssm_state:  d_state floats per channel (Mamba-1: channels = d_inner;
 //               Mamba-2: head h, row i of head_dim => channel h * head_dim + i).
+//               Mamba-2 keeps them per channel as ggml does; Mamba-1 keeps
+//               them in the scan's blocks of kernels::kScanBlock channels
+//               (tensor/ssm_scan.h; the last block may be shorter): block
+//               c0 / kScanBlock at c0 * d_state, element k of its nc
+//               channels at + k * nc + (c - c0). Its A is laid out alike.
 // Everything a forward pass needs from earlier positions lives there, so the
 // cache can snapshot and restore it; nothing is kept in the model.
 //
@@ -54,7 +59,8 @@ Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int
 
 struct Mamba1Layer {
   PackedMatrix in, x_proj, dt_proj, out;
-  std::vector<float> conv_w, conv_b, dt_b, A, D;
+  std::vector<float> conv_w, conv_b, dt_b, D;
+  std::vector<float> A;  // in the scan's blocks, as the state (above)
   std::vector<float> dt_norm, b_norm, c_norm;  // empty unless weighted dt/B/C norms
 };
 

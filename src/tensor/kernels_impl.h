@@ -111,6 +111,7 @@
 #include "tensor/attention_tiled.h"
 #include "tensor/key_layout.h"
 #include "tensor/quant_blocks.h"
+#include "tensor/ssm_scan.h"
 
 namespace reprise::kernels {
 
@@ -505,6 +506,8 @@ struct IsaKernels {
   int64_t decode_prefetch_f;
   int64_t decode_prefetch_q;
   int64_t decode_prefetch_k;
+  // Mamba-1's selective scan (ssm_scan.h); every ISA's gives the same bits.
+  void (*mamba1_scan)(const Mamba1Scan& s);
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).

@@ -1,0 +1,148 @@
+// Mamba-1's selective scan kernel (tensor/ssm_scan.h): every ISA gives the
+// plain reference's bits, runs split anywhere give the same bits, and the
+// reference is what the maths says (softplus, exp, the state recurrence)
+// within float rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensor/kernels.h"
+#include "tensor/ssm_scan.h"
+
+using namespace reprise;
+
+namespace {
+
+std::vector<KernelIsa> supported_isas() {
+  std::vector<KernelIsa> v{KernelIsa::Avx2};
+  if (kernel_isa_supported(KernelIsa::Avx512)) v.push_back(KernelIsa::Avx512);
+  return v;
+}
+
+struct RestoreIsa {
+  KernelIsa saved = kernel_isa();
+  ~RestoreIsa() { set_kernel_isa(saved); }
+};
+
+// One block's inputs: token-major rows of `stride` floats (the block's
+// channels first), B and C per token, A and the state by state element.
+struct ScanCase {
+  int64_t n, nc, ds, stride;
+  std::vector<float> dt, x, bc, a, state;
+
+  ScanCase(int64_t n_tokens, int64_t channels, int64_t d_state, uint32_t seed)
+      : n(n_tokens), nc(channels), ds(d_state), stride(channels + 3) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    dt.resize(n * stride);
+    x.resize(n * stride);
+    bc.resize(n * 2 * ds);
+    a.resize(nc * ds);
+    state.resize(nc * ds);
+    // Time steps across softplus's regimes: its linear part (> 20), the
+    // edge, ordinary values, and ones whose exp underflows.
+    const float special[] = {25.0f, 20.0f, 19.5f, -30.0f, -100.0f, 0.0f, 1e-3f};
+    for (size_t i = 0; i < dt.size(); ++i) dt[i] = i % 11 < 7 ? special[i % 11] : 3.0f * normal(rng);
+    for (float& v : x) v = normal(rng);
+    for (float& v : bc) v = normal(rng);
+    // A = -exp(.), a few large enough that exp(sp * A) underflows.
+    for (size_t i = 0; i < a.size(); ++i) a[i] = i % 13 == 0 ? -200.0f : -std::exp(normal(rng));
+    for (float& v : state) v = normal(rng);
+  }
+
+  // Tokens [t0, t1) through the scan, on `state`, into y.
+  void run(int64_t t0, int64_t t1, std::vector<float>& st, std::vector<float>& y, bool reference) const {
+    kernels::Mamba1Scan s;
+    s.n_tokens = t1 - t0;
+    s.channels = nc;
+    s.d_state = ds;
+    s.dt = dt.data() + t0 * stride;
+    s.x = x.data() + t0 * stride;
+    s.y = y.data() + t0 * stride;
+    s.row_stride = stride;
+    s.bc = bc.data() + t0 * 2 * ds;
+    s.bc_stride = 2 * ds;
+    s.A = a.data();
+    s.state = st.data();
+    if (reference) kernels::mamba1_scan_reference(s);
+    else kernels::mamba1_scan(s);
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const int64_t kShapes[][3] = {{1, 16, 16}, {17, 16, 16}, {40, 9, 16}, {33, 1, 5}, {20, 16, 1}, {18, 13, 33}};
+
+TEST(Mamba1Scan, EveryIsaGivesTheReferenceBits) {
+  RestoreIsa restore;
+  for (const auto& shape : kShapes) {
+    const ScanCase c(shape[0], shape[1], shape[2], static_cast<uint32_t>(shape[0] * 100 + shape[1] + shape[2]));
+    SCOPED_TRACE("tokens " + std::to_string(c.n) + " channels " + std::to_string(c.nc) + " d_state " +
+                 std::to_string(c.ds));
+    std::vector<float> want_state = c.state, want_y(c.n * c.stride, -1.0f);
+    c.run(0, c.n, want_state, want_y, true);
+    for (KernelIsa isa : supported_isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(kernel_isa_name(isa));
+      std::vector<float> st = c.state, y(c.n * c.stride, -1.0f);
+      c.run(0, c.n, st, y, false);
+      EXPECT_TRUE(same_bits(y, want_y)) << "outputs (and nothing beyond the block's channels written)";
+      EXPECT_TRUE(same_bits(st, want_state)) << "state";
+    }
+  }
+}
+
+TEST(Mamba1Scan, RunsSplitAnywhereGiveTheSameBits) {
+  RestoreIsa restore;
+  const ScanCase c(37, 16, 16, 7);
+  for (KernelIsa isa : supported_isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    std::vector<float> whole_state = c.state, whole_y(c.n * c.stride);
+    c.run(0, c.n, whole_state, whole_y, false);
+    for (int64_t cut : {1, 15, 16, 17, 36}) {
+      std::vector<float> st = c.state, y(c.n * c.stride);
+      c.run(0, cut, st, y, false);
+      c.run(cut, c.n, st, y, false);
+      EXPECT_TRUE(same_bits(y, whole_y)) << "split at " << cut;
+      EXPECT_TRUE(same_bits(st, whole_state)) << "split at " << cut;
+    }
+  }
+}
+
+// The reference against the recurrence in double precision, with libm's
+// softplus and exp: the vector exp and log are within a few ulp, so the
+// outputs agree to float rounding of the sums.
+TEST(Mamba1Scan, ReferenceFollowsTheRecurrence) {
+  const ScanCase c(24, 16, 16, 3);
+  std::vector<float> st = c.state, y(c.n * c.stride);
+  c.run(0, c.n, st, y, true);
+  std::vector<double> s(c.state.begin(), c.state.end());
+  double worst = 0;
+  for (int64_t t = 0; t < c.n; ++t) {
+    for (int64_t ch = 0; ch < c.nc; ++ch) {
+      const double raw = c.dt[t * c.stride + ch];
+      const double sp = raw > 20 ? raw : std::log(1 + std::exp(raw));
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < c.ds; ++k) {
+        double& v = s[k * c.nc + ch];
+        v = v * std::exp(sp * c.a[k * c.nc + ch]) + c.bc[t * 2 * c.ds + k] * (c.x[t * c.stride + ch] * sp);
+        sum += v * c.bc[t * 2 * c.ds + c.ds + k];
+        magnitude += std::fabs(v * c.bc[t * 2 * c.ds + c.ds + k]);
+      }
+      const double err = std::fabs(y[t * c.stride + ch] - sum) / (magnitude + 1e-30);
+      worst = std::max(worst, err);
+    }
+  }
+  EXPECT_LT(worst, 1e-5) << "relative to the sum of |terms|";
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(st[i], s[i], 1e-4 * (1 + std::fabs(s[i]))) << "state " << i;
+}
+
+}  // namespace
