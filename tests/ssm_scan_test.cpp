@@ -45,13 +45,15 @@ struct ScanCase {
     a.resize(nc * ds);
     state.resize(nc * ds);
     // Time steps across softplus's regimes: its linear part (> 20), the
-    // edge, ordinary values, and ones whose exp underflows.
-    const float special[] = {25.0f, 20.0f, 19.5f, -30.0f, -100.0f, 0.0f, 1e-3f};
-    for (size_t i = 0; i < dt.size(); ++i) dt[i] = i % 11 < 7 ? special[i % 11] : 3.0f * normal(rng);
+    // edge, ordinary values, and ones whose exp underflows; 21.8 and 21.83
+    // times A = -4 put exp(sp * A) among the subnormals.
+    const float special[] = {25.0f, 20.0f, 19.5f, -30.0f, -100.0f, 0.0f, 1e-3f, 21.8f, 21.83f};
+    for (size_t i = 0; i < dt.size(); ++i) dt[i] = i % 13 < 9 ? special[i % 13] : 3.0f * normal(rng);
     for (float& v : x) v = normal(rng);
     for (float& v : bc) v = normal(rng);
     // A = -exp(.), a few large enough that exp(sp * A) underflows.
-    for (size_t i = 0; i < a.size(); ++i) a[i] = i % 13 == 0 ? -200.0f : -std::exp(normal(rng));
+    for (size_t i = 0; i < a.size(); ++i)
+      a[i] = i % 13 == 0 ? -200.0f : i % 5 == 0 ? -4.0f : -std::exp(normal(rng));
     for (float& v : state) v = normal(rng);
   }
 
