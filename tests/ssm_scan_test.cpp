@@ -1,10 +1,11 @@
-// Mamba-1's selective scan kernel (tensor/ssm_scan.h): every ISA gives the
+// The selective scan kernels (tensor/ssm_scan.h): every ISA gives the
 // plain reference's bits, runs split anywhere give the same bits, and the
 // reference is what the maths says (softplus, exp, the state recurrence)
 // within float rounding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -141,6 +142,100 @@ TEST(Mamba1Scan, ReferenceFollowsTheRecurrence) {
       }
       const double err = std::fabs(y[t * c.stride + ch] - sum) / (magnitude + 1e-30);
       worst = std::max(worst, err);
+    }
+  }
+  EXPECT_LT(worst, 1e-5) << "relative to the sum of |terms|";
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(st[i], s[i], 1e-4 * (1 + std::fabs(s[i]))) << "state " << i;
+}
+
+// Mamba-2: rows of one head (in blocks of 16) with per-token sp and dA, x
+// and y with different row strides, B and C apart.
+struct Scan2Case {
+  int64_t n, nc, ds, x_stride, y_stride;
+  std::vector<float> sp, dA, x, bc, state;
+
+  Scan2Case(int64_t n_tokens, int64_t channels, int64_t d_state, uint32_t seed)
+      : n(n_tokens), nc(channels), ds(d_state), x_stride(channels + 5), y_stride(channels + 1) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    sp.resize(n);
+    dA.resize(n);
+    for (int64_t t = 0; t < n; ++t) {
+      sp[t] = std::log1p(std::exp(2.0f * normal(rng)));
+      dA[t] = std::exp(-sp[t] * std::exp(normal(rng)));
+    }
+    x.resize(n * x_stride);
+    bc.resize(n * 3 * ds);
+    state.resize(nc * ds);
+    for (float& v : x) v = normal(rng);
+    for (float& v : bc) v = normal(rng);
+    for (float& v : state) v = normal(rng);
+  }
+
+  void run(int64_t t0, int64_t t1, std::vector<float>& st, std::vector<float>& y, bool reference) const {
+    kernels::Mamba2Scan s;
+    s.n_tokens = t1 - t0;
+    s.channels = nc;
+    s.d_state = ds;
+    s.sp = sp.data() + t0;
+    s.dA = dA.data() + t0;
+    s.x = x.data() + t0 * x_stride;
+    s.x_stride = x_stride;
+    s.y = y.data() + t0 * y_stride;
+    s.y_stride = y_stride;
+    s.b = bc.data() + t0 * 3 * ds;
+    s.c = bc.data() + t0 * 3 * ds + 2 * ds;  // a gap between B and C
+    s.bc_stride = 3 * ds;
+    s.state = st.data();
+    if (reference) kernels::mamba2_scan_reference(s);
+    else kernels::mamba2_scan(s);
+  }
+};
+
+TEST(Mamba2Scan, EveryIsaGivesTheReferenceBitsAndSplitsAgree) {
+  RestoreIsa restore;
+  for (const auto& shape : {std::array<int64_t, 3>{1, 16, 128}, {21, 16, 16}, {19, 11, 64}, {30, 1, 7}, {1, 64, 128},
+                            {7, 40, 16}, {22, 72, 9}}) {
+    const Scan2Case c(shape[0], shape[1], shape[2], static_cast<uint32_t>(shape[0] + 7 * shape[1] + shape[2]));
+    SCOPED_TRACE("tokens " + std::to_string(c.n) + " rows " + std::to_string(c.nc) + " d_state " +
+                 std::to_string(c.ds));
+    std::vector<float> want_state = c.state, want_y(c.n * c.y_stride, -1.0f);
+    c.run(0, c.n, want_state, want_y, true);
+    for (KernelIsa isa : supported_isas()) {
+      set_kernel_isa(isa);
+      SCOPED_TRACE(kernel_isa_name(isa));
+      std::vector<float> st = c.state, y(c.n * c.y_stride, -1.0f);
+      c.run(0, c.n, st, y, false);
+      EXPECT_TRUE(same_bits(y, want_y)) << "outputs (and nothing beyond the rows written)";
+      EXPECT_TRUE(same_bits(st, want_state)) << "state";
+      if (c.n > 1) {
+        std::vector<float> st2 = c.state, y2(c.n * c.y_stride, -1.0f);
+        c.run(0, c.n / 2, st2, y2, false);
+        c.run(c.n / 2, c.n, st2, y2, false);
+        EXPECT_TRUE(same_bits(y2, want_y) && same_bits(st2, want_state)) << "split at " << c.n / 2;
+      }
+    }
+  }
+}
+
+// The reference against the recurrence in double precision.
+TEST(Mamba2Scan, ReferenceFollowsTheRecurrence) {
+  const Scan2Case c(20, 16, 64, 5);
+  std::vector<float> st = c.state, y(c.n * c.y_stride);
+  c.run(0, c.n, st, y, true);
+  std::vector<double> s(c.state.begin(), c.state.end());
+  double worst = 0;
+  for (int64_t t = 0; t < c.n; ++t) {
+    for (int64_t ch = 0; ch < c.nc; ++ch) {
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < c.ds; ++k) {
+        double& v = s[k * c.nc + ch];
+        v = v * c.dA[t] + c.bc[t * 3 * c.ds + k] * (double(c.x[t * c.x_stride + ch]) * c.sp[t]);
+        const double term = v * c.bc[t * 3 * c.ds + 2 * c.ds + k];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      worst = std::max(worst, std::fabs(y[t * c.y_stride + ch] - sum) / (magnitude + 1e-30));
     }
   }
   EXPECT_LT(worst, 1e-5) << "relative to the sum of |terms|";

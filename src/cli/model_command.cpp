@@ -28,6 +28,7 @@ void register_model(CLI::App& app) {
   struct MakeOptions {
     std::string preset = "tiny", arch, dtype, out;
     int64_t n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_vocab = 0, n_ctx = 0;
+    int64_t d_inner = 0, d_state = 0, dt_rank = 0, ssm_n_head = 0, n_group = 0;
     uint64_t seed = 0;
     bool tied = false;
   };
@@ -45,6 +46,11 @@ void register_model(CLI::App& app) {
   make->add_option("--ff", mo->n_ff, "Feed-forward width");
   make->add_option("--vocab", mo->n_vocab, "Vocabulary size");
   make->add_option("--ctx", mo->n_ctx, "Context length");
+  make->add_option("--ssm-inner", mo->d_inner, "Recurrent layers: inner size (d_inner)");
+  make->add_option("--ssm-state", mo->d_state, "Recurrent layers: state size per channel (d_state)");
+  make->add_option("--ssm-dt-rank", mo->dt_rank, "Mamba/jamba: time step rank");
+  make->add_option("--ssm-heads", mo->ssm_n_head, "Mamba-2: heads");
+  make->add_option("--ssm-groups", mo->n_group, "Mamba-2: B/C groups");
   make->add_option("--seed", mo->seed, "Weight seed");
   make->add_flag("--tied", mo->tied, "Tie the output projection to the token embedding");
   make->add_option("-o,--output", mo->out, "Output GGUF path")->required();
@@ -59,6 +65,11 @@ void register_model(CLI::App& app) {
     if (mo->n_ff) s.n_ff = mo->n_ff;
     if (mo->n_vocab) s.n_vocab = mo->n_vocab;
     if (mo->n_ctx) s.n_ctx = mo->n_ctx;
+    if (mo->d_inner) s.d_inner = mo->d_inner;
+    if (mo->d_state) s.d_state = mo->d_state;
+    if (mo->dt_rank) s.dt_rank = mo->dt_rank;
+    if (mo->ssm_n_head) s.ssm_n_head = mo->ssm_n_head;
+    if (mo->n_group) s.n_group = mo->n_group;
     if (mo->seed) s.seed = mo->seed;
     if (mo->tied) s.tied_output = true;
     validate_synthetic_spec(s);

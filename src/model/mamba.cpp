@@ -21,19 +21,6 @@ namespace {
 // ggml_compute_softplus_f32: the time step's softplus, as the scan computes it.
 inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Lane mask for the first `rem` (1..8) lanes of a masked load/store.
-inline __m256i tail_mask(int64_t rem) {
-  alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - rem));
-}
-
 // ------------------------------------------------------------ shared steps
 
 // x[i] = silu(x[i]) = x / (1 + e^-x) over a row, e^x by the kernels' expf_vec
@@ -99,27 +86,6 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
       for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = ring[((n + j) % K) * kBlock + c];
     }
   });
-}
-
-// One Mamba-2 state row: s = s * dA + B * x_dt (dA one value per head);
-// returns sum(s * C).
-inline float scan_row(float* s, float dA, const float* B, const float* C, float x_dt, int64_t d_state) {
-  const __m256 vxdt = _mm256_set1_ps(x_dt), vdA = _mm256_set1_ps(dA);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= d_state; k += 8) {
-    const __m256 st = _mm256_fmadd_ps(_mm256_loadu_ps(s + k), vdA, _mm256_mul_ps(_mm256_loadu_ps(B + k), vxdt));
-    _mm256_storeu_ps(s + k, st);
-    acc = _mm256_fmadd_ps(st, _mm256_loadu_ps(C + k), acc);
-  }
-  if (k < d_state) {
-    const __m256i m = tail_mask(d_state - k);
-    const __m256 st = _mm256_fmadd_ps(_mm256_maskload_ps(s + k, m), vdA,
-                                      _mm256_mul_ps(_mm256_maskload_ps(B + k, m), vxdt));
-    _mm256_maskstore_ps(s + k, m, st);
-    acc = _mm256_fmadd_ps(st, _mm256_maskload_ps(C + k, m), acc);  // masked C lanes are 0
-  }
-  return hsum8(acc);
 }
 
 }  // namespace
@@ -410,27 +376,34 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   conv_silu(zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
             conv_ch, pool);
 
-  // Scan: (head, block of head rows) tasks; tokens in order within a task.
-  constexpr int64_t kRows = 16;
-  const int64_t row_blocks = (hd + kRows - 1) / kRows;
+  // Scan (kernels::mamba2_scan): a task per head, each run's tokens in
+  // order within it.
   const int64_t heads_per_group = nh / ng;
-  pool.parallel_for(nh * row_blocks, [&](int64_t task) {
-    const int64_t h = task / row_blocks;
-    const int64_t i0 = (task % row_blocks) * kRows, i1 = std::min(hd, i0 + kRows);
-    const int64_t g = h / heads_per_group;
+  pool.parallel_for(nh, [&](int64_t h) {
+    const int64_t g = h / heads_per_group, c0 = h * hd;
+    thread_local std::vector<float> sp, dA;
+    sp.resize(n);
+    dA.resize(n);
+    for (int64_t t = 0; t < n; ++t) {
+      sp[t] = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
+      dA[t] = std::exp(sp[t] * L.A[h]);
+    }
     for (const RecurrentRun& run : runs) {
-      float* ssm_state = run.ssm_state;
-      for (int64_t t = run.row0; t < run.row0 + run.n; ++t) {
-        const float sp = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
-        const float dA = std::exp(sp * L.A[h]);
-        const float* xt = xbc.data() + t * conv_ch;
-        const float* B = xt + di + g * ds;
-        const float* C = xt + di + ng * ds + g * ds;
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t ch = h * hd + i;
-          y[t * di + ch] = scan_row(ssm_state + ch * ds, dA, B, C, xt[ch] * sp, ds);
-        }
-      }
+      kernels::Mamba2Scan s;
+      s.n_tokens = run.n;
+      s.channels = hd;
+      s.d_state = ds;
+      s.sp = sp.data() + run.row0;
+      s.dA = dA.data() + run.row0;
+      s.x = xbc.data() + run.row0 * conv_ch + c0;
+      s.x_stride = conv_ch;
+      s.y = y.data() + run.row0 * di + c0;
+      s.y_stride = di;
+      s.b = xbc.data() + run.row0 * conv_ch + di + g * ds;
+      s.c = xbc.data() + run.row0 * conv_ch + di + ng * ds + g * ds;
+      s.bc_stride = conv_ch;
+      s.state = run.ssm_state + c0 * ds;
+      kernels::mamba2_scan(s);
     }
   });
   // y = (y + x * D) * silu(z), then the grouped RMS norm over d_inner / n_group.

@@ -6,12 +6,13 @@
 //   conv_state: (d_conv - 1) floats per conv channel, channel-major, oldest
 //               input first (ggml's {d_conv - 1, channels});
 //   ssm_state:  d_state floats per channel (Mamba-1: channels = d_inner;
-//               Mamba-2: head h, row i of head_dim => channel h * head_dim + i).
-//               Mamba-2 keeps them per channel as ggml does; Mamba-1 keeps
-//               them in the scan's blocks of kernels::kScanBlock channels
-//               (tensor/ssm_scan.h; the last block may be shorter): block
-//               c0 / kScanBlock at c0 * d_state, element k of its nc
-//               channels at + k * nc + (c - c0). Its A is laid out alike.
+//               Mamba-2: head h, row i of head_dim => channel h * head_dim + i),
+//               in the scans' blocks (tensor/ssm_scan.h) rather than
+//               channel by channel: blocks of kernels::kScanBlock channels
+//               (Mamba-2: of one head's rows), the last one of d_inner (of a
+//               head) shorter where needed; the block from channel c0 is at
+//               c0 * d_state, element k of its nc channels at
+//               + k * nc + (c - c0). Mamba-1's A is laid out alike.
 // Everything a forward pass needs from earlier positions lives there, so the
 // cache can snapshot and restore it; nothing is kept in the model.
 //

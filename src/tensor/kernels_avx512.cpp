@@ -1550,7 +1550,7 @@ const IsaKernels& avx512_kernels() {
                             /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
                             /*regions_q8_0=*/kRowGroupsQ,
                             /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,
-                            /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512, &mamba1_scan_avx512};
+                            /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512, &mamba1_scan_avx512, &mamba2_scan_avx512};
   return k;
 }
 

@@ -506,8 +506,9 @@ struct IsaKernels {
   int64_t decode_prefetch_f;
   int64_t decode_prefetch_q;
   int64_t decode_prefetch_k;
-  // Mamba-1's selective scan (ssm_scan.h); every ISA's gives the same bits.
+  // The selective scans (ssm_scan.h); every ISA's give the same bits.
   void (*mamba1_scan)(const Mamba1Scan& s);
+  void (*mamba2_scan)(const Mamba2Scan& s);
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).

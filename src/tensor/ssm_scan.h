@@ -1,4 +1,5 @@
-// Mamba-1's selective scan (ggml_ssm_scan for a per-element A): the one
+// The selective scans of the recurrent models. Mamba-1's (ggml_ssm_scan for
+// a per-element A; Mamba-2's is at the end): the one
 // exp per state element per token of the recurrent models, which made the
 // scan a third of a small jamba's prompt time, and the time step's
 // softplus, which libm's logf and expf made another quarter. Vectors run
@@ -89,8 +90,41 @@ void mamba1_scan(const Mamba1Scan& s);
 // The same operations written plainly, one element at a time, for tests.
 void mamba1_scan_reference(const Mamba1Scan& s);
 
+// Mamba-2's scan (ggml_ssm_scan with one A per head): `channels` rows of
+// one head, which share each token's time step sp (softplus'd) and decay
+// dA = exp(sp * A). Per token t, row c and state element k in order:
+//
+//   s = fma(s[c][k], dA[t], B[t][k] * (x[t][c] * sp[t]))
+//   y = fma(s, C[t][k], y)                          (y starts at +0)
+//
+// A row's sum is a chain of d_state fmas (128 in the usual shapes): the
+// kernels keep several chains in flight, of 4 tokens in prompts and of a
+// head's row blocks in decode, never by reordering a sum.
+struct Mamba2Scan {
+  int64_t n_tokens = 0;
+  int64_t channels = 0;
+  int64_t d_state = 0;
+  const float* sp = nullptr;  // sp[t]
+  const float* dA = nullptr;  // dA[t]
+  const float* x = nullptr;   // x[t * x_stride + c]
+  int64_t x_stride = 0;
+  float* y = nullptr;         // y[t * y_stride + c]
+  int64_t y_stride = 0;
+  // Token t's B at b + t * bc_stride, its C at c + t * bc_stride.
+  const float* b = nullptr;
+  const float* c = nullptr;
+  int64_t bc_stride = 0;
+  // In blocks of kScanBlock rows (the last may be shorter): the block from
+  // row r0 (nc rows) at r0 * d_state, element k of row r at + k * nc + r - r0.
+  float* state = nullptr;
+};
+void mamba2_scan(const Mamba2Scan& s);
+void mamba2_scan_reference(const Mamba2Scan& s);
+
 // The ISAs' kernels (ssm_scan.cpp, ssm_scan_avx512.cpp).
 void mamba1_scan_avx2(const Mamba1Scan& s);
 void mamba1_scan_avx512(const Mamba1Scan& s);
+void mamba2_scan_avx2(const Mamba2Scan& s);
+void mamba2_scan_avx512(const Mamba2Scan& s);
 
 }  // namespace reprise::kernels

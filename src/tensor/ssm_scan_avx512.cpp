@@ -1,6 +1,6 @@
-// Mamba-1's selective scan with 16-lane AVX-512 vectors: a block's 16
-// channels in one vector, so each state element of a token costs one vector
-// exp where the AVX2 kernel takes two (ssm_scan.h states the operations; the
+// The selective scans with 16-lane AVX-512 vectors: a block's 16 channels
+// in one vector, so each state element of a token costs one vector exp
+// (Mamba-1) where the AVX2 kernel takes two (ssm_scan.h states the operations; the
 // same bits as ssm_scan.cpp's kernel).
 //
 // Everything below the target pragma is compiled for AVX-512 and runs only
@@ -106,6 +106,99 @@ void mamba1_scan_avx512(const Mamba1Scan& s) {
         y = _mm512_fmadd_ps(v, _mm512_set1_ps(c[k]), y);
       }
       _mm512_mask_storeu_ps(s.y + row, m, y);
+    }
+  }
+}
+
+namespace {
+
+// The rows of a Mamba-2 block: its first row, count, lane mask and state.
+struct Block2 {
+  int64_t r0, nc;
+  __mmask16 m;
+  float* state;
+};
+
+Block2 block2(const Mamba2Scan& s, int64_t r0) {
+  const int64_t nc = s.channels - r0 < kScanBlock ? s.channels - r0 : kScanBlock;
+  return {r0, nc, static_cast<__mmask16>((1u << nc) - 1), s.state + r0 * s.d_state};
+}
+
+// Tokens t0 .. t0 + T - 1 of one block: each state element is loaded once
+// and taken through the T tokens in order; the T sums are independent
+// chains. Each token's operations are the one-token ones.
+template <int T>
+__attribute__((always_inline)) inline void mamba2_tokens(const Mamba2Scan& s, const Block2& k2, int64_t t0) {
+  __m512 x_dt[T], dA[T], y[T];
+  const float *b[T], *c[T];
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    const int64_t t = t0 + j;
+    x_dt[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(k2.m, s.x + t * s.x_stride + k2.r0), _mm512_set1_ps(s.sp[t]));
+    dA[j] = _mm512_set1_ps(s.dA[t]);
+    b[j] = s.b + t * s.bc_stride;
+    c[j] = s.c + t * s.bc_stride;
+    y[j] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < s.d_state; ++k) {
+    float* st = k2.state + k * k2.nc;
+    __m512 v = _mm512_maskz_loadu_ps(k2.m, st);
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      v = _mm512_fmadd_ps(v, dA[j], _mm512_mul_ps(_mm512_set1_ps(b[j][k]), x_dt[j]));
+      y[j] = _mm512_fmadd_ps(v, _mm512_set1_ps(c[j][k]), y[j]);
+    }
+    _mm512_mask_storeu_ps(st, k2.m, v);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) _mm512_mask_storeu_ps(s.y + (t0 + j) * s.y_stride + k2.r0, k2.m, y[j]);
+}
+
+// Token t of NB blocks, whose sums are independent chains.
+template <int NB>
+__attribute__((always_inline)) inline void mamba2_blocks(const Mamba2Scan& s, const Block2* blocks, int64_t t) {
+  const __m512 dA = _mm512_set1_ps(s.dA[t]), sp = _mm512_set1_ps(s.sp[t]);
+  const float* b = s.b + t * s.bc_stride;
+  const float* c = s.c + t * s.bc_stride;
+  __m512 x_dt[NB], y[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    x_dt[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(blocks[j].m, s.x + t * s.x_stride + blocks[j].r0), sp);
+    y[j] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < s.d_state; ++k) {
+    const __m512 bk = _mm512_set1_ps(b[k]), ck = _mm512_set1_ps(c[k]);
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      float* st = blocks[j].state + k * blocks[j].nc;
+      const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(blocks[j].m, st), dA, _mm512_mul_ps(bk, x_dt[j]));
+      _mm512_mask_storeu_ps(st, blocks[j].m, v);
+      y[j] = _mm512_fmadd_ps(v, ck, y[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) _mm512_mask_storeu_ps(s.y + t * s.y_stride + blocks[j].r0, blocks[j].m, y[j]);
+}
+
+}  // namespace
+
+void mamba2_scan_avx512(const Mamba2Scan& s) {
+  const int64_t tokens4 = s.n_tokens / 4 * 4;
+  // Groups of up to 4 blocks: 4 tokens at a time in each block, then the
+  // tokens left over (all of them in decode) with the blocks interleaved.
+  for (int64_t g0 = 0; g0 < s.channels; g0 += 4 * kScanBlock) {
+    Block2 blocks[4];
+    int nb = 0;
+    for (int64_t r0 = g0; r0 < s.channels && nb < 4; r0 += kScanBlock) blocks[nb++] = block2(s, r0);
+    for (int j = 0; j < nb; ++j)
+      for (int64_t t = 0; t < tokens4; t += 4) mamba2_tokens<4>(s, blocks[j], t);
+    for (int64_t t = tokens4; t < s.n_tokens; ++t) {
+      switch (nb) {
+        case 4: mamba2_blocks<4>(s, blocks, t); break;
+        case 3: mamba2_blocks<3>(s, blocks, t); break;
+        case 2: mamba2_blocks<2>(s, blocks, t); break;
+        default: mamba2_blocks<1>(s, blocks, t); break;
+      }
     }
   }
 }
