@@ -23,17 +23,6 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp
 
 // ------------------------------------------------------------ shared steps
 
-// x[i] = silu(x[i]) = x / (1 + e^-x) over a row, e^x by the kernels' expf_vec
-// (ggml's vector expf, as ggml's vectorized SiLU). Rows are whole channel
-// blocks, so which lanes run vectorized never depends on the batch.
-void silu_row(float* x, int64_t n) {
-  thread_local std::vector<float> e;
-  e.resize(n);
-  for (int64_t i = 0; i < n; ++i) e[i] = -x[i];
-  expf_vec(e.data(), e.data(), n);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + e[i]);
-}
-
 int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : runs.back().row0 + runs.back().n; }
 
 // ggml_ssm_conv + bias + SiLU over `channels` channels for every run's rows.
@@ -42,48 +31,56 @@ int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : 
 // its last K-1 inputs; dst: token-major (row stride dst_stride).
 //
 // Each output is ((0 + x[t-K+1] w[0]) + x[t-K+2] w[1]) + ... in fused
-// multiply-adds, the order of ggml's row-wise sum, whatever the batch. Vectors
-// run across channels; blocks of channels run in parallel, each run's tokens
-// in order.
+// multiply-adds, the order of ggml's row-wise sum, whatever the batch; then
+// the bias, and SiLU as x / (1 + e^-x) with the kernels' vector exp (ggml's
+// vector expf, as ggml's vectorized SiLU: silu_in_place). Vectors run across channels; blocks of
+// channels run in parallel, each run's tokens in order.
 void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span<const RecurrentRun> runs,
                int64_t K, const float* w, const float* b, float* dst, int64_t dst_stride, ThreadPool& pool) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
   pool.parallel_for(n_blocks, [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
-    // ring[r] holds one input row (kBlock channels); taps[j] the j-th tap.
-    thread_local std::vector<float> ring, taps;
-    ring.assign(K * kBlock, 0.0f);
+    // taps[j] the block's j-th taps; history[i] the input K-1-i steps
+    // before a run's first token (from its conv_state), all kBlock wide.
+    thread_local std::vector<float> taps, history;
     taps.assign(K * kBlock, 0.0f);
+    history.assign(K * kBlock, 0.0f);
     for (int64_t c = 0; c < nc; ++c)
       for (int64_t j = 0; j < K; ++j) taps[j * kBlock + c] = w[(c0 + c) * K + j];
+    thread_local std::vector<const float*> in;
+    in.resize(K);
     for (const RecurrentRun& run : runs) {
-    float* state = run.conv_state;
-    const int64_t n = run.n;
-    for (int64_t j = 0; j + 1 < K; ++j)
-      for (int64_t c = 0; c < nc; ++c) ring[j * kBlock + c] = state[(c0 + c) * (K - 1) + j];
-    // Input at relative time t + j - (K-1) lives in ring[(t + j) % K].
-    for (int64_t t = 0; t < n; ++t) {
-      float* newest = ring.data() + ((t + K - 1) % K) * kBlock;
-      std::memcpy(newest, src + (run.row0 + t) * src_stride + c0, nc * sizeof(float));
-      float* out = dst + (run.row0 + t) * dst_stride + c0;
-      int64_t c = 0;
-      for (; c + 8 <= nc; c += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = 0; j < K; ++j)
-          acc = _mm256_fmadd_ps(_mm256_loadu_ps(ring.data() + ((t + j) % K) * kBlock + c),
-                                _mm256_loadu_ps(taps.data() + j * kBlock + c), acc);
-        _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
+      float* state = run.conv_state;
+      const int64_t n = run.n;
+      for (int64_t j = 0; j + 1 < K; ++j)
+        for (int64_t c = 0; c < nc; ++c) history[j * kBlock + c] = state[(c0 + c) * (K - 1) + j];
+      // The input at relative time tau (tau < 0: before the run).
+      auto input = [&](int64_t tau) -> const float* {
+        return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : history.data() + (K - 1 + tau) * kBlock;
+      };
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
+        float* out = dst + (run.row0 + t) * dst_stride + c0;
+        int64_t c = 0;
+        for (; c + 8 <= nc; c += 8) {
+          __m256 acc = _mm256_setzero_ps();
+          for (int64_t j = 0; j < K; ++j)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j] + c), _mm256_loadu_ps(taps.data() + j * kBlock + c), acc);
+          _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
+        }
+        for (; c < nc; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < K; ++j) acc = std::fma(in[j][c], taps[j * kBlock + c], acc);
+          out[c] = acc + b[c0 + c];
+        }
+        silu_in_place(out, nc);
       }
-      for (; c < nc; ++c) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < K; ++j) acc = std::fma(ring[((t + j) % K) * kBlock + c], taps[j * kBlock + c], acc);
-        out[c] = acc + b[c0 + c];
+      // The run's last K-1 inputs become the state.
+      for (int64_t j = 0; j + 1 < K; ++j) {
+        const float* row = input(n + j - (K - 1));
+        for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = row[c];
       }
-      silu_row(out, nc);
-    }
-    for (int64_t j = 0; j + 1 < K; ++j)
-      for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = ring[((n + j) % K) * kBlock + c];
     }
   });
 }

@@ -142,6 +142,8 @@ float silu(float x);
 float gelu_tanh(float x);
 // g[i] = silu(g[i]) * u[i] (vectorized; silu uses expf_vec below).
 void silu_mul(float* g, const float* u, int64_t n);
+// x[i] = silu(x[i]), each element's bits those of silu() wherever it falls.
+void silu_in_place(float* x, int64_t n);
 // GELU's tanh form as x / (1 + e^(-2y)) on the vector exp (expf_vec's
 // algorithm): within a few ulp of gelu_tanh, the same bits for an element
 // wherever it falls in a row.
