@@ -23,6 +23,21 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp
 
 // ------------------------------------------------------------ shared steps
 
+// fn(block) for block in [0, n_blocks), in tasks of consecutive blocks of
+// about kTaskWork units each (block_work per block, roughly operations):
+// a decode step's small element-wise passes run inline or in a few tasks
+// rather than as one task per block, each a claim on a line the other
+// threads share (a step's SSM conv: 24 claims for ~1 us of work).
+template <typename Fn>
+void for_blocks(ThreadPool& pool, int64_t n_blocks, int64_t block_work, Fn&& fn) {
+  constexpr int64_t kTaskWork = int64_t(1) << 15;
+  const int64_t per_task = std::max<int64_t>(1, kTaskWork / std::max<int64_t>(1, block_work));
+  const int64_t n_tasks = (n_blocks + per_task - 1) / per_task;
+  pool.parallel_for(n_tasks, [&](int64_t task) {
+    for (int64_t b = task * per_task; b < std::min(n_blocks, (task + 1) * per_task); ++b) fn(b);
+  });
+}
+
 int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : runs.back().row0 + runs.back().n; }
 
 // ggml_ssm_conv + bias + SiLU over `channels` channels for every run's rows.
@@ -39,7 +54,7 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
                int64_t K, const float* w, const float* b, float* dst, int64_t dst_stride, ThreadPool& pool) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
-  pool.parallel_for(n_blocks, [&](int64_t blk) {
+  for_blocks(pool, n_blocks, rows_of(runs) * kBlock * (K + 8), [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
     // taps[j] the block's j-th taps; history[i] the input K-1-i steps
     // before a run's first token (from its conv_state), all kBlock wide.
@@ -221,7 +236,7 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   // Selective scan (kernels::mamba1_scan): blocks of channels in parallel,
   // each run's tokens in order within a block.
   constexpr int64_t kBlock = kernels::kScanBlock;
-  pool.parallel_for((di + kBlock - 1) / kBlock, [&](int64_t blk) {
+  for_blocks(pool, (di + kBlock - 1) / kBlock, n * kBlock * ds * 24, [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
     for (const RecurrentRun& run : runs) {
       kernels::Mamba1Scan s;
@@ -376,7 +391,7 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   // Scan (kernels::mamba2_scan): a task per head, each run's tokens in
   // order within it.
   const int64_t heads_per_group = nh / ng;
-  pool.parallel_for(nh, [&](int64_t h) {
+  for_blocks(pool, nh, n * hd * ds * 4, [&](int64_t h) {
     const int64_t g = h / heads_per_group, c0 = h * hd;
     thread_local std::vector<float> sp, dA;
     sp.resize(n);
