@@ -501,6 +501,10 @@ TEST(SsmReference, OddShapesMatchAPlainTranscription) {
   m1.n_vocab = 300; m1.tied_output = true;
   SyntheticModelSpec m1b = m1;
   m1b.d_state = 21; m1b.d_conv = 5; m1b.tied_output = false; m1b.seed = 3;
+  // More taps than the conv takes in one pass (16), and d_inner not a
+  // multiple of the scan's 16-channel blocks.
+  SyntheticModelSpec m1c = m1;
+  m1c.d_state = 16; m1c.d_conv = 18; m1c.d_inner = 40; m1c.seed = 4;
   SyntheticModelSpec m2 = synthetic_preset("tiny-mamba2");
   m2.dtype = DType::F32;
   m2.n_embd = 48; m2.d_inner = 96; m2.d_state = 12; m2.n_group = 2; m2.ssm_n_head = 6; m2.d_conv = 3;
@@ -509,7 +513,8 @@ TEST(SsmReference, OddShapesMatchAPlainTranscription) {
   m2b.dtype = DType::F32;
   m2b.n_vocab = 300;
   const std::vector<std::pair<std::string, SyntheticModelSpec>> specs = {
-      {"ref-mamba-odd", m1}, {"ref-mamba-odd2", m1b}, {"ref-mamba2-groups", m2}, {"ref-mamba2", m2b}};
+      {"ref-mamba-odd", m1}, {"ref-mamba-odd2", m1b}, {"ref-mamba-taps", m1c}, {"ref-mamba2-groups", m2},
+      {"ref-mamba2", m2b}};
   ThreadPool pool(2);
   Rewriter rw;
   for (const auto& [tag, spec] : specs) {

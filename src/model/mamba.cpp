@@ -38,66 +38,85 @@ void for_blocks(ThreadPool& pool, int64_t n_blocks, int64_t block_work, Fn&& fn)
   });
 }
 
+// Passes of at most this many rows scan on the calling thread (mamba1_mix).
+constexpr int64_t kInlineScanRows = 2;
+
+// Requests [p, p + bytes) into the cache ahead of its use (for writing too:
+// the scans update their state in place).
+void request_lines(const float* p, int64_t bytes, bool for_write) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) {
+    if (for_write) __builtin_prefetch(c + off, 1);
+    else __builtin_prefetch(c + off, 0);
+  }
+}
+
 int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : runs.back().row0 + runs.back().n; }
 
 // ggml_ssm_conv + bias + SiLU over `channels` channels for every run's rows.
-// src: token-major inputs (row stride src_stride); w: K taps per channel;
-// each run's conv_state: (K-1) floats per channel, oldest first, updated to
-// its last K-1 inputs; dst: token-major (row stride dst_stride).
+// src: token-major inputs (row stride src_stride); w: the taps by tap
+// ([j][channels], tap_major); each run's conv_state: the K-1 inputs before
+// it, oldest first, by input ([i][channels], mamba.h), updated to its last
+// K-1 inputs; dst: token-major (row stride dst_stride).
 //
 // Each output is ((0 + x[t-K+1] w[0]) + x[t-K+2] w[1]) + ... in fused
 // multiply-adds, the order of ggml's row-wise sum, whatever the batch; then
 // the bias, and SiLU as x / (1 + e^-x) with the kernels' vector exp (ggml's
-// vector expf, as ggml's vectorized SiLU: silu_in_place). Vectors run across channels; blocks of
-// channels run in parallel, each run's tokens in order.
+// vector expf, as ggml's vectorized SiLU: silu_in_place). Vectors run
+// across channels, reading every input in place; blocks of channels run in
+// parallel, each run's tokens in order.
 void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span<const RecurrentRun> runs,
                int64_t K, const float* w, const float* b, float* dst, int64_t dst_stride, ThreadPool& pool) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
   for_blocks(pool, n_blocks, rows_of(runs) * kBlock * (K + 8), [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
-    // taps[j] the block's j-th taps; history[i] the input K-1-i steps
-    // before a run's first token (from its conv_state), all kBlock wide.
-    thread_local std::vector<float> taps, history;
-    taps.assign(K * kBlock, 0.0f);
-    history.assign(K * kBlock, 0.0f);
-    for (int64_t c = 0; c < nc; ++c)
-      for (int64_t j = 0; j < K; ++j) taps[j * kBlock + c] = w[(c0 + c) * K + j];
-    thread_local std::vector<const float*> in;
-    in.resize(K);
+    constexpr int64_t kMaxTaps = 16;
+    const float* in[kMaxTaps];
     for (const RecurrentRun& run : runs) {
       float* state = run.conv_state;
       const int64_t n = run.n;
-      for (int64_t j = 0; j + 1 < K; ++j)
-        for (int64_t c = 0; c < nc; ++c) history[j * kBlock + c] = state[(c0 + c) * (K - 1) + j];
       // The input at relative time tau (tau < 0: before the run).
       auto input = [&](int64_t tau) -> const float* {
-        return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : history.data() + (K - 1 + tau) * kBlock;
+        return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : state + (K - 1 + tau) * channels + c0;
       };
       for (int64_t t = 0; t < n; ++t) {
-        for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
         float* out = dst + (run.row0 + t) * dst_stride + c0;
-        int64_t c = 0;
-        for (; c + 8 <= nc; c += 8) {
-          __m256 acc = _mm256_setzero_ps();
-          for (int64_t j = 0; j < K; ++j)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j] + c), _mm256_loadu_ps(taps.data() + j * kBlock + c), acc);
-          _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
+        for (int64_t j0 = 0; j0 < K; j0 += kMaxTaps) {
+          const int64_t j1 = std::min(K, j0 + kMaxTaps);
+          for (int64_t j = j0; j < j1; ++j) in[j - j0] = input(t + j - (K - 1));
+          // Taps beyond the first kMaxTaps continue the same sums.
+          int64_t c = 0;
+          for (; c + 8 <= nc; c += 8) {
+            __m256 acc = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + c);
+            for (int64_t j = j0; j < j1; ++j)
+              acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j - j0] + c), _mm256_loadu_ps(w + j * channels + c0 + c), acc);
+            _mm256_storeu_ps(out + c, acc);
+          }
+          for (; c < nc; ++c) {
+            float acc = j0 == 0 ? 0.0f : out[c];
+            for (int64_t j = j0; j < j1; ++j) acc = std::fma(in[j - j0][c], w[j * channels + c0 + c], acc);
+            out[c] = acc;
+          }
         }
-        for (; c < nc; ++c) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < K; ++j) acc = std::fma(in[j][c], taps[j * kBlock + c], acc);
-          out[c] = acc + b[c0 + c];
-        }
+        for (int64_t c = 0; c < nc; ++c) out[c] += b[c0 + c];
         silu_in_place(out, nc);
       }
-      // The run's last K-1 inputs become the state.
-      for (int64_t j = 0; j + 1 < K; ++j) {
-        const float* row = input(n + j - (K - 1));
-        for (int64_t c = 0; c < nc; ++c) state[(c0 + c) * (K - 1) + j] = row[c];
-      }
+      // The run's last K-1 inputs become the state, oldest first: row i
+      // takes the input at n + i - (K-1), from the prompt or from a later
+      // row of the old state (n >= 1), so rows are overwritten in order.
+      for (int64_t i = 0; i + 1 < K; ++i) std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
     }
   });
+}
+
+// A conv's taps as stored ([channel][j], ggml's {K, channels}) by tap
+// ([j][channel]), as conv_silu reads them.
+std::vector<float> tap_major(const std::vector<float>& per_channel, int64_t K, int64_t channels) {
+  std::vector<float> out(per_channel.size());
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t j = 0; j < K; ++j) out[j * channels + c] = per_channel[c * K + j];
+  return out;
 }
 
 }  // namespace
@@ -155,7 +174,7 @@ Mamba1Layer load_mamba1_layer(const WeightLoader& w, int64_t il, const Mamba1Dim
   const std::string p = "blk." + std::to_string(il) + ".";
   Mamba1Layer L;
   L.in = PackedMatrix(w.matrix(p + "ssm_in.weight", d.n_embd, 2 * d.d_inner));
-  L.conv_w = w.dense(p + "ssm_conv1d.weight", {d.d_conv, d.d_inner});
+  L.conv_w = tap_major(w.dense(p + "ssm_conv1d.weight", {d.d_conv, d.d_inner}), d.d_conv, d.d_inner);
   L.conv_b = w.vector(p + "ssm_conv1d.bias", d.d_inner);
   L.x_proj = PackedMatrix(w.matrix(p + "ssm_x.weight", d.d_inner, d.dt_rank + 2 * d.d_state));
   L.dt_proj = PackedMatrix(w.matrix(p + "ssm_dt.weight", d.dt_rank, d.d_inner));
@@ -233,10 +252,11 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   for (int64_t t = 0; t < n; ++t)
     for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
 
-  // Selective scan (kernels::mamba1_scan): blocks of channels in parallel,
+  // Selective scan (kernels::mamba1_scan), block by block of channels,
   // each run's tokens in order within a block.
   constexpr int64_t kBlock = kernels::kScanBlock;
-  for_blocks(pool, (di + kBlock - 1) / kBlock, n * kBlock * ds * 24, [&](int64_t blk) {
+  const int64_t n_blocks = (di + kBlock - 1) / kBlock;
+  auto scan_block = [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
     for (const RecurrentRun& run : runs) {
       kernels::Mamba1Scan s;
@@ -253,7 +273,26 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
       s.state = run.ssm_state + c0 * ds;
       kernels::mamba1_scan(s);
     }
-  });
+  };
+  if (n <= kInlineScanRows) {
+    // A decode step: on the calling thread, requesting the next block's
+    // state and A while it scans this one. Its state and A come from
+    // memory (the weights streamed since evicted them), a block too short
+    // for the hardware prefetcher; split across the pool, each block's
+    // state also moved between the threads' caches from step to step
+    // (tasks are claimed, not dealt): 1.6x slower than one thread.
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      if (blk + 1 < n_blocks) {
+        const int64_t next = (blk + 1) * kBlock * ds;
+        const int64_t bytes = std::min(kBlock, di - (blk + 1) * kBlock) * ds * int64_t(sizeof(float));
+        for (const RecurrentRun& run : runs) request_lines(run.ssm_state + next, bytes, true);
+        request_lines(L.A.data() + next, bytes, false);
+      }
+      scan_block(blk);
+    }
+  } else {
+    for_blocks(pool, n_blocks, n * kBlock * ds * 24, scan_block);
+  }
   // y = (y + x * D) * silu(z), row by row.
   pool.parallel_for(n - out_first, [&](int64_t r) {
     const int64_t t = out_first + r;
@@ -337,7 +376,7 @@ Mamba::Mamba(const gguf::File& file) {
     if (v2_) {
       Mamba2Layer L;
       L.in = PackedMatrix(w.matrix(p + "ssm_in.weight", n_embd, 2 * di + 2 * n_group_ * ds + n_head_));
-      L.conv_w = w.dense(p + "ssm_conv1d.weight", {d_.d_conv, conv_ch});
+      L.conv_w = tap_major(w.dense(p + "ssm_conv1d.weight", {d_.d_conv, conv_ch}), d_.d_conv, conv_ch);
       L.conv_b = w.vector(p + "ssm_conv1d.bias", conv_ch);
       L.dt_b = w.vector(p + "ssm_dt.bias", n_head_);
       L.A = w.dense(p + "ssm_a", {1, n_head_});

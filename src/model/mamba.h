@@ -2,9 +2,13 @@
 // heads and groups, gated RMS norm), following llama.cpp's graphs
 // (build_mamba_layer / build_mamba2_layer, ggml_ssm_conv, ggml_ssm_scan).
 //
-// Per recurrent layer the sequence state holds what llama.cpp keeps:
-//   conv_state: (d_conv - 1) floats per conv channel, channel-major, oldest
-//               input first (ggml's {d_conv - 1, channels});
+// Per recurrent layer the sequence state holds what llama.cpp keeps, laid
+// out for reprise's kernels (the cache copies it whole; only the mixers
+// read it):
+//   conv_state: the last d_conv - 1 inputs of every conv channel, oldest
+//               first, input by input ([i][channels]: ggml keeps them
+//               channel by channel), so a decode step's conv reads them as
+//               vectors in place;
 //   ssm_state:  d_state floats per channel (Mamba-1: channels = d_inner;
 //               Mamba-2: head h, row i of head_dim => channel h * head_dim + i),
 //               in the scans' blocks (tensor/ssm_scan.h) rather than
