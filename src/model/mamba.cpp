@@ -105,7 +105,8 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
       // The run's last K-1 inputs become the state, oldest first: row i
       // takes the input at n + i - (K-1), from the prompt or from a later
       // row of the old state (n >= 1), so rows are overwritten in order.
-      for (int64_t i = 0; i + 1 < K; ++i) std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
+      for (int64_t i = 0; i + 1 < K; ++i)
+        std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
     }
   });
 }
@@ -465,7 +466,8 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
     const float* xt = xbc.data() + t * conv_ch;
     thread_local std::vector<float> g;
     g.assign(zxbcdt.begin() + t * n_proj, zxbcdt.begin() + t * n_proj + di);
-    for (int64_t c = 0; c < di; ++c) yt[c] += xt[c] * L.D[c / hd];
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t c = h * hd; c < (h + 1) * hd; ++c) yt[c] += xt[c] * L.D[h];
     silu_mul(g.data(), yt, di);
     for (int64_t gi = 0; gi < ng; ++gi) rms_norm(g.data() + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, yt + gi * gs);
   });
