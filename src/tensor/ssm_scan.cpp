@@ -9,65 +9,54 @@
 #include <cmath>
 
 #include "tensor/kernels_impl.h"
+#include "tensor/ssm_scan_lanes.h"
 
 namespace reprise::kernels {
 namespace {
 
 namespace e = scan_exp;
 
-// The exp of ssm_scan.h over 8 lanes.
-inline __m256 exp8(__m256 x) {
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(e::kExpLo), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(e::kExpLo)), _mm256_set1_ps(e::kExpHi));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(e::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(e::kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(e::kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(e::kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(e::kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(e::kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(e::kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(e::kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(e::kP5));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  // Scaled by 2^n in two steps so that n = 128 (x near the top) works.
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i half = _mm256_srai_epi32(ni, 1);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-  const __m256 s2 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
-}
+// scan_lanes' primitives over 8 lanes.
+struct Avx2 {
+  using Vec = __m256;
+  using Mask = __m256;
+  static Vec set1(float v) { return _mm256_set1_ps(v); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  static Mask less(Vec a, Vec b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static Mask greater(Vec a, Vec b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static Vec select(Mask m, Vec if_set, Vec if_clear) { return _mm256_blendv_ps(if_clear, if_set, m); }
+  static Vec zero_where(Mask m, Vec v) { return _mm256_andnot_ps(m, v); }
+  static Vec add_where(Mask m, Vec a, Vec b) { return _mm256_add_ps(a, _mm256_and_ps(m, b)); }
+  static Vec sub_where(Mask m, Vec a, Vec b) { return _mm256_sub_ps(a, _mm256_and_ps(m, b)); }
+  static Vec round_nearest(Vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // p * 2^n in two steps, the first exact, so that n = 128 (x near the top
+  // of exp's range) works.
+  static Vec scale_pow2(Vec p, Vec n) {
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i half = _mm256_srai_epi32(ni, 1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    const __m256 s2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  }
+  // v = mantissa * 2^exponent, mantissa in [0.5, 1) (v positive, normal).
+  static Vec exponent(Vec v) {
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(v), 23), _mm256_set1_epi32(126)));
+  }
+  static Vec mantissa(Vec v) {
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x807FFFFF)),
+                                               _mm256_set1_epi32(0x3F000000)));
+  }
+};
 
-// The log of ssm_scan.h over 8 lanes (positive normal inputs).
-inline __m256 log8(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  __m256 ex = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(126)));
-  __m256 m = _mm256_castsi256_ps(
-      _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x807FFFFF)), _mm256_set1_epi32(0x3F000000)));
-  const __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(e::kSqrtHalf), _CMP_LT_OQ);
-  ex = _mm256_sub_ps(ex, _mm256_and_ps(small, _mm256_set1_ps(1.0f)));
-  m = _mm256_sub_ps(_mm256_add_ps(m, _mm256_and_ps(small, m)), _mm256_set1_ps(1.0f));
-  const __m256 z = _mm256_mul_ps(m, m);
-  __m256 p = _mm256_set1_ps(e::kL0);
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL1));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL2));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL3));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL4));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL5));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL6));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL7));
-  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(e::kL8));
-  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, m), z);
-  y = _mm256_fmadd_ps(ex, _mm256_set1_ps(e::kLn2Lo), y);
-  y = _mm256_fnmadd_ps(_mm256_set1_ps(0.5f), z, y);
-  return _mm256_fmadd_ps(ex, _mm256_set1_ps(e::kLn2Hi), _mm256_add_ps(m, y));
-}
-
-inline __m256 softplus8(__m256 x) {
-  const __m256 sp = log8(_mm256_add_ps(_mm256_set1_ps(1.0f), exp8(x)));
-  return _mm256_blendv_ps(sp, x, _mm256_cmp_ps(x, _mm256_set1_ps(e::kSoftplusLinear), _CMP_GT_OQ));
-}
+inline __m256 exp8(__m256 x) { return scan_lanes::exp<Avx2>(x); }
+inline __m256 softplus8(__m256 x) { return scan_lanes::softplus<Avx2>(x); }
 
 // The lanes of up to 8 channels: whole-vector loads and stores where all 8
 // are the block's (vmaskmovps stores are slow on AMD's cores), masked ones

@@ -22,61 +22,45 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 #endif
 
+// After the target options: its templates are instantiated with them.
+#include "tensor/ssm_scan_lanes.h"
+
 namespace reprise::kernels {
 namespace {
 
-namespace e = scan_exp;
-
-// The exp of ssm_scan.h over 16 lanes (ssm_scan.cpp's exp8, operation for
-// operation but the scaling by 2^n, which vscalefps does in one).
-__attribute__((always_inline)) inline __m512 exp16(__m512 x) {
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(e::kExpLo), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(e::kExpLo)), _mm512_set1_ps(e::kExpHi));
-  const __m512 n =
-      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(e::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(e::kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(e::kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(e::kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(e::kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(e::kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(e::kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(e::kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(e::kP5));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  // p * 2^n rounded once, as the two steps of exp8 round it (the first is
+// scan_lanes' primitives over 16 lanes.
+struct Avx512 {
+  using Vec = __m512;
+  using Mask = __mmask16;
+  static Vec set1(float v) { return _mm512_set1_ps(v); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Mask less(Vec a, Vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static Mask greater(Vec a, Vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static Vec select(Mask m, Vec if_set, Vec if_clear) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
+  static Vec zero_where(Mask m, Vec v) { return _mm512_maskz_mov_ps(static_cast<Mask>(~m), v); }
+  static Vec add_where(Mask m, Vec a, Vec b) { return _mm512_mask_add_ps(a, m, a, b); }
+  static Vec sub_where(Mask m, Vec a, Vec b) { return _mm512_mask_sub_ps(a, m, a, b); }
+  static Vec round_nearest(Vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // p * 2^n rounded once, as AVX2's two steps round it (the first is
   // exact), subnormal results included.
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
-}
+  static Vec scale_pow2(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }
+  static Vec exponent(Vec v) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 23), _mm512_set1_epi32(126)));
+  }
+  static Vec mantissa(Vec v) {
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x807FFFFF)),
+                                               _mm512_set1_epi32(0x3F000000)));
+  }
+};
 
-// The log of ssm_scan.h over 16 lanes (ssm_scan.cpp's log8).
-__attribute__((always_inline)) inline __m512 log16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  __m512 ex = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(126)));
-  __m512 m = _mm512_castsi512_ps(
-      _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32(0x807FFFFF)), _mm512_set1_epi32(0x3F000000)));
-  const __mmask16 small = _mm512_cmp_ps_mask(m, _mm512_set1_ps(e::kSqrtHalf), _CMP_LT_OQ);
-  ex = _mm512_mask_sub_ps(ex, small, ex, _mm512_set1_ps(1.0f));
-  m = _mm512_sub_ps(_mm512_mask_add_ps(m, small, m, m), _mm512_set1_ps(1.0f));
-  const __m512 z = _mm512_mul_ps(m, m);
-  __m512 p = _mm512_set1_ps(e::kL0);
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL1));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL2));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL3));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL4));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL5));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL6));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL7));
-  p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(e::kL8));
-  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, m), z);
-  y = _mm512_fmadd_ps(ex, _mm512_set1_ps(e::kLn2Lo), y);
-  y = _mm512_fnmadd_ps(_mm512_set1_ps(0.5f), z, y);
-  return _mm512_fmadd_ps(ex, _mm512_set1_ps(e::kLn2Hi), _mm512_add_ps(m, y));
-}
-
-__attribute__((always_inline)) inline __m512 softplus16(__m512 x) {
-  const __m512 sp = log16(_mm512_add_ps(_mm512_set1_ps(1.0f), exp16(x)));
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(e::kSoftplusLinear), _CMP_GT_OQ), sp, x);
-}
+__attribute__((always_inline)) inline __m512 exp16(__m512 x) { return scan_lanes::exp<Avx512>(x); }
+__attribute__((always_inline)) inline __m512 softplus16(__m512 x) { return scan_lanes::softplus<Avx512>(x); }
 
 }  // namespace
 
