@@ -1,3 +1,4 @@
+#include "model/for_tokens.h"
 #include "model/jamba.h"
 
 #include <algorithm>
@@ -332,20 +333,25 @@ void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
     const Layer& L = layers_[il];
     const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
-    for (int64_t t = 0; t < n; ++t)
+    for_tokens(n, pool, [&](int64_t t) {
       rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    });
     if (L.recurrent) {
       mamba1_mix(L.ssm, d_, h.data(), runs[il], tmp.data(), pool, r0);
     } else {
       attention(L, il, segments, h.data(), tmp.data(), pool);
     }
     if (r0 == n) break;
-    for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
-
-    for (int64_t t = r0; t < n; ++t)
-      rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    // The residual add, then the FFN's norm, row by row.
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
+      float* xt = x.data() + t * n_embd_;
+      for (int64_t i = 0; i < n_embd_; ++i) xt[i] += tmp[t * n_embd_ + i];
+      rms_norm(xt, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    });
     feed_forward(L.ffn, h.data() + r0 * n_embd_, n - r0, tmp.data() + r0 * n_embd_, pool);
-    for (int64_t i = r0 * n_embd_; i < n * n_embd_; ++i) x[i] += tmp[i];
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
+      for (int64_t i = t * n_embd_; i < (t + 1) * n_embd_; ++i) x[i] += tmp[i];
+    });
   }
 
   output_logits(x.data(), segments, n_embd_, output_norm_, eps_, output_, info_.n_vocab, h.data(), pool);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "model/for_tokens.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
 #include "tensor/kernels.h"
@@ -237,21 +238,21 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   // x -> dt (dt_rank), B (d_state), C (d_state).
   matmul(L.x_proj, xc.data(), n, xdb.data(), pool);
   const bool weighted = !L.dt_norm.empty();
-  if (weighted || d.dt_b_c_rms) {
-    for (int64_t t = 0; t < n; ++t) {
-      float* row = xdb.data() + t * n_xdb;
+  dt_low.resize(n * R);
+  for_tokens(n, pool, [&](int64_t t) {
+    float* row = xdb.data() + t * n_xdb;
+    if (weighted || d.dt_b_c_rms) {
       rms_norm(row, weighted ? L.dt_norm.data() : nullptr, d.eps, R, row);
       rms_norm(row + R, weighted ? L.b_norm.data() : nullptr, d.eps, ds, row + R);
       rms_norm(row + R + ds, weighted ? L.c_norm.data() : nullptr, d.eps, ds, row + R + ds);
     }
-  }
-  // The dt rows are the first R of each x_db row: gather them contiguous.
-  dt_low.resize(n * R);
-  for (int64_t t = 0; t < n; ++t)
-    std::memcpy(dt_low.data() + t * R, xdb.data() + t * n_xdb, R * sizeof(float));
+    // The dt rows are the first R of each x_db row: gathered contiguous.
+    std::memcpy(dt_low.data() + t * R, row, R * sizeof(float));
+  });
   matmul(L.dt_proj, dt_low.data(), n, dt.data(), pool);
-  for (int64_t t = 0; t < n; ++t)
+  for_tokens(n, pool, [&](int64_t t) {
     for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
+  });
 
   // Selective scan (kernels::mamba1_scan), block by block of channels,
   // each run's tokens in order within a block.
@@ -494,14 +495,17 @@ void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   std::vector<std::vector<RecurrentRun>> runs(n_layer);
   for (int il = 0; il < n_layer; ++il) runs[il] = recurrent_runs(segments, il, spec_.layers[il]);
   for (int il = 0; il < n_layer; ++il) {
-    for (int64_t t = 0; t < n; ++t)
+    for_tokens(n, pool, [&](int64_t t) {
       rms_norm(x.data() + t * n_embd, attn_norm_[il].data(), d_.eps, n_embd, h.data() + t * n_embd);
+    });
     const int64_t r0 = il + 1 == n_layer ? last_layer_first_row(segments) : 0;
     if (v2_)
       mamba2_mix(layers2_[il], h.data(), runs[il], mix.data(), pool, r0);
     else
       mamba1_mix(layers1_[il], d_, h.data(), runs[il], mix.data(), pool, r0);
-    for (int64_t i = r0 * n_embd; i < n * n_embd; ++i) x[i] += mix[i];
+    for_tokens_from(r0, n, pool, [&](int64_t t) {
+      for (int64_t i = t * n_embd; i < (t + 1) * n_embd; ++i) x[i] += mix[i];
+    });
   }
 
   output_logits(x.data(), segments, n_embd, output_norm_, d_.eps, output_, info_.n_vocab, h.data(), pool);

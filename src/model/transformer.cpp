@@ -1,3 +1,4 @@
+#include "model/for_tokens.h"
 #include "model/transformer.h"
 
 #include <algorithm>
@@ -61,27 +62,6 @@ struct Layer {
   float rope_base = 10000.0f;
   float rope_scale = 1.0f;
 };
-
-// Runs fn(t) for every token, split across the pool when the batch is large
-// enough to pay for the dispatch.
-template <typename Fn>
-void for_tokens(int64_t n, ThreadPool& pool, Fn&& fn) {
-  constexpr int64_t kChunk = 8;
-  if (n < 2 * kChunk || pool.size() == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  pool.parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
-    const int64_t t1 = std::min(n, (c + 1) * kChunk);
-    for (int64_t t = c * kChunk; t < t1; ++t) fn(t);
-  });
-}
-
-// Runs fn(t) for t in [first, n).
-template <typename Fn>
-void for_tokens_from(int64_t first, int64_t n, ThreadPool& pool, Fn&& fn) {
-  for_tokens(n - first, pool, [&](int64_t i) { fn(first + i); });
-}
 
 // Rows [r0, n) of a batch as a batch of their own, for attention: the same
 // positions, and the same bidirectional span in absolute terms.
