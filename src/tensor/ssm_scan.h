@@ -1,10 +1,9 @@
-// The selective scans of the recurrent models. Mamba-1's (ggml_ssm_scan for
-// a per-element A; Mamba-2's is at the end): the one
-// exp per state element per token of the recurrent models, which made the
-// scan a third of a small jamba's prompt time, and the time step's
-// softplus, which libm's logf and expf made another quarter. Vectors run
-// across channels (16 on AVX-512, 8 on AVX2), so no lane ever needs
-// another's value: per token t and channel c,
+// The selective scans of the recurrent models (ggml_ssm_scan). Mamba-1's,
+// with a per-element A, takes one exp per state element per token (a third
+// of a small jamba's prompt time) and the time step's softplus (libm's
+// logf and expf made another quarter); Mamba-2's, with one A per head, is
+// at the end. Vectors run across channels (16 on AVX-512, 8 on AVX2), so no
+// lane ever needs another's value. Mamba-1, per token t and channel c:
 //
 //   sp = dt[t][c] > 20 ? dt[t][c] : log(1 + exp(dt[t][c]))   (ggml's softplus)
 //
