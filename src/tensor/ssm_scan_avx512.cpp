@@ -64,9 +64,46 @@ __attribute__((always_inline)) inline __m512 softplus16(__m512 x) { return scan_
 
 }  // namespace
 
+namespace {
+
+// Tokens t0 .. t0 + T - 1 of a Mamba-1 block (sp: their softplus'd time
+// steps): each state element and its A are loaded once for the T tokens,
+// and their T sums are independent chains. Each token's operations are the
+// one-token ones.
+template <int T>
+__attribute__((always_inline)) inline void mamba1_tokens(const Mamba1Scan& s, __mmask16 m, int64_t t0,
+                                                         const float (*sp)[16]) {
+  __m512 dt[T], x_dt[T], y[T];
+  const float *b[T], *c[T];
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) {
+    const int64_t t = t0 + j;
+    dt[j] = _mm512_load_ps(sp[j]);
+    x_dt[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s.x + t * s.row_stride), dt[j]);
+    b[j] = s.bc + t * s.bc_stride;
+    c[j] = b[j] + s.d_state;
+    y[j] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < s.d_state; ++k) {
+    const __m512 a = _mm512_maskz_loadu_ps(m, s.A + k * s.channels);
+    float* st = s.state + k * s.channels;
+    __m512 v = _mm512_maskz_loadu_ps(m, st);
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      const __m512 dA = exp16(_mm512_mul_ps(dt[j], a));
+      v = _mm512_fmadd_ps(v, dA, _mm512_mul_ps(_mm512_set1_ps(b[j][k]), x_dt[j]));
+      y[j] = _mm512_fmadd_ps(v, _mm512_set1_ps(c[j][k]), y[j]);
+    }
+    _mm512_mask_storeu_ps(st, m, v);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j) _mm512_mask_storeu_ps(s.y + (t0 + j) * s.row_stride, m, y[j]);
+}
+
+}  // namespace
+
 void mamba1_scan_avx512(const Mamba1Scan& s) {
-  const int64_t ds = s.d_state, nc = s.channels;
-  const __mmask16 m = static_cast<__mmask16>((1u << nc) - 1);
+  const __mmask16 m = static_cast<__mmask16>((1u << s.channels) - 1);
   // Softplus for kChunk tokens ahead of their scan: its exp-log chain is
   // long, and independent from token to token where the scan is not.
   constexpr int64_t kChunk = 16;
@@ -75,22 +112,9 @@ void mamba1_scan_avx512(const Mamba1Scan& s) {
     const int64_t t1 = t0 + kChunk < s.n_tokens ? t0 + kChunk : s.n_tokens;
     for (int64_t t = t0; t < t1; ++t)
       _mm512_store_ps(sp[t - t0], softplus16(_mm512_maskz_loadu_ps(m, s.dt + t * s.row_stride)));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t row = t * s.row_stride;
-      const __m512 dt = _mm512_load_ps(sp[t - t0]);
-      const __m512 x_dt = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s.x + row), dt);
-      const float* b = s.bc + t * s.bc_stride;
-      const float* c = b + ds;
-      __m512 y = _mm512_setzero_ps();
-      for (int64_t k = 0; k < ds; ++k) {
-        const __m512 dA = exp16(_mm512_mul_ps(dt, _mm512_maskz_loadu_ps(m, s.A + k * nc)));
-        float* st = s.state + k * nc;
-        const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, st), dA, _mm512_mul_ps(_mm512_set1_ps(b[k]), x_dt));
-        _mm512_mask_storeu_ps(st, m, v);
-        y = _mm512_fmadd_ps(v, _mm512_set1_ps(c[k]), y);
-      }
-      _mm512_mask_storeu_ps(s.y + row, m, y);
-    }
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4) mamba1_tokens<4>(s, m, t, sp + (t - t0));
+    for (; t < t1; ++t) mamba1_tokens<1>(s, m, t, sp + (t - t0));
   }
 }
 
