@@ -20,6 +20,26 @@ namespace e = scan_exp;
 struct Avx2 {
   using Vec = __m256;
   using Mask = __m256;
+  static constexpr int kWidth = 8;
+  // The first n of the 8 lanes: whole-vector loads and stores where all 8
+  // are valid (vmaskmovps stores are slow on AMD's cores), masked ones for
+  // a shorter tail, which must not touch the next state element.
+  struct Lanes {
+    __m256i m;
+    bool full;
+  };
+  static Lanes lanes(int64_t n) {
+    alignas(32) static const int32_t kLanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t k = n < 8 ? n : 8;
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLanes + 8 - k)), k == 8};
+  }
+  static Vec load(const float* p, const Lanes& l) { return l.full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, l.m); }
+  static void store(float* p, const Lanes& l, Vec v) {
+    if (l.full) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, l.m, v);
+  }
+  static Vec load_all(const float* p) { return _mm256_load_ps(p); }
+  static void store_all(float* p, Vec v) { _mm256_store_ps(p, v); }
   static Vec set1(float v) { return _mm256_set1_ps(v); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
@@ -54,32 +74,6 @@ struct Avx2 {
                                                _mm256_set1_epi32(0x3F000000)));
   }
 };
-
-inline __m256 exp8(__m256 x) { return scan_lanes::exp<Avx2>(x); }
-inline __m256 softplus8(__m256 x) { return scan_lanes::softplus<Avx2>(x); }
-
-// The lanes of up to 8 channels: whole-vector loads and stores where all 8
-// are the block's (vmaskmovps stores are slow on AMD's cores), masked ones
-// for a shorter tail, which must not touch the next state element.
-struct Lanes {
-  __m256i m;
-  bool full;
-};
-
-Lanes lanes_of(int64_t n) {
-  alignas(32) static const int32_t kLanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  const int64_t k = n < 8 ? n : 8;
-  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLanes + 8 - k)), k == 8};
-}
-
-inline __m256 load_lanes(const float* p, const Lanes& l) {
-  return l.full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, l.m);
-}
-
-inline void store_lanes(float* p, const Lanes& l, __m256 v) {
-  if (l.full) _mm256_storeu_ps(p, v);
-  else _mm256_maskstore_ps(p, l.m, v);
-}
 
 // The same, one value at a time.
 float exp_reference(float x) {
@@ -126,38 +120,9 @@ float softplus_reference(float x) {
 
 }  // namespace
 
-void mamba1_scan_avx2(const Mamba1Scan& s) {
-  const int64_t ds = s.d_state, nc = s.channels;
-  // Softplus for kChunk tokens ahead of their scan: its exp-log chain is
-  // long, and independent from token to token where the scan is not.
-  constexpr int64_t kChunk = 16;
-  alignas(32) float sp[kChunk][8];
-  // Each 8-channel half of the block through all the tokens.
-  for (int64_t c0 = 0; c0 < nc; c0 += 8) {
-    const Lanes m = lanes_of(nc - c0);
-    for (int64_t t0 = 0; t0 < s.n_tokens; t0 += kChunk) {
-      const int64_t t1 = std::min(t0 + kChunk, s.n_tokens);
-      for (int64_t t = t0; t < t1; ++t)
-        _mm256_store_ps(sp[t - t0], softplus8(load_lanes(s.dt + t * s.row_stride + c0, m)));
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t row = t * s.row_stride + c0;
-        const __m256 dt = _mm256_load_ps(sp[t - t0]);
-        const __m256 x_dt = _mm256_mul_ps(load_lanes(s.x + row, m), dt);
-        const float* b = s.bc + t * s.bc_stride;
-        const float* c = b + ds;
-        __m256 y = _mm256_setzero_ps();
-        for (int64_t k = 0; k < ds; ++k) {
-          const __m256 dA = exp8(_mm256_mul_ps(dt, load_lanes(s.A + k * nc + c0, m)));
-          float* st = s.state + k * nc + c0;
-          const __m256 v = _mm256_fmadd_ps(load_lanes(st, m), dA, _mm256_mul_ps(_mm256_set1_ps(b[k]), x_dt));
-          store_lanes(st, m, v);
-          y = _mm256_fmadd_ps(v, _mm256_set1_ps(c[k]), y);
-        }
-        store_lanes(s.y + row, m, y);
-      }
-    }
-  }
-}
+// One token at a time: AVX2's 16 registers hold no more with the exp's
+// temporaries (2 and 4 measured within BM_Mamba1Scan's noise).
+void mamba1_scan_avx2(const Mamba1Scan& s) { scan_lanes::mamba1<Avx2, 1>(s); }
 
 void mamba1_scan_reference(const Mamba1Scan& s) {
   const int64_t ds = s.d_state, nc = s.channels;
@@ -178,98 +143,7 @@ void mamba1_scan_reference(const Mamba1Scan& s) {
   }
 }
 
-namespace {
-
-// Up to 8 rows of a Mamba-2 block (half of it): the first row, lane mask,
-// the block's row count (its state's stride) and the rows' state.
-struct Half2 {
-  int64_t r0, nc;
-  Lanes m;
-  float* state;
-};
-
-// Tokens t0 .. t0 + T - 1 of one half (see the AVX-512 kernel's
-// mamba2_tokens).
-template <int T>
-inline void mamba2_tokens(const Mamba2Scan& s, const Half2& h, int64_t t0) {
-  __m256 x_dt[T], dA[T], y[T];
-  const float *b[T], *c[T];
-  #pragma GCC unroll 4
-  for (int j = 0; j < T; ++j) {
-    const int64_t t = t0 + j;
-    x_dt[j] = _mm256_mul_ps(load_lanes(s.x + t * s.x_stride + h.r0, h.m), _mm256_set1_ps(s.sp[t]));
-    dA[j] = _mm256_set1_ps(s.dA[t]);
-    b[j] = s.b + t * s.bc_stride;
-    c[j] = s.c + t * s.bc_stride;
-    y[j] = _mm256_setzero_ps();
-  }
-  for (int64_t k = 0; k < s.d_state; ++k) {
-    float* st = h.state + k * h.nc;
-    __m256 v = load_lanes(st, h.m);
-    #pragma GCC unroll 4
-    for (int j = 0; j < T; ++j) {
-      v = _mm256_fmadd_ps(v, dA[j], _mm256_mul_ps(_mm256_set1_ps(b[j][k]), x_dt[j]));
-      y[j] = _mm256_fmadd_ps(v, _mm256_set1_ps(c[j][k]), y[j]);
-    }
-    store_lanes(st, h.m, v);
-  }
-  #pragma GCC unroll 4
-  for (int j = 0; j < T; ++j) store_lanes(s.y + (t0 + j) * s.y_stride + h.r0, h.m, y[j]);
-}
-
-// Token t of NH halves, whose sums are independent chains.
-template <int NH>
-inline void mamba2_halves(const Mamba2Scan& s, const Half2* halves, int64_t t) {
-  const __m256 dA = _mm256_set1_ps(s.dA[t]), sp = _mm256_set1_ps(s.sp[t]);
-  const float* b = s.b + t * s.bc_stride;
-  const float* c = s.c + t * s.bc_stride;
-  __m256 x_dt[NH], y[NH];
-  #pragma GCC unroll 4
-  for (int j = 0; j < NH; ++j) {
-    x_dt[j] = _mm256_mul_ps(load_lanes(s.x + t * s.x_stride + halves[j].r0, halves[j].m), sp);
-    y[j] = _mm256_setzero_ps();
-  }
-  for (int64_t k = 0; k < s.d_state; ++k) {
-    const __m256 bk = _mm256_set1_ps(b[k]), ck = _mm256_set1_ps(c[k]);
-    #pragma GCC unroll 4
-    for (int j = 0; j < NH; ++j) {
-      float* st = halves[j].state + k * halves[j].nc;
-      const __m256 v = _mm256_fmadd_ps(load_lanes(st, halves[j].m), dA, _mm256_mul_ps(bk, x_dt[j]));
-      store_lanes(st, halves[j].m, v);
-      y[j] = _mm256_fmadd_ps(v, ck, y[j]);
-    }
-  }
-  #pragma GCC unroll 4
-  for (int j = 0; j < NH; ++j) store_lanes(s.y + t * s.y_stride + halves[j].r0, halves[j].m, y[j]);
-}
-
-}  // namespace
-
-void mamba2_scan_avx2(const Mamba2Scan& s) {
-  const int64_t tokens4 = s.n_tokens / 4 * 4;
-  // Groups of up to 4 halves: 4 tokens at a time in each, then the tokens
-  // left over (all of them in decode) with the halves interleaved.
-  int64_t r = 0;
-  while (r < s.channels) {
-    Half2 halves[4];
-    int nh = 0;
-    for (; r < s.channels && nh < 4; r += 8) {
-      const int64_t block0 = r / kScanBlock * kScanBlock;
-      const int64_t nc = std::min(kScanBlock, s.channels - block0);
-      halves[nh++] = {r, nc, lanes_of(s.channels - r), s.state + block0 * s.d_state + (r - block0)};
-    }
-    for (int j = 0; j < nh; ++j)
-      for (int64_t t = 0; t < tokens4; t += 4) mamba2_tokens<4>(s, halves[j], t);
-    for (int64_t t = tokens4; t < s.n_tokens; ++t) {
-      switch (nh) {
-        case 4: mamba2_halves<4>(s, halves, t); break;
-        case 3: mamba2_halves<3>(s, halves, t); break;
-        case 2: mamba2_halves<2>(s, halves, t); break;
-        default: mamba2_halves<1>(s, halves, t); break;
-      }
-    }
-  }
-}
+void mamba2_scan_avx2(const Mamba2Scan& s) { scan_lanes::mamba2<Avx2>(s); }
 
 void mamba2_scan_reference(const Mamba2Scan& s) {
   const int64_t ds = s.d_state;
