@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "model/for_tokens.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -36,29 +37,13 @@ float gelu_like_ggml(float x) {
   return f16_to_f32(table[f32_to_f16(x)]);
 }
 
-void add_bias(std::vector<float>& m, const std::vector<float>& b, int64_t rows) {
-  if (b.empty()) return;
-  const int64_t dim = static_cast<int64_t>(b.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < dim; ++i) m[r * dim + i] += b[i];
-}
-
 // row[i] += b[i] (nothing when the layer has no bias).
 void add_bias_row(float* row, const std::vector<float>& b) {
   for (size_t i = 0; i < b.size(); ++i) row[i] += b[i];
 }
 
-// fn(t) for every patch row t, in a few contiguous chunks per thread: the
-// element-wise steps between a layer's products (norms, biases, GELU,
-// residuals, the heads' copies), which ran on the calling thread alone
-// while the others waited (~30 % of a mid-sized encode). Each row's
-// operations are unchanged, so the bits are.
-template <typename Fn>
-void for_rows(ThreadPool& pool, int64_t n, Fn&& fn) {
-  const int64_t n_chunks = std::min<int64_t>(n, 4 * pool.size());
-  pool.parallel_for(n_chunks, [&](int64_t c) {
-    for (int64_t t = n * c / n_chunks; t < n * (c + 1) / n_chunks; ++t) fn(t);
-  });
+void add_bias(std::vector<float>& m, const std::vector<float>& b, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) add_bias_row(m.data() + r * static_cast<int64_t>(b.size()), b);
 }
 
 }  // namespace
@@ -205,14 +190,14 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
   const int64_t n = info_.patches_per_side * info_.patches_per_side;
   auto& [h, q, k, v, attn, tmp, qh, vt, scores, oh, u] = pool.caller_local<LayerScratch>();
   for (std::vector<float>* b : {&h, &q, &k, &v, &attn, &tmp}) b->resize(n * D);
-  for_rows(pool, n, [&](int64_t t) {
+  for_tokens(n, pool, [&](int64_t t) {
     layer_norm(x.data() + t * D, L.ln1_w.data(), L.ln1_b.empty() ? nullptr : L.ln1_b.data(), info_.eps, D,
                h.data() + t * D);
   });
   matmul(L.wq, h.data(), n, q.data(), pool);
   matmul(L.wk, h.data(), n, k.data(), pool);
   matmul(L.wv, h.data(), n, v.data(), pool);
-  for_rows(pool, n, [&](int64_t t) {
+  for_tokens(n, pool, [&](int64_t t) {
     add_bias_row(q.data() + t * D, L.bq);
     add_bias_row(k.data() + t * D, L.bk);
     add_bias_row(v.data() + t * D, L.bv);
@@ -225,7 +210,7 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
   for (std::vector<float>* b : {&qh, &vt, &oh}) b->resize(n * hd);
   scores.resize(n * n);
   for (int64_t head = 0; head < H; ++head) {
-    for_rows(pool, n, [&](int64_t t) {
+    for_tokens(n, pool, [&](int64_t t) {
       std::memcpy(&qh[t * hd], &q[t * D + head * hd], hd * sizeof(float));
       for (int64_t d = 0; d < hd; ++d) vt[d * n + t] = v[t * D + head * hd + d];
     });
@@ -240,10 +225,10 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
       softmax_inplace(row, n);
     });
     matmul(values, scores.data(), n, oh.data(), pool);
-    for_rows(pool, n, [&](int64_t t) { std::memcpy(&attn[t * D + head * hd], &oh[t * hd], hd * sizeof(float)); });
+    for_tokens(n, pool, [&](int64_t t) { std::memcpy(&attn[t * D + head * hd], &oh[t * hd], hd * sizeof(float)); });
   }
   matmul(L.wo, attn.data(), n, tmp.data(), pool);
-  for_rows(pool, n, [&](int64_t t) {
+  for_tokens(n, pool, [&](int64_t t) {
     float* xt = x.data() + t * D;
     float* tt = tmp.data() + t * D;
     add_bias_row(tt, L.bo);
@@ -253,13 +238,13 @@ void ClipEncoder::run_layer(const Layer& L, std::vector<float>& x, ThreadPool& p
   const int64_t F = info_.n_ff;
   u.resize(n * F);
   matmul(L.up, h.data(), n, u.data(), pool);
-  for_rows(pool, n, [&](int64_t t) {
+  for_tokens(n, pool, [&](int64_t t) {
     float* ut = u.data() + t * F;
     add_bias_row(ut, L.b_up);
     for (int64_t i = 0; i < F; ++i) ut[i] = gelu_like_ggml(ut[i]);
   });
   matmul(L.down, u.data(), n, tmp.data(), pool);
-  for_rows(pool, n, [&](int64_t t) {
+  for_tokens(n, pool, [&](int64_t t) {
     float* xt = x.data() + t * D;
     float* tt = tmp.data() + t * D;
     add_bias_row(tt, L.b_down);
