@@ -501,8 +501,8 @@ TEST(SsmReference, OddShapesMatchAPlainTranscription) {
   m1.n_vocab = 300; m1.tied_output = true;
   SyntheticModelSpec m1b = m1;
   m1b.d_state = 21; m1b.d_conv = 5; m1b.tied_output = false; m1b.seed = 3;
-  // More taps than the conv takes in one pass (16), and d_inner not a
-  // multiple of the scan's 16-channel blocks.
+  // Many more conv taps than the usual 4, and d_inner not a multiple of
+  // the scan's 16-channel blocks.
   SyntheticModelSpec m1c = m1;
   m1c.d_state = 16; m1c.d_conv = 18; m1c.d_inner = 40; m1c.seed = 4;
   SyntheticModelSpec m2 = synthetic_preset("tiny-mamba2");

@@ -24,6 +24,10 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp
 
 // ------------------------------------------------------------ shared steps
 
+// The most conv taps a file may declare (ssm.conv_kernel; 4 in the models
+// seen): conv_silu keeps a pointer per tap on the stack.
+constexpr int64_t kMaxConvTaps = 256;
+
 // fn(block) for block in [0, n_blocks), in tasks of consecutive blocks of
 // about kTaskWork units each (block_work per block, roughly operations):
 // a decode step's small element-wise passes run inline or in a few tasks
@@ -72,8 +76,7 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
   const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
   for_blocks(pool, n_blocks, rows_of(runs) * kBlock * (K + 8), [&](int64_t blk) {
     const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
-    constexpr int64_t kMaxTaps = 16;
-    const float* in[kMaxTaps];
+    const float* in[kMaxConvTaps];
     for (const RecurrentRun& run : runs) {
       float* state = run.conv_state;
       const int64_t n = run.n;
@@ -83,24 +86,19 @@ void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span
       };
       for (int64_t t = 0; t < n; ++t) {
         float* out = dst + (run.row0 + t) * dst_stride + c0;
-        for (int64_t j0 = 0; j0 < K; j0 += kMaxTaps) {
-          const int64_t j1 = std::min(K, j0 + kMaxTaps);
-          for (int64_t j = j0; j < j1; ++j) in[j - j0] = input(t + j - (K - 1));
-          // Taps beyond the first kMaxTaps continue the same sums.
-          int64_t c = 0;
-          for (; c + 8 <= nc; c += 8) {
-            __m256 acc = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + c);
-            for (int64_t j = j0; j < j1; ++j)
-              acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j - j0] + c), _mm256_loadu_ps(w + j * channels + c0 + c), acc);
-            _mm256_storeu_ps(out + c, acc);
-          }
-          for (; c < nc; ++c) {
-            float acc = j0 == 0 ? 0.0f : out[c];
-            for (int64_t j = j0; j < j1; ++j) acc = std::fma(in[j - j0][c], w[j * channels + c0 + c], acc);
-            out[c] = acc;
-          }
+        for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
+        int64_t c = 0;
+        for (; c + 8 <= nc; c += 8) {
+          __m256 acc = _mm256_setzero_ps();
+          for (int64_t j = 0; j < K; ++j)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j] + c), _mm256_loadu_ps(w + j * channels + c0 + c), acc);
+          _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
         }
-        for (int64_t c = 0; c < nc; ++c) out[c] += b[c0 + c];
+        for (; c < nc; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < K; ++j) acc = std::fma(in[j][c], w[j * channels + c0 + c], acc);
+          out[c] = acc + b[c0 + c];
+        }
         silu_in_place(out, nc);
       }
       // The run's last K-1 inputs become the state, oldest first: row i
@@ -143,7 +141,7 @@ Mamba1Dims read_mamba1_dims(const gguf::File& file, const std::string& arch, int
   Mamba1Dims d;
   const std::string p = arch + ".ssm.";
   d.n_embd = n_embd;
-  d.d_conv = require_positive(file, p + "conv_kernel", 256);
+  d.d_conv = require_positive(file, p + "conv_kernel", kMaxConvTaps);
   d.d_inner = require_positive(file, p + "inner_size", int64_t(1) << 20);
   d.d_state = require_positive(file, p + "state_size", 4096);
   d.dt_rank = require_positive(file, p + "time_step_rank", int64_t(1) << 20);
@@ -429,8 +427,8 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   conv_silu(zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
             conv_ch, pool);
 
-  // Scan (kernels::mamba2_scan): a task per head, each run's tokens in
-  // order within it.
+  // Scan (kernels::mamba2_scan): heads in parallel (for_blocks' tasks),
+  // each run's tokens in order within a head.
   const int64_t heads_per_group = nh / ng;
   for_blocks(pool, nh, n * hd * ds * 4, [&](int64_t h) {
     const int64_t g = h / heads_per_group, c0 = h * hd;
