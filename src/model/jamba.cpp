@@ -1,4 +1,3 @@
-#include "model/for_tokens.h"
 #include "model/jamba.h"
 
 #include <algorithm>
@@ -7,6 +6,7 @@
 #include <numeric>
 
 #include "gguf/gguf_file.h"
+#include "model/for_tokens.h"
 #include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/mamba.h"

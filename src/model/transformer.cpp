@@ -1,4 +1,3 @@
-#include "model/for_tokens.h"
 #include "model/transformer.h"
 
 #include <algorithm>
@@ -7,6 +6,7 @@
 #include <memory>
 
 #include "gguf/gguf_file.h"
+#include "model/for_tokens.h"
 #include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
