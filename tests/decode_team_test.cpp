@@ -219,6 +219,38 @@ TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
   set_kernel_isa(native);
 }
 
+// The recurrent models' steps (mamba, mamba2: no attention, so from every
+// position), with d_inner and the head count such that the members'
+// channel blocks and heads split unevenly.
+TEST(TeamSteps, RecurrentModelsBitIdenticalToDispatchedSteps) {
+  struct Case {
+    const char* preset;
+    DType dtype;
+    int64_t d_inner, heads;  // heads: mamba2's (ssm.time_step_rank)
+  };
+  for (const Case& c : {Case{"tiny-mamba", DType::Q8_0, 400, 0}, Case{"tiny-mamba", DType::F16, 272, 0},
+                        Case{"tiny-mamba2", DType::Q8_0, 320, 5}, Case{"tiny-mamba2", DType::F32, 192, 3}}) {
+    SyntheticModelSpec s = synthetic_preset(c.preset);
+    s.dtype = c.dtype;
+    s.n_vocab = 320;
+    s.d_inner = c.d_inner;
+    if (c.heads) s.ssm_n_head = c.heads;
+    const std::string tag = std::string("team-") + c.preset + "-" + dtype_name(static_cast<uint32_t>(c.dtype)) + "-" +
+                            std::to_string(c.d_inner);
+    Model& model = *test::synthetic_model(tag, s).model;
+    SCOPED_TRACE(tag);
+    const KernelIsa native = kernel_isa();
+    for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
+      if (!kernel_isa_supported(isa)) continue;
+      set_kernel_isa(isa);
+      SCOPED_TRACE(kernel_isa_name(isa));
+      for (int threads : {2, 3}) check_team_steps_match(model, 21 + threads, threads, 9, 20);
+      check_team_multi_steps_match(model, 7, 2, 3, 5, 10);
+    }
+    set_kernel_isa(native);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, TeamSteps,
                          ::testing::Values(Shape{"llama", DType::F16, 4, 4, 64}, Shape{"llama", DType::Q8_0, 8, 2, 32},
                                            Shape{"llama", DType::Q4_0, 2, 1, 128}, Shape{"qwen2", DType::F32, 4, 4, 64},

@@ -10,6 +10,7 @@
 #include "model/for_tokens.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
+#include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/ssm_scan.h"
 #include "util/error.h"
@@ -68,46 +69,92 @@ int64_t rows_of(std::span<const RecurrentRun> runs) { return runs.empty() ? 0 : 
 // multiply-adds, the order of ggml's row-wise sum, whatever the batch; then
 // the bias, and SiLU as x / (1 + e^-x) with the kernels' vector exp (ggml's
 // vector expf, as ggml's vectorized SiLU: silu_in_place). Vectors run
-// across channels, reading every input in place; blocks of channels run in
-// parallel, each run's tokens in order.
-void conv_silu(const float* src, int64_t src_stride, int64_t channels, std::span<const RecurrentRun> runs,
-               int64_t K, const float* w, const float* b, float* dst, int64_t dst_stride, ThreadPool& pool) {
-  constexpr int64_t kBlock = 64;
-  const int64_t n_blocks = (channels + kBlock - 1) / kBlock;
-  for_blocks(pool, n_blocks, rows_of(runs) * kBlock * (K + 8), [&](int64_t blk) {
-    const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
-    const float* in[kMaxConvTaps];
-    for (const RecurrentRun& run : runs) {
-      float* state = run.conv_state;
-      const int64_t n = run.n;
-      // The input at relative time tau (tau < 0: before the run).
-      auto input = [&](int64_t tau) -> const float* {
-        return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : state + (K - 1 + tau) * channels + c0;
-      };
-      for (int64_t t = 0; t < n; ++t) {
-        float* out = dst + (run.row0 + t) * dst_stride + c0;
-        for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
-        int64_t c = 0;
-        for (; c + 8 <= nc; c += 8) {
-          __m256 acc = _mm256_setzero_ps();
-          for (int64_t j = 0; j < K; ++j)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j] + c), _mm256_loadu_ps(w + j * channels + c0 + c), acc);
-          _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
-        }
-        for (; c < nc; ++c) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < K; ++j) acc = std::fma(in[j][c], w[j * channels + c0 + c], acc);
-          out[c] = acc + b[c0 + c];
-        }
-        silu_in_place(out, nc);
+// across channels, reading every input in place; blocks of kBlock channels
+// are independent (run in parallel, or split between a team's members),
+// each run's tokens in order.
+struct ConvPass {
+  static constexpr int64_t kBlock = 64;
+  const float* src;
+  int64_t src_stride;
+  int64_t channels;
+  std::span<const RecurrentRun> runs;
+  int64_t K;
+  const float* w;
+  const float* b;
+  float* dst;
+  int64_t dst_stride;
+
+  int64_t n_blocks() const { return (channels + kBlock - 1) / kBlock; }
+  void run_block(int64_t blk) const;
+};
+
+void ConvPass::run_block(int64_t blk) const {
+  const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
+  const float* in[kMaxConvTaps];
+  for (const RecurrentRun& run : runs) {
+    float* state = run.conv_state;
+    const int64_t n = run.n;
+    // The input at relative time tau (tau < 0: before the run).
+    auto input = [&](int64_t tau) -> const float* {
+      return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : state + (K - 1 + tau) * channels + c0;
+    };
+    for (int64_t t = 0; t < n; ++t) {
+      float* out = dst + (run.row0 + t) * dst_stride + c0;
+      for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
+      int64_t c = 0;
+      for (; c + 8 <= nc; c += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j < K; ++j)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(in[j] + c), _mm256_loadu_ps(w + j * channels + c0 + c), acc);
+        _mm256_storeu_ps(out + c, _mm256_add_ps(acc, _mm256_loadu_ps(b + c0 + c)));
       }
-      // The run's last K-1 inputs become the state, oldest first: row i
-      // takes the input at n + i - (K-1), from the prompt or from a later
-      // row of the old state (n >= 1), so rows are overwritten in order.
-      for (int64_t i = 0; i + 1 < K; ++i)
-        std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
+      for (; c < nc; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j) acc = std::fma(in[j][c], w[j * channels + c0 + c], acc);
+        out[c] = acc + b[c0 + c];
+      }
+      silu_in_place(out, nc);
     }
-  });
+    // The run's last K-1 inputs become the state, oldest first: row i
+    // takes the input at n + i - (K-1), from the prompt or from a later
+    // row of the old state (n >= 1), so rows are overwritten in order.
+    for (int64_t i = 0; i + 1 < K; ++i)
+      std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
+  }
+}
+
+void conv_silu(const ConvPass& conv, ThreadPool& pool) {
+  for_blocks(pool, conv.n_blocks(), rows_of(conv.runs) * ConvPass::kBlock * (conv.K + 8),
+             [&](int64_t blk) { conv.run_block(blk); });
+}
+
+// A team member's part of n_items independent items split evenly and
+// always alike (no claims): each member's items, and the state they
+// update, stay in its own cache from step to step.
+struct MemberItems {
+  int64_t begin, end;
+};
+MemberItems member_items(const DecodeTeam::Member& m, int64_t n_items) {
+  return {n_items * m.index() / m.size(), n_items * (m.index() + 1) / m.size()};
+}
+
+// out[c] = silu(z[c]) * (y[c] + x[c] * D[c / d_channels]) for channels
+// [c0, c1) of one row: the mixers' gate (the D skip, then SiLU of z), the
+// same operations for every split of a row (silu_mul's elements do not
+// depend on where they fall). `sum` is scratch of c1 - c0 floats.
+void gate_channels(float* out, const float* y, const float* x, const float* z, const float* D, int64_t d_channels,
+                   int64_t c0, int64_t c1, float* sum) {
+  if (d_channels == 1) {
+    for (int64_t c = c0; c < c1; ++c) sum[c - c0] = std::fma(x[c], D[c], y[c]);
+  } else {
+    for (int64_t c = c0; c < c1;) {
+      const float d = D[c / d_channels];
+      for (const int64_t end = std::min(c1, (c / d_channels + 1) * d_channels); c < end; ++c)
+        sum[c - c0] = std::fma(x[c], d, y[c]);
+    }
+  }
+  std::memcpy(out + c0, z + c0, (c1 - c0) * sizeof(float));
+  silu_mul(out + c0, sum, c1 - c0);
 }
 
 // A conv's taps as stored ([channel][j], ggml's {K, channels}) by tap
@@ -206,22 +253,89 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read.
+// Every element is written before it is read. In a team step these are
+// the products' outputs, which every member reads.
 struct Mamba1Scratch {
   std::vector<float> xz, xc, xdb, dt, y, dt_low;
 };
 struct Mamba2Scratch {
-  std::vector<float> zxbcdt, xbc, y;
+  std::vector<float> zxbcdt, xbc, y, gated;
 };
 struct MambaPassScratch {
   std::vector<float> x, h, mix;
 };
+
+// Mamba-1's selective scan (kernels::mamba1_scan) over blocks of
+// kernels::kScanBlock channels, each run's tokens in order within a block.
+struct Mamba1ScanPass {
+  const Mamba1Layer& L;
+  const Mamba1Dims& d;
+  const float* dt;  // rows of d_inner
+  const float* xc;  // rows of d_inner
+  float* y;         // rows of d_inner
+  const float* bc;  // each row's B then C
+  int64_t bc_stride;
+  std::span<const RecurrentRun> runs;
+
+  int64_t n_blocks() const { return (d.d_inner + kernels::kScanBlock - 1) / kernels::kScanBlock; }
+  void run_block(int64_t blk) const {
+    const int64_t di = d.d_inner, ds = d.d_state;
+    const int64_t c0 = blk * kernels::kScanBlock, c1 = std::min(di, c0 + kernels::kScanBlock);
+    for (const RecurrentRun& run : runs) {
+      kernels::Mamba1Scan s;
+      s.n_tokens = run.n;
+      s.channels = c1 - c0;
+      s.d_state = ds;
+      s.dt = dt + run.row0 * di + c0;
+      s.x = xc + run.row0 * di + c0;
+      s.y = y + run.row0 * di + c0;
+      s.row_stride = di;
+      s.bc = bc + run.row0 * bc_stride;
+      s.bc_stride = bc_stride;
+      s.A = L.A.data() + c0 * ds;
+      s.state = run.ssm_state + c0 * ds;
+      kernels::mamba1_scan(s);
+    }
+  }
+  // Blocks [b0, b1) on this thread, requesting the next block's state and
+  // A while it scans one. In a decode step they come from memory (the
+  // weights streamed since evicted them), a block too short for the
+  // hardware prefetcher.
+  void run_blocks_requesting(int64_t b0, int64_t b1) const {
+    const int64_t di = d.d_inner, ds = d.d_state;
+    constexpr int64_t kBlock = kernels::kScanBlock;
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      if (blk + 1 < b1) {
+        const int64_t next = (blk + 1) * kBlock * ds;
+        const int64_t bytes = std::min(kBlock, di - (blk + 1) * kBlock) * ds * int64_t(sizeof(float));
+        for (const RecurrentRun& run : runs) request_lines(run.ssm_state + next, bytes, true);
+        request_lines(L.A.data() + next, bytes, false);
+      }
+      run_block(blk);
+    }
+  }
+};
+
+// RMS norms on a Mamba-1 x_db row's dt, B and C where the model has them.
+void norm_dt_b_c(const Mamba1Layer& L, const Mamba1Dims& d, float* row) {
+  const bool weighted = !L.dt_norm.empty();
+  if (!weighted && !d.dt_b_c_rms) return;
+  const int64_t R = d.dt_rank, ds = d.d_state;
+  rms_norm(row, weighted ? L.dt_norm.data() : nullptr, d.eps, R, row);
+  rms_norm(row + R, weighted ? L.b_norm.data() : nullptr, d.eps, ds, row + R);
+  rms_norm(row + R + ds, weighted ? L.c_norm.data() : nullptr, d.eps, ds, row + R + ds);
+}
+
+// Channels [c0, c1) of row t: dt += its bias.
+void add_dt_bias(const Mamba1Layer& L, int64_t di, float* dt, int64_t t, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) dt[t * di + c] += L.dt_b[c];
+}
 }  // namespace
 
 void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
                 float* out, ThreadPool& pool, int64_t out_first) {
   const int64_t n = rows_of(runs);
-  const int64_t di = d.d_inner, ds = d.d_state, R = d.dt_rank, n_xdb = R + 2 * ds;
+  const int64_t di = d.d_inner, R = d.dt_rank, n_xdb = R + 2 * d.d_state;
   auto& [xz, xc, xdb, dt, y, dt_low] = pool.caller_local<Mamba1Scratch>();
   xz.resize(n * 2 * di);
   xc.resize(n * di);
@@ -231,81 +345,92 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
 
   // {n_embd} -> x (first d_inner) and z (gate, second d_inner) per token.
   matmul(L.in, in, n, xz.data(), pool);
-  conv_silu(xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di, pool);
+  conv_silu({xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di}, pool);
 
   // x -> dt (dt_rank), B (d_state), C (d_state).
   matmul(L.x_proj, xc.data(), n, xdb.data(), pool);
-  const bool weighted = !L.dt_norm.empty();
   dt_low.resize(n * R);
   for_tokens(n, pool, [&](int64_t t) {
     float* row = xdb.data() + t * n_xdb;
-    if (weighted || d.dt_b_c_rms) {
-      rms_norm(row, weighted ? L.dt_norm.data() : nullptr, d.eps, R, row);
-      rms_norm(row + R, weighted ? L.b_norm.data() : nullptr, d.eps, ds, row + R);
-      rms_norm(row + R + ds, weighted ? L.c_norm.data() : nullptr, d.eps, ds, row + R + ds);
-    }
+    norm_dt_b_c(L, d, row);
     // The dt rows are the first R of each x_db row: gathered contiguous.
     std::memcpy(dt_low.data() + t * R, row, R * sizeof(float));
   });
   matmul(L.dt_proj, dt_low.data(), n, dt.data(), pool);
-  for_tokens(n, pool, [&](int64_t t) {
-    for (int64_t c = 0; c < di; ++c) dt[t * di + c] += L.dt_b[c];
-  });
+  for_tokens(n, pool, [&](int64_t t) { add_dt_bias(L, di, dt.data(), t, 0, di); });
 
-  // Selective scan (kernels::mamba1_scan), block by block of channels,
-  // each run's tokens in order within a block.
-  constexpr int64_t kBlock = kernels::kScanBlock;
-  const int64_t n_blocks = (di + kBlock - 1) / kBlock;
-  auto scan_block = [&](int64_t blk) {
-    const int64_t c0 = blk * kBlock, c1 = std::min(di, c0 + kBlock);
-    for (const RecurrentRun& run : runs) {
-      kernels::Mamba1Scan s;
-      s.n_tokens = run.n;
-      s.channels = c1 - c0;
-      s.d_state = ds;
-      s.dt = dt.data() + run.row0 * di + c0;
-      s.x = xc.data() + run.row0 * di + c0;
-      s.y = y.data() + run.row0 * di + c0;
-      s.row_stride = di;
-      s.bc = xdb.data() + run.row0 * n_xdb + R;
-      s.bc_stride = n_xdb;
-      s.A = L.A.data() + c0 * ds;
-      s.state = run.ssm_state + c0 * ds;
-      kernels::mamba1_scan(s);
-    }
-  };
-  if (n <= kInlineScanRows) {
-    // A decode step: on the calling thread, requesting the next block's
-    // state and A while it scans this one. Its state and A come from
-    // memory (the weights streamed since evicted them), a block too short
-    // for the hardware prefetcher; split across the pool, each block's
-    // state also moved between the threads' caches from step to step
-    // (tasks are claimed, not dealt): 1.6x slower than one thread.
-    for (int64_t blk = 0; blk < n_blocks; ++blk) {
-      if (blk + 1 < n_blocks) {
-        const int64_t next = (blk + 1) * kBlock * ds;
-        const int64_t bytes = std::min(kBlock, di - (blk + 1) * kBlock) * ds * int64_t(sizeof(float));
-        for (const RecurrentRun& run : runs) request_lines(run.ssm_state + next, bytes, true);
-        request_lines(L.A.data() + next, bytes, false);
-      }
-      scan_block(blk);
-    }
-  } else {
-    for_blocks(pool, n_blocks, n * kBlock * ds * 24, scan_block);
-  }
+  const Mamba1ScanPass scan{L, d, dt.data(), xc.data(), y.data(), xdb.data() + R, n_xdb, runs};
+  // A decode step scans on the calling thread: split across the pool, each
+  // block's state also moved between the threads' caches from step to
+  // step (tasks are claimed, not dealt): 1.6x slower than one thread. (A
+  // team splits them evenly, always alike: mamba1_team_mix.)
+  if (n <= kInlineScanRows) scan.run_blocks_requesting(0, scan.n_blocks());
+  else for_blocks(pool, scan.n_blocks(), n * kernels::kScanBlock * d.d_state * 24, [&](int64_t blk) { scan.run_block(blk); });
+ 
   // y = (y + x * D) * silu(z), row by row.
   pool.parallel_for(n - out_first, [&](int64_t r) {
     const int64_t t = out_first + r;
-    float* yt = y.data() + t * di;
-    const float* xt = xc.data() + t * di;
-    thread_local std::vector<float> g;
-    g.assign(xz.begin() + t * 2 * di + di, xz.begin() + (t + 1) * 2 * di);
-    for (int64_t c = 0; c < di; ++c) yt[c] += xt[c] * L.D[c];
-    silu_mul(g.data(), yt, di);
-    std::memcpy(yt, g.data(), di * sizeof(float));
+    thread_local std::vector<float> sum;
+    sum.resize(di);
+    gate_channels(y.data() + t * di, y.data() + t * di, xc.data() + t * di, xz.data() + t * 2 * di + di, L.D.data(), 1,
+                  0, di, sum.data());
   });
+ 
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d.n_embd, pool);
+ 
 }
+
+namespace {
+
+// mamba1_mix for a decode step run by a team (every run one token, every
+// row's output wanted), member m's part: the products are claimed as
+// team_matmul_many claims them; the conv, scan and gate are split by
+// channel blocks, evenly and always alike, so a member's SSM state stays
+// in its cache. `own` is the member's scratch. The same operations as
+// mamba1_mix, the same bits.
+void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
+                     float* out, Mamba1Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) {
+  const int64_t n = rows_of(runs);
+  const int64_t di = d.d_inner, R = d.dt_rank, n_xdb = R + 2 * d.d_state;
+  std::vector<float>&xz = shared.xz, &xc = shared.xc, &xdb = shared.xdb, &dt = shared.dt, &y = shared.y;
+  const MatmulOutput in_proj[] = {{&L.in, xz.data()}};
+  team_matmul_many(in_proj, in, m, plan, product++);
+
+  const ConvPass conv{xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di};
+  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
+  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
+  m.barrier();
+
+  const MatmulOutput x_proj[] = {{&L.x_proj, xdb.data()}};
+  team_matmul_many(x_proj, xc.data(), m, plan, product++);
+  // Each member norms its own copy of every row (the shared rows stay as
+  // the product left them).
+  thread_local std::vector<float> own_xdb, dt_low, sum;
+  own_xdb.assign(xdb.begin(), xdb.begin() + n * n_xdb);
+  dt_low.resize(n * R);
+  for (int64_t t = 0; t < n; ++t) {
+    norm_dt_b_c(L, d, own_xdb.data() + t * n_xdb);
+    std::memcpy(dt_low.data() + t * R, own_xdb.data() + t * n_xdb, R * sizeof(float));
+  }
+  const MatmulOutput dt_proj[] = {{&L.dt_proj, dt.data()}};
+  team_matmul_many(dt_proj, dt_low.data(), m, plan, product++);
+
+  const Mamba1ScanPass scan{L, d, dt.data(), xc.data(), y.data(), own_xdb.data() + R, n_xdb, runs};
+  const MemberItems blocks = member_items(m, scan.n_blocks());
+  const int64_t c0 = blocks.begin * kernels::kScanBlock, c1 = std::min(di, blocks.end * kernels::kScanBlock);
+  for (int64_t t = 0; t < n; ++t) add_dt_bias(L, di, dt.data(), t, c0, c1);
+  scan.run_blocks_requesting(blocks.begin, blocks.end);
+  sum.resize(di);
+  for (int64_t t = 0; t < n; ++t)
+    gate_channels(y.data() + t * di, y.data() + t * di, xc.data() + t * di, xz.data() + t * 2 * di + di, L.D.data(), 1,
+                  c0, c1, sum.data());
+  m.barrier();
+
+  const MatmulOutput out_proj[] = {{&L.out, out}};
+  team_matmul_many(out_proj, y.data(), m, plan, product++);
+}
+
+}  // namespace
 
 // ------------------------------------------------------------ models
 
@@ -314,6 +439,14 @@ namespace {
 struct Mamba2Layer {
   PackedMatrix in, out;
   std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
+};
+
+// What a team step keeps between steps, per pool (ThreadPool::caller_local).
+struct MambaTeamState {
+  std::unique_ptr<DecodeTeam> team;
+  TeamStepPlan plan;
+  std::vector<const PackedMatrix*> firsts;
+  std::vector<float> logits;  // every sequence's, in order
 };
 
 class Mamba final : public SegmentedModel {
@@ -325,7 +458,21 @@ class Mamba final : public SegmentedModel {
  private:
   void mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
                   ThreadPool& pool, int64_t out_first) const;
+  // mamba2_mix for a decode step run by a team, member m's part (as
+  // mamba1_team_mix): heads split evenly and always alike. Same bits.
+  void mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
+                       Mamba2Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const;
+  // Head h's scan over every run (its time steps from the dt column first).
+  void mamba2_scan_head(const Mamba2Layer& L, int64_t h, const float* zxbcdt, const float* xbc, float* y,
+                        std::span<const RecurrentRun> runs) const;
+  // The grouped RMS norm of one gated row.
+  void mamba2_norm_row(const Mamba2Layer& L, const float* gated, float* out) const;
   void run(std::span<const PassSegment> segments, ThreadPool& pool) override;
+  // A decode step (decode_team_may_run) by every thread of the pool inside
+  // one dispatch (tensor/decode_team.h): the same operations as run, the
+  // same bits, without a dispatch per product and pass.
+  bool team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const;
+  void run_team_step(std::span<const PassSegment> segments, ThreadPool& pool);
 
   bool v2_ = false;
   ModelInfo info_;
@@ -412,68 +559,183 @@ Mamba::Mamba(const gguf::File& file) {
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
+void Mamba::mamba2_scan_head(const Mamba2Layer& L, int64_t h, const float* zxbcdt, const float* xbc, float* y,
+                             std::span<const RecurrentRun> runs) const {
+  const int64_t n = rows_of(runs);
+  const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, hd = head_dim_;
+  const int64_t conv_ch = di + 2 * ng * ds, n_proj = 2 * di + 2 * ng * ds + n_head_;
+  const int64_t g = h / (n_head_ / ng), c0 = h * hd;
+  thread_local std::vector<float> sp, dA;
+  sp.resize(n);
+  dA.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    sp[t] = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
+    dA[t] = std::exp(sp[t] * L.A[h]);
+  }
+  for (const RecurrentRun& run : runs) {
+    kernels::Mamba2Scan s;
+    s.n_tokens = run.n;
+    s.channels = hd;
+    s.d_state = ds;
+    s.sp = sp.data() + run.row0;
+    s.dA = dA.data() + run.row0;
+    s.x = xbc + run.row0 * conv_ch + c0;
+    s.x_stride = conv_ch;
+    s.y = y + run.row0 * di + c0;
+    s.y_stride = di;
+    s.b = xbc + run.row0 * conv_ch + di + g * ds;
+    s.c = xbc + run.row0 * conv_ch + di + ng * ds + g * ds;
+    s.bc_stride = conv_ch;
+    s.state = run.ssm_state + c0 * ds;
+    kernels::mamba2_scan(s);
+  }
+}
+
+void Mamba::mamba2_norm_row(const Mamba2Layer& L, const float* gated, float* out) const {
+  const int64_t gs = d_.d_inner / n_group_;
+  for (int64_t gi = 0; gi < n_group_; ++gi) rms_norm(gated + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, out + gi * gs);
+}
+
 void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
                        ThreadPool& pool, int64_t out_first) const {
   const int64_t n = rows_of(runs);
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, nh = n_head_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
-  auto& [zxbcdt, xbc, y] = pool.caller_local<Mamba2Scratch>();
+  Mamba2Scratch& scratch = pool.caller_local<Mamba2Scratch>();
+  std::vector<float>&zxbcdt = scratch.zxbcdt, &xbc = scratch.xbc, &y = scratch.y;
   zxbcdt.resize(n * n_proj);
   xbc.resize(n * conv_ch);
   y.resize(n * di);
 
   matmul(L.in, in, n, zxbcdt.data(), pool);
-  conv_silu(zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
-            conv_ch, pool);
+  conv_silu({zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(), xbc.data(),
+             conv_ch},
+            pool);
 
   // Scan (kernels::mamba2_scan): heads in parallel (for_blocks' tasks),
   // each run's tokens in order within a head.
-  const int64_t heads_per_group = nh / ng;
-  for_blocks(pool, nh, n * hd * ds * 4, [&](int64_t h) {
-    const int64_t g = h / heads_per_group, c0 = h * hd;
-    thread_local std::vector<float> sp, dA;
-    sp.resize(n);
-    dA.resize(n);
-    for (int64_t t = 0; t < n; ++t) {
-      sp[t] = softplus(zxbcdt[t * n_proj + 2 * di + 2 * ng * ds + h] + L.dt_b[h]);
-      dA[t] = std::exp(sp[t] * L.A[h]);
-    }
-    for (const RecurrentRun& run : runs) {
-      kernels::Mamba2Scan s;
-      s.n_tokens = run.n;
-      s.channels = hd;
-      s.d_state = ds;
-      s.sp = sp.data() + run.row0;
-      s.dA = dA.data() + run.row0;
-      s.x = xbc.data() + run.row0 * conv_ch + c0;
-      s.x_stride = conv_ch;
-      s.y = y.data() + run.row0 * di + c0;
-      s.y_stride = di;
-      s.b = xbc.data() + run.row0 * conv_ch + di + g * ds;
-      s.c = xbc.data() + run.row0 * conv_ch + di + ng * ds + g * ds;
-      s.bc_stride = conv_ch;
-      s.state = run.ssm_state + c0 * ds;
-      kernels::mamba2_scan(s);
-    }
-  });
+  for_blocks(pool, nh, n * hd * ds * 4,
+             [&](int64_t h) { mamba2_scan_head(L, h, zxbcdt.data(), xbc.data(), y.data(), runs); });
   // y = (y + x * D) * silu(z), then the grouped RMS norm over d_inner / n_group.
-  const int64_t gs = di / ng;
   pool.parallel_for(n - out_first, [&](int64_t r) {
     const int64_t t = out_first + r;
-    float* yt = y.data() + t * di;
-    const float* xt = xbc.data() + t * conv_ch;
-    thread_local std::vector<float> g;
-    g.assign(zxbcdt.begin() + t * n_proj, zxbcdt.begin() + t * n_proj + di);
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t c = h * hd; c < (h + 1) * hd; ++c) yt[c] += xt[c] * L.D[h];
-    silu_mul(g.data(), yt, di);
-    for (int64_t gi = 0; gi < ng; ++gi) rms_norm(g.data() + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, yt + gi * gs);
+    thread_local std::vector<float> g, sum;
+    g.resize(di);
+    sum.resize(di);
+    gate_channels(g.data(), y.data() + t * di, xbc.data() + t * conv_ch, zxbcdt.data() + t * n_proj, L.D.data(), hd, 0,
+                  di, sum.data());
+    mamba2_norm_row(L, g.data(), y.data() + t * di);
   });
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d_.n_embd, pool);
 }
 
+void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
+                            Mamba2Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const {
+  const int64_t n = rows_of(runs);
+  const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, hd = head_dim_;
+  const int64_t conv_ch = di + 2 * ng * ds, n_proj = 2 * di + 2 * ng * ds + n_head_;
+  std::vector<float>&zxbcdt = shared.zxbcdt, &xbc = shared.xbc, &y = shared.y, &gated = shared.gated;
+  const MatmulOutput in_proj[] = {{&L.in, zxbcdt.data()}};
+  team_matmul_many(in_proj, in, m, plan, product++);
+
+  const ConvPass conv{zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(),
+                      xbc.data(), conv_ch};
+  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
+  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
+  m.barrier();
+
+  // The member's heads: scanned, then gated (the grouped norm needs every
+  // head of a group: after the barrier).
+  const MemberItems heads = member_items(m, n_head_);
+  for (int64_t h = heads.begin; h < heads.end; ++h) mamba2_scan_head(L, h, zxbcdt.data(), xbc.data(), y.data(), runs);
+  thread_local std::vector<float> sum, normed;
+  sum.resize(di);
+  for (int64_t t = 0; t < n; ++t)
+    gate_channels(gated.data() + t * di, y.data() + t * di, xbc.data() + t * conv_ch, zxbcdt.data() + t * n_proj,
+                  L.D.data(), hd, heads.begin * hd, heads.end * hd, sum.data());
+  m.barrier();
+  normed.resize(n * di);
+  for (int64_t t = 0; t < n; ++t) mamba2_norm_row(L, gated.data() + t * di, normed.data() + t * di);
+  const MatmulOutput out_proj[] = {{&L.out, out}};
+  team_matmul_many(out_proj, normed.data(), m, plan, product++);
+}
+
+bool Mamba::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
+  if (!decode_team_may_run(segments, pool)) return false;
+  const MambaTeamState& st = pool.caller_local<MambaTeamState>();
+  return !st.team || st.team->ready();
+}
+
+void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(segments.size());  // one token (row) per sequence
+  const int64_t n_embd = d_.n_embd, n_vocab = info_.n_vocab;
+  const int n_layer = static_cast<int>(info_.n_layer);
+  std::vector<std::vector<RecurrentRun>> runs(n_layer);
+  for (int il = 0; il < n_layer; ++il) runs[il] = recurrent_runs(segments, il, spec_.layers[il]);
+
+  MambaTeamState& st = pool.caller_local<MambaTeamState>();
+  if (!st.team || st.team->size() != pool.size()) st.team = std::make_unique<DecodeTeam>(pool);
+  std::vector<float>& logits = n == 1 ? *segments[0].logits : st.logits;
+  logits.resize(n * n_vocab);
+  // The step's products in order, by their first matrices, for the decode
+  // prefetch tuner.
+  st.firsts.clear();
+  for (const Mamba1Layer& L : layers1_) st.firsts.insert(st.firsts.end(), {&L.in, &L.x_proj, &L.dt_proj, &L.out});
+  for (const Mamba2Layer& L : layers2_) st.firsts.insert(st.firsts.end(), {&L.in, &L.out});
+  st.firsts.push_back(&output_);
+  plan_team_step(st.firsts, n, st.plan, pool);
+
+  // The products' outputs, which every member reads.
+  Mamba1Scratch& shared1 = pool.caller_local<Mamba1Scratch>();
+  Mamba2Scratch& shared2 = pool.caller_local<Mamba2Scratch>();
+  const int64_t di = d_.d_inner;
+  if (v2_) {
+    const int64_t ng = n_group_, ds = d_.d_state;
+    shared2.zxbcdt.resize(n * (2 * di + 2 * ng * ds + n_head_));
+    shared2.xbc.resize(n * (di + 2 * ng * ds));
+    shared2.y.resize(n * di);
+    shared2.gated.resize(n * di);
+  } else {
+    shared1.xz.resize(n * 2 * di);
+    shared1.xc.resize(n * di);
+    shared1.xdb.resize(n * (d_.dt_rank + 2 * d_.d_state));
+    shared1.dt.resize(n * di);
+    shared1.y.resize(n * di);
+  }
+  std::vector<float>& mix = pool.caller_local<MambaPassScratch>().mix;
+  mix.resize(n * n_embd);
+
+  st.team->run([&](DecodeTeam::Member& m) {
+    // This member's residual stream and norms: every member computes them
+    // all (the same bits), so reading them needs no barrier.
+    thread_local std::vector<float> x, h;
+    x.resize(n * n_embd);
+    h.resize(n * n_embd);
+    for (int64_t r = 0; r < n; ++r) dequantize_row(token_embd_, segments[r].batch.tokens[0], x.data() + r * n_embd);
+    int product = 0;
+    for (int il = 0; il < n_layer; ++il) {
+      for (int64_t t = 0; t < n; ++t)
+        rms_norm(x.data() + t * n_embd, attn_norm_[il].data(), d_.eps, n_embd, h.data() + t * n_embd);
+      if (v2_)
+        mamba2_team_mix(layers2_[il], h.data(), runs[il], mix.data(), shared2, m, st.plan, product);
+      else
+        mamba1_team_mix(layers1_[il], d_, h.data(), runs[il], mix.data(), shared1, m, st.plan, product);
+      for (int64_t i = 0; i < n * n_embd; ++i) x[i] += mix[i];
+    }
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(x.data() + t * n_embd, output_norm_.data(), d_.eps, n_embd, h.data() + t * n_embd);
+    const MatmulOutput out[] = {{&output_, logits.data()}};
+    team_matmul_many(out, h.data(), m, st.plan, product++);
+  });
+  report_team_step(st.plan, pool);
+  if (n > 1)
+    for (int64_t r = 0; r < n; ++r)
+      segments[r].logits->assign(logits.begin() + r * n_vocab, logits.begin() + (r + 1) * n_vocab);
+}
+
 void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
+  if (team_step_takes(segments, pool)) return run_team_step(segments, pool);
   const int64_t n = pass_rows(segments);
   const int64_t n_embd = d_.n_embd;
 

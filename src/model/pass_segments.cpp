@@ -1,5 +1,8 @@
 #include "model/pass_segments.h"
 
+#include "tensor/decode_team.h"
+#include "tensor/thread_pool.h"
+
 namespace reprise {
 
 std::vector<PassSegment> segments_for(std::span<const SequenceBatch> batches) {
@@ -28,6 +31,17 @@ int64_t last_layer_first_row(std::span<const PassSegment> segments) {
 int64_t pass_rows(std::span<const PassSegment> segments) {
   if (segments.empty()) return 0;
   return segments.back().row0 + static_cast<int64_t>(segments.back().batch.tokens.size());
+}
+
+bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool& pool) {
+  if (pool.size() < 2 || segments.empty() || static_cast<int64_t>(segments.size()) >= kDecodeTeamMaxSequences ||
+      !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
+    return false;
+  for (const PassSegment& seg : segments) {
+    const ForwardBatch& b = seg.batch;
+    if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || !seg.logits) return false;
+  }
+  return true;
 }
 
 void SegmentedModel::check_and_prepare(const ForwardBatch& b, SequenceMemory& memory) const {

@@ -35,6 +35,18 @@ int64_t last_layer_first_row(std::span<const PassSegment> segments);
 // Total rows of the pass.
 int64_t pass_rows(std::span<const PassSegment> segments);
 
+// Passes of fewer sequences than this (one token each) may run as decode
+// teams (tensor/decode_team.h): the products' decode-sized batches (below a
+// prompt tile).
+constexpr int64_t kDecodeTeamMaxSequences = 12;
+
+// Whether a pass is a decode step a team may run, as far as the pass and
+// pool tell: one token of each of fewer than kDecodeTeamMaxSequences
+// sequences, each wanting its logits and fed by token id, on a pool of
+// several threads that fits the CPUs, with teams enabled. (An architecture
+// adds its own conditions, and whether its team is ready.)
+bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool& pool);
+
 
 // An architecture that runs every pass as segments: forward() is a pass of
 // one segment, forward_many() a pass of one segment per batch. Both check

@@ -77,10 +77,6 @@ ForwardBatch rows_from(const ForwardBatch& b, int64_t r0) {
   return t;
 }
 
-// Passes of fewer sequences than this (one token each) may run as decode
-// teams: the products' decode-sized batches (below a prompt tile).
-constexpr int64_t kDecodeTeamMaxSequences = 12;
-
 // RoPE angles of a pass's rows: one table for each (base, scale) its layers
 // use (gemma3's local layers share one, its global ones another).
 struct RopeTables {
@@ -342,15 +338,9 @@ struct TeamStepState {
 };
 
 bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
-  if (pool.size() < 2 || segments.empty() || static_cast<int64_t>(segments.size()) >= kDecodeTeamMaxSequences ||
-      !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
-    return false;
-  for (const PassSegment& seg : segments) {
-    const ForwardBatch& b = seg.batch;
-    if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || !seg.logits ||
-        !team_attention_takes(head_dim_, n_head_, n_head_kv_, b.pos0 + 1))
-      return false;
-  }
+  if (!decode_team_may_run(segments, pool)) return false;
+  for (const PassSegment& seg : segments)
+    if (!team_attention_takes(head_dim_, n_head_, n_head_kv_, seg.batch.pos0 + 1)) return false;
   const TeamStepState& st = pool.caller_local<TeamStepState>();
   return !st.team || st.team->ready();
 }
