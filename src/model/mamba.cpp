@@ -399,7 +399,7 @@ void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in,
   const ConvPass conv{xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di};
   const MemberItems conv_blocks = member_items(m, conv.n_blocks());
   for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
-  m.barrier();
+  team_barrier(m, plan);
 
   const MatmulOutput x_proj[] = {{&L.x_proj, xdb.data()}};
   team_matmul_many(x_proj, xc.data(), m, plan, product++);
@@ -424,7 +424,7 @@ void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in,
   for (int64_t t = 0; t < n; ++t)
     gate_channels(y.data() + t * di, y.data() + t * di, xc.data() + t * di, xz.data() + t * 2 * di + di, L.D.data(), 1,
                   c0, c1, sum.data());
-  m.barrier();
+  team_barrier(m, plan);
 
   const MatmulOutput out_proj[] = {{&L.out, out}};
   team_matmul_many(out_proj, y.data(), m, plan, product++);
@@ -643,7 +643,7 @@ void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<con
                       xbc.data(), conv_ch};
   const MemberItems conv_blocks = member_items(m, conv.n_blocks());
   for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
-  m.barrier();
+  team_barrier(m, plan);
 
   // The member's heads: scanned, then gated (the grouped norm needs every
   // head of a group: after the barrier).
@@ -654,7 +654,7 @@ void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<con
   for (int64_t t = 0; t < n; ++t)
     gate_channels(gated.data() + t * di, y.data() + t * di, xbc.data() + t * conv_ch, zxbcdt.data() + t * n_proj,
                   L.D.data(), hd, heads.begin * hd, heads.end * hd, sum.data());
-  m.barrier();
+  team_barrier(m, plan);
   normed.resize(n * di);
   for (int64_t t = 0; t < n; ++t) mamba2_norm_row(L, gated.data() + t * di, normed.data() + t * di);
   const MatmulOutput out_proj[] = {{&L.out, out}};

@@ -1331,6 +1331,11 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
   }
 }
 
+void team_barrier(DecodeTeam::Member& m, TeamStepPlan& plan) {
+  m.barrier();
+  if (m.index() == 0) plan.last_barrier = seconds_now();
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) s = std::fma(a[i], b[i], s);

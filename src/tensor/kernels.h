@@ -226,6 +226,11 @@ void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
                       TeamStepPlan& plan, int index);
 
+// A barrier after a step's own pass between products (a recurrent layer's
+// conv or scan, split between the members by the model): the next
+// product's time in plan starts after it, as after a product.
+void team_barrier(DecodeTeam::Member& m, TeamStepPlan& plan);
+
 // Whether team_attention takes a token's attention at every layer of a
 // model, its query seeing positions up to `end` (the token's position + 1):
 // a decode kernel on this instruction set, in tasks of whole KV heads.
