@@ -85,22 +85,31 @@ struct ConvPass {
   int64_t dst_stride;
 
   int64_t n_blocks() const { return (channels + kBlock - 1) / kBlock; }
-  void run_block(int64_t blk) const;
+  // Block blk's outputs, then its channels' states advanced.
+  void run_block(int64_t blk) const {
+    outputs(blk);
+    advance_states(blk);
+  }
+  // Block blk's outputs for every run's rows; reads the states only.
+  void outputs(int64_t blk) const;
+  // Each run's state of block blk's channels becomes its last K-1 inputs.
+  void advance_states(int64_t blk) const;
+
+ private:
+  // Run r's input of channels from c0 at relative time tau (tau < 0:
+  // before the run, from its state).
+  const float* input(const RecurrentRun& run, int64_t c0, int64_t tau) const {
+    return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : run.conv_state + (K - 1 + tau) * channels + c0;
+  }
 };
 
-void ConvPass::run_block(int64_t blk) const {
+void ConvPass::outputs(int64_t blk) const {
   const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
   const float* in[kMaxConvTaps];
   for (const RecurrentRun& run : runs) {
-    float* state = run.conv_state;
-    const int64_t n = run.n;
-    // The input at relative time tau (tau < 0: before the run).
-    auto input = [&](int64_t tau) -> const float* {
-      return tau >= 0 ? src + (run.row0 + tau) * src_stride + c0 : state + (K - 1 + tau) * channels + c0;
-    };
-    for (int64_t t = 0; t < n; ++t) {
+    for (int64_t t = 0; t < run.n; ++t) {
       float* out = dst + (run.row0 + t) * dst_stride + c0;
-      for (int64_t j = 0; j < K; ++j) in[j] = input(t + j - (K - 1));
+      for (int64_t j = 0; j < K; ++j) in[j] = input(run, c0, t + j - (K - 1));
       int64_t c = 0;
       for (; c + 8 <= nc; c += 8) {
         __m256 acc = _mm256_setzero_ps();
@@ -115,12 +124,16 @@ void ConvPass::run_block(int64_t blk) const {
       }
       silu_in_place(out, nc);
     }
-    // The run's last K-1 inputs become the state, oldest first: row i
-    // takes the input at n + i - (K-1), from the prompt or from a later
-    // row of the old state (n >= 1), so rows are overwritten in order.
-    for (int64_t i = 0; i + 1 < K; ++i)
-      std::memmove(state + i * channels + c0, input(n + i - (K - 1)), nc * sizeof(float));
   }
+}
+
+void ConvPass::advance_states(int64_t blk) const {
+  const int64_t c0 = blk * kBlock, nc = std::min(channels, c0 + kBlock) - c0;
+  // Row i takes the input at n + i - (K-1), from the prompt or from a later
+  // row of the old state (n >= 1), so rows are overwritten in order.
+  for (const RecurrentRun& run : runs)
+    for (int64_t i = 0; i + 1 < K; ++i)
+      std::memmove(run.conv_state + i * channels + c0, input(run, c0, run.n + i - (K - 1)), nc * sizeof(float));
 }
 
 void conv_silu(const ConvPass& conv, ThreadPool& pool) {
@@ -253,8 +266,9 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read. In a team step these are
-// the products' outputs, which every member reads.
+// Every element is written before it is read. In a team step these hold
+// the products' outputs and the gated rows, which every member reads (the
+// conv outputs are each member's own).
 struct Mamba1Scratch {
   std::vector<float> xz, xc, xdb, dt, y, dt_low;
 };
@@ -384,28 +398,32 @@ namespace {
 
 // mamba1_mix for a decode step run by a team (every run one token, every
 // row's output wanted), member m's part: the products are claimed as
-// team_matmul_many claims them; the conv, scan and gate are split by
-// channel blocks, evenly and always alike, so a member's SSM state stays
-// in its cache. `own` is the member's scratch. The same operations as
-// mamba1_mix, the same bits.
+// team_matmul_many claims them; the scan and gate are split by channel
+// blocks, evenly and always alike, so a member's SSM state stays in its
+// cache. Each member computes the whole conv into its own buffer (a few
+// microseconds of work, where a barrier and reading the other member's
+// half from the other vCPU's cache cost as much), and advances its blocks'
+// conv states after the x_proj barrier, once no member reads them. The
+// same operations as mamba1_mix, the same bits.
 void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
                      float* out, Mamba1Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) {
   const int64_t n = rows_of(runs);
   const int64_t di = d.d_inner, R = d.dt_rank, n_xdb = R + 2 * d.d_state;
-  std::vector<float>&xz = shared.xz, &xc = shared.xc, &xdb = shared.xdb, &dt = shared.dt, &y = shared.y;
+  std::vector<float>&xz = shared.xz, &xdb = shared.xdb, &dt = shared.dt, &y = shared.y;
   const MatmulOutput in_proj[] = {{&L.in, xz.data()}};
   team_matmul_many(in_proj, in, m, plan, product++);
 
+  thread_local std::vector<float> xc, own_xdb, dt_low, sum;
+  xc.resize(n * di);
   const ConvPass conv{xz.data(), 2 * di, di, runs, d.d_conv, L.conv_w.data(), L.conv_b.data(), xc.data(), di};
-  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
-  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
-  team_barrier(m, plan);
+  for (int64_t blk = 0; blk < conv.n_blocks(); ++blk) conv.outputs(blk);
 
   const MatmulOutput x_proj[] = {{&L.x_proj, xdb.data()}};
   team_matmul_many(x_proj, xc.data(), m, plan, product++);
+  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
+  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.advance_states(blk);
   // Each member norms its own copy of every row (the shared rows stay as
   // the product left them).
-  thread_local std::vector<float> own_xdb, dt_low, sum;
   own_xdb.assign(xdb.begin(), xdb.begin() + n * n_xdb);
   dt_low.resize(n * R);
   for (int64_t t = 0; t < n; ++t) {
@@ -635,26 +653,33 @@ void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<con
   const int64_t n = rows_of(runs);
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds, n_proj = 2 * di + 2 * ng * ds + n_head_;
-  std::vector<float>&zxbcdt = shared.zxbcdt, &xbc = shared.xbc, &y = shared.y, &gated = shared.gated;
+  std::vector<float>&zxbcdt = shared.zxbcdt, &y = shared.y, &gated = shared.gated;
   const MatmulOutput in_proj[] = {{&L.in, zxbcdt.data()}};
   team_matmul_many(in_proj, in, m, plan, product++);
 
+  // The conv outputs the member's heads read (their x, and every group's
+  // B and C) into its own buffer, as mamba1_team_mix computes its conv;
+  // the states advance after the scan's barrier.
+  const MemberItems heads = member_items(m, n_head_);
+  thread_local std::vector<float> xbc, sum, normed;
+  xbc.resize(n * conv_ch);
   const ConvPass conv{zxbcdt.data() + di, n_proj, conv_ch, runs, d_.d_conv, L.conv_w.data(), L.conv_b.data(),
                       xbc.data(), conv_ch};
-  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
-  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.run_block(blk);
-  team_barrier(m, plan);
+  const int64_t x_begin = heads.begin * hd / ConvPass::kBlock;
+  const int64_t x_end = (heads.end * hd + ConvPass::kBlock - 1) / ConvPass::kBlock;
+  for (int64_t blk = x_begin; blk < x_end; ++blk) conv.outputs(blk);
+  for (int64_t blk = std::max(x_end, di / ConvPass::kBlock); blk < conv.n_blocks(); ++blk) conv.outputs(blk);
 
   // The member's heads: scanned, then gated (the grouped norm needs every
   // head of a group: after the barrier).
-  const MemberItems heads = member_items(m, n_head_);
   for (int64_t h = heads.begin; h < heads.end; ++h) mamba2_scan_head(L, h, zxbcdt.data(), xbc.data(), y.data(), runs);
-  thread_local std::vector<float> sum, normed;
   sum.resize(di);
   for (int64_t t = 0; t < n; ++t)
     gate_channels(gated.data() + t * di, y.data() + t * di, xbc.data() + t * conv_ch, zxbcdt.data() + t * n_proj,
                   L.D.data(), hd, heads.begin * hd, heads.end * hd, sum.data());
   team_barrier(m, plan);
+  const MemberItems conv_blocks = member_items(m, conv.n_blocks());
+  for (int64_t blk = conv_blocks.begin; blk < conv_blocks.end; ++blk) conv.advance_states(blk);
   normed.resize(n * di);
   for (int64_t t = 0; t < n; ++t) mamba2_norm_row(L, gated.data() + t * di, normed.data() + t * di);
   const MatmulOutput out_proj[] = {{&L.out, out}};
@@ -693,12 +718,10 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
   if (v2_) {
     const int64_t ng = n_group_, ds = d_.d_state;
     shared2.zxbcdt.resize(n * (2 * di + 2 * ng * ds + n_head_));
-    shared2.xbc.resize(n * (di + 2 * ng * ds));
     shared2.y.resize(n * di);
     shared2.gated.resize(n * di);
   } else {
     shared1.xz.resize(n * 2 * di);
-    shared1.xc.resize(n * di);
     shared1.xdb.resize(n * (d_.dt_rank + 2 * d_.d_state));
     shared1.dt.resize(n * di);
     shared1.y.resize(n * di);
