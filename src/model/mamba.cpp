@@ -10,6 +10,7 @@
 #include "model/for_tokens.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
+#include "model/team_step.h"
 #include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/ssm_scan.h"
@@ -459,13 +460,6 @@ struct Mamba2Layer {
   std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
 };
 
-// What a team step keeps between steps, per pool (ThreadPool::caller_local).
-struct MambaTeamState {
-  std::unique_ptr<DecodeTeam> team;
-  TeamStepPlan plan;
-  std::vector<const PackedMatrix*> firsts;
-  std::vector<float> logits;  // every sequence's, in order
-};
 
 class Mamba final : public SegmentedModel {
  public:
@@ -688,8 +682,7 @@ void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<con
 
 bool Mamba::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
   if (!decode_team_may_run(segments, pool)) return false;
-  const MambaTeamState& st = pool.caller_local<MambaTeamState>();
-  return !st.team || st.team->ready();
+  return pool.caller_local<TeamStepState>().ready();
 }
 
 void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
@@ -699,17 +692,12 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
   std::vector<std::vector<RecurrentRun>> runs(n_layer);
   for (int il = 0; il < n_layer; ++il) runs[il] = recurrent_runs(segments, il, spec_.layers[il]);
 
-  MambaTeamState& st = pool.caller_local<MambaTeamState>();
-  if (!st.team || st.team->size() != pool.size()) st.team = std::make_unique<DecodeTeam>(pool);
-  std::vector<float>& logits = n == 1 ? *segments[0].logits : st.logits;
-  logits.resize(n * n_vocab);
-  // The step's products in order, by their first matrices, for the decode
-  // prefetch tuner.
+  TeamStepState& st = pool.caller_local<TeamStepState>();
   st.firsts.clear();
   for (const Mamba1Layer& L : layers1_) st.firsts.insert(st.firsts.end(), {&L.in, &L.x_proj, &L.dt_proj, &L.out});
   for (const Mamba2Layer& L : layers2_) st.firsts.insert(st.firsts.end(), {&L.in, &L.out});
   st.firsts.push_back(&output_);
-  plan_team_step(st.firsts, n, st.plan, pool);
+  std::vector<float>& logits = st.begin(segments, n_vocab, pool);
 
   // The products' outputs, which every member reads.
   Mamba1Scratch& shared1 = pool.caller_local<Mamba1Scratch>();
@@ -751,10 +739,7 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
     const MatmulOutput out[] = {{&output_, logits.data()}};
     team_matmul_many(out, h.data(), m, st.plan, product++);
   });
-  report_team_step(st.plan, pool);
-  if (n > 1)
-    for (int64_t r = 0; r < n; ++r)
-      segments[r].logits->assign(logits.begin() + r * n_vocab, logits.begin() + (r + 1) * n_vocab);
+  st.end(segments, n_vocab, pool);
 }
 
 void Mamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {

@@ -10,6 +10,7 @@
 #include "model/layer_attention.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
+#include "model/team_step.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/decode_team.h"
@@ -327,22 +328,18 @@ void Transformer::build_rope_tables(std::span<const int64_t> positions, RopeTabl
   }
 }
 
-// What a team step keeps between steps, per pool (ThreadPool::caller_local).
-struct TeamStepState {
-  std::unique_ptr<DecodeTeam> team;
-  TeamStepPlan plan;
-  std::vector<const PackedMatrix*> firsts;
+// What a transformer's team step keeps between steps, per pool
+// (ThreadPool::caller_local), beside every model's (team_step.h).
+struct TransformerTeamState : TeamStepState {
   std::vector<int64_t> positions;  // each sequence's token's
   RopeTables rope;
-  std::vector<float> logits;  // every sequence's, in order
 };
 
 bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
   if (!decode_team_may_run(segments, pool)) return false;
   for (const PassSegment& seg : segments)
     if (!team_attention_takes(head_dim_, n_head_, n_head_kv_, seg.batch.pos0 + 1)) return false;
-  const TeamStepState& st = pool.caller_local<TeamStepState>();
-  return !st.team || st.team->ready();
+  return pool.caller_local<TransformerTeamState>().ready();
 }
 
 void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
@@ -356,16 +353,11 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
   std::vector<float>&q = shared.q, &k = shared.k, &v = shared.v, &attn = shared.attn, &tmp = shared.tmp,
                      &g = shared.g, &u = shared.u;
 
-  TeamStepState& st = pool.caller_local<TeamStepState>();
-  if (!st.team || st.team->size() != pool.size()) st.team = std::make_unique<DecodeTeam>(pool);
-  std::vector<float>& logits = n == 1 ? *segments[0].logits : st.logits;
-  logits.resize(n * n_vocab);
-  // The step's products in order, by their first matrices, for the
-  // decode prefetch tuner.
+  TransformerTeamState& st = pool.caller_local<TransformerTeamState>();
   st.firsts.clear();
   for (const Layer& L : layers_) st.firsts.insert(st.firsts.end(), {&L.wq, &L.wo, &L.gate, &L.down});
   st.firsts.push_back(&output_);
-  plan_team_step(st.firsts, n, st.plan, pool);
+  std::vector<float>& logits = st.begin(segments, n_vocab, pool);
   st.positions.resize(n);
   for (int64_t r = 0; r < n; ++r) st.positions[r] = segments[r].batch.pos0;
   build_rope_tables(st.positions, st.rope, pool);
@@ -457,10 +449,7 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
     const MatmulOutput out[] = {{&output_, logits.data()}};
     team_matmul_many(out, h.data(), m, st.plan, product++);
   });
-  report_team_step(st.plan, pool);
-  if (n > 1)
-    for (int64_t r = 0; r < n; ++r)
-      segments[r].logits->assign(logits.begin() + r * n_vocab, logits.begin() + (r + 1) * n_vocab);
+  st.end(segments, n_vocab, pool);
 }
 
 void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
