@@ -221,22 +221,29 @@ TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
 
 // The recurrent models' steps (mamba, mamba2: no attention, so from every
 // position), with d_inner and the head count such that the members'
-// channel blocks and heads split unevenly.
+// channel blocks and heads split unevenly, Mamba-2 heads that end inside a
+// 64-channel conv block (head_dim 40) and several B/C groups; up to 11
+// sequences a step. (No team runs on more threads than CPUs, which
+// check_team_steps_match checks: the 3-thread runs exercise teams only on
+// hosts with 3 or more CPUs.)
 TEST(TeamSteps, RecurrentModelsBitIdenticalToDispatchedSteps) {
   struct Case {
     const char* preset;
     DType dtype;
-    int64_t d_inner, heads;  // heads: mamba2's (ssm.time_step_rank)
+    int64_t d_inner, heads, groups;  // heads, groups: mamba2's (ssm.time_step_rank, ssm.group_count)
   };
-  for (const Case& c : {Case{"tiny-mamba", DType::Q8_0, 400, 0}, Case{"tiny-mamba", DType::F16, 272, 0},
-                        Case{"tiny-mamba2", DType::Q8_0, 320, 5}, Case{"tiny-mamba2", DType::F32, 192, 3}}) {
+  for (const Case& c : {Case{"tiny-mamba", DType::Q8_0, 400, 0, 0}, Case{"tiny-mamba", DType::F16, 272, 0, 0},
+                        Case{"tiny-mamba2", DType::Q8_0, 320, 5, 1}, Case{"tiny-mamba2", DType::F32, 192, 3, 1},
+                        Case{"tiny-mamba2", DType::F16, 200, 5, 1}, Case{"tiny-mamba2", DType::Q8_0, 240, 6, 2}}) {
     SyntheticModelSpec s = synthetic_preset(c.preset);
     s.dtype = c.dtype;
     s.n_vocab = 320;
     s.d_inner = c.d_inner;
     if (c.heads) s.ssm_n_head = c.heads;
+    if (c.groups) s.n_group = c.groups;
     const std::string tag = std::string("team-") + c.preset + "-" + dtype_name(static_cast<uint32_t>(c.dtype)) + "-" +
-                            std::to_string(c.d_inner);
+                            std::to_string(c.d_inner) + "-" + std::to_string(c.heads) + "-" +
+                            std::to_string(c.groups);
     Model& model = *test::synthetic_model(tag, s).model;
     SCOPED_TRACE(tag);
     const KernelIsa native = kernel_isa();
@@ -246,6 +253,7 @@ TEST(TeamSteps, RecurrentModelsBitIdenticalToDispatchedSteps) {
       SCOPED_TRACE(kernel_isa_name(isa));
       for (int threads : {2, 3}) check_team_steps_match(model, 21 + threads, threads, 9, 20);
       check_team_multi_steps_match(model, 7, 2, 3, 5, 10);
+      check_team_multi_steps_match(model, 8, 2, 11, 1, 4);
     }
     set_kernel_isa(native);
   }

@@ -267,9 +267,10 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read. In a team step these hold
-// the products' outputs and the gated rows, which every member reads (the
-// conv outputs are each member's own).
+// Every element is written before it is read. A team step uses them for
+// what every member reads: the products' outputs, the scan's y and
+// Mamba-2's gated rows (`gated`, the team's only); the conv outputs (xc,
+// xbc) and dt_low are each member's own there.
 struct Mamba1Scratch {
   std::vector<float> xz, xc, xdb, dt, y, dt_low;
 };
@@ -379,9 +380,11 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   // block's state also moved between the threads' caches from step to
   // step (tasks are claimed, not dealt): 1.6x slower than one thread. (A
   // team splits them evenly, always alike: mamba1_team_mix.)
-  if (n <= kInlineScanRows) scan.run_blocks_requesting(0, scan.n_blocks());
-  else for_blocks(pool, scan.n_blocks(), n * kernels::kScanBlock * d.d_state * 24, [&](int64_t blk) { scan.run_block(blk); });
- 
+  if (n <= kInlineScanRows)
+    scan.run_blocks_requesting(0, scan.n_blocks());
+  else
+    for_blocks(pool, scan.n_blocks(), n * kernels::kScanBlock * d.d_state * 24,
+               [&](int64_t blk) { scan.run_block(blk); });
   // y = (y + x * D) * silu(z), row by row.
   pool.parallel_for(n - out_first, [&](int64_t r) {
     const int64_t t = out_first + r;
@@ -390,9 +393,7 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
     gate_channels(y.data() + t * di, y.data() + t * di, xc.data() + t * di, xz.data() + t * 2 * di + di, L.D.data(), 1,
                   0, di, sum.data());
   });
- 
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d.n_embd, pool);
- 
 }
 
 namespace {
@@ -459,7 +460,6 @@ struct Mamba2Layer {
   PackedMatrix in, out;
   std::vector<float> conv_w, conv_b, dt_b, A, D, norm;
 };
-
 
 class Mamba final : public SegmentedModel {
  public:
@@ -605,7 +605,8 @@ void Mamba::mamba2_scan_head(const Mamba2Layer& L, int64_t h, const float* zxbcd
 
 void Mamba::mamba2_norm_row(const Mamba2Layer& L, const float* gated, float* out) const {
   const int64_t gs = d_.d_inner / n_group_;
-  for (int64_t gi = 0; gi < n_group_; ++gi) rms_norm(gated + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, out + gi * gs);
+  for (int64_t gi = 0; gi < n_group_; ++gi)
+    rms_norm(gated + gi * gs, L.norm.data() + gi * gs, d_.eps, gs, out + gi * gs);
 }
 
 void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,

@@ -47,7 +47,6 @@ constexpr int64_t kDecodeTeamMaxSequences = 12;
 // adds its own conditions, and whether its team is ready.)
 bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool& pool);
 
-
 // An architecture that runs every pass as segments: forward() is a pass of
 // one segment, forward_many() a pass of one segment per batch. Both check
 // each segment's token ids and prepare its memory before run(), which so

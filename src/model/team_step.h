@@ -2,7 +2,8 @@
 // steps, one per pool (ThreadPool::caller_local), and the steps every
 // architecture takes around DecodeTeam::run: the team sized to the pool,
 // the decode prefetch plan of the step's products, and each sequence's
-// logits.
+// logits. (Models of one class share their pool's state: the plan is
+// made anew each step, and a team serves any step on its pool.)
 #pragma once
 #include <cstdint>
 #include <memory>

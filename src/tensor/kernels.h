@@ -227,8 +227,9 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
                       TeamStepPlan& plan, int index);
 
 // A barrier after a step's own pass between products (a recurrent layer's
-// conv or scan, split between the members by the model): the next
-// product's time in plan starts after it, as after a product.
+// scan and gate, split between the members by the model): the next
+// product's time in plan starts after it, as after a product (so it holds
+// whatever the member does before its first claim, as after a product).
 void team_barrier(DecodeTeam::Member& m, TeamStepPlan& plan);
 
 // Whether team_attention takes a token's attention at every layer of a
