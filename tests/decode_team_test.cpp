@@ -173,6 +173,20 @@ void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int 
   }
 }
 
+// Runs fn() under each instruction set this CPU has, then restores the
+// native one.
+template <typename Fn>
+void on_each_isa(Fn&& fn) {
+  const KernelIsa native = kernel_isa();
+  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx2Vnni, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    fn();
+  }
+  set_kernel_isa(native);
+}
+
 struct Shape {
   const char* arch;
   DType dtype;
@@ -207,16 +221,11 @@ TEST_P(TeamSteps, BitIdenticalToDispatchedSteps) {
                           std::to_string(p.n_head) + "-" + std::to_string(p.n_head_kv) + "-" +
                           std::to_string(p.head_dim);
   Model& model = *test::synthetic_model(tag, s).model;
-  const KernelIsa native = kernel_isa();
-  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx2Vnni, KernelIsa::Avx512}) {
-    if (!kernel_isa_supported(isa)) continue;
-    set_kernel_isa(isa);
-    SCOPED_TRACE(kernel_isa_name(isa));
+  on_each_isa([&] {
     for (int threads : {2, 3}) check_team_steps_match(model, 11 + threads, threads, 50, 30);
     check_team_multi_steps_match(model, 5, 2, 3, 30, 40);
     check_team_multi_steps_match(model, 6, 2, 5, 60, 12);
-  }
-  set_kernel_isa(native);
+  });
 }
 
 // The recurrent models' steps (mamba, mamba2: no attention, so from every
@@ -246,16 +255,11 @@ TEST(TeamSteps, RecurrentModelsBitIdenticalToDispatchedSteps) {
                             std::to_string(c.groups);
     Model& model = *test::synthetic_model(tag, s).model;
     SCOPED_TRACE(tag);
-    const KernelIsa native = kernel_isa();
-    for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
-      if (!kernel_isa_supported(isa)) continue;
-      set_kernel_isa(isa);
-      SCOPED_TRACE(kernel_isa_name(isa));
+    on_each_isa([&] {
       for (int threads : {2, 3}) check_team_steps_match(model, 21 + threads, threads, 9, 20);
       check_team_multi_steps_match(model, 7, 2, 3, 5, 10);
       check_team_multi_steps_match(model, 8, 2, 11, 1, 4);
-    }
-    set_kernel_isa(native);
+    });
   }
 }
 
