@@ -263,6 +263,29 @@ TEST(TeamSteps, RecurrentModelsBitIdenticalToDispatchedSteps) {
   }
 }
 
+// Jamba's steps: recurrent and attention layers (per-key and tiled decode
+// attention: positions from below to beyond 64), dense and mixture-of-
+// experts feed-forwards, one and several sequences (so an expert takes one
+// row, several, or none in a step).
+TEST(TeamSteps, JambaBitIdenticalToDispatchedSteps) {
+  for (DType dtype : {DType::Q8_0, DType::F16}) {
+    SyntheticModelSpec s = synthetic_preset("tiny-jamba");
+    s.dtype = dtype;
+    s.n_vocab = 320;
+    s.n_embd = 128;
+    s.head_dim = 32;
+    s.d_inner = 272;
+    const std::string tag = std::string("team-jamba-") + dtype_name(static_cast<uint32_t>(dtype));
+    Model& model = *test::synthetic_model(tag, s).model;
+    SCOPED_TRACE(tag);
+    on_each_isa([&] {
+      check_team_steps_match(model, 31, 2, 50, 30);
+      check_team_multi_steps_match(model, 9, 2, 3, 30, 40);
+      check_team_multi_steps_match(model, 10, 2, 11, 70, 4);
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, TeamSteps,
                          ::testing::Values(Shape{"llama", DType::F16, 4, 4, 64}, Shape{"llama", DType::Q8_0, 8, 2, 32},
                                            Shape{"llama", DType::Q4_0, 2, 1, 128}, Shape{"qwen2", DType::F32, 4, 4, 64},

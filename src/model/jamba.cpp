@@ -11,6 +11,7 @@
 #include "model/output_head.h"
 #include "model/mamba.h"
 #include "model/pass_segments.h"
+#include "model/team_step.h"
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -95,6 +96,49 @@ std::vector<PackedMatrix> expert_matrices(const gguf::File& file, const std::str
   return out;
 }
 
+// Routing (llama.cpp build_moe_ffn with softmax gating, no renormalization
+// of the selected weights): softmax over all experts of each of n rows of
+// `probs` (in place), then the top k: sel / weight [row * k + j].
+void route_tokens(float* probs, int64_t n, int64_t ne, int64_t k, int32_t* sel, float* weight) {
+  std::vector<int32_t> order(ne);
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = probs + t * ne;
+    softmax_inplace(p, ne);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    for (int64_t j = 0; j < k; ++j) {
+      sel[t * k + j] = order[j];
+      weight[t * k + j] = p[order[j]];
+    }
+  }
+}
+
+// The (row, choice) slots routed to expert e, in order.
+void slots_of(const std::vector<int32_t>& sel, int64_t e, std::vector<int64_t>& slots) {
+  slots.clear();
+  for (int64_t i = 0; i < static_cast<int64_t>(sel.size()); ++i)
+    if (sel[i] == e) slots.push_back(i);
+}
+
+// out row t = sum over choices j in selection order of expert_out[t, j] *
+// weight[t, j]: ((e0 * w0) + (e1 * w1)) + ...
+void weighted_expert_sum(const float* expert_out, const float* weight, int64_t n, int64_t k, int64_t n_embd,
+                         float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * n_embd;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* eo = expert_out + (t * k + j) * n_embd;
+      const float wj = weight[t * k + j];
+      if (j == 0) {
+        for (int64_t i = 0; i < n_embd; ++i) o[i] = eo[i] * wj;
+      } else {
+        for (int64_t i = 0; i < n_embd; ++i) o[i] += eo[i] * wj;
+      }
+    }
+  }
+}
+
 class Jamba final : public SegmentedModel {
  public:
   explicit Jamba(const gguf::File& file);
@@ -106,6 +150,21 @@ class Jamba final : public SegmentedModel {
   void attention(const Layer& L, int il, std::span<const PassSegment> segments, const float* h, float* out,
                  ThreadPool& pool) const;
   void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
+
+  // A decode step (decode_team_may_run, and every attention layer's
+  // attention a team kernel's) by every thread of the pool inside one
+  // dispatch (tensor/decode_team.h): the same operations as run, the same
+  // bits. Recurrent layers run mamba1_team_mix; a mixture-of-experts layer
+  // runs each routed expert's products as team products over its rows.
+  bool team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const;
+  void run_team_step(std::span<const PassSegment> segments, ThreadPool& pool);
+  // Member m's parts of a team step's attention layer and feed-forward:
+  // `h` is the member's normalized rows; they return the rows the residual
+  // adds (shared, or the member's own).
+  const float* team_attention_layer(const Layer& L, int il, std::span<const PassSegment> segments, const float* h,
+                                    DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const;
+  const float* team_feed_forward(const Ffn& f, const float* h, int64_t n, DecodeTeam::Member& m, TeamStepPlan& plan,
+                                 int& product) const;
 
   ModelInfo info_;
   StateSpec spec_;
@@ -254,34 +313,19 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
     matmul(f.down, g.data(), n, out, pool);
     return;
   }
-  // Routing (llama.cpp build_moe_ffn with softmax gating, no renormalization
-  // of the selected weights): softmax over all experts, take the top k.
   const int64_t ne = n_expert_, k = n_expert_used_;
   std::vector<float> probs(n * ne);
   matmul(f.router, h, n, probs.data(), pool);
   std::vector<int32_t> sel(n * k);
   std::vector<float> weight(n * k);
-  std::vector<int32_t> order(ne);
-  for (int64_t t = 0; t < n; ++t) {
-    float* p = probs.data() + t * ne;
-    softmax_inplace(p, ne);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    for (int64_t j = 0; j < k; ++j) {
-      sel[t * k + j] = order[j];
-      weight[t * k + j] = p[order[j]];
-    }
-  }
+  route_tokens(probs.data(), n, ne, k, sel.data(), weight.data());
   // Each expert runs once over the tokens routed to it (rows are independent,
   // so grouping never changes a token's result).
   auto& [expert_out, xs, g, u, d] = pool.caller_local<MoeScratch>();
   expert_out.resize(n * k * n_embd_);  // every (token, choice) row is written below
   std::vector<int64_t> slots;
   for (int64_t e = 0; e < ne; ++e) {
-    slots.clear();
-    for (int64_t i = 0; i < n * k; ++i)
-      if (sel[i] == e) slots.push_back(i);
+    slots_of(sel, e, slots);
     if (slots.empty()) continue;
     const int64_t m = static_cast<int64_t>(slots.size());
     xs.resize(m * n_embd_);
@@ -297,22 +341,187 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
     for (int64_t r = 0; r < m; ++r)
       std::memcpy(expert_out.data() + slots[r] * n_embd_, d.data() + r * n_embd_, n_embd_ * sizeof(float));
   }
-  // Weighted sum in selection order: ((e0 * w0) + (e1 * w1)) + ...
-  for (int64_t t = 0; t < n; ++t) {
-    float* o = out + t * n_embd_;
-    for (int64_t j = 0; j < k; ++j) {
-      const float* eo = expert_out.data() + (t * k + j) * n_embd_;
-      const float wj = weight[t * k + j];
-      if (j == 0) {
-        for (int64_t i = 0; i < n_embd_; ++i) o[i] = eo[i] * wj;
-      } else {
-        for (int64_t i = 0; i < n_embd_; ++i) o[i] += eo[i] * wj;
-      }
+  weighted_expert_sum(expert_out.data(), weight.data(), n, k, n_embd_, out);
+}
+
+// What a jamba team step's members share besides the mixers' buffers: the
+// attention layers' and the FFN products' outputs.
+struct JambaTeamBuffers {
+  std::vector<float> q, k, v, attn, out, g, u, probs;
+};
+
+bool Jamba::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
+  if (!decode_team_may_run(segments, pool)) return false;
+  for (const Layer& L : layers_) {
+    if (L.recurrent) continue;
+    for (const PassSegment& seg : segments)
+      if (!team_attention_takes(head_dim_, n_head_, L.n_head_kv, seg.batch.pos0 + 1)) return false;
+  }
+  return pool.caller_local<TeamStepState>().ready();
+}
+
+const float* Jamba::team_attention_layer(const Layer& L, int il, std::span<const PassSegment> segments,
+                                         const float* h, DecodeTeam::Member& m, TeamStepPlan& plan,
+                                         int& product) const {
+  const auto n = static_cast<int64_t>(segments.size());
+  const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
+  JambaTeamBuffers& b = m.pool().caller_local<JambaTeamBuffers>();
+  const MatmulOutput qkv[] = {{&L.wq, b.q.data()}, {&L.wk, b.k.data()}, {&L.wv, b.v.data()}};
+  team_matmul_many(qkv, h, m, plan, product++);
+  thread_local std::vector<AttentionRows> rows;
+  thread_local std::vector<AttentionBatch> batches;
+  if (static_cast<int64_t>(rows.size()) < n) rows.resize(n);
+  batches.resize(n);
+  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
+  for (int64_t r = 0; r < n; ++r)
+    batches[r] = one_token_attention(segments[r].batch, *segments[r].memory, il, shape, b.q.data() + r * q_dim,
+                                     b.attn.data() + r * q_dim, rows[r]);
+  // A task's KV heads are stored before it attends them (no RoPE: positions
+  // enter only through the causal mask).
+  struct Prepare {
+    std::span<const PassSegment> segments;
+    int layer;
+    int64_t group, head_dim, kv_dim;
+    const float *k, *v;
+  } prep{segments, il, n_head_ / L.n_head_kv, head_dim_, kv_dim, b.k.data(), b.v.data()};
+  auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
+    const Prepare& p = *static_cast<const Prepare*>(ctx);
+    const PassSegment& seg = p.segments[r];
+    const auto row = static_cast<int64_t>(r);
+    store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, h0 / p.group, h1 / p.group, p.head_dim,
+                   p.k + row * p.kv_dim, p.v + row * p.kv_dim);
+  };
+  team_attention(std::span<const AttentionBatch>(batches.data(), n), m, prepare, &prep, plan);
+  const MatmulOutput o[] = {{&L.wo, b.out.data()}};
+  team_matmul_many(o, b.attn.data(), m, plan, product++);
+  return b.out.data();
+}
+
+const float* Jamba::team_feed_forward(const Ffn& f, const float* h, int64_t n, DecodeTeam::Member& m,
+                                      TeamStepPlan& plan, int& product) const {
+  JambaTeamBuffers& b = m.pool().caller_local<JambaTeamBuffers>();
+  thread_local std::vector<float> act;
+  if (f.router.empty()) {
+    const MatmulOutput gu[] = {{&f.gate, b.g.data()}, {&f.up, b.u.data()}};
+    team_matmul_many(gu, h, m, plan, product++);
+    act.assign(b.g.begin(), b.g.begin() + n * n_ff_);
+    silu_mul(act.data(), b.u.data(), n * n_ff_);
+    const MatmulOutput down[] = {{&f.down, b.out.data()}};
+    team_matmul_many(down, act.data(), m, plan, product++);
+    return b.out.data();
+  }
+  // Every member routes every row itself (the same bits), then each expert
+  // with rows takes its products as team products over them, in expert
+  // order, as feed_forward runs them; an expert without rows skips its two.
+  const int64_t ne = n_expert_, k = n_expert_used_;
+  const MatmulOutput router[] = {{&f.router, b.probs.data()}};
+  team_matmul_many(router, h, m, plan, product++);
+  thread_local std::vector<float> probs, weight, xs, expert_out, out;
+  thread_local std::vector<int32_t> sel;
+  thread_local std::vector<int64_t> slots;
+  probs.assign(b.probs.begin(), b.probs.begin() + n * ne);
+  sel.resize(n * k);
+  weight.resize(n * k);
+  route_tokens(probs.data(), n, ne, k, sel.data(), weight.data());
+  expert_out.resize(n * k * n_embd_);
+  for (int64_t e = 0; e < ne; ++e) {
+    slots_of(sel, e, slots);
+    if (slots.empty()) {
+      product += 2;
+      continue;
+    }
+    const auto rows = static_cast<int64_t>(slots.size());
+    xs.resize(rows * n_embd_);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(xs.data() + r * n_embd_, h + (slots[r] / k) * n_embd_, n_embd_ * sizeof(float));
+    const MatmulOutput gu[] = {{&f.gate_exps[e], b.g.data()}, {&f.up_exps[e], b.u.data()}};
+    team_matmul_many(gu, xs.data(), m, plan, product++, rows);
+    act.assign(b.g.begin(), b.g.begin() + rows * n_ff_);
+    silu_mul(act.data(), b.u.data(), rows * n_ff_);
+    const MatmulOutput down[] = {{&f.down_exps[e], b.out.data()}};
+    team_matmul_many(down, act.data(), m, plan, product++, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(expert_out.data() + slots[r] * n_embd_, b.out.data() + r * n_embd_, n_embd_ * sizeof(float));
+  }
+  out.resize(n * n_embd_);
+  weighted_expert_sum(expert_out.data(), weight.data(), n, k, n_embd_, out.data());
+  return out.data();
+}
+
+void Jamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& pool) {
+  const auto n = static_cast<int64_t>(segments.size());  // one token (row) per sequence
+  const int64_t n_vocab = info_.n_vocab;
+  std::vector<std::vector<RecurrentRun>> runs(layers_.size());
+  for (size_t il = 0; il < layers_.size(); ++il)
+    if (layers_[il].recurrent) runs[il] = recurrent_runs(segments, static_cast<int>(il), spec_.layers[il]);
+
+  TeamStepState& st = pool.caller_local<TeamStepState>();
+  st.firsts.clear();
+  for (const Layer& L : layers_) {
+    if (L.recurrent)
+      st.firsts.insert(st.firsts.end(), {&L.ssm.in, &L.ssm.x_proj, &L.ssm.dt_proj, &L.ssm.out});
+    else
+      st.firsts.insert(st.firsts.end(), {&L.wq, &L.wo});
+    if (L.ffn.router.empty()) {
+      st.firsts.insert(st.firsts.end(), {&L.ffn.gate, &L.ffn.down});
+    } else {
+      st.firsts.push_back(&L.ffn.router);
+      for (int64_t e = 0; e < n_expert_; ++e) st.firsts.insert(st.firsts.end(), {&L.ffn.gate_exps[e], &L.ffn.down_exps[e]});
     }
   }
+  st.firsts.push_back(&output_);
+  std::vector<float>& logits = st.begin(segments, n_vocab, pool);
+
+  Mamba1TeamBuffers& mixer = pool.caller_local<Mamba1TeamBuffers>();
+  mixer.size_for_team(d_, n);
+  JambaTeamBuffers& b = pool.caller_local<JambaTeamBuffers>();
+  const int64_t q_dim = n_head_ * head_dim_;
+  int64_t kv_dim = 0;
+  for (const Layer& L : layers_) kv_dim = std::max(kv_dim, L.n_head_kv * head_dim_);
+  b.q.resize(n * q_dim);
+  b.attn.resize(n * q_dim);
+  b.k.resize(n * kv_dim);
+  b.v.resize(n * kv_dim);
+  b.out.resize(n * n_embd_);
+  b.g.resize(n * n_ff_);
+  b.u.resize(n * n_ff_);
+  b.probs.resize(n * std::max<int64_t>(1, n_expert_));
+
+  st.team->run([&](DecodeTeam::Member& m) {
+    // This member's residual stream and norms: every member computes them
+    // all (the same bits), so reading them needs no barrier.
+    thread_local std::vector<float> x, h;
+    x.resize(n * n_embd_);
+    h.resize(n * n_embd_);
+    for (int64_t r = 0; r < n; ++r) dequantize_row(token_embd_, segments[r].batch.tokens[0], x.data() + r * n_embd_);
+    auto add_rows = [&](const float* t) {
+      for (int64_t i = 0; i < n * n_embd_; ++i) x[i] += t[i];
+    };
+    int product = 0;
+    for (int il = 0; il < static_cast<int>(layers_.size()); ++il) {
+      const Layer& L = layers_[il];
+      for (int64_t t = 0; t < n; ++t)
+        rms_norm(x.data() + t * n_embd_, L.attn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+      if (L.recurrent) {
+        mamba1_team_mix(L.ssm, d_, h.data(), runs[il], b.out.data(), mixer, m, st.plan, product);
+        add_rows(b.out.data());
+      } else {
+        add_rows(team_attention_layer(L, il, segments, h.data(), m, st.plan, product));
+      }
+      for (int64_t t = 0; t < n; ++t)
+        rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
+      add_rows(team_feed_forward(L.ffn, h.data(), n, m, st.plan, product));
+    }
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(x.data() + t * n_embd_, output_norm_.data(), eps_, n_embd_, h.data() + t * n_embd_);
+    const MatmulOutput out[] = {{&output_, logits.data()}};
+    team_matmul_many(out, h.data(), m, st.plan, product++);
+  });
+  st.end(segments, n_vocab, pool);
 }
 
 void Jamba::run(std::span<const PassSegment> segments, ThreadPool& pool) {
+  if (team_step_takes(segments, pool)) return run_team_step(segments, pool);
   const int64_t n = pass_rows(segments);
 
   auto& [x, h, tmp] = pool.caller_local<PassScratch>();

@@ -267,10 +267,10 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read. A team step uses them for
-// what every member reads: the products' outputs, the scan's y and
-// Mamba-2's gated rows (`gated`, the team's only); the conv outputs (xc,
-// xbc) and dt_low are each member's own there.
+// Every element is written before it is read. Mamba-2's team step shares
+// its products' outputs, y and `gated` (the team's only) through
+// Mamba2Scratch (Mamba-1's: Mamba1TeamBuffers); a member's conv outputs
+// are its own there.
 struct Mamba1Scratch {
   std::vector<float> xz, xc, xdb, dt, y, dt_low;
 };
@@ -396,19 +396,21 @@ void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std:
   if (out_first < n) matmul(L.out, y.data() + out_first * di, n - out_first, out + out_first * d.n_embd, pool);
 }
 
-namespace {
+void Mamba1TeamBuffers::size_for_team(const Mamba1Dims& d, int64_t n) {
+  xz.resize(n * 2 * d.d_inner);
+  xdb.resize(n * (d.dt_rank + 2 * d.d_state));
+  dt.resize(n * d.d_inner);
+  y.resize(n * d.d_inner);
+}
 
-// mamba1_mix for a decode step run by a team (every run one token, every
-// row's output wanted), member m's part: the products are claimed as
-// team_matmul_many claims them; the scan and gate are split by channel
-// blocks, evenly and always alike, so a member's SSM state stays in its
-// cache. Each member computes the whole conv into its own buffer (a few
-// microseconds of work, where a barrier and reading the other member's
-// half from the other vCPU's cache cost as much), and advances its blocks'
-// conv states after the x_proj barrier, once no member reads them. The
-// same operations as mamba1_mix, the same bits.
+// The team's scan and gate are split by channel blocks, evenly and always
+// alike, so a member's SSM state stays in its cache. Each member computes
+// the whole conv into its own buffer (a few microseconds of work, where a
+// barrier and reading the other member's half from the other vCPU's cache
+// cost as much), and advances its blocks' conv states after the x_proj
+// barrier, once no member reads them.
 void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
-                     float* out, Mamba1Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) {
+                     float* out, Mamba1TeamBuffers& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) {
   const int64_t n = rows_of(runs);
   const int64_t di = d.d_inner, R = d.dt_rank, n_xdb = R + 2 * d.d_state;
   std::vector<float>&xz = shared.xz, &xdb = shared.xdb, &dt = shared.dt, &y = shared.y;
@@ -450,7 +452,6 @@ void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in,
   team_matmul_many(out_proj, y.data(), m, plan, product++);
 }
 
-}  // namespace
 
 // ------------------------------------------------------------ models
 
@@ -701,7 +702,7 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
   std::vector<float>& logits = st.begin(segments, n_vocab, pool);
 
   // The products' outputs, which every member reads.
-  Mamba1Scratch& shared1 = pool.caller_local<Mamba1Scratch>();
+  Mamba1TeamBuffers& shared1 = pool.caller_local<Mamba1TeamBuffers>();
   Mamba2Scratch& shared2 = pool.caller_local<Mamba2Scratch>();
   const int64_t di = d_.d_inner;
   if (v2_) {
@@ -710,10 +711,7 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
     shared2.y.resize(n * di);
     shared2.gated.resize(n * di);
   } else {
-    shared1.xz.resize(n * 2 * di);
-    shared1.xdb.resize(n * (d_.dt_rank + 2 * d_.d_state));
-    shared1.dt.resize(n * di);
-    shared1.y.resize(n * di);
+    shared1.size_for_team(d_, n);
   }
   std::vector<float>& mix = pool.caller_local<MambaPassScratch>().mix;
   mix.resize(n * n_embd);

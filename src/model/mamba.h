@@ -34,6 +34,7 @@
 #include "model/pass_segments.h"
 #include "model/state_spec.h"
 #include "model/weights.h"
+#include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/matrix.h"
 
@@ -94,5 +95,20 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 // advance over every row). A row's result depends only on its own sequence.
 void mamba1_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
                 float* out, ThreadPool& pool, int64_t out_first = 0);
+
+// What a Mamba-1 mixer's decode team shares between its members (the
+// products' outputs and the scan's y), one per pool: size_for_team readies
+// it for a step of n rows before DecodeTeam::run.
+struct Mamba1TeamBuffers {
+  std::vector<float> xz, xdb, dt, y;
+  void size_for_team(const Mamba1Dims& d, int64_t n);
+};
+
+// mamba1_mix for a decode step run by a team (every run one token, every
+// row's output wanted), member m's part; `product` is the step's index of
+// the mixer's first product (in_proj, then x_proj, dt_proj, out_proj:
+// advanced past them). The same operations as mamba1_mix, the same bits.
+void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in, std::span<const RecurrentRun> runs,
+                     float* out, Mamba1TeamBuffers& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product);
 
 }  // namespace reprise

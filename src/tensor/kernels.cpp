@@ -1292,8 +1292,10 @@ void report_team_step(const TeamStepPlan& plan, ThreadPool& pool) {
 }
 
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
-                      TeamStepPlan& plan, int index) {
+                      TeamStepPlan& plan, int index, int64_t n_tokens) {
   const IsaKernels& isa = isa_kernels();
+  if (n_tokens <= 0) n_tokens = plan.n_tokens;
+  if (n_tokens >= kTokenTile) throw Error("team_matmul_many: not a decode-sized batch");
   const int64_t n_in = outputs[0].w->view().n_in;
   // This member's activations, one buffer per kind: every member reads
   // all of x, converted by itself (the same bits).
@@ -1310,7 +1312,7 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
     if (v.n_in != n_in) throw Error("team_matmul_many: matrices differ in n_in");
     const ActKind kind = act_kind(v.type);
     const int ki = static_cast<int>(kind);
-    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, plan.n_tokens, t_acts.kinds[ki], m.pool());
+    if (!packed[ki].data) packed[ki] = pack_activations(kind, x, n_in, n_tokens, t_acts.kinds[ki], m.pool());
     jobs[i] = base_job(MatrixRef{w.groups(), &v, outputs[i].y, w.interleave(), w.regions()}, packed[ki], isa);
     jobs[i].prefetch = plan.distance[index];
     // The recording log is the calling thread's (WeightReadLog), which may
@@ -1322,7 +1324,7 @@ void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, Dec
   const std::span<const Job> job_span(jobs, outputs.size());
   const std::span<const int64_t> first_span(first_tile, outputs.size());
   int64_t t0, t1;
-  while (m.claim(n_tiles, true, t0, t1)) run_decode_span(job_span, first_span, plan.n_tokens, n_in, t0, t1);
+  while (m.claim(n_tiles, true, t0, t1)) run_decode_span(job_span, first_span, n_tokens, n_in, t0, t1);
   m.barrier();
   if (m.index() == 0) {
     const double now = seconds_now();

@@ -220,11 +220,13 @@ void plan_team_step(std::span<const PackedMatrix* const> firsts, int64_t n_token
                     ThreadPool& pool);
 void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 
-// Product `index` of the step (ys[i] = W_i x for plan.n_tokens tokens), for member m:
-// the member converts x to the weights' dot type itself, claims tiles of
-// the matrices with the others, and returns after the barrier that follows.
+// Product `index` of the step (ys[i] = W_i x for plan.n_tokens tokens, or
+// n_tokens > 0 of them: a mixture-of-experts layer's expert takes the rows
+// routed to it), for member m: the member converts x to the weights' dot
+// type itself, claims tiles of the matrices with the others, and returns
+// after the barrier that follows.
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
-                      TeamStepPlan& plan, int index);
+                      TeamStepPlan& plan, int index, int64_t n_tokens = 0);
 
 // A barrier after a step's own pass between products (a recurrent layer's
 // scan and gate, split between the members by the model): the next
