@@ -139,6 +139,12 @@ void weighted_expert_sum(const float* expert_out, const float* weight, int64_t n
   }
 }
 
+// What a jamba team step's members share besides the mixers' buffers: the
+// attention layers' and the FFN products' outputs.
+struct JambaTeamBuffers {
+  std::vector<float> q, k, v, attn, out, g, u, probs;
+};
+
 class Jamba final : public SegmentedModel {
  public:
   explicit Jamba(const gguf::File& file);
@@ -151,20 +157,21 @@ class Jamba final : public SegmentedModel {
                  ThreadPool& pool) const;
   void feed_forward(const Ffn& f, const float* h, int64_t n, float* out, ThreadPool& pool) const;
 
-  // A decode step (decode_team_may_run, and every attention layer's
-  // attention a team kernel's) by every thread of the pool inside one
-  // dispatch (tensor/decode_team.h): the same operations as run, the same
-  // bits. Recurrent layers run mamba1_team_mix; a mixture-of-experts layer
-  // runs each routed expert's products as team products over its rows.
+  // A decode step (decode_team_may_run, where team_attention_takes every
+  // attention layer) by every thread of the pool inside one dispatch
+  // (tensor/decode_team.h): the same operations as run, the same bits.
+  // Recurrent layers run mamba1_team_mix; a mixture-of-experts layer runs
+  // each routed expert's products as team products over its rows.
   bool team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const;
   void run_team_step(std::span<const PassSegment> segments, ThreadPool& pool);
   // Member m's parts of a team step's attention layer and feed-forward:
-  // `h` is the member's normalized rows; they return the rows the residual
-  // adds (shared, or the member's own).
+  // `h` is the member's normalized rows, `b` what the members share; they
+  // return the rows the residual adds (shared, or the member's own).
   const float* team_attention_layer(const Layer& L, int il, std::span<const PassSegment> segments, const float* h,
-                                    DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const;
-  const float* team_feed_forward(const Ffn& f, const float* h, int64_t n, DecodeTeam::Member& m, TeamStepPlan& plan,
-                                 int& product) const;
+                                    JambaTeamBuffers& b, DecodeTeam::Member& m, TeamStepPlan& plan,
+                                    int& product) const;
+  const float* team_feed_forward(const Ffn& f, const float* h, int64_t n, JambaTeamBuffers& b, DecodeTeam::Member& m,
+                                 TeamStepPlan& plan, int& product) const;
 
   ModelInfo info_;
   StateSpec spec_;
@@ -344,12 +351,6 @@ void Jamba::feed_forward(const Ffn& f, const float* h, int64_t n, float* out, Th
   weighted_expert_sum(expert_out.data(), weight.data(), n, k, n_embd_, out);
 }
 
-// What a jamba team step's members share besides the mixers' buffers: the
-// attention layers' and the FFN products' outputs.
-struct JambaTeamBuffers {
-  std::vector<float> q, k, v, attn, out, g, u, probs;
-};
-
 bool Jamba::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
   if (!decode_team_may_run(segments, pool)) return false;
   for (const Layer& L : layers_) {
@@ -361,11 +362,10 @@ bool Jamba::team_step_takes(std::span<const PassSegment> segments, ThreadPool& p
 }
 
 const float* Jamba::team_attention_layer(const Layer& L, int il, std::span<const PassSegment> segments,
-                                         const float* h, DecodeTeam::Member& m, TeamStepPlan& plan,
-                                         int& product) const {
+                                         const float* h, JambaTeamBuffers& b, DecodeTeam::Member& m,
+                                         TeamStepPlan& plan, int& product) const {
   const auto n = static_cast<int64_t>(segments.size());
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = L.n_head_kv * head_dim_;
-  JambaTeamBuffers& b = m.pool().caller_local<JambaTeamBuffers>();
   const MatmulOutput qkv[] = {{&L.wq, b.q.data()}, {&L.wk, b.k.data()}, {&L.wv, b.v.data()}};
   team_matmul_many(qkv, h, m, plan, product++);
   thread_local std::vector<AttentionRows> rows;
@@ -397,9 +397,8 @@ const float* Jamba::team_attention_layer(const Layer& L, int il, std::span<const
   return b.out.data();
 }
 
-const float* Jamba::team_feed_forward(const Ffn& f, const float* h, int64_t n, DecodeTeam::Member& m,
-                                      TeamStepPlan& plan, int& product) const {
-  JambaTeamBuffers& b = m.pool().caller_local<JambaTeamBuffers>();
+const float* Jamba::team_feed_forward(const Ffn& f, const float* h, int64_t n, JambaTeamBuffers& b,
+                                      DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const {
   thread_local std::vector<float> act;
   if (f.router.empty()) {
     const MatmulOutput gu[] = {{&f.gate, b.g.data()}, {&f.up, b.u.data()}};
@@ -427,6 +426,8 @@ const float* Jamba::team_feed_forward(const Ffn& f, const float* h, int64_t n, D
   for (int64_t e = 0; e < ne; ++e) {
     slots_of(sel, e, slots);
     if (slots.empty()) {
+      // Its products are planned but not run: no time to report.
+      if (m.index() == 0) plan.plans[product].timed = plan.plans[product + 1].timed = false;
       product += 2;
       continue;
     }
@@ -506,11 +507,11 @@ void Jamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
         mamba1_team_mix(L.ssm, d_, h.data(), runs[il], b.out.data(), mixer, m, st.plan, product);
         add_rows(b.out.data());
       } else {
-        add_rows(team_attention_layer(L, il, segments, h.data(), m, st.plan, product));
+        add_rows(team_attention_layer(L, il, segments, h.data(), b, m, st.plan, product));
       }
       for (int64_t t = 0; t < n; ++t)
         rms_norm(x.data() + t * n_embd_, L.ffn_norm.data(), eps_, n_embd_, h.data() + t * n_embd_);
-      add_rows(team_feed_forward(L.ffn, h.data(), n, m, st.plan, product));
+      add_rows(team_feed_forward(L.ffn, h.data(), n, b, m, st.plan, product));
     }
     for (int64_t t = 0; t < n; ++t)
       rms_norm(x.data() + t * n_embd_, output_norm_.data(), eps_, n_embd_, h.data() + t * n_embd_);

@@ -222,9 +222,9 @@ void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 
 // Product `index` of the step (ys[i] = W_i x for plan.n_tokens tokens, or
 // n_tokens > 0 of them: a mixture-of-experts layer's expert takes the rows
-// routed to it), for member m: the member converts x to the weights' dot
-// type itself, claims tiles of the matrices with the others, and returns
-// after the barrier that follows.
+// routed to it, under the plan made for plan.n_tokens), for member m: the
+// member converts x to the weights' dot type itself, claims tiles of the
+// matrices with the others, and returns after the barrier that follows.
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
                       TeamStepPlan& plan, int index, int64_t n_tokens = 0);
 
