@@ -467,7 +467,8 @@ void Jamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
       st.firsts.insert(st.firsts.end(), {&L.ffn.gate, &L.ffn.down});
     } else {
       st.firsts.push_back(&L.ffn.router);
-      for (int64_t e = 0; e < n_expert_; ++e) st.firsts.insert(st.firsts.end(), {&L.ffn.gate_exps[e], &L.ffn.down_exps[e]});
+      for (int64_t e = 0; e < n_expert_; ++e)
+        st.firsts.insert(st.firsts.end(), {&L.ffn.gate_exps[e], &L.ffn.down_exps[e]});
     }
   }
   st.firsts.push_back(&output_);

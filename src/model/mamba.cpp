@@ -267,15 +267,18 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read. Mamba-2's team step shares
-// its products' outputs, y and `gated` (the team's only) through
-// Mamba2Scratch (Mamba-1's: Mamba1TeamBuffers); a member's conv outputs
-// are its own there.
+// Every element is written before it is read. (A team step's shared
+// buffers are Mamba1TeamBuffers and Mamba2TeamBuffers.)
 struct Mamba1Scratch {
   std::vector<float> xz, xc, xdb, dt, y, dt_low;
 };
 struct Mamba2Scratch {
-  std::vector<float> zxbcdt, xbc, y, gated;
+  std::vector<float> zxbcdt, xbc, y;
+};
+// What a Mamba-2 mixer's decode team shares between its members (the
+// products' outputs, the scan's y, the gated rows), as Mamba1TeamBuffers.
+struct Mamba2TeamBuffers {
+  std::vector<float> zxbcdt, y, gated;
 };
 struct MambaPassScratch {
   std::vector<float> x, h, mix;
@@ -452,7 +455,6 @@ void mamba1_team_mix(const Mamba1Layer& L, const Mamba1Dims& d, const float* in,
   team_matmul_many(out_proj, y.data(), m, plan, product++);
 }
 
-
 // ------------------------------------------------------------ models
 
 namespace {
@@ -474,7 +476,7 @@ class Mamba final : public SegmentedModel {
   // mamba2_mix for a decode step run by a team, member m's part (as
   // mamba1_team_mix): heads split evenly and always alike. Same bits.
   void mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
-                       Mamba2Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const;
+                       Mamba2TeamBuffers& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const;
   // Head h's scan over every run (its time steps from the dt column first).
   void mamba2_scan_head(const Mamba2Layer& L, int64_t h, const float* zxbcdt, const float* xbc, float* y,
                         std::span<const RecurrentRun> runs) const;
@@ -645,7 +647,8 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
 }
 
 void Mamba::mamba2_team_mix(const Mamba2Layer& L, const float* in, std::span<const RecurrentRun> runs, float* out,
-                            Mamba2Scratch& shared, DecodeTeam::Member& m, TeamStepPlan& plan, int& product) const {
+                            Mamba2TeamBuffers& shared, DecodeTeam::Member& m, TeamStepPlan& plan,
+                            int& product) const {
   const int64_t n = rows_of(runs);
   const int64_t di = d_.d_inner, ds = d_.d_state, ng = n_group_, hd = head_dim_;
   const int64_t conv_ch = di + 2 * ng * ds, n_proj = 2 * di + 2 * ng * ds + n_head_;
@@ -703,7 +706,7 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
 
   // The products' outputs, which every member reads.
   Mamba1TeamBuffers& shared1 = pool.caller_local<Mamba1TeamBuffers>();
-  Mamba2Scratch& shared2 = pool.caller_local<Mamba2Scratch>();
+  Mamba2TeamBuffers& shared2 = pool.caller_local<Mamba2TeamBuffers>();
   const int64_t di = d_.d_inner;
   if (v2_) {
     const int64_t ng = n_group_, ds = d_.d_state;

@@ -1911,8 +1911,7 @@ void team_attention(std::span<const AttentionBatch> batches, DecodeTeam::Member&
       decode_attention_task(b, isa, local);
     }
   }
-  m.barrier();
-  if (m.index() == 0) plan.last_barrier = seconds_now();
+  team_barrier(m, plan);
 }
 
 void attention_many(std::span<const AttentionBatch> batches, ThreadPool& pool) {

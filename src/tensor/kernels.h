@@ -228,10 +228,10 @@ void report_team_step(const TeamStepPlan& plan, ThreadPool& pool);
 void team_matmul_many(std::span<const MatmulOutput> outputs, const float* x, DecodeTeam::Member& m,
                       TeamStepPlan& plan, int index, int64_t n_tokens = 0);
 
-// A barrier after a step's own pass between products (a recurrent layer's
-// scan and gate, split between the members by the model): the next
-// product's time in plan starts after it, as after a product (so it holds
-// whatever the member does before its first claim, as after a product).
+// A barrier after a step's own pass between products (attention, or a
+// recurrent layer's scan and gate, split between the members by the
+// model): the next product's time in plan starts after it, as after a
+// product, and so also holds what member 0 does before its first claim.
 void team_barrier(DecodeTeam::Member& m, TeamStepPlan& plan);
 
 // Whether team_attention takes a token's attention at every layer of a
