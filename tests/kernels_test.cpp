@@ -566,6 +566,11 @@ TEST(PackedMatrixRegions, FollowTheTypeTheSizeAndTheIsa) {
     }
     EXPECT_EQ(PackedMatrix(make_weights(DType::Q8_0, 512, 300, 75).view()).regions(), avx512 ? 8 : 2);
     EXPECT_EQ(PackedMatrix(make_weights(DType::Q4_0, 512, 300, 75).view()).regions(), avx512 ? 0 : 2);
+    // Q6_K: AVX-512 decodes it a group at a time from contiguous groups
+    // (session 35); AVX2 deals it to regions as the other K types.
+    const PackedMatrix q6k(make_weights(DType::Q6_K, 512, 300, 77).view());
+    EXPECT_EQ(q6k.regions(), avx512 ? 0 : 2);
+    if (avx512) EXPECT_EQ(q6k.interleave(), 1);
   }
 }
 

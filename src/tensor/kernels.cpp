@@ -648,6 +648,7 @@ int default_interleave(DType type) {
   }();
   if (env > 0) return env;
   const IsaKernels& isa = isa_kernels();
+  if (type == DType::Q6_K) return isa.interleave_q6_k;
   return for_family(type, isa.interleave_f, isa.interleave_q, isa.interleave_k);
 }
 

@@ -809,7 +809,15 @@ void matmul_q2_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q2K>::K, 
 void matmul_q3_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a); }
 void matmul_q4_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
-void matmul_q6_k(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a); }
+// Q6_K decode reads one group at a time: in the contiguous layout
+// (IsaKernels::interleave_q6_k) each tile is then one sequential stream,
+// which memory serves faster than the 4-group tile's 8 interleaved runs of
+// nibble and high-bit lines (docs/performance.md, Q6_K decode reads one
+// stream). Interleaved layouts (REPRISE_INTERLEAVE) keep the 4-group tile.
+void matmul_q6_k(const MatmulArgs& a) {
+  if (a.layout.interleave > 1) return run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a);
+  run_tiles<KKernel<KType::Q6K>::K, 2, 4, 1>(a);
+}
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }
 void matmul_iq4_nl(const MatmulArgs& a) { run_tiles<QKernel<QType::IQ4NL>::K, 2, kTileQ, kDecodeGroupsFQ, 4, 1>(a); }
 void matmul_iq4_xs(const MatmulArgs& a) { run_tiles_small<KKernel<KType::IQ4XS>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
@@ -1546,7 +1554,7 @@ uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
 
 const IsaKernels& avx512_kernels() {
   static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
-                            kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK,
+                            kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK, /*interleave_q6_k=*/1,
                             /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
                             /*regions_q8_0=*/kRowGroupsQ,
                             /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,

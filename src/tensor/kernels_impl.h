@@ -472,6 +472,11 @@ struct IsaKernels {
   int interleave_f;
   int interleave_q;
   int interleave_k;
+  // Q6_K's own: its AVX-512 decode tile reads one group at a time, each a
+  // single sequential stream in the contiguous layout (1), 1.12-1.16x
+  // faster than 4 interleaved groups (docs/performance.md, Q6_K decode
+  // reads one stream).
+  int interleave_q6_k;
   // The regions (kernels_impl.h's layout) PackedMatrix deals the F types',
   // the K types' and the 32-element block types' groups to by default,
   // instead of interleaving them: the decode tile's width, where that
