@@ -566,11 +566,15 @@ TEST(PackedMatrixRegions, FollowTheTypeTheSizeAndTheIsa) {
     }
     EXPECT_EQ(PackedMatrix(make_weights(DType::Q8_0, 512, 300, 75).view()).regions(), avx512 ? 8 : 2);
     EXPECT_EQ(PackedMatrix(make_weights(DType::Q4_0, 512, 300, 75).view()).regions(), avx512 ? 0 : 2);
-    // Q6_K: AVX-512 decodes it a group at a time from contiguous groups
-    // (session 35); AVX2 deals it to regions as the other K types.
-    const PackedMatrix q6k(make_weights(DType::Q6_K, 512, 300, 77).view());
-    EXPECT_EQ(q6k.regions(), avx512 ? 0 : 2);
-    if (avx512) EXPECT_EQ(q6k.interleave(), 1);
+    // Q6_K and Q3_K: AVX-512 decodes them a group at a time from
+    // contiguous groups (session 35); AVX2 deals them to regions as the
+    // other K types.
+    for (DType t : {DType::Q6_K, DType::Q3_K}) {
+      const PackedMatrix pm(make_weights(t, 512, 300, 77).view());
+      EXPECT_EQ(pm.regions(), avx512 ? 0 : 2) << dtype_name(static_cast<uint32_t>(t));
+      if (avx512) EXPECT_EQ(pm.interleave(), 1) << dtype_name(static_cast<uint32_t>(t));
+    }
+    EXPECT_EQ(PackedMatrix(make_weights(DType::Q4_K, 512, 300, 77).view()).regions(), avx512 ? 4 : 2);
   }
 }
 

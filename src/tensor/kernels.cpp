@@ -631,7 +631,7 @@ int default_regions(DType type, int64_t n_in, int64_t n_out) {
   if (env) return std::clamp(std::atoi(env), 0, 64);
   if (interleave_env()) return 0;
   const IsaKernels& isa = isa_kernels();
-  if (type == DType::Q6_K) return isa.regions_q6_k;
+  if (type == DType::Q6_K || type == DType::Q3_K) return isa.regions_q6_k;
   if (type == DType::Q8_0) return isa.regions_q8_0;
   const int64_t bytes = static_cast<int64_t>(group_bytes_for(type, n_in)) * ((n_out + kGroupRows - 1) / kGroupRows);
   const int regions_f = bytes > kLongMatrixBytes ? isa.regions_f_long : isa.regions_f;
@@ -648,7 +648,7 @@ int default_interleave(DType type) {
   }();
   if (env > 0) return env;
   const IsaKernels& isa = isa_kernels();
-  if (type == DType::Q6_K) return isa.interleave_q6_k;
+  if (type == DType::Q6_K || type == DType::Q3_K) return isa.interleave_q6_k;
   return for_family(type, isa.interleave_f, isa.interleave_q, isa.interleave_k);
 }
 

@@ -805,17 +805,22 @@ void matmul_q5_1(const MatmulArgs& a) { run_tiles<QKernel<QType::Q5_1>::K, 2, kT
 // paired pp32 on the 60M shape 1.16x that tile); decode 4 groups (one interleaved stream), not 8: the integer sums per
 // super-block take registers the 8-group tile then spills (paired tg256,
 // 60M: Q4_K 1.026x, Q5_K 1.079x, Q6_K 1.065x the 8-group tile).
+// Q6_K and Q3_K decode read one group at a time: in the contiguous layout
+// (IsaKernels::interleave_q6_k) each tile is then one sequential stream,
+// which memory serves faster than the 4-group tile's interleaved runs of
+// low- and high-bit lines (docs/performance.md, Q6_K and Q3_K decode read
+// one stream). Other layouts (REPRISE_INTERLEAVE, REPRISE_REGIONS) keep the
+// 4-group tile.
+bool contiguous_groups(const MatmulArgs& a) { return a.layout.interleave <= 1 && a.layout.regions <= 1; }
 void matmul_q2_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q2K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
-void matmul_q3_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a); }
+void matmul_q3_k(const MatmulArgs& a) {
+  if (!contiguous_groups(a)) return run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a);
+  run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, 1>(a);
+}
 void matmul_q4_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
-// Q6_K decode reads one group at a time: in the contiguous layout
-// (IsaKernels::interleave_q6_k) each tile is then one sequential stream,
-// which memory serves faster than the 4-group tile's 8 interleaved runs of
-// nibble and high-bit lines (docs/performance.md, Q6_K decode reads one
-// stream). Interleaved layouts (REPRISE_INTERLEAVE) keep the 4-group tile.
 void matmul_q6_k(const MatmulArgs& a) {
-  if (a.layout.interleave > 1) return run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a);
+  if (!contiguous_groups(a)) return run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a);
   run_tiles<KKernel<KType::Q6K>::K, 2, 4, 1>(a);
 }
 void matmul_q6_k_wide(const MatmulArgs& a) { run_tiles<KKernel<KType::Q6KWide>::K, 2, 4, 8, 4, 1>(a); }

@@ -472,10 +472,11 @@ struct IsaKernels {
   int interleave_f;
   int interleave_q;
   int interleave_k;
-  // Q6_K's own: its AVX-512 decode tile reads one group at a time, each a
-  // single sequential stream in the contiguous layout (1), 1.12-1.16x
-  // faster than 4 interleaved groups (docs/performance.md, Q6_K decode
-  // reads one stream).
+  // Q6_K's and Q3_K's own: their AVX-512 decode tiles read one group at a
+  // time, each a single sequential stream in the contiguous layout (1):
+  // 60M tg128 Q6_K 1.13x, Q3_K 1.37x the 4-group tile over 4 interleaved
+  // groups or regions (docs/performance.md, Q6_K and Q3_K decode read one
+  // stream).
   int interleave_q6_k;
   // The regions (kernels_impl.h's layout) PackedMatrix deals the F types',
   // the K types' and the 32-element block types' groups to by default,
@@ -489,8 +490,8 @@ struct IsaKernels {
   int regions_f_long;
   int regions_k;
   int regions_q;
-  // Q6_K's own: its AVX-512 tile read contiguous groups at 0.69x the
-  // interleaved ones (the other K types 1.0-1.34x).
+  // Q6_K's and Q3_K's own (Q3_K runs Q6_K's rule): AVX-512 reads them
+  // from contiguous groups (interleave_q6_k), AVX2 from regions.
   int regions_q6_k;
   // Q8_0's own: on AVX-512 its single-token tile reads 8 regions' streams
   // faster than one interleaved stream, and its small batches read whole
