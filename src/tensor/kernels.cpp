@@ -328,7 +328,10 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
       const uint8_t* qs = w.type == DType::Q4_K ? reinterpret_cast<const BlockQ4_K*>(head)->qs
                                                 : reinterpret_cast<const BlockQ5_K*>(head)->qs;
       for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 8; ++c) std::memcpy(o + kernels::kQ4KNibbles + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
+        for (int c = 0; c < 8; ++c) {
+          const size_t at = w.type == DType::Q4_K ? kernels::kQ4KNibbles + p * 512 + c * 64 : kernels::q5k_chunk_at(p, c);
+          std::memcpy(o + at + r * 4, qs + 32 * p + 4 * c, 4);
+        }
       if (w.type == DType::Q5_K) {
         const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
         // Element l's fifth bits of sub-blocks 2p and 2p + 1 are bits 2p, 2p + 1 of
@@ -337,7 +340,7 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
           for (int h = 0; h < 2; ++h) {
             uint32_t plane = 0;
             for (int c = 0; c < 4; ++c) plane |= ((load_u32(qh + 4 * (4 * h + c)) >> (2 * p)) & 0x03030303u) << (2 * c);
-            std::memcpy(o + kSectionQ4K + p * 128 + h * 64 + r * 4, &plane, 4);
+            std::memcpy(o + kernels::q5k_plane_at(p, h) + r * 4, &plane, 4);
           }
       }
     }

@@ -377,14 +377,16 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   if constexpr (KT == KType::Q6KWide)
     return _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
+  const size_t chunk_at = KT == KType::Q5K   ? q5k_chunk_at(pair, C)
+                          : KT == KType::Q6K ? kQ6KNibbles + pair * 512 + C * 64
+                                             : kQ4KNibbles + pair * 512 + C * 64;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + chunk_at + 32 * h));
   __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
   if constexpr (KT == KType::Q5K) {
     constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
     const __m256i p = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + kSectionQ4K + pair * 128 + (C / 4) * 64 + 32 * h));
+        reinterpret_cast<const __m256i*>(sec + q5k_plane_at(pair, C / 4) + 32 * h));
     const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
     q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
   } else if constexpr (KT == KType::Q6K) {

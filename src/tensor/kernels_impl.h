@@ -156,6 +156,12 @@ constexpr size_t kSectionQ6K = 3392;
 constexpr size_t kQ4KScales = 128;
 constexpr size_t kQ4KMins = 256;
 constexpr size_t kQ4KNibbles = 384;
+// Where chunk c of pair p's nibbles and plane h of its fifth bits sit in a
+// Q5_K section: each pair's 8 chunks, then its 2 planes (so a decode tile
+// reads a section front to back, one stream).
+constexpr size_t kQ5KPairBytes = 8 * 64 + 2 * 64;
+constexpr size_t q5k_chunk_at(int p, int c) { return kQ4KNibbles + p * kQ5KPairBytes + c * 64; }
+constexpr size_t q5k_plane_at(int p, int h) { return kQ4KNibbles + p * kQ5KPairBytes + 8 * 64 + h * 64; }
 // Where a Q6_K section's nibble chunks and high-bit planes start.
 constexpr size_t kQ6KNibbles = 320;
 constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
