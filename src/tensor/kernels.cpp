@@ -305,13 +305,13 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
           for (int c = 0; c < 8; ++c) {
             const uint32_t chunk = ((load_u32(ql + 4 * c) >> shift) & 0x0f0f0f0fu) |
                                    (((load_u32(ql + 32 + 4 * c) >> shift) & 0x0f0f0f0fu) << 4);
-            std::memcpy(o + kernels::q6k_chunk_at(p, c) + r * 4, &chunk, 4);
+            std::memcpy(o + kernels::kQ6KNibbles + p * 512 + c * 64 + r * 4, &chunk, 4);
           }
           // Plane byte (h, e) holds elements 4c + e of both blocks for c = 2h, 2h + 1.
           for (int h = 0; h < 4; ++h) {
             const uint32_t plane = ((load_u32(qh + 8 * h) >> shift) & 0x0f0f0f0fu) |
                                    (((load_u32(qh + 8 * h + 4) >> shift) & 0x0f0f0f0fu) << 4);
-            std::memcpy(o + kernels::q6k_plane_at(p, h) + r * 4, &plane, 4);
+            std::memcpy(o + kernels::kQ6KHighBits + p * 256 + h * 64 + r * 4, &plane, 4);
           }
         }
         continue;

@@ -378,7 +378,7 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
     return _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
   const size_t chunk_at = KT == KType::Q5K   ? q5k_chunk_at(pair, C)
-                          : KT == KType::Q6K ? q6k_chunk_at(pair, C)
+                          : KT == KType::Q6K ? kQ6KNibbles + pair * 512 + C * 64
                                              : kQ4KNibbles + pair * 512 + C * 64;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + chunk_at + 32 * h));
@@ -392,7 +392,7 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   } else if constexpr (KT == KType::Q6K) {
     constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
     const __m256i p = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + q6k_plane_at(pair, C / 2) + 32 * h));
+        reinterpret_cast<const __m256i*>(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64 + 32 * h));
     const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
     q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
   }

@@ -359,13 +359,13 @@ RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
 template <KType KT, int C>
 RP_INLINE const uint8_t* k_nibbles_at(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q5K) return sec + q5k_chunk_at(pair, C);
-  if constexpr (KT == KType::Q6K) return sec + q6k_chunk_at(pair, C);
-  return sec + kQ4KNibbles + pair * 512 + C * 64;
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
+  return sec + kNibbles + pair * 512 + C * 64;
 }
 template <KType KT, int C>
 RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q5K) return _mm512_loadu_si512(sec + q5k_plane_at(pair, C / 4));
-  if constexpr (KT == KType::Q6K) return _mm512_loadu_si512(sec + q6k_plane_at(pair, C / 2));
+  if constexpr (KT == KType::Q6K) return _mm512_loadu_si512(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64);
   return _mm512_setzero_si512();
 }
 

@@ -162,13 +162,9 @@ constexpr size_t kQ4KNibbles = 384;
 constexpr size_t kQ5KPairBytes = 8 * 64 + 2 * 64;
 constexpr size_t q5k_chunk_at(int p, int c) { return kQ4KNibbles + p * kQ5KPairBytes + c * 64; }
 constexpr size_t q5k_plane_at(int p, int h) { return kQ4KNibbles + p * kQ5KPairBytes + 8 * 64 + h * 64; }
-// Where a Q6_K section's pairs start, and chunk c of pair p's nibbles and
-// plane h of its high bits: each pair's 8 chunks, then its 4 planes, as
-// Q5_K's.
+// Where a Q6_K section's nibble chunks and high-bit planes start.
 constexpr size_t kQ6KNibbles = 320;
-constexpr size_t kQ6KPairBytes = 8 * 64 + 4 * 64;
-constexpr size_t q6k_chunk_at(int p, int c) { return kQ6KNibbles + p * kQ6KPairBytes + c * 64; }
-constexpr size_t q6k_plane_at(int p, int h) { return kQ6KNibbles + p * kQ6KPairBytes + 8 * 64 + h * 64; }
+constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
 constexpr size_t kSectionQ6KWide = 4416;
 // Where a Q2_K section's scales, min pairs and quant chunks start.
 constexpr size_t kQ2KScales = 128;
