@@ -377,11 +377,13 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   if constexpr (KT == KType::Q6KWide)
     return _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
-  const size_t chunk_at = KT == KType::Q5K   ? q5k_chunk_at(pair, C)
-                          : KT == KType::Q6K ? kQ6KNibbles + pair * 512 + C * 64
-                                             : kQ4KNibbles + pair * 512 + C * 64;
+  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + chunk_at + 32 * h));
+  __m256i v;
+  if constexpr (KT == KType::Q5K)
+    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q5k_chunk_at(pair, C) + 32 * h));
+  else
+    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
   __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
   if constexpr (KT == KType::Q5K) {
     constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);

@@ -38,10 +38,11 @@
 //         for each sub-block pair p 8 chunks of 64 bytes: chunk c holds, for
 //         each row, the pair's packed bytes 4c..4c+3 (low nibbles: sub-block
 //         2p elements 4c..4c+3, high nibbles: sub-block 2p+1's). 2432 bytes.
-//   Q5_K: the Q4_K section, then per pair p two 64-byte planes of fifth bits:
-//         plane h, row r, byte i has, for c = 4h..4h+3, sub-block 2p's bit of
-//         element 4c+i at bit 2(c-4h) and sub-block 2p+1's at bit 2(c-4h)+1.
-//         2944 bytes.
+//   Q5_K: Q4_K's header and nibble chunks, each pair's 8 chunks followed by
+//         its two 64-byte planes of fifth bits (so decode reads a section
+//         front to back): plane h, row r, byte i has, for c = 4h..4h+3,
+//         sub-block 2p's bit of element 4c+i at bit 2(c-4h) and sub-block
+//         2p+1's at bit 2(c-4h)+1. 2944 bytes.
 //   Q2_K: 16 f32 d, 16 f32 dmin, 16 x 16 scales (u8), then the mins (u8)
 //         per 32-element block i: 16 rows x (m[2i], m[2i+1]), 32 bytes; then
 //         for each quad q = 2h + b (h, b in 0..1) 4 chunks of 64 bytes: chunk
@@ -60,7 +61,10 @@
 //         then their high 2 bits: per pair p four 64-byte planes; plane h,
 //         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
 //         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
-//         3392 bytes (6.6 bits per weight; the file's 6.56).
+//         3392 bytes (6.6 bits per weight; the file's 6.56). (Each pair's
+//         planes after its chunks, as Q5_K's, read AVX2's 2-group tile from
+//         memory at 0.68x: docs/performance.md, Q6_K and Q3_K decode read
+//         one stream.)
 //   IQ4_XS: 16 f32 d, 8 x 16 scales (i8, -32..31), then for each sub-block
 //         j 4 chunks of 64 bytes: chunk c holds, for each row, the file's
 //         bytes qs[16j + 4c .. 16j + 4c + 3] (as Q4_0's: low nibbles index
