@@ -62,9 +62,8 @@
 //         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
 //         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
 //         3392 bytes (6.6 bits per weight; the file's 6.56). (Each pair's
-//         planes after its chunks, as Q5_K's, read AVX2's 2-group tile from
-//         memory at 0.68x: docs/performance.md, Q6_K and Q3_K decode read
-//         one stream.)
+//         planes right after its chunks, as Q5_K's, measured no faster:
+//         docs/performance.md, Q6_K and Q3_K decode read one stream.)
 //   IQ4_XS: 16 f32 d, 8 x 16 scales (i8, -32..31), then for each sub-block
 //         j 4 chunks of 64 bytes: chunk c holds, for each row, the file's
 //         bytes qs[16j + 4c .. 16j + 4c + 3] (as Q4_0's: low nibbles index
