@@ -329,7 +329,8 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
                                                 : reinterpret_cast<const BlockQ5_K*>(head)->qs;
       for (int p = 0; p < 4; ++p)
         for (int c = 0; c < 8; ++c) {
-          const size_t at = w.type == DType::Q4_K ? kernels::kQ4KNibbles + p * 512 + c * 64 : kernels::q5k_chunk_at(p, c);
+          const size_t at =
+              w.type == DType::Q4_K ? kernels::kQ4KNibbles + p * 512 + c * 64 : kernels::q5k_chunk_at(p, c);
           std::memcpy(o + at + r * 4, qs + 32 * p + 4 * c, 4);
         }
       if (w.type == DType::Q5_K) {
@@ -620,6 +621,10 @@ namespace {
 
 const char* interleave_env() { return std::getenv("REPRISE_INTERLEAVE"); }
 
+// Q3_K runs Q6_K's rule: it takes Q6_K's layout (IsaKernels::regions_q6_k,
+// interleave_q6_k) and, for prompts, its widened kernel.
+bool runs_q6k_rule(DType t) { return t == DType::Q6_K || t == DType::Q3_K; }
+
 // F matrices above this size take IsaKernels::regions_f_long. Between the
 // 60M models' largest layer matrix (1.6 MB in F16) and the 534 MB model's
 // feed-forward ones (8 MB), where the two settings measured apart.
@@ -634,7 +639,7 @@ int default_regions(DType type, int64_t n_in, int64_t n_out) {
   if (env) return std::clamp(std::atoi(env), 0, 64);
   if (interleave_env()) return 0;
   const IsaKernels& isa = isa_kernels();
-  if (type == DType::Q6_K || type == DType::Q3_K) return isa.regions_q6_k;
+  if (runs_q6k_rule(type)) return isa.regions_q6_k;
   if (type == DType::Q8_0) return isa.regions_q8_0;
   const int64_t bytes = static_cast<int64_t>(group_bytes_for(type, n_in)) * ((n_out + kGroupRows - 1) / kGroupRows);
   const int regions_f = bytes > kLongMatrixBytes ? isa.regions_f_long : isa.regions_f;
@@ -651,7 +656,7 @@ int default_interleave(DType type) {
   }();
   if (env > 0) return env;
   const IsaKernels& isa = isa_kernels();
-  if (type == DType::Q6_K || type == DType::Q3_K) return isa.interleave_q6_k;
+  if (runs_q6k_rule(type)) return isa.interleave_q6_k;
   return for_family(type, isa.interleave_f, isa.interleave_q, isa.interleave_k);
 }
 
@@ -1201,8 +1206,8 @@ void run_matmuls(std::span<const MatrixRef> mats, const float* x, int64_t n_toke
     // tile. Streamed F16/BF16 tiles convert in place faster (60M pp128 and
     // pp512: widening 0.95x).
     const bool f16_like = v.type == DType::F16 || v.type == DType::BF16;
-    const bool q6_like = v.type == DType::Q6_K || v.type == DType::Q3_K;
-    const bool wide = n_tokens >= 4 * kTokenTile && (q6_like || (f16_like && n_tokens >= kStreamedTokens));
+    const bool wide =
+        n_tokens >= 4 * kTokenTile && (runs_q6k_rule(v.type) || (f16_like && n_tokens >= kStreamedTokens));
     if (wide) {
       j.wide_unit = f16_like ? kGroupRows * sizeof(float) : kernels::kSectionQ6KWide;
       j.fn_wide = f16_like ? isa.matmul_f32 : isa.matmul_q6_k_wide;
