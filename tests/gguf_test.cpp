@@ -16,11 +16,14 @@
 #include <random>
 #include <set>
 
+#include "engine/flat_memory.h"
+#include "engine/model_bundle.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
 #include "model/synthetic_model.h"
 #include "tensor/kernels.h"
+#include "tensor/thread_pool.h"
 #include "tensor/fp16.h"
 #include "tensor/quantize.h"
 #include "test_support.h"
@@ -1908,6 +1911,46 @@ TEST(SyntheticModel, KTypesFallBackLikeLlamaQuantize) {
   }
 }
 
+// llama-quantize's Q4_K_M and Q5_K_M: Q6_K for the output and, in the layers
+// it gives more bits (8 layers: 0, 3, 6 and 7), for attn_v and ffn_down;
+// everything else in the base type. The file says _M, and it loads and
+// decodes like any mixed-type file.
+TEST(SyntheticModel, KQuantMediumMixes) {
+  TempDir dir;
+  SyntheticModelSpec spec = whole_super_block_spec();
+  spec.n_layer = 8;
+  for (auto [base, file_type] : {std::pair{DType::Q4_K, 15}, {DType::Q5_K, 17}}) {
+    SCOPED_TRACE(dtype_name(static_cast<uint32_t>(base)));
+    spec.dtype = base;
+    spec.more_bits_dtype = DType::Q6_K;
+    const std::string path = dir.file(std::string(dtype_name(static_cast<uint32_t>(base))) + "_M.gguf");
+    make_synthetic_model(spec, path);
+    auto f = File::open(path);
+    EXPECT_EQ(f->require_int("general.file_type"), file_type);
+    int more_bits = 0;
+    for (const auto& info : f->tensors()) {
+      if (info.shape.size() == 1) continue;
+      const std::string& n = info.name;
+      const bool v_or_down = n.ends_with("attn_v.weight") || n.ends_with("ffn_down.weight");
+      const int layer = n.starts_with("blk.") ? std::stoi(n.substr(4)) : -1;
+      const bool wants_more = n == "output.weight" || (v_or_down && (layer == 0 || layer == 3 || layer == 6 || layer == 7));
+      EXPECT_EQ(info.type, wants_more ? DType::Q6_K : base) << n;
+      more_bits += wants_more;
+    }
+    EXPECT_EQ(more_bits, 1 + 2 * 4);
+    auto bundle = load_model_bundle(path);
+    ThreadPool pool(2);
+    std::vector<float> logits;
+    FlatMemory memory(bundle->model->state_spec());
+    const std::vector<int32_t> tokens = {1, 5, 9, 13};
+    ForwardBatch batch;
+    batch.tokens = tokens;
+    bundle->model->forward(batch, memory, logits, pool);
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), bundle->model->info().n_vocab);
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
 TEST(SyntheticModel, QuantizedSsmKeepsSmallTensorsUnquantized) {
   TempDir dir;
   SyntheticModelSpec spec = synthetic_preset("tiny-mamba");
@@ -1989,6 +2032,10 @@ TEST(SyntheticModel, RejectsInconsistentSpecs) {
   expect_bad([](auto& s) { s.n_vocab = 100; }, "n_vocab");
   expect_bad([](auto& s) { s.dtype = DType::IQ2_XS; }, "dtype");
   expect_bad([](auto& s) { s.head_dim = 31; }, "head_dim");
+  expect_bad([](auto& s) {
+    s.dtype = DType::Q8_0;
+    s.more_bits_dtype = DType::Q6_K;
+  }, "_M mixes");
   expect_bad([](auto& s) {
     s.arch = "mamba2";
     s.ssm_n_head = 7;

@@ -38,7 +38,9 @@ void register_model(CLI::App& app) {
   make->add_option("--arch", mo->arch, "Architecture override");
   make->add_option("--dtype", mo->dtype,
                    "Weight type: " + supported_dtype_names() +
-                       " (K types: matrices whose rows are not whole 256-element blocks fall back as llama-quantize's do)");
+                       ", or the mixes Q4_K_M and Q5_K_M (Q6_K for the output, and for attn_v and ffn_down in "
+                       "the layers llama-quantize gives more bits). K types: matrices whose rows are not whole "
+                       "256-element blocks fall back as llama-quantize's do");
   make->add_option("--embd", mo->n_embd, "Embedding width");
   make->add_option("--layers", mo->n_layer, "Layers");
   make->add_option("--heads", mo->n_head, "Attention heads");
@@ -57,7 +59,13 @@ void register_model(CLI::App& app) {
   make->callback([mo] {
     SyntheticModelSpec s = synthetic_preset(mo->preset);
     if (!mo->arch.empty()) s.arch = mo->arch;
-    if (!mo->dtype.empty()) s.dtype = parse_dtype(mo->dtype);
+    if (!mo->dtype.empty()) {
+      // Q4_K_M / Q5_K_M: llama-quantize's mixes (SyntheticModelSpec::more_bits_dtype).
+      const std::string& d = mo->dtype;
+      const bool mix = d.size() > 2 && (d.ends_with("_M") || d.ends_with("_m"));
+      s.dtype = parse_dtype(mix ? d.substr(0, d.size() - 2) : d);
+      if (mix) s.more_bits_dtype = DType::Q6_K;
+    }
     if (mo->n_embd) s.n_embd = mo->n_embd;
     if (mo->n_layer) s.n_layer = mo->n_layer;
     if (mo->n_head) s.n_head = mo->n_head;
@@ -75,7 +83,8 @@ void register_model(CLI::App& app) {
     validate_synthetic_spec(s);
     std::fprintf(stderr, "writing %s %s model (embd %lld, %lld layers, vocab %lld, %s) to %s\n", s.arch.c_str(),
                  mo->preset.c_str(), (long long)s.n_embd, (long long)s.n_layer, (long long)s.n_vocab,
-                 dtype_name(static_cast<uint32_t>(s.dtype)).c_str(), mo->out.c_str());
+                 (dtype_name(static_cast<uint32_t>(s.dtype)) + (s.more_bits_dtype ? "_M" : "")).c_str(),
+                 mo->out.c_str());
     make_synthetic_model(s, mo->out);
   });
 

@@ -182,8 +182,8 @@ uint32_t file_type_of(DType t) {
     case DType::Q4_1: return 3;
     case DType::Q5_0: return 8;
     case DType::Q5_1: return 9;
-    case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S
-    case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S
+    case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S (_M: 15)
+    case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S (_M: 17)
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
     case DType::Q2_K: return 10;  // MOSTLY_Q2_K
     case DType::Q3_K: return 11;  // MOSTLY_Q3_K_S
@@ -200,10 +200,11 @@ class Planner {
  public:
   explicit Planner(const SyntheticModelSpec& s) : s_(s) {}
 
-  // A weight matrix in the spec's dtype (F16 if its rows do not fit blocks).
-  void matrix(const std::string& name, std::vector<uint64_t> shape) {
-    add(name, shape, fitted(s_.dtype, shape[0]), Init::Dense,
-        1.0f / std::sqrt(static_cast<float>(shape[0])));
+  // A weight matrix in the spec's dtype, or its more_bits_dtype where a mix
+  // gives this matrix more bits (F16 if its rows do not fit blocks).
+  void matrix(const std::string& name, std::vector<uint64_t> shape, bool more_bits = false) {
+    const DType t = more_bits && s_.more_bits_dtype ? *s_.more_bits_dtype : s_.dtype;
+    add(name, shape, fitted(t, shape[0]), Init::Dense, 1.0f / std::sqrt(static_cast<float>(shape[0])));
   }
   // Mamba's small matrices llama-quantize leaves alone (F16 in quantized files).
   void small_matrix(const std::string& name, std::vector<uint64_t> shape) {
@@ -248,11 +249,17 @@ class Planner {
 
 std::string blk(int64_t layer, const char* what) { return "blk." + std::to_string(layer) + "." + what; }
 
+// The layers llama-quantize's _M mixes give more bits in attn_v and
+// ffn_down: the first and last eighth, and every third layer between.
+bool more_bits_layer(int64_t layer, int64_t n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
 void plan_attention(Planner& p, const SyntheticModelSpec& s, int64_t l, bool with_extras) {
   const uint64_t e = s.n_embd, q = s.n_head * s.head_dim, kv = s.n_head_kv * s.head_dim;
   p.matrix(blk(l, "attn_q.weight"), {e, q});
   p.matrix(blk(l, "attn_k.weight"), {e, kv});
-  p.matrix(blk(l, "attn_v.weight"), {e, kv});
+  p.matrix(blk(l, "attn_v.weight"), {e, kv}, more_bits_layer(l, s.n_layer));
   p.matrix(blk(l, "attn_output.weight"), {q, e});
   if (!with_extras) return;
   if (s.arch == "qwen2") {
@@ -270,7 +277,7 @@ void plan_dense_ffn(Planner& p, const SyntheticModelSpec& s, int64_t l) {
   const uint64_t e = s.n_embd, f = s.n_ff;
   p.matrix(blk(l, "ffn_gate.weight"), {e, f});
   p.matrix(blk(l, "ffn_up.weight"), {e, f});
-  p.matrix(blk(l, "ffn_down.weight"), {f, e});
+  p.matrix(blk(l, "ffn_down.weight"), {f, e}, more_bits_layer(l, s.n_layer));
 }
 
 void plan_mamba1(Planner& p, const SyntheticModelSpec& s, int64_t l) {
@@ -345,7 +352,7 @@ std::vector<PlannedTensor> plan_tensors(const SyntheticModelSpec& s) {
     }
   }
   p.f32("output_norm.weight", {e}, Init::Norm);
-  if (!s.tied_output) p.matrix("output.weight", {e, v});
+  if (!s.tied_output) p.matrix("output.weight", {e, v}, true);
   return p.take();
 }
 
@@ -389,7 +396,7 @@ void write_metadata(gguf::Writer& w, const SyntheticModelSpec& s) {
     w.set_u32(a + "expert_count", static_cast<uint32_t>(s.n_expert));
     w.set_u32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
   }
-  w.set_u32("general.file_type", file_type_of(s.dtype));
+  w.set_u32("general.file_type", file_type_of(s.dtype) + (s.more_bits_dtype ? 1 : 0));  // _S -> _M
   const bool explicit_head_dim = s.n_head > 0 && s.head_dim * s.n_head != s.n_embd;
   if (s.arch == "qwen3" || s.arch == "gemma3" || (is_attention_arch(s.arch) && explicit_head_dim)) {
     w.set_u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
@@ -475,6 +482,8 @@ void validate_synthetic_spec(const SyntheticModelSpec& spec) {
   if (s.n_vocab < 260) bad("n_vocab must be at least 260 (specials, 256 byte tokens, pieces)");
   if (!dtype_supported(s.dtype)) bad("unsupported weight dtype " + dtype_name(static_cast<uint32_t>(s.dtype)));
   if (s.embd_dtype && !dtype_supported(*s.embd_dtype)) bad("unsupported embedding dtype");
+  if (s.more_bits_dtype && !((s.dtype == DType::Q4_K || s.dtype == DType::Q5_K) && *s.more_bits_dtype == DType::Q6_K))
+    bad("the _M mixes are Q4_K or Q5_K with Q6_K where they give more bits");
   const bool has_attention = is_attention_arch(s.arch) || s.arch == "jamba";
   if (has_attention) {
     if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0)

@@ -37,6 +37,12 @@ struct SyntheticModelSpec {
   // token_embd type when it should differ from dtype (llama-quantize's Q4_0
   // files keep a tied token_embd in Q8_0); unset = dtype.
   std::optional<DType> embd_dtype;
+  // llama-quantize's _M mixes (Q4_K_M, Q5_K_M: dtype Q4_K or Q5_K, this
+  // Q6_K): the output matrix, and attn_v and ffn_down in the layers it gives
+  // more bits (the first and last eighth, and every third layer between),
+  // take this type; unset = dtype everywhere. The files users run most are
+  // these mixes, so benchmarks can measure what they read.
+  std::optional<DType> more_bits_dtype;
   bool tied_output = false;  // no output.weight: logits use token_embd
   uint64_t seed = 1;
   float rms_eps = 1e-5f;
