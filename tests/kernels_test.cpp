@@ -1116,6 +1116,44 @@ TEST(Attention, TiledRowsEqualTheirReference) {
     }
 }
 
+// Decode queries on both sides of kPairedHeadsMaxKeys (kernels.cpp: below
+// 1024 keys a multi-head decode task takes two heads, interleaved by the
+// AVX-512 kernel; from 1024 one) equal the plainly written reference bit for
+// bit, on every instruction set and thread count: which heads share a task
+// changes no bits.
+TEST(Attention, DecodeTasksEqualTheReferenceAtEveryContextLength) {
+  IsaRestore restore;
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{8, 8}, {2, 2}, {8, 2}})
+    for (int64_t head_dim : {64, 128}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
+                   std::to_string(n_head_kv) + " KV heads");
+      const int64_t n_pos = 1100;
+      KvStore kv(n_pos, n_head_kv * head_dim, 41);
+      const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
+      const std::vector<int64_t> ends = {900, 1023, 1024, 1025, 1100, 1100};
+      const std::vector<int64_t> firsts = {0, 0, 0, 0, 0, 333};  // the last with a sliding window
+      const int64_t n_q = static_cast<int64_t>(ends.size());
+      std::vector<float> q = make_x(n_q * n_head * head_dim, 42);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      for (KernelIsa isa : isas()) {
+        set_kernel_isa(isa);
+        for (int64_t t = 0; t < n_q; ++t)
+          for (int threads : {1, 2, 3}) {
+            const auto got = run_attention(kv, q, n_head, n_head_kv, head_dim, firsts, ends, t, 1, threads);
+            for (int64_t h = 0; h < n_head; ++h) {
+              const int64_t kv_head = h / (n_head / n_head_kv);
+              std::vector<float> want(head_dim);
+              kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, stored.krows.data(),
+                                              stored.vrows.data(), kv_head * stored.head_stride, stored.group,
+                                              firsts[t], ends[t], head_dim, scale, want.data());
+              ASSERT_EQ(0, std::memcmp(got.data() + h * head_dim, want.data(), head_dim * sizeof(float)))
+                  << kernel_isa_name(isa) << ", end " << ends[t] << ", " << threads << " threads, head " << h;
+            }
+          }
+      }
+    }
+}
+
 // How K/V are stored is only a layout: whole rows, cache-like blocks of
 // several sizes (each KV head's state adjacent, blocks shuffled) with keys
 // in groups of 1 to 16 positions, all give the same bits, for prompts and
