@@ -1116,11 +1116,11 @@ TEST(Attention, TiledRowsEqualTheirReference) {
     }
 }
 
-// Decode queries on both sides of kPairedHeadsMaxKeys (kernels.cpp: below
-// 1024 keys a multi-head decode task takes two heads, interleaved by the
-// AVX-512 kernel; from 1024 one) equal the plainly written reference bit for
-// bit, on every instruction set and thread count: which heads share a task
-// changes no bits.
+// Decode queries at long contexts (900 to 1100 keys, past the tile-size and
+// power-of-two edges the shorter tests stop below) equal the plainly written
+// reference bit for bit, on every instruction set and thread count, with
+// multi-head tasks (AVX-512: two heads interleaved, tile_step_pair) and
+// grouped ones.
 TEST(Attention, DecodeTasksEqualTheReferenceAtEveryContextLength) {
   IsaRestore restore;
   for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{8, 8}, {2, 2}, {8, 2}})

@@ -1757,19 +1757,6 @@ int64_t kv_stride(const AttentionBatch& b) { return b.kv_head_stride > 0 ? b.kv_
 // The keys of the KV head at element offset kv_off.
 KeyView key_view(const AttentionBatch& b, int64_t kv_off) { return KeyView{b.key_rows, kv_off, b.key_group, b.head_dim}; }
 
-// Pairs of heads (tile_step_pair) keep two K/V streams and their chains in
-// flight, which pays while a task's K/V are short runs: 60M Q8_0 tg256@d512
-// ran 0.95x with single-head tasks (paired). From about 1024 keys a task's
-// K/V are long streams and how evenly the team's members finish counts
-// more: with 8 heads, 4 pair tasks leave the faster member waiting for the
-// other's last one (in some runs one vCPU read its K/V ~30 % slower, and
-// its teammate waited ~30 us of each ~170 us layer at 4096 keys), where 8
-// single-head tasks share out evenly. Single heads from 1024 keys measured
-// 1.02-1.045x at d1024-d4096 (60M Q8_0 and F16, paired lockstep) and 1.00x
-// with 16 heads (the 284 MB Q8_0 model at d2048): docs/performance.md,
-// Decode attention: single heads at depth (session 36).
-constexpr int64_t kPairedHeadsMaxKeys = 1024;
-
 bool all_tiled(const AttentionBatch& b) {
   for (int64_t t = 0; t < b.n_tokens; ++t)
     if (!takes_tiled_attention(b.head_dim, b.end[t])) return false;
@@ -1789,14 +1776,10 @@ bool all_tiled(const AttentionBatch& b) {
 // overlap (with one head a task, 60M decode's attention at positions 32-63
 // took 1.1-1.2x as long). Multi-head models' tiled tasks take
 // IsaKernels::tiled_heads_together KV heads (two on AVX-512, whose kernel
-// interleaves the two heads' chains: tile_step_pair) while every query sees
-// fewer than kPairedHeadsMaxKeys keys, and one KV head beyond (the same
-// bits either way: a pair runs each head's chains in tile_step's order).
+// interleaves the two heads' chains: tile_step_pair).
 int64_t decode_heads_per_task(const AttentionBatch& b) {
   const int64_t group = b.n_head / b.n_head_kv;
-  bool short_context = true;
-  for (int64_t t = 0; t < b.n_tokens; ++t) short_context = short_context && b.end[t] < kPairedHeadsMaxKeys;
-  const int64_t tiled_kv_heads = group == 1 && short_context ? isa_kernels().tiled_heads_together : 1;
+  const int64_t tiled_kv_heads = group == 1 ? isa_kernels().tiled_heads_together : 1;
   const int64_t kv_heads = all_tiled(b) ? tiled_kv_heads : std::max<int64_t>(1, kPerKeyHeadsPerCall / group);
   return std::min<int64_t>(kv_heads * group, kernels::kMaxTiledGroups * kernels::kMaxTiledQueries);
 }
