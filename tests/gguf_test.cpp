@@ -23,9 +23,9 @@
 #include "model/model.h"
 #include "model/synthetic_model.h"
 #include "tensor/kernels.h"
-#include "tensor/thread_pool.h"
 #include "tensor/fp16.h"
 #include "tensor/quantize.h"
+#include "tensor/thread_pool.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -1933,7 +1933,8 @@ TEST(SyntheticModel, KQuantMediumMixes) {
       const std::string& n = info.name;
       const bool v_or_down = n.ends_with("attn_v.weight") || n.ends_with("ffn_down.weight");
       const int layer = n.starts_with("blk.") ? std::stoi(n.substr(4)) : -1;
-      const bool wants_more = n == "output.weight" || (v_or_down && (layer == 0 || layer == 3 || layer == 6 || layer == 7));
+      const bool more_bits_layer = layer == 0 || layer == 3 || layer == 6 || layer == 7;
+      const bool wants_more = n == "output.weight" || (v_or_down && more_bits_layer);
       EXPECT_EQ(info.type, wants_more ? DType::Q6_K : base) << n;
       more_bits += wants_more;
     }
