@@ -818,7 +818,21 @@ void matmul_q3_k(const MatmulArgs& a) {
   if (!contiguous_groups(a)) return run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a);
   run_tiles_small<KKernel<KType::Q3K>::K, 2, 4, kDecodeGroupsK, 2, 1>(a);
 }
-void matmul_q4_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
+// Q4_K batches of 6 or more tokens take 4 groups x 3 tokens (the same 24
+// integer sums as 2 x 6, half the activation broadcasts per vpdpbusd). One
+// thread, both builds at once (scripts/ab_kernels.py, medians of 6 and 8
+// rounds): 6 tokens 1.14x / 1.16x, 8 tokens 1.13x / 1.16x, 12 tokens
+// 1.07x / 1.09x, a 512-token prompt 1.05x / 1.03x. End to end, paired
+// across builds, within this host's +-3 %: pp512 0.99-1.03x, pp16 1.01x, 8
+// sequences decoding 1.02-1.03x. Smaller batches keep 2 x 6's path, whose
+// 4 x 4 and 4 x 2 tiles read whole interleaved rows (4 sequences through
+// 4 x 3 then 4 x 1 measured 0.915x). Q5_K, IQ4_XS and Q2_K lost with 4 x 3
+// (Q5_K 0.94x at the kernel). Same bits (MatmulTest tiles every batch size
+// against single tokens).
+void matmul_q4_k(const MatmulArgs& a) {
+  if (a.n_tokens >= 6) return run_tiles_small<KKernel<KType::Q4K>::K, 4, 3, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a);
+  run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a);
+}
 void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) {
   if (!contiguous_groups(a)) return run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a);
