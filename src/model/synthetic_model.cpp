@@ -173,8 +173,11 @@ SyntheticModelSpec resolved(SyntheticModelSpec s) {
   return s;
 }
 
-uint32_t file_type_of(DType t) {
-  switch (t) {
+// llama.cpp's LLAMA_FTYPE of the spec's weights.
+uint32_t file_type_of(const SyntheticModelSpec& s) {
+  // The _M mixes (validate_synthetic_spec admits Q4_K and Q5_K bases only).
+  if (s.more_bits_dtype) return s.dtype == DType::Q4_K ? 15 : 17;  // MOSTLY_Q4_K_M, MOSTLY_Q5_K_M
+  switch (s.dtype) {
     case DType::F32: return 0;
     case DType::F16: return 1;
     case DType::Q4_0: return 2;
@@ -182,8 +185,8 @@ uint32_t file_type_of(DType t) {
     case DType::Q4_1: return 3;
     case DType::Q5_0: return 8;
     case DType::Q5_1: return 9;
-    case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S (_M: 15)
-    case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S (_M: 17)
+    case DType::Q4_K: return 14;  // llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_S
+    case DType::Q5_K: return 16;  // MOSTLY_Q5_K_S
     case DType::Q6_K: return 18;  // MOSTLY_Q6_K
     case DType::Q2_K: return 10;  // MOSTLY_Q2_K
     case DType::Q3_K: return 11;  // MOSTLY_Q3_K_S
@@ -396,7 +399,7 @@ void write_metadata(gguf::Writer& w, const SyntheticModelSpec& s) {
     w.set_u32(a + "expert_count", static_cast<uint32_t>(s.n_expert));
     w.set_u32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
   }
-  w.set_u32("general.file_type", file_type_of(s.dtype) + (s.more_bits_dtype ? 1 : 0));  // _S -> _M
+  w.set_u32("general.file_type", file_type_of(s));
   const bool explicit_head_dim = s.n_head > 0 && s.head_dim * s.n_head != s.n_embd;
   if (s.arch == "qwen3" || s.arch == "gemma3" || (is_attention_arch(s.arch) && explicit_head_dim)) {
     w.set_u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
