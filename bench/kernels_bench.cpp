@@ -200,7 +200,10 @@ void BM_Attention(benchmark::State& state) {
 BENCHMARK(BM_Attention)
     ->Args({512, 512, 1, 64, 1})
     ->Args({512, 512, 2, 64, 1})
+    ->Args({512, 4608, 1, 64, 1})  // a 512-token prompt at depth 4096
     ->Args({512, 512, 1, 128, 1})
+    ->Args({512, 4608, 1, 128, 1})
+    ->Args({512, 2048, 1, 256, 1})
     ->Args({512, 512, 1, 16, 1})  // the small fixtures' head sizes (double-precision scores)
     ->Args({512, 512, 1, 8, 1})
     ->Args({1, 128, 1, 64, 1})

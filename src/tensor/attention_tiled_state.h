@@ -168,18 +168,30 @@ inline void with_query_count(int n, F&& f) {
 using RowTileFn = void (*)(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64_t hi, bool fresh,
                            RowState* st);
 
-// The driver of both ISAs' attend_tiled_rows and attend_tiled: up to
-// kMaxTiledGroups groups at a time, tiles outside and groups inside, so each
-// group reads its KV head's rows (a stream of their own in the cache's
-// head-major blocks) one tile at a time, and groups of one head take a tile
-// while it is in L1; the groups' states are started and finished here.
+// The driver of both ISAs' attend_tiled_rows and attend_tiled: tiles
+// outside and groups inside, so each group reads its KV head's rows (a
+// stream of their own in the cache's head-major blocks) one tile at a time,
+// and groups of one head take a tile while it is in L1 or L2; the groups'
+// states are started and finished here. Groups that all share one KV head
+// (a prompt task: one head's run of up to 128 queries) walk together, up to
+// kMaxWalkGroups, so each tile comes from L3 or memory once per run rather
+// than once per 16 queries; groups of several KV heads (decode tasks) share
+// nothing and walk kMaxTiledGroups at a time.
+constexpr int kMaxWalkGroups = 32;
+inline bool one_kv_head(const TiledGroup* groups, int n) {
+  for (int i = 1; i < n; ++i)
+    if (groups[i].kv_off != groups[0].kv_off) return false;
+  return true;
+}
 inline void walk_row_tiles(const TiledGroup* groups, int n, int64_t d, RowTileFn tile, void* ctx) {
-  if (n > kMaxTiledGroups) {
-    walk_row_tiles(groups, kMaxTiledGroups, d, tile, ctx);
-    walk_row_tiles(groups + kMaxTiledGroups, n - kMaxTiledGroups, d, tile, ctx);
+  const int limit = one_kv_head(groups, n) ? kMaxWalkGroups : kMaxTiledGroups;
+  if (n > limit) {
+    walk_row_tiles(groups, limit, d, tile, ctx);
+    walk_row_tiles(groups + limit, n - limit, d, tile, ctx);
     return;
   }
-  RowState st[kMaxTiledGroups][kMaxTiledQueries];
+  // 140 KB: per thread rather than on the stack (walks do not nest).
+  alignas(64) static thread_local RowState st[kMaxWalkGroups][kMaxTiledQueries];
   int64_t lo = INT64_MAX, hi = 0;
   for (int i = 0; i < n; ++i) {
     start(st[i], groups[i].queries.n, d);

@@ -2052,8 +2052,22 @@ void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
   });
 }
 
-// Prompt rows that take the tiled numerics: per head, runs of 16 queries in
-// groups of kMaxTiledQueries that share each K/V load.
+// Queries per task of a prompt's tiled attention: one head's run of up to
+// 128 queries, whose groups (kMaxTiledQueries each) take each K/V tile in
+// turn while it is in L1 or L2 (tiled::walk_row_tiles), so a run reads its
+// head's K/V from L3 or memory once. Runs of 16 read it 8 times as often:
+// 128 measured 1.16x `pp512@d4096` and 1.07x at d1024 (60M Q8_0, head 64),
+// the kernel 1.2-2x at head 64-256 from depth 2048. Shorter runs (down to
+// 16) where that would leave fewer than 4 tasks per thread.
+int64_t prompt_run_queries(const AttentionBatch& b, int threads) {
+  int64_t run = 128;
+  while (run > 16 && b.n_head * ((b.n_tokens + run - 1) / run) < 4 * int64_t{threads}) run /= 2;
+  return run;
+}
+
+// Prompt rows that take the tiled numerics: per head, runs of queries
+// (prompt_run_queries) in groups of kMaxTiledQueries that share each K/V
+// load.
 void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
   const IsaKernels& isa = isa_kernels();
   if (b.n_tokens < 4) {  // the decode tasks (each of these rows takes tiled_heads)
@@ -2061,9 +2075,11 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     return;
   }
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  constexpr int64_t kQueries = 16;
-  const int64_t n_runs = (b.n_tokens + kQueries - 1) / kQueries;
-  if (n_runs * b.n_head <= 8 * b.n_head_kv) {
+  constexpr int64_t kMaxRun = 128;
+  const int64_t run_queries = prompt_run_queries(b, pool.size());
+  const int64_t n_runs = (b.n_tokens + run_queries - 1) / run_queries;
+  const int64_t n_runs_of_16 = (b.n_tokens + 15) / 16;
+  if (n_runs_of_16 * b.n_head <= 8 * b.n_head_kv) {
     // Few queries per KV head (a chunk of up to 128 tokens without grouped
     // heads: a chat turn after a long history, or a prompt chunk while others
     // decode): each task transposes its head's K tiles once for its 16
@@ -2074,8 +2090,9 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     // at 512 tokens widening is faster.
     pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
       const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
-      kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
-      const int n = head_query_groups(b, h, run * kQueries, std::min(b.n_tokens, (run + 1) * kQueries), groups);
+      kernels::TiledGroup groups[kMaxRun / kernels::kMaxTiledQueries];
+      const int n =
+          head_query_groups(b, h, run * run_queries, std::min(b.n_tokens, (run + 1) * run_queries), groups);
       isa.attend_tiled_rows(b.key_rows, b.value_rows, D, b.key_group, groups, n, b.scale);
     });
     return;
@@ -2086,14 +2103,14 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
     const int64_t j = h / group;
     const kernels::TiledKv kv{w.kt + j * w.n_blocks * D * 16, w.v + j * w.n_pos * D, w.base, D};
-    kernels::TiledGroup groups[kQueries / kernels::kMaxTiledQueries];
-    const int n = head_query_groups(b, h, run * kQueries, std::min(b.n_tokens, (run + 1) * kQueries), groups);
-    // A tile's widened K and V take 512 * D bytes. Up to D = 64 all groups
-    // take a tile while it is in L1 (1.04-1.05x, same-time runs); larger
-    // heads measured slower that way (0.9x at D = 128), so their groups
-    // stream the K/V one after another.
-    const int per_call = D <= 64 ? n : 1;
-    for (int i = 0; i < n; i += per_call) isa.attend_tiled(kv, groups + i, std::min(per_call, n - i), b.scale);
+    kernels::TiledGroup groups[kMaxRun / kernels::kMaxTiledQueries];
+    const int n = head_query_groups(b, h, run * run_queries, std::min(b.n_tokens, (run + 1) * run_queries), groups);
+    // A tile's widened K and V take 512 * D bytes: in L1 up to D = 64, in L2
+    // beyond. All groups take each tile in turn at every head size: with
+    // 128-query runs, against groups streaming the K/V one after another,
+    // 1.36x at D = 128 and 1.49x at D = 256 from depth 2048-4608, 1.03x at
+    // depth 512 (with runs of 16, D = 128 had measured 0.9x).
+    isa.attend_tiled(kv, groups, n, b.scale);
   });
 }
 
