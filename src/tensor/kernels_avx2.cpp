@@ -259,6 +259,13 @@ RP_INLINE __m256i fifth_bits(__m256i plane) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+// Activation chunk c (bytes 4c..4c+3) of xb in every 32-bit lane.
+RP_INLINE __m256i broadcast_chunk(const XBlock& xb, int c) {
+  int32_t q;
+  std::memcpy(&q, xb.qs + 4 * c, 4);
+  return _mm256_set1_epi32(q);
+}
+
 // kNext: requests the next tile's weights (requests_next_groups).
 template <QType Q, int G, int T, bool kNext = false>
 void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
@@ -280,11 +287,38 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
       const uint8_t* wb = w + g * gb + b * us;
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
       const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb) + 1));
+      // Without VNNI a Q8_0 chunk's weights are unbiased and made absolute
+      // (2 operations a half) before vpmaddubsw: for several tokens, once a
+      // chunk rather than once a token (the tokens' sums are exact integers
+      // either way).
+      constexpr bool kHoistQ8 = Q == QType::Q8_0 && kPartials16 && T > 1;
+      [[maybe_unused]] __m256i q8_sums[kHoistQ8 ? T : 1][2];
+      if constexpr (kHoistQ8) {
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) q8_sums[t][0] = q8_sums[t][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
+          const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+          const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256(wc), bias);
+          const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256(wc + 1), bias);
+          const __m256i u0 = _mm256_sign_epi8(q0, q0), u1 = _mm256_sign_epi8(q1, q1);
+#pragma GCC unroll 16
+          for (int t = 0; t < T; ++t) {
+            const __m256i xv = broadcast_chunk(x[b * xs + t], c);
+            q8_sums[t][0] = dot_u8_acc(q8_sums[t][0], u0, _mm256_sign_epi8(xv, q0));
+            q8_sums[t][1] = dot_u8_acc(q8_sums[t][1], u1, _mm256_sign_epi8(xv, q1));
+          }
+        }
+      }
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {
         const XBlock& xb = x[b * xs + t];
         __m256i i0, i1;
-        if constexpr (Q == QType::Q8_0) {
+        if constexpr (kHoistQ8) {
+          i0 = q8_sums[t][0];
+          i1 = q8_sums[t][1];
+        } else if constexpr (Q == QType::Q8_0) {
           // Two chains per half (even and odd chunks): vpdpbusd's latency
           // would otherwise bound the tile.
           __m256i s0[2] = {q8_start(xb), _mm256_setzero_si256()};
@@ -362,13 +396,6 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-
-// Activation chunk c (bytes 4c..4c+3) of xb in every 32-bit lane.
-RP_INLINE __m256i broadcast_chunk(const XBlock& xb, int c) {
-  int32_t q;
-  std::memcpy(&q, xb.qs + 4 * c, 4);
-  return _mm256_set1_epi32(q);
-}
 
 // Rows 8h..8h+7 of chunk C's unsigned quants of sub-block 2 * pair + Odd of
 // a K-type section; see the AVX-512 version.
