@@ -2082,7 +2082,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
   if (n_runs_of_16 * b.n_head <= 8 * b.n_head_kv) {
     // Few queries per KV head (a chunk of up to 128 tokens without grouped
     // heads: a chat turn after a long history, or a prompt chunk while others
-    // decode): each task transposes its head's K tiles once for its 16
+    // decode): each task transposes its head's K tiles once for its run of
     // queries and reads f16 V in place, rather than every KV head's K/V being
     // widened to f32 first, which costs more than several such transposes
     // and more memory traffic than the attention itself at depth. Same bits.
