@@ -1154,6 +1154,48 @@ TEST(Attention, DecodeTasksEqualTheReferenceAtEveryContextLength) {
     }
 }
 
+// Prompts long enough that a task takes a head's run of up to 128 queries
+// (up to 32 groups walking each tile together), through both prompt paths:
+// K/V widened to f32 (300 queries) and read in place (100 queries, few per
+// KV head). Every row equals the plainly written reference bit for bit, on
+// every instruction set and thread count (which change the runs' lengths).
+TEST(Attention, LongPromptRunsEqualTheReference) {
+  IsaRestore restore;
+  for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}})
+    for (int64_t head_dim : {64, 128})
+      for (int64_t n_q : {300, 100}) {
+        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
+                     std::to_string(n_head_kv) + " KV heads, " + std::to_string(n_q) + " queries");
+        const int64_t n_pos = 700;
+        KvStore kv(n_pos, n_head_kv * head_dim, 43);
+        const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
+        std::vector<float> q = make_x(n_q * n_head * head_dim, 44);
+        std::vector<int64_t> first(n_q), end(n_q);
+        for (int64_t t = 0; t < n_q; ++t) {
+          end[t] = n_pos - n_q + t + 1;
+          first[t] = t % 7 == 3 ? end[t] - 200 : 0;  // some sliding windows
+        }
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        std::vector<float> want(n_q * n_head * head_dim);
+        for (int64_t t = 0; t < n_q; ++t)
+          for (int64_t h = 0; h < n_head; ++h)
+            kernels::attend_tiled_reference(q.data() + (t * n_head + h) * head_dim, stored.krows.data(),
+                                            stored.vrows.data(), (h / (n_head / n_head_kv)) * stored.head_stride,
+                                            stored.group, first[t], end[t], head_dim, scale,
+                                            want.data() + (t * n_head + h) * head_dim);
+        for (KernelIsa isa : isas()) {
+          set_kernel_isa(isa);
+          for (int threads : {1, 2, 5}) {
+            const auto got = run_attention(kv, q, n_head, n_head_kv, head_dim, first, end, 0, n_q, threads);
+            for (int64_t t = 0; t < n_q; ++t)
+              ASSERT_EQ(0, std::memcmp(got.data() + t * n_head * head_dim, want.data() + t * n_head * head_dim,
+                                       n_head * head_dim * sizeof(float)))
+                  << kernel_isa_name(isa) << ", " << threads << " threads, query " << t;
+          }
+        }
+      }
+}
+
 // How K/V are stored is only a layout: whole rows, cache-like blocks of
 // several sizes (each KV head's state adjacent, blocks shuffled) with keys
 // in groups of 1 to 16 positions, all give the same bits, for prompts and
