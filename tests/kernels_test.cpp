@@ -572,7 +572,9 @@ TEST(PackedMatrixRegions, FollowTheTypeTheSizeAndTheIsa) {
     for (DType t : {DType::Q6_K, DType::Q3_K}) {
       const PackedMatrix pm(make_weights(t, 512, 300, 77).view());
       EXPECT_EQ(pm.regions(), avx512 ? 0 : 2) << dtype_name(static_cast<uint32_t>(t));
-      if (avx512) EXPECT_EQ(pm.interleave(), 1) << dtype_name(static_cast<uint32_t>(t));
+      if (avx512) {
+        EXPECT_EQ(pm.interleave(), 1) << dtype_name(static_cast<uint32_t>(t));
+      }
     }
     EXPECT_EQ(PackedMatrix(make_weights(DType::Q4_K, 512, 300, 77).view()).regions(), avx512 ? 4 : 2);
   }

@@ -60,6 +60,8 @@ struct TiledQueries {
 // are KeyView{key_rows, kv_off, key_group, d} (tensor/key_layout.h) and its
 // values start at value_rows[p] + kv_off.
 constexpr int kMaxTiledGroups = 4;
+// Groups of one KV head that take each tile together (a prompt task's run).
+constexpr int kMaxWalkGroups = 32;
 struct TiledGroup {
   int64_t kv_off = 0;
   TiledQueries queries;

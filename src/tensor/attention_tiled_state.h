@@ -177,7 +177,6 @@ using RowTileFn = void (*)(void* ctx, const TiledGroup& g, int64_t ts, int64_t l
 // kMaxWalkGroups, so each tile comes from L3 or memory once per run rather
 // than once per 16 queries; groups of several KV heads (decode tasks) share
 // nothing and walk kMaxTiledGroups at a time.
-constexpr int kMaxWalkGroups = 32;
 inline bool one_kv_head(const TiledGroup* groups, int n) {
   for (int i = 1; i < n; ++i)
     if (groups[i].kv_off != groups[0].kv_off) return false;

@@ -2059,8 +2059,10 @@ void attention_per_key(const AttentionBatch& b, ThreadPool& pool) {
 // 128 measured 1.16x `pp512@d4096` and 1.07x at d1024 (60M Q8_0, head 64),
 // the kernel 1.2-2x at head 64-256 from depth 2048. Shorter runs (down to
 // 16) where that would leave fewer than 4 tasks per thread.
+constexpr int64_t kMaxPromptRun = 128;
+static_assert(kMaxPromptRun / kernels::kMaxTiledQueries <= kernels::kMaxWalkGroups, "a run walks its tiles at once");
 int64_t prompt_run_queries(const AttentionBatch& b, int threads) {
-  int64_t run = 128;
+  int64_t run = kMaxPromptRun;
   while (run > 16 && b.n_head * ((b.n_tokens + run - 1) / run) < 4 * int64_t{threads}) run /= 2;
   return run;
 }
@@ -2075,7 +2077,6 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     return;
   }
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
-  constexpr int64_t kMaxRun = 128;
   const int64_t run_queries = prompt_run_queries(b, pool.size());
   const int64_t n_runs = (b.n_tokens + run_queries - 1) / run_queries;
   const int64_t n_runs_of_16 = (b.n_tokens + 15) / 16;
@@ -2090,7 +2091,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     // at 512 tokens widening is faster.
     pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
       const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
-      kernels::TiledGroup groups[kMaxRun / kernels::kMaxTiledQueries];
+      kernels::TiledGroup groups[kMaxPromptRun / kernels::kMaxTiledQueries];
       const int n =
           head_query_groups(b, h, run * run_queries, std::min(b.n_tokens, (run + 1) * run_queries), groups);
       isa.attend_tiled_rows(b.key_rows, b.value_rows, D, b.key_group, groups, n, b.scale);
@@ -2103,7 +2104,7 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
     const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
     const int64_t j = h / group;
     const kernels::TiledKv kv{w.kt + j * w.n_blocks * D * 16, w.v + j * w.n_pos * D, w.base, D};
-    kernels::TiledGroup groups[kMaxRun / kernels::kMaxTiledQueries];
+    kernels::TiledGroup groups[kMaxPromptRun / kernels::kMaxTiledQueries];
     const int n = head_query_groups(b, h, run * run_queries, std::min(b.n_tokens, (run + 1) * run_queries), groups);
     // A tile's widened K and V take 512 * D bytes: in L1 up to D = 64, in L2
     // beyond. All groups take each tile in turn at every head size: with
