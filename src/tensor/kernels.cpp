@@ -2079,16 +2079,21 @@ void attention_tiled(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t D = b.head_dim, group = b.n_head / b.n_head_kv;
   const int64_t run_queries = prompt_run_queries(b, pool.size());
   const int64_t n_runs = (b.n_tokens + run_queries - 1) / run_queries;
-  const int64_t n_runs_of_16 = (b.n_tokens + 15) / 16;
-  if (n_runs_of_16 * b.n_head <= 8 * b.n_head_kv) {
-    // Few queries per KV head (a chunk of up to 128 tokens without grouped
-    // heads: a chat turn after a long history, or a prompt chunk while others
-    // decode): each task transposes its head's K tiles once for its run of
-    // queries and reads f16 V in place, rather than every KV head's K/V being
-    // widened to f32 first, which costs more than several such transposes
-    // and more memory traffic than the attention itself at depth. Same bits.
-    // Measured (60M Q8_0, depth ~1900): 16 tokens 1.6x, 32 1.4x, 128 1.18x;
-    // at 512 tokens widening is faster.
+  const int64_t in_place_rows = D >= 64 ? 1024 : 128;
+  if (b.n_tokens * group <= in_place_rows) {
+    // Up to 1024 query rows per KV head (a 512-token chunk without grouped
+    // heads, 256 with 4 query heads per KV head; and every chat turn after a
+    // long history): each task reads its head's f16 K/V in place, its run's
+    // groups taking each tile in turn, rather than every KV head's K/V being
+    // widened to f32 first, which at depth costs more memory traffic than
+    // the attention itself. Same bits. Widening once served up to 128 rows
+    // per KV head (runs of 16: in place 1.2-1.7x at 16-128 tokens, depth
+    // ~1900, but 0.85-1.0x at 512); with runs of up to 128, paired, 60M
+    // Q8_0: 512 tokens 1.03x at depth 0, 0.99x at 1024, 1.03x at 4096 (head
+    // 128: 1.16x, 1.04x), 256 tokens 1.06x at 1024 and 1.15x at 4096; AVX2
+    // 1.02-1.04x; 4 query heads per KV head, 256 tokens at 4096 1.05x, 512
+    // 0.98x (so those stay widened). Heads below 64 (the small fixtures')
+    // keep the old limit: the kernel at head 16, 512 tokens, 0.87x in place.
     pool.parallel_for(b.n_head * n_runs, [&](int64_t task) {
       const int64_t h = task % b.n_head, run = n_runs - 1 - task / b.n_head;
       kernels::TiledGroup groups[kMaxPromptRun / kernels::kMaxTiledQueries];
