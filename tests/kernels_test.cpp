@@ -978,6 +978,22 @@ std::vector<float> run_attention(const KvStore& kv, const std::vector<float>& q,
   return run_attention(flat_layout(kv, n_head_kv, head_dim), q, n_head, n_head_kv, head_dim, first, end, t0, n, threads);
 }
 
+// A tiled-attention case: random f16 K/V of n_pos positions for n_head_kv
+// heads (flat layout) and the f32 rows of n_q queries of n_head heads.
+struct TiledCase {
+  KvStore kv;
+  StoredKv stored;
+  std::vector<float> q;
+  TiledCase(int64_t n_pos, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_q, uint32_t seed)
+      : kv(n_pos, n_head_kv * head_dim, seed),
+        stored(flat_layout(kv, n_head_kv, head_dim)),
+        q(make_x(n_q * n_head * head_dim, seed + 1)) {}
+};
+std::string tiled_trace(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_q) {
+  return "head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
+         std::to_string(n_head_kv) + " KV heads, " + std::to_string(n_q) + " queries";
+}
+
 // softmax(q k^T * scale) v in double precision over positions [first, end)
 // of the f16 K/V at element offset off.
 std::vector<double> softmax_attention(const KvStore& kv, const float* q, int64_t off, int64_t first, int64_t end,
@@ -1072,12 +1088,11 @@ TEST(Attention, TiledRowsEqualTheirReference) {
        {std::pair<int64_t, int64_t>{2, 2}, {8, 8}, {4, 2}, {8, 2}, {14, 2}, {20, 1}})
     for (int64_t head_dim : {16, 32, 64, 80, 128, 256}) {  // 80: a last 16-dimension chunk
       for (int64_t n_q : {41, 42, 43}) {  // a run's last group of queries takes 1, 2 or 3 of them
-        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
-                     std::to_string(n_q) + " queries");
-        const int64_t n_pos = 300;
-        KvStore kv(n_pos, n_head_kv * head_dim, 31);
-        const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
-        std::vector<float> q = make_x(n_q * n_head * head_dim, 32);
+        SCOPED_TRACE(tiled_trace(head_dim, n_head, n_head_kv, n_q));
+        const TiledCase c(300, n_head, n_head_kv, head_dim, n_q, 31);
+        const KvStore& kv = c.kv;
+        const StoredKv& stored = c.stored;
+        const std::vector<float>& q = c.q;
         std::vector<int64_t> first(n_q), end(n_q);
         for (int64_t t = 0; t < n_q; ++t) {
           const int64_t pos = 40 + t * 6;  // 40 .. 280: rows on both sides of the rule
@@ -1166,12 +1181,12 @@ TEST(Attention, LongPromptRunsEqualTheReference) {
   for (const auto& [n_head, n_head_kv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}})
     for (int64_t head_dim : {64, 128})
       for (int64_t n_q : {300, 100}) {
-        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", " + std::to_string(n_head) + " heads, " +
-                     std::to_string(n_head_kv) + " KV heads, " + std::to_string(n_q) + " queries");
+        SCOPED_TRACE(tiled_trace(head_dim, n_head, n_head_kv, n_q));
         const int64_t n_pos = 700;
-        KvStore kv(n_pos, n_head_kv * head_dim, 43);
-        const StoredKv stored = flat_layout(kv, n_head_kv, head_dim);
-        std::vector<float> q = make_x(n_q * n_head * head_dim, 44);
+        const TiledCase c(n_pos, n_head, n_head_kv, head_dim, n_q, 43);
+        const KvStore& kv = c.kv;
+        const StoredKv& stored = c.stored;
+        const std::vector<float>& q = c.q;
         std::vector<int64_t> first(n_q), end(n_q);
         for (int64_t t = 0; t < n_q; ++t) {
           end[t] = n_pos - n_q + t + 1;
