@@ -1173,8 +1173,9 @@ TEST(Attention, DecodeTasksEqualTheReferenceAtEveryContextLength) {
 
 // Prompts long enough that a task takes a head's run of up to 128 queries
 // (up to 32 groups walking each tile together), through both prompt paths:
-// K/V widened to f32 (300 queries) and read in place (100 queries, few per
-// KV head). Every row equals the plainly written reference bit for bit, on
+// K/V widened to f32 (300 queries of 8 heads on 2 KV heads: 1200 query rows
+// per KV head, past the in-place limit of 1024) and read in place (the other
+// cases). Every row equals the plainly written reference bit for bit, on
 // every instruction set and thread count (which change the runs' lengths).
 TEST(Attention, LongPromptRunsEqualTheReference) {
   IsaRestore restore;

@@ -113,6 +113,11 @@ RP_INLINE __m256i dot_s8_acc(__m256i acc, __m256i q, __m256i xv) {
   return dot_u8_acc(acc, _mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
 }
 
+// Q8_0's stored quants (q + 128) as the signed q.
+RP_INLINE __m256i q8_unbiased(__m256i w_biased) {
+  return _mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+
 // Q8_0's rows, stored as q + 128: a block's dots start from q8_start, and
 // q8_dot_acc adds a chunk's. AVX2 undoes the bias (signed dots from 0);
 // AVX-VNNI takes the biased bytes as they are and starts from the
@@ -123,7 +128,7 @@ RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) { return
 #else
 RP_INLINE __m256i q8_start(const XBlock&) { return _mm256_setzero_si256(); }
 RP_INLINE __m256i q8_dot_acc(__m256i acc, __m256i w_biased, __m256i xv) {
-  return dot_s8_acc(acc, _mm256_xor_si256(w_biased, _mm256_set1_epi8(static_cast<char>(0x80))), xv);
+  return dot_s8_acc(acc, q8_unbiased(w_biased), xv);
 }
 #endif
 
@@ -299,9 +304,8 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) {
           const __m256i* wc = reinterpret_cast<const __m256i*>(wb + 32 + c * 64);
-          const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-          const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256(wc), bias);
-          const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256(wc + 1), bias);
+          const __m256i q0 = q8_unbiased(_mm256_loadu_si256(wc));
+          const __m256i q1 = q8_unbiased(_mm256_loadu_si256(wc + 1));
           const __m256i u0 = _mm256_sign_epi8(q0, q0), u1 = _mm256_sign_epi8(q1, q1);
 #pragma GCC unroll 16
           for (int t = 0; t < T; ++t) {
