@@ -4,12 +4,15 @@
 // run by a team give exactly (bit for bit) the logits and state of the
 // dispatched path, for every attention layout the team takes.
 #include <gtest/gtest.h>
+#include <x86intrin.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "engine/flat_memory.h"
@@ -92,6 +95,33 @@ TEST(DecodeTeam, AMemberThatThrowsReleasesTheOthers) {
       });
       EXPECT_EQ(items.load(), 200) << threads << " threads, thrower " << thrower;
     }
+  }
+}
+
+// The ticks members wait at barriers are counted (reprise bench reports
+// them against the steps' ticks): while one member sleeps before the
+// barrier, every other waits through most of the run; a run in which each
+// member sleeps alike adds far less.
+TEST(DecodeTeam, WaitsAtBarriersAreCounted) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    DecodeTeam team(pool);
+    auto run_with_sleeps = [&](bool all_sleep) {
+      const uint64_t waited0 = DecodeTeam::waited_ticks(), t0 = __rdtsc();
+      team.run([&](DecodeTeam::Member& m) {
+        if (all_sleep || m.index() == threads - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        m.barrier();
+      });
+      const uint64_t ticks = __rdtsc() - t0;
+      return static_cast<double>(DecodeTeam::waited_ticks() - waited0) / static_cast<double>(ticks);
+    };
+    // threads - 1 members wait ~30 ms of a ~30 ms run.
+    const double one_late = run_with_sleeps(false);
+    EXPECT_GT(one_late, 0.5 * (threads - 1)) << threads << " threads";
+    EXPECT_LT(one_late, threads) << threads << " threads";
+    // Nobody waits for long: the sleeps end within scheduling noise.
+    const double all_late = run_with_sleeps(true);
+    EXPECT_LT(all_late, 0.5 * one_late) << threads << " threads";
   }
 }
 

@@ -1,5 +1,7 @@
 // reprise bench: prompt-processing and generation throughput like llama-bench,
 // and `--replay chat`, a multi-turn replay measuring what the prefix cache saves.
+#include <x86intrin.h>
+
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -132,7 +134,7 @@ struct PairedRoofline {
 // second; each pass advances all S of them.
 void report(const BenchOptions& o, const ModelBundle& b, const std::string& test, const Spread& s, int threads,
             const Roofline& roof, const PairedRoofline& paired = {}, const std::string& prefetch = "",
-            double team_share = 0.0) {
+            double team_share = 0.0, double team_wait_share = 0.0) {
   const bool decode = test.rfind("tg", 0) == 0;
   const double passes_per_s = decode ? s.mean / o.sequences : s.mean / std::max(1, o.n_prompt);
   const double eff_gbps = passes_per_s * roof.weight_bytes / 1e9;
@@ -154,7 +156,9 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
                   ",\"paired_read_one_stream_gbps\":%.2f,\"paired_read_eight_streams_gbps\":%.2f",
                   paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction, paired.one_stream_bw / 1e9,
                   paired.eight_streams_bw / 1e9);
-    if (decode) std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f", prefetch.c_str(), team_share);
+    if (decode)
+      std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f",
+                  prefetch.c_str(), team_share, team_wait_share);
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -299,6 +303,8 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     };
     std::vector<std::span<const uint8_t>> step_weights;  // the weights a step reads, in order
     int64_t team_steps = 0;  // timed steps run by a decode team (tensor/decode_team.h)
+    // Those steps' members' ticks, and the ticks they waited at barriers.
+    double team_member_ticks = 0, team_waited_ticks = 0;
     for (int r = -1; r < o.reps; ++r) {
       turn.wait_turn();
       // The VM's bandwidth moves from minute to minute: probe again between
@@ -310,9 +316,14 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
         if (i > 0) turn.wait_turn();
         std::optional<WeightReadLog> weights_log;  // the warm-up's first step records what a step reads
         if (r < 0 && i == 0) weights_log.emplace();
-        const uint64_t team_runs = DecodeTeam::runs();
+        const uint64_t team_runs = DecodeTeam::runs(), waited0 = DecodeTeam::waited_ticks(), ticks0 = __rdtsc();
         const double dt = decode_step(run, i);
-        if (r >= 0 && DecodeTeam::runs() > team_runs) ++team_steps;
+        const uint64_t ticks1 = __rdtsc();
+        if (r >= 0 && DecodeTeam::runs() > team_runs) {
+          ++team_steps;
+          team_waited_ticks += static_cast<double>(DecodeTeam::waited_ticks() - waited0);
+          team_member_ticks += static_cast<double>(ticks1 - ticks0) * threads;
+        }
         if (weights_log) step_weights = weights_log->regions();
         turn.pass_turn();
         busy += dt;
@@ -351,10 +362,13 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     const std::string prefetch = decode_prefetch_summary(pool);
     const double team_share =
         o.reps > 0 && o.n_gen > 0 ? static_cast<double>(team_steps) / (static_cast<double>(o.reps) * o.n_gen) : 0.0;
-    report(o, b, test, spread(rates), threads, roof, paired, prefetch, team_share);
+    const double team_wait_share = team_member_ticks > 0 ? team_waited_ticks / team_member_ticks : 0.0;
+    report(o, b, test, spread(rates), threads, roof, paired, prefetch, team_share, team_wait_share);
     if (!o.json) {
       std::printf("decode prefetch (chosen at run time per weight type): %s\n", prefetch.c_str());
-      std::printf("decode teams (one dispatch a step): %.0f %% of the timed steps\n", 100 * team_share);
+      std::printf("decode teams (one dispatch a step): %.0f %% of the timed steps; their members waited at "
+                  "barriers %.1f %% of the time\n",
+                  100 * team_share, 100 * team_wait_share);
     }
   }
 }

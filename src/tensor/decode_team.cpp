@@ -55,6 +55,7 @@ double seconds_now() {
 struct Aborted {};
 
 std::atomic<uint64_t> g_runs{0};
+std::atomic<uint64_t> g_waited_ticks{0};
 
 std::atomic<int>& enabled_state() {
   static std::atomic<int> state{[] {
@@ -117,6 +118,7 @@ void DecodeTeam::Member::barrier() {
         std::this_thread::yield();
       }
     }
+    waited_ += __rdtsc() - t0;
   }
   ++work_;
   share_ = 0;
@@ -160,6 +162,9 @@ void DecodeTeam::run_members(MemberFn fn, void* ctx) {
       aborted_.store(true, std::memory_order_relaxed);
       return;
     }
+    // One add per member and run, after its last barrier: off the path
+    // between two works.
+    g_waited_ticks.fetch_add(m.waited_, std::memory_order_relaxed);
     if (index == 0) works_after.store(m.work_, std::memory_order_relaxed);
   });
   if (error) {
@@ -190,6 +195,8 @@ bool DecodeTeam::fits_cpus(int threads) {
 }
 
 uint64_t DecodeTeam::runs() { return g_runs.load(std::memory_order_relaxed); }
+
+uint64_t DecodeTeam::waited_ticks() { return g_waited_ticks.load(std::memory_order_relaxed); }
 
 bool DecodeTeam::ready() const { return seconds_now() >= stood_down_until_; }
 

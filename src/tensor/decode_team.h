@@ -54,6 +54,7 @@ class DecodeTeam {
     uint64_t work_;      // works begun by the team before this one
     uint64_t arrivals_;  // team arrivals that complete this member's next barrier, minus size
     int share_ = 0;      // the share being claimed from: own (0), then the next members'
+    uint64_t waited_ = 0;  // ticks spent waiting at barriers in this run
   };
 
   // A team of all of pool's threads (pool.size() members).
@@ -92,6 +93,12 @@ class DecodeTeam {
   static bool fits_cpus(int threads);
   // Runs completed by all teams of the process (for tests).
   static uint64_t runs();
+  // Time-stamp counter ticks that members of all teams of the process have
+  // spent waiting at barriers, summed over members, counted when a run
+  // returns: what a split of the works between the members left idle. For
+  // reports, against the ticks the runs took (__rdtsc() around them) times
+  // the team's size.
+  static uint64_t waited_ticks();
 
  private:
   using MemberFn = void (*)(void*, Member&);
