@@ -122,6 +122,8 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   // The K types' decode compute at n_in 4096 (256 rows: in L2, one thread),
   // against their from-memory rates above.
   for (int t : {8, 9, 10}) b->Args({t, 4096, 256, 1, 1});
+  // Few rows for the K types too: their Q8_K activation quantizing dominates.
+  for (int t : {8, 10}) b->Args({t, 1536, 16, 512, 1});
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

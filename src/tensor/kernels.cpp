@@ -744,7 +744,7 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
       return;
     }
     case ActKind::Q8K:
-      kernels::quantize_q8_k(x, n / kQK_K, static_cast<XBlock*>(out), 1);
+      isa_kernels().quantize_q8_k(x, n / kQK_K, static_cast<XBlock*>(out), 1);
       return;
     case ActKind::F32:
       std::memcpy(out, x, n * sizeof(float));
@@ -798,7 +798,7 @@ PackedX pack_activations(ActKind kind, const float* x, int64_t n_in, int64_t n_t
       if (nt < px.tile) std::memset(base, 0, px.tile * px.k * elem);
       for (int64_t j = 0; j < nt; ++j) {
         const float* row = x + (t0 + j) * n_in;
-        if (kind == ActKind::Q8K) kernels::quantize_q8_k(row, n_in / kQK_K, dst + j, px.tile);
+        if (kind == ActKind::Q8K) isa.quantize_q8_k(row, n_in / kQK_K, dst + j, px.tile);
         else isa.quantize_q8(row, px.k, dst + j, px.tile);
       }
       return;

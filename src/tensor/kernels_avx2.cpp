@@ -1199,6 +1199,8 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 }  // namespace
 
 #ifndef REPRISE_AVX_VNNI
+float q8_0_block_amax(const float* x) { return block_amax(x); }
+
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
@@ -1291,7 +1293,7 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
 }
 
 const IsaKernels& avx2_kernels() {
-  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
+  static const IsaKernels k{"avx2", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, nullptr, &quantize_q8, &quantize_q8_k, &attention_avx2, &attention_avx2_supports, nullptr, nullptr, &attend_tiled_avx2, &attend_tiled_rows_avx2,
                             /*interleave_f=*/1, kDecodeGroupsQ, kDecodeGroupsQ, /*interleave_q6_k=*/kDecodeGroupsQ,
                             /*regions_f=*/kDecodeGroupsF, /*regions_f_long=*/kDecodeGroupsF, /*regions_k=*/kDecodeGroupsQ, /*regions_q=*/kDecodeGroupsQ,
                             /*regions_q6_k=*/kDecodeGroupsQ, /*regions_q8_0=*/kDecodeGroupsQ, /*tiled_heads_together=*/1,

@@ -1508,9 +1508,18 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
     const float* xb = x + b0 * kQK8_0;
     alignas(64) float amax[16] = {};
     for (int j = 0; j < nb; ++j) {
-      const __m512 a = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0)),
-                                     _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0 + 16)));
-      amax[j] = _mm512_reduce_max_ps(a);
+      // |x| compared as integers: the order of non-negative floats, with
+      // NaNs above infinity, so a block that holds a NaN shows one. The
+      // rule's max tree keeps or drops a NaN by its position: such blocks
+      // take that tree.
+      const __m512i a = _mm512_max_epu32(_mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0))),
+                                         _mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0 + 16))));
+      const uint32_t bits = _mm512_reduce_max_epu32(a);
+      if (bits > 0x7f800000u) {
+        amax[j] = q8_0_block_amax(xb + j * kQK8_0);
+      } else {
+        std::memcpy(&amax[j], &bits, sizeof bits);
+      }
     }
     const __m512 m = _mm512_load_ps(amax);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_div_ps(m, _mm512_set1_ps(127.0f)),
@@ -1539,6 +1548,94 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
       o.d = ds[j];
       o.corr_q8 = -128 * sum;
       o.corr_q4 = -8 * sum;
+    }
+  }
+}
+
+// Q8_K quantization by the rule of kernels_avx2.cpp's quantize_q8_k (ggml's
+// quantize_row_q8_K), which this must match bit for bit, 16 floats a vector.
+// The rule's scale comes from the first element of largest magnitude, NaNs
+// skipped; that element is the largest one when it exceeds the smallest's
+// magnitude, the smallest one when that is the larger magnitude, and only a
+// tie (both signs hold the largest magnitude) needs the search for the first
+// (max_ps / min_ps return their second operand, the running value, for a NaN
+// first operand: NaNs are skipped as the rule skips them). Then q = rne(x *
+// (-127 / max)) saturated to int8 as the AVX2 packs saturate, and each
+// block's halves' sums of the stored quants, 16 at once.
+void quantize_q8_k_avx512(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512i lo = _mm512_set1_epi32(-128), hi = _mm512_set1_epi32(127);
+  for (int64_t s = 0; s < n_sections; ++s) {
+    const float* xs = x + s * kQK_K;
+    XBlock* o = out + s * 8 * out_stride;
+    __m512 up[4], down[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) up[c] = down[c] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kQK_K / 16; ++i) {
+      const __m512 v = _mm512_loadu_ps(xs + 16 * i);
+      up[i % 4] = _mm512_max_ps(v, up[i % 4]);
+      down[i % 4] = _mm512_min_ps(v, down[i % 4]);
+    }
+    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(up[0], up[1]), _mm512_max_ps(up[2], up[3])));
+    const float smallest =
+        _mm512_reduce_min_ps(_mm512_min_ps(_mm512_min_ps(down[0], down[1]), _mm512_min_ps(down[2], down[3])));
+    float max = largest > -smallest ? largest : smallest;
+    if (largest == -smallest && largest > 0) {
+      const __m512 target = _mm512_set1_ps(largest);
+      for (int i = 0; i < kQK_K / 16; ++i) {
+        const __mmask16 hit =
+            _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(xs + 16 * i)), target, _CMP_EQ_OQ);
+        if (hit) {
+          max = xs[16 * i + __builtin_ctz(static_cast<unsigned>(hit))];
+          break;
+        }
+      }
+    }
+    const float iscale = max != 0 ? -127.0f / max : 0.0f;
+    const float d = max != 0 ? 1.0f / iscale : 0.0f;
+    const __m512 is = _mm512_set1_ps(iscale);
+    __m512i sums[16];
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; ++b) {
+      XBlock& xb = o[b * out_stride];
+      // cvtps rounds as MXCSR says (to nearest even), as the AVX2 rule's does.
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + 32 * b), is));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + 32 * b + 16), is));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xb.qs), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xb.qs + 16), _mm512_cvtsepi32_epi8(q1));
+      xb.d = d;
+      xb.corr_q8 = 0;
+      xb.corr_q4 = 0;
+      sums[2 * b] = _mm512_min_epi32(_mm512_max_epi32(q0, lo), hi);
+      sums[2 * b + 1] = _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi);
+    }
+    // Vector i's lane sum into lane i: pairs interleaved by 32 bits, then by
+    // 64, then the 128-bit lanes of four vectors transposed and added.
+    __m512i p2[8], p4[4], p8[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)
+      p2[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(sums[2 * i], sums[2 * i + 1]),
+                               _mm512_unpackhi_epi32(sums[2 * i], sums[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      p4[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(p2[2 * i], p2[2 * i + 1]),
+                               _mm512_unpackhi_epi64(p2[2 * i], p2[2 * i + 1]));
+    // Each 128-bit lane of p4[i] holds vectors 4i..4i+3's partial sums, in
+    // order; the four lanes are to be added.
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)
+      p8[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0x44),
+                               _mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0xEE));
+    const __m512i total = _mm512_add_epi32(_mm512_shuffle_i32x4(p8[0], p8[1], 0x88),
+                                           _mm512_shuffle_i32x4(p8[0], p8[1], 0xDD));
+    alignas(64) int32_t sum[16];
+    _mm512_store_si512(sum, total);
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; ++b) {
+      XBlock& xb = o[b * out_stride];
+      xb.sum_lo = static_cast<int16_t>(sum[2 * b]);
+      xb.sum_hi = static_cast<int16_t>(sum[2 * b + 1]);
     }
   }
 }
@@ -1573,7 +1670,7 @@ uint64_t read_sum(const uint8_t* p, size_t n, int streams) {
 }  // namespace
 
 const IsaKernels& avx512_kernels() {
-  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
+  static const IsaKernels k{"avx512", &matmul_f32, &matmul_f16, &matmul_bf16, &matmul_q8_0, &matmul_q4_0, &matmul_q4_1, &matmul_q5_0, &matmul_q5_1, &matmul_q2_k, &matmul_q3_k, &matmul_q4_k, &matmul_q5_k, &matmul_q6_k, &matmul_q6_k_wide, &matmul_iq4_nl, &matmul_iq4_xs, &read_sum, &pack_f_tile, &quantize_q8, &quantize_q8_k_avx512, &attention, &attention_supports, &attend_rows, &attend_rows_supports, &attend_tiled_avx512, &attend_tiled_rows_avx512,
                             kDecodeGroupsFQ, kDecodeGroupsFQ, kDecodeGroupsK, /*interleave_q6_k=*/1,
                             /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
                             /*regions_q8_0=*/kRowGroupsQ,

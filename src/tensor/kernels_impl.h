@@ -460,6 +460,9 @@ struct IsaKernels {
   // blocks out[b * out_stride] by ggml's AVX2 rule (kernels_avx2.cpp), the
   // same bits on every ISA.
   void (*quantize_q8)(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stride);
+  // Quantizes n_sections 256-float sections to Q8_K activation blocks by
+  // quantize_q8_k's rule (below), the same bits on every ISA.
+  void (*quantize_q8_k)(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride);
   // Null when the ISA has no batched attention kernel, or for head sizes it
   // does not handle (attention_supports).
   void (*attention)(const AttnArgs&);
@@ -552,9 +555,15 @@ const IsaKernels& isa_kernels();
 // quantize_row_q8_K: per section, max = the first element of largest
 // magnitude, q = clamp(round-half-even(x * (-127 / max)), -128, 127) (the
 // clamp only matters for non-finite x), d = 1 / (-127 / max); an all-zero
-// section has d = 0. One implementation (AVX2, every supported CPU's
-// baseline), so every ISA's kernels read the same activations.
+// section has d = 0. The AVX2 implementation (every supported CPU's
+// baseline) is the rule's; IsaKernels::quantize_q8_k of every ISA gives its
+// bits.
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride);
+// The largest |x| of one 32-element block for Q8_0 activations by the rule's
+// max tree (kernels_avx2.cpp quantize_q8, ggml's AVX2 order), which keeps or
+// drops a NaN by its position in the block; for a block without NaN, simply
+// the largest |x|. AVX2; other ISAs call it for blocks that hold a NaN.
+float q8_0_block_amax(const float* x);
 // Q6_K sections (packed layout) to the Q6_K wide layout, n_sections of them
 // (a group holds n_in / 256). AVX2 is every supported CPU's baseline.
 void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst);

@@ -1,0 +1,139 @@
+// Activation quantizing (tensor/kernels_impl.h): every ISA's Q8_K and Q8_0
+// quantizers write the bytes of the rule's implementation (the AVX2 one),
+// quants, scales and sums alike, including where the products could not
+// tell them apart (which sign of a tied largest magnitude sets the scale)
+// and for non-finite inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensor/kernels.h"
+#include "tensor/kernels_impl.h"
+
+using namespace reprise;
+using namespace reprise::kernels;
+
+namespace {
+
+struct Table {
+  std::string name;
+  const IsaKernels* kernels;
+};
+
+std::vector<Table> tables() {
+  std::vector<Table> v{{"avx2", &avx2_kernels()}};
+  if (kernel_isa_supported(KernelIsa::Avx2Vnni)) v.push_back({"avx2vnni", &avx2_vnni_kernels()});
+  if (kernel_isa_supported(KernelIsa::Avx512)) v.push_back({"avx512", &avx512_kernels()});
+  return v;
+}
+
+// Sections of 256 floats whose quantizing takes every branch of the rule.
+std::vector<float> edge_sections() {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<std::vector<float>> s;
+  auto random = [&] {
+    std::vector<float> v(256);
+    for (float& f : v) f = dist(rng);
+    return v;
+  };
+  s.push_back(random());
+  s.push_back(std::vector<float>(256, 0.0f));
+  s.push_back(std::vector<float>(256, -0.0f));
+  // Ties of the largest magnitude: the negative one first, then the positive.
+  for (bool negative_first : {true, false}) {
+    std::vector<float> v = random();
+    v[40] = negative_first ? -9.0f : 9.0f;
+    v[200] = negative_first ? 9.0f : -9.0f;
+    s.push_back(v);
+  }
+  // The largest magnitude positive, or negative, held once or several times.
+  for (float m : {11.0f, -11.0f}) {
+    std::vector<float> v = random();
+    v[3] = v[130] = v[255] = m;
+    s.push_back(v);
+  }
+  // Halves after scaling (round half to even): max -127, elements k + 0.5.
+  {
+    std::vector<float> v(256);
+    for (int i = 0; i < 256; ++i) v[i] = static_cast<float>(i % 127) + 0.5f - 63.0f;
+    v[17] = -127.0f;
+    s.push_back(v);
+  }
+  // NaNs are skipped for the scale and quantized as the rule's conversion does.
+  {
+    std::vector<float> v = random();
+    v[0] = nan;
+    v[77] = -nan;
+    v[255] = nan;
+    s.push_back(v);
+  }
+  std::vector<float> all_nan(256, nan);
+  s.push_back(all_nan);
+  // Infinities set the scale to zero.
+  for (float a : {inf, -inf}) {
+    std::vector<float> v = random();
+    v[100] = a;
+    s.push_back(v);
+  }
+  {
+    std::vector<float> v = random();
+    v[10] = -inf;
+    v[20] = inf;
+    s.push_back(v);
+  }
+  // Subnormals only.
+  {
+    std::vector<float> v(256);
+    for (int i = 0; i < 256; ++i) v[i] = std::numeric_limits<float>::denorm_min() * static_cast<float>(i - 128);
+    s.push_back(v);
+  }
+  std::vector<float> out;
+  for (const auto& v : s) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+bool same_blocks(const std::vector<XBlock>& a, const std::vector<XBlock>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(XBlock)) == 0;
+}
+
+TEST(QuantizeActivations, EveryIsaWritesTheRulesQ8KBlocks) {
+  static_assert(sizeof(XBlock) == 48, "XBlock has no padding bytes to compare");
+  const std::vector<float> x = edge_sections();
+  const int64_t n_sections = static_cast<int64_t>(x.size()) / 256;
+  for (int64_t stride : {1, 6}) {
+    // Blocks [b * stride] are written; the others keep the fill.
+    std::vector<XBlock> want(n_sections * 8 * stride);
+    std::memset(want.data(), 0xA5, want.size() * sizeof(XBlock));
+    quantize_q8_k(x.data(), n_sections, want.data(), stride);
+    for (const Table& t : tables()) {
+      std::vector<XBlock> got(want.size());
+      std::memset(got.data(), 0xA5, got.size() * sizeof(XBlock));
+      t.kernels->quantize_q8_k(x.data(), n_sections, got.data(), stride);
+      for (int64_t s = 0; s < n_sections; ++s)
+        EXPECT_EQ(std::memcmp(got.data() + s * 8 * stride, want.data() + s * 8 * stride, 8 * stride * sizeof(XBlock)),
+                  0)
+            << t.name << ", stride " << stride << ", section " << s;
+    }
+  }
+}
+
+TEST(QuantizeActivations, EveryIsaWritesTheRulesQ8_0Blocks) {
+  const std::vector<float> x = edge_sections();
+  const int64_t n_blocks = static_cast<int64_t>(x.size()) / 32;
+  std::vector<XBlock> want(n_blocks);
+  avx2_kernels().quantize_q8(x.data(), n_blocks, want.data(), 1);
+  for (const Table& t : tables()) {
+    std::vector<XBlock> got(n_blocks);
+    t.kernels->quantize_q8(x.data(), n_blocks, got.data(), 1);
+    EXPECT_TRUE(same_blocks(got, want)) << t.name;
+  }
+}
+
+}  // namespace
