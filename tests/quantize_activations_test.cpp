@@ -1,10 +1,12 @@
 // Activation quantizing (tensor/kernels_impl.h): every ISA's Q8_K and Q8_0
-// quantizers write the bytes of the rule's implementation (the AVX2 one),
-// quants, scales and sums alike, including where the products could not
-// tell them apart (which sign of a tied largest magnitude sets the scale)
-// and for non-finite inputs.
+// quantizers write the bytes of the rules (ggml's quantize_row_q8_K and AVX2
+// quantize_row_q8_0, written out element by element below), quants, scales,
+// sums and corrections alike, including where the products could not tell
+// them apart (which sign of a tied largest magnitude sets the scale) and
+// for non-finite inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/fp16.h"
 #include "tensor/kernels.h"
 #include "tensor/kernels_impl.h"
 
@@ -99,6 +102,72 @@ std::vector<float> edge_sections() {
   return out;
 }
 
+// x86's conversion of a float to int32 (cvtps2dq): round half to even; NaN
+// and values out of range give INT_MIN. Then the packs' saturation to int8.
+int8_t convert_saturated(float v) {
+  int32_t q = std::numeric_limits<int32_t>::min();
+  if (!std::isnan(v) && v > -2147483904.0f && v < 2147483648.0f) q = static_cast<int32_t>(std::nearbyint(v));
+  return static_cast<int8_t>(std::clamp(q, -128, 127));
+}
+
+// x86's maxps on one lane: the first operand when it is greater, else the
+// second (so a NaN in either gives the second).
+float maxps(float a, float b) { return a > b ? a : b; }
+
+// Block b's stored quants, their halves' sums and the corrections.
+void fill_quants(const float* x, float scale, XBlock& o, bool corrections) {
+  int32_t sum_lo = 0, sum_hi = 0;
+  for (int i = 0; i < 32; ++i) {
+    o.qs[i] = convert_saturated(x[i] * scale);
+    (i < 16 ? sum_lo : sum_hi) += o.qs[i];
+  }
+  o.sum_lo = static_cast<int16_t>(sum_lo);
+  o.sum_hi = static_cast<int16_t>(sum_hi);
+  o.corr_q8 = corrections ? -128 * (sum_lo + sum_hi) : 0;
+  o.corr_q4 = corrections ? -8 * (sum_lo + sum_hi) : 0;
+}
+
+// The Q8_K rule (ggml's quantize_row_q8_K), element by element: the first
+// element of largest magnitude (NaNs never compare larger) sets
+// iscale = -127 / max, q = convert_saturated(x * iscale), d = 1 / iscale;
+// a section without a nonzero magnitude has iscale = d = 0.
+void reference_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t stride) {
+  for (int64_t s = 0; s < n_sections; ++s) {
+    const float* xs = x + s * 256;
+    float amax = 0, max = 0;
+    for (int i = 0; i < 256; ++i)
+      if (std::fabs(xs[i]) > amax) {
+        amax = std::fabs(xs[i]);
+        max = xs[i];
+      }
+    const float iscale = max != 0 ? -127.0f / max : 0.0f;
+    for (int b = 0; b < 8; ++b) {
+      XBlock& o = out[(s * 8 + b) * stride];
+      fill_quants(xs + 32 * b, iscale, o, false);
+      o.d = max != 0 ? 1.0f / iscale : 0.0f;
+    }
+  }
+}
+
+// The Q8_0 rule (ggml's AVX2 quantize_row_q8_0): the block's largest |x| by
+// its max tree, lane by lane (maxps keeps or drops a NaN by its position),
+// d = amax / 127 rounded through f16, q = convert_saturated(x * 127 / amax)
+// (127 / amax taken as 0 only when amax compares equal to 0).
+void reference_q8_0(const float* x, int64_t n_blocks, XBlock* out) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float* xb = x + b * 32;
+    float lane[8];
+    for (int j = 0; j < 8; ++j)
+      lane[j] = maxps(maxps(std::fabs(xb[j]), std::fabs(xb[8 + j])), maxps(std::fabs(xb[16 + j]), std::fabs(xb[24 + j])));
+    float half[4];
+    for (int j = 0; j < 4; ++j) half[j] = maxps(lane[j], lane[4 + j]);
+    const float amax = maxps(maxps(half[0], half[2]), maxps(half[1], half[3]));
+    XBlock& o = out[b];
+    fill_quants(xb, amax != 0 ? 127.0f / amax : 0.0f, o, true);
+    o.d = f16_to_f32(f32_to_f16(amax / 127.0f));
+  }
+}
+
 bool same_blocks(const std::vector<XBlock>& a, const std::vector<XBlock>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(XBlock)) == 0;
 }
@@ -111,7 +180,7 @@ TEST(QuantizeActivations, EveryIsaWritesTheRulesQ8KBlocks) {
     // Blocks [b * stride] are written; the others keep the fill.
     std::vector<XBlock> want(n_sections * 8 * stride);
     std::memset(want.data(), 0xA5, want.size() * sizeof(XBlock));
-    quantize_q8_k(x.data(), n_sections, want.data(), stride);
+    reference_q8_k(x.data(), n_sections, want.data(), stride);
     for (const Table& t : tables()) {
       std::vector<XBlock> got(want.size());
       std::memset(got.data(), 0xA5, got.size() * sizeof(XBlock));
@@ -128,7 +197,7 @@ TEST(QuantizeActivations, EveryIsaWritesTheRulesQ8_0Blocks) {
   const std::vector<float> x = edge_sections();
   const int64_t n_blocks = static_cast<int64_t>(x.size()) / 32;
   std::vector<XBlock> want(n_blocks);
-  avx2_kernels().quantize_q8(x.data(), n_blocks, want.data(), 1);
+  reference_q8_0(x.data(), n_blocks, want.data());
   for (const Table& t : tables()) {
     std::vector<XBlock> got(n_blocks);
     t.kernels->quantize_q8(x.data(), n_blocks, got.data(), 1);
