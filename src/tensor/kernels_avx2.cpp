@@ -1123,6 +1123,13 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+inline float hmin(__m256 v) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_min_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 // The largest |x| of one 32-element block.
 float block_amax(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -1201,6 +1208,13 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 #ifndef REPRISE_AVX_VNNI
 float q8_0_block_amax(const float* x) { return block_amax(x); }
 
+// The scale's element as quantize_q8_k_avx512 finds it (kernels_avx512.cpp):
+// the largest value when it exceeds the smallest's magnitude, the smallest
+// when that is the larger magnitude, a search for the first only when both
+// signs hold it; max_ps / min_ps skip NaNs (they return the running value,
+// their second operand). Four chains each, where one chain was a 32-deep
+// dependency. The 16 half-block sums come from vphaddd over the blocks'
+// 4-element partial sums.
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
@@ -1208,26 +1222,34 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * kQK_K;
     XBlock* o = out + s * 8 * out_stride;
-    // max_ps returns its second operand when either is NaN: NaNs are skipped,
-    // as ggml's `ax > amax` skips them.
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < kQK_K; i += 8) m = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), m);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, m);
-    float amax = 0;
-    for (float v : lanes) amax = v > amax ? v : amax;
-    float max = 0;
-    const __m256 target = _mm256_set1_ps(amax);
-    for (int i = 0; i < kQK_K && amax > 0; i += 8) {
-      const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), target, _CMP_EQ_OQ);
-      if (const int bits = _mm256_movemask_ps(hit)) {
-        max = xs[i + __builtin_ctz(static_cast<unsigned>(bits))];
-        break;
+    __m256 up[4], down[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) up[c] = down[c] = _mm256_setzero_ps();
+#pragma GCC unroll 32
+    for (int i = 0; i < kQK_K / 8; ++i) {
+      const __m256 v = _mm256_loadu_ps(xs + 8 * i);
+      up[i % 4] = _mm256_max_ps(v, up[i % 4]);
+      down[i % 4] = _mm256_min_ps(v, down[i % 4]);
+    }
+    // No NaN reaches the chains' values, so the lane order is free.
+    const float largest = hmax(_mm256_max_ps(_mm256_max_ps(up[0], up[1]), _mm256_max_ps(up[2], up[3])));
+    const float smallest = hmin(_mm256_min_ps(_mm256_min_ps(down[0], down[1]), _mm256_min_ps(down[2], down[3])));
+    float max = largest > -smallest ? largest : smallest;
+    if (largest == -smallest && largest > 0) {
+      const __m256 target = _mm256_set1_ps(largest);
+      for (int i = 0; i < kQK_K; i += 8) {
+        const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), target, _CMP_EQ_OQ);
+        if (const int bits = _mm256_movemask_ps(hit)) {
+          max = xs[i + __builtin_ctz(static_cast<unsigned>(bits))];
+          break;
+        }
       }
     }
     const float iscale = max != 0 ? -127.0f / max : 0.0f;
     const float d = max != 0 ? 1.0f / iscale : 0.0f;
     const __m256 is = _mm256_set1_ps(iscale);
+    __m256i partial[8];  // block b's sums of 4 quants: lanes 0-3 its first half, 4-7 its second
+#pragma GCC unroll 8
     for (int b = 0; b < 8; ++b) {
       XBlock& xb = o[b * out_stride];
       __m256i v[4];
@@ -1235,14 +1257,23 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
       const __m256i q = _mm256_permutevar8x32_epi32(
           _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), lane_order);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.qs), q);
-      alignas(32) int32_t sums[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sums),
-                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1)));
+      partial[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
       xb.d = d;
       xb.corr_q8 = 0;
       xb.corr_q4 = 0;
-      xb.sum_lo = static_cast<int16_t>(sums[0] + sums[1] + sums[2] + sums[3]);
-      xb.sum_hi = static_cast<int16_t>(sums[4] + sums[5] + sums[6] + sums[7]);
+    }
+    // hadd of hadds: lanes 0-3 of halves[k] are blocks 4k..4k+3's first-half
+    // sums, lanes 4-7 their second-half sums.
+    alignas(32) int32_t halves[2][8];
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(halves[k]),
+                         _mm256_hadd_epi32(_mm256_hadd_epi32(partial[4 * k], partial[4 * k + 1]),
+                                           _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
+    for (int b = 0; b < 8; ++b) {
+      XBlock& xb = o[b * out_stride];
+      xb.sum_lo = static_cast<int16_t>(halves[b / 4][b % 4]);
+      xb.sum_hi = static_cast<int16_t>(halves[b / 4][4 + b % 4]);
     }
   }
 }
