@@ -1131,65 +1131,70 @@ inline float hmin(__m256 v) {
 }
 
 // The largest |x| of one 32-element block.
-float block_amax(const float* x) {
+RP_INLINE float block_amax(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-  return hmax(m);
-}
-
-// One block's quants and corrections, given its scale d (already rounded
-// through f16) and id = 127 / amax (0 when amax is 0).
-void quantize_block_with(const float* x, float d, float id, XBlock& out) {
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  const __m256 mul = _mm256_set1_ps(id);
-  __m256i q[4];
-  for (int i = 0; i < 4; ++i)
-    q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  // Pack 32 int32 -> 32 int8 in order.
-  __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-  __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-  __m256i p = _mm256_packs_epi16(p01, p23);
-  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs), p);
-  // Sum of the quants (for the unsigned-weight corrections).
-  const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
-  __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  const int32_t sum = _mm_cvtsi128_si32(s);
-  // Lanes 0-3 of s32 hold quants 0..15: the first sub-block of 16.
-  __m128i lo = _mm256_castsi256_si128(s32);
-  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4e));
-  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0xb1));
-  const int32_t sum_lo = _mm_cvtsi128_si32(lo);
-  out.sum_lo = static_cast<int16_t>(sum_lo);
-  out.sum_hi = static_cast<int16_t>(sum - sum_lo);
-  out.d = d;
-  out.corr_q8 = -128 * sum;
-  out.corr_q4 = -8 * sum;
+  auto abs_at = [&](int i) RP_INLINE_LAMBDA { return _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)); };
+  return hmax(_mm256_max_ps(_mm256_max_ps(abs_at(0), abs_at(1)), _mm256_max_ps(abs_at(2), abs_at(3))));
 }
 
 // Q8_0 quantization of n consecutive 32-element blocks into out[b * stride]
 // as ggml's AVX2 path does it (the rule every ISA's quantize_q8 matches),
 // per block: d = amax / 127 stored as f16, q = round-half-even(x * (127 /
-// amax)). The scales' divisions and f16 conversions run 8 blocks at a time.
+// amax)), the sums of its halves' stored quants and the corrections. The
+// scales' divisions and f16 conversions run 8 blocks at a time, and so do
+// the sums: two rounds of vphaddd over the blocks' 4-quant partial sums
+// instead of two horizontal reductions a block.
 void quantize_q8(const float* x, int64_t n, XBlock* out, int64_t stride) {
+  const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b0 = 0; b0 < n; b0 += 8) {
     const int nb = static_cast<int>(n - b0 < 8 ? n - b0 : 8);
-    alignas(32) float amax[8] = {};
-    for (int j = 0; j < nb; ++j) amax[j] = block_amax(x + (b0 + j) * kQK8_0);
-    const __m256 m = _mm256_load_ps(amax);
+    // The maxima gathered in registers: 8 scalar stores read back as one
+    // vector stall store forwarding.
+    float a[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) a[j] = j < nb ? block_amax(x + (b0 + j) * kQK8_0) : 0.0f;
+    const __m256 m = _mm256_setr_ps(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
     alignas(32) float d[8], id[8];
     _mm256_store_ps(d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_div_ps(m, _mm256_set1_ps(127.0f)),
                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
     const __m256 nonzero = _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_NEQ_UQ);
     _mm256_store_ps(id, _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(127.0f), m)));
-    for (int j = 0; j < nb; ++j) quantize_block_with(x + (b0 + j) * kQK8_0, d[j], id[j], out[(b0 + j) * stride]);
+    __m256i partial[8];  // block j's sums of 4 quants: lanes 0-3 its first half, 4-7 its second
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      partial[j] = _mm256_setzero_si256();
+      if (j >= nb) continue;
+      const float* xb = x + (b0 + j) * kQK8_0;
+      const __m256 mul = _mm256_set1_ps(id[j]);
+      __m256i q[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i)
+        q[i] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      // Pack 32 int32 -> 32 int8 in order.
+      const __m256i p = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), lane_order);
+      XBlock& o = out[(b0 + j) * stride];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), p);
+      partial[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+      o.d = d[j];
+    }
+    // Lanes 0-3 of halves[k]: blocks 4k..4k+3's first-half sums; 4-7 their
+    // second halves'.
+    alignas(32) int32_t halves[2][8];
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(halves[k]),
+                         _mm256_hadd_epi32(_mm256_hadd_epi32(partial[4 * k], partial[4 * k + 1]),
+                                           _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
+    for (int j = 0; j < nb; ++j) {
+      XBlock& o = out[(b0 + j) * stride];
+      const int32_t sum_lo = halves[j / 4][j % 4], sum_hi = halves[j / 4][4 + j % 4], sum = sum_lo + sum_hi;
+      o.sum_lo = static_cast<int16_t>(sum_lo);
+      o.sum_hi = static_cast<int16_t>(sum_hi);
+      o.corr_q8 = -128 * sum;
+      o.corr_q4 = -8 * sum;
+    }
   }
 }
 
