@@ -17,6 +17,7 @@
 #include "tensor/key_layout.h"
 #include "tensor/prefetch_tuner.h"
 #include "tensor/quantize.h"
+#include "test_support.h"
 
 using namespace reprise;
 
@@ -97,13 +98,8 @@ QuantX quantize_x_k(const float* x, int64_t n) {
   out.d.assign(n / 256, 0.0f);
   for (int64_t s = 0; s < n / 256; ++s) {
     const float* xs = x + s * 256;
-    float amax = 0, max = 0;
-    for (int i = 0; i < 256; ++i)
-      if (std::fabs(xs[i]) > amax) {
-        amax = std::fabs(xs[i]);
-        max = xs[i];
-      }
-    if (amax == 0) continue;
+    const float max = test::q8_k_max_element(xs);
+    if (max == 0) continue;
     const float iscale = -127.0f / max;
     for (int i = 0; i < 256; ++i)
       out.q[s * 256 + i] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(iscale * xs[i])));

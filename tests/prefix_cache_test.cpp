@@ -106,7 +106,9 @@ void differential(Model& model, const std::string& name, const int kScripts) {
           << " reuse: " << got.result.reuse.describe();
       ASSERT_EQ(got.result.cached_tokens, got.result.reuse.reused_tokens);
       // A recurrent model's reuse always ends exactly at a snapshot.
-      if (model.state_spec().has_recurrent() && got.result.cached_tokens > 0) ASSERT_GT(snapshots.stats().hits, 0u);
+      if (model.state_spec().has_recurrent() && got.result.cached_tokens > 0) {
+        ASSERT_GT(snapshots.stats().hits, 0u);
+      }
       ASSERT_LT(got.result.cached_tokens, static_cast<int64_t>(prompt.size()));
       reused_total += got.result.cached_tokens;
       hits += got.result.cached_tokens > 0;

@@ -46,7 +46,9 @@ TEST(PromptEval, Stories260KMatchesGoldenFile) {
     // continuation (stories260K is a trained model with clear margins there).
     for (size_t p = 0; p < g["top8"].size(); ++p) {
       const double margin = g["top8"][p][0][1].get<double>() - g["top8"][p][1][1].get<double>();
-      if (margin > 0.04) EXPECT_EQ(a["top8"][p][0][0], g["top8"][p][0][0]) << "position " << p;
+      if (margin > 0.04) {
+        EXPECT_EQ(a["top8"][p][0][0], g["top8"][p][0][0]) << "position " << p;
+      }
     }
     EXPECT_EQ(a["greedy"], g["greedy"]);
   }

@@ -17,6 +17,7 @@
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
 #include "tensor/kernels_impl.h"
+#include "test_support.h"
 
 using namespace reprise;
 using namespace reprise::kernels;
@@ -134,12 +135,7 @@ void fill_quants(const float* x, float scale, XBlock& o, bool corrections) {
 void reference_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t stride) {
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * 256;
-    float amax = 0, max = 0;
-    for (int i = 0; i < 256; ++i)
-      if (std::fabs(xs[i]) > amax) {
-        amax = std::fabs(xs[i]);
-        max = xs[i];
-      }
+    const float max = test::q8_k_max_element(xs);
     const float iscale = max != 0 ? -127.0f / max : 0.0f;
     for (int b = 0; b < 8; ++b) {
       XBlock& o = out[(s * 8 + b) * stride];

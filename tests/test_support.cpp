@@ -1,6 +1,7 @@
 #include "test_support.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <filesystem>
@@ -19,6 +20,16 @@ std::vector<float> read_f32(const std::string& path) {
 }
 
 int argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+float q8_k_max_element(const float* section) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < 256; ++i)
+    if (std::fabs(section[i]) > amax) {
+      amax = std::fabs(section[i]);
+      max = section[i];
+    }
+  return max;
+}
 
 std::optional<std::string> shared_fixtures() {
   namespace fs = std::filesystem;

@@ -11,6 +11,10 @@ namespace reprise::test {
 std::vector<float> read_f32(const std::string& path);
 // Index of the largest of n values (first on ties).
 int argmax(const float* x, int64_t n);
+// The Q8_K rule's scale element of a 256-float section (ggml's
+// quantize_row_q8_K): the first element of largest magnitude, NaNs never
+// comparing larger; 0 when no element has a nonzero magnitude.
+float q8_k_max_element(const float* section);
 
 // Absolute path of ../shared/fixtures beside the source tree, or nullopt when
 // the oracle data is absent (a user's fresh clone). REPRISE_SHARED overrides.
@@ -21,5 +25,7 @@ std::optional<std::string> shared_fixtures();
 // Skips the current test with a clear message when ../shared is missing.
 #define REPRISE_REQUIRE_SHARED(var)                                              \
   auto var##_opt = ::reprise::test::shared_fixtures();                           \
-  if (!var##_opt) GTEST_SKIP() << "../shared/fixtures not found: oracle test skipped"; \
+  if (!var##_opt) {                                                              \
+    GTEST_SKIP() << "../shared/fixtures not found: oracle test skipped";        \
+  }                                                                              \
   const std::string var = *var##_opt

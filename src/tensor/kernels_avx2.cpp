@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "tensor/kernels_impl.h"
+#include "tensor/q8_k_lanes.h"
 #include "tensor/tile_runner.h"
 
 namespace reprise::kernels {
@@ -1130,6 +1131,18 @@ inline float hmin(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// Blocks' half sums from their 4-quant partial sums (partial[j]: lanes 0-3
+// block j's first half, 4-7 its second), by two rounds of vphaddd: lanes
+// 0-3 of halves[k] are blocks 4k..4k+3's first-half sums, lanes 4-7 their
+// second halves'.
+RP_INLINE void half_block_sums8(const __m256i (&partial)[8], int32_t (&halves)[2][8]) {
+#pragma GCC unroll 2
+  for (int k = 0; k < 2; ++k)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(halves[k]),
+                       _mm256_hadd_epi32(_mm256_hadd_epi32(partial[4 * k], partial[4 * k + 1]),
+                                         _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
+}
+
 // The largest |x| of one 32-element block.
 RP_INLINE float block_amax(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -1179,14 +1192,8 @@ void quantize_q8(const float* x, int64_t n, XBlock* out, int64_t stride) {
       partial[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
       o.d = d[j];
     }
-    // Lanes 0-3 of halves[k]: blocks 4k..4k+3's first-half sums; 4-7 their
-    // second halves'.
     alignas(32) int32_t halves[2][8];
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; ++k)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(halves[k]),
-                         _mm256_hadd_epi32(_mm256_hadd_epi32(partial[4 * k], partial[4 * k + 1]),
-                                           _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
+    half_block_sums8(partial, halves);
     for (int j = 0; j < nb; ++j) {
       XBlock& o = out[(b0 + j) * stride];
       const int32_t sum_lo = halves[j / 4][j % 4], sum_hi = halves[j / 4][4 + j % 4], sum = sum_lo + sum_hi;
@@ -1213,43 +1220,29 @@ void attend_tiled_rows_avx2(const uint16_t* const* key_rows, const uint16_t* con
 #ifndef REPRISE_AVX_VNNI
 float q8_0_block_amax(const float* x) { return block_amax(x); }
 
-// The scale's element as quantize_q8_k_avx512 finds it (kernels_avx512.cpp):
-// the largest value when it exceeds the smallest's magnitude, the smallest
-// when that is the larger magnitude, a search for the first only when both
-// signs hold it; max_ps / min_ps skip NaNs (they return the running value,
-// their second operand). Four chains each, where one chain was a 32-deep
-// dependency. The 16 half-block sums come from vphaddd over the blocks'
-// 4-element partial sums.
+namespace {
+// q8_k_lanes.h's primitives on 8 lanes.
+struct Q8kLanes {
+  using Vec = __m256;
+  static constexpr int kWidth = 8;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+  static float hmax(Vec v) { return kernels::hmax(v); }
+  static float hmin(Vec v) { return kernels::hmin(v); }
+};
+}  // namespace
+
+// The scale's element by q8_k_lanes.h; the 16 half-block sums from vphaddd
+// over the blocks' 4-quant partial sums (half_block_sums8).
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
   const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * kQK_K;
     XBlock* o = out + s * 8 * out_stride;
-    __m256 up[4], down[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) up[c] = down[c] = _mm256_setzero_ps();
-#pragma GCC unroll 32
-    for (int i = 0; i < kQK_K / 8; ++i) {
-      const __m256 v = _mm256_loadu_ps(xs + 8 * i);
-      up[i % 4] = _mm256_max_ps(v, up[i % 4]);
-      down[i % 4] = _mm256_min_ps(v, down[i % 4]);
-    }
-    // No NaN reaches the chains' values, so the lane order is free.
-    const float largest = hmax(_mm256_max_ps(_mm256_max_ps(up[0], up[1]), _mm256_max_ps(up[2], up[3])));
-    const float smallest = hmin(_mm256_min_ps(_mm256_min_ps(down[0], down[1]), _mm256_min_ps(down[2], down[3])));
-    float max = largest > -smallest ? largest : smallest;
-    if (largest == -smallest && largest > 0) {
-      const __m256 target = _mm256_set1_ps(largest);
-      for (int i = 0; i < kQK_K; i += 8) {
-        const __m256 hit = _mm256_cmp_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + i)), target, _CMP_EQ_OQ);
-        if (const int bits = _mm256_movemask_ps(hit)) {
-          max = xs[i + __builtin_ctz(static_cast<unsigned>(bits))];
-          break;
-        }
-      }
-    }
+    const float max = q8_k_lanes::scale_element<Q8kLanes>(xs);
     const float iscale = max != 0 ? -127.0f / max : 0.0f;
     const float d = max != 0 ? 1.0f / iscale : 0.0f;
     const __m256 is = _mm256_set1_ps(iscale);
@@ -1267,14 +1260,8 @@ void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_
       xb.corr_q8 = 0;
       xb.corr_q4 = 0;
     }
-    // hadd of hadds: lanes 0-3 of halves[k] are blocks 4k..4k+3's first-half
-    // sums, lanes 4-7 their second-half sums.
     alignas(32) int32_t halves[2][8];
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; ++k)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(halves[k]),
-                         _mm256_hadd_epi32(_mm256_hadd_epi32(partial[4 * k], partial[4 * k + 1]),
-                                           _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
+    half_block_sums8(partial, halves);
     for (int b = 0; b < 8; ++b) {
       XBlock& xb = o[b * out_stride];
       xb.sum_lo = static_cast<int16_t>(halves[b / 4][b % 4]);

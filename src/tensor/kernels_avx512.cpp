@@ -27,6 +27,8 @@
 #pragma GCC optimize("align-loops=64")
 #endif
 
+#include "tensor/q8_k_lanes.h"
+
 namespace reprise::kernels {
 namespace {
 
@@ -1552,46 +1554,29 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
   }
 }
 
+// q8_k_lanes.h's primitives on 16 lanes.
+struct Q8kLanes512 {
+  using Vec = __m512;
+  static constexpr int kWidth = 16;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+  static float hmax(Vec v) { return _mm512_reduce_max_ps(v); }
+  static float hmin(Vec v) { return _mm512_reduce_min_ps(v); }
+};
+
 // Q8_K quantization by the rule of kernels_avx2.cpp's quantize_q8_k (ggml's
-// quantize_row_q8_K), which this must match bit for bit, 16 floats a vector.
-// The rule's scale comes from the first element of largest magnitude, NaNs
-// skipped; that element is the largest one when it exceeds the smallest's
-// magnitude, the smallest one when that is the larger magnitude, and only a
-// tie (both signs hold the largest magnitude) needs the search for the first
-// (max_ps / min_ps return their second operand, the running value, for a NaN
-// first operand: NaNs are skipped as the rule skips them). Then q = rne(x *
-// (-127 / max)) saturated to int8 as the AVX2 packs saturate, and each
-// block's halves' sums of the stored quants, 16 at once.
+// quantize_row_q8_K), which this must match bit for bit, 16 floats a vector:
+// the scale's element by q8_k_lanes.h, then q = rne(x * (-127 / max))
+// saturated to int8 as the AVX2 packs saturate, and each block's halves'
+// sums of the stored quants, 16 at once (a transposed reduction).
 void quantize_q8_k_avx512(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
-  const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512i lo = _mm512_set1_epi32(-128), hi = _mm512_set1_epi32(127);
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * kQK_K;
     XBlock* o = out + s * 8 * out_stride;
-    __m512 up[4], down[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) up[c] = down[c] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int i = 0; i < kQK_K / 16; ++i) {
-      const __m512 v = _mm512_loadu_ps(xs + 16 * i);
-      up[i % 4] = _mm512_max_ps(v, up[i % 4]);
-      down[i % 4] = _mm512_min_ps(v, down[i % 4]);
-    }
-    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(up[0], up[1]), _mm512_max_ps(up[2], up[3])));
-    const float smallest =
-        _mm512_reduce_min_ps(_mm512_min_ps(_mm512_min_ps(down[0], down[1]), _mm512_min_ps(down[2], down[3])));
-    float max = largest > -smallest ? largest : smallest;
-    if (largest == -smallest && largest > 0) {
-      const __m512 target = _mm512_set1_ps(largest);
-      for (int i = 0; i < kQK_K / 16; ++i) {
-        const __mmask16 hit =
-            _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(xs + 16 * i)), target, _CMP_EQ_OQ);
-        if (hit) {
-          max = xs[16 * i + __builtin_ctz(static_cast<unsigned>(hit))];
-          break;
-        }
-      }
-    }
+    const float max = q8_k_lanes::scale_element<Q8kLanes512>(xs);
     const float iscale = max != 0 ? -127.0f / max : 0.0f;
     const float d = max != 0 ? 1.0f / iscale : 0.0f;
     const __m512 is = _mm512_set1_ps(iscale);
