@@ -1143,6 +1143,24 @@ RP_INLINE void half_block_sums8(const __m256i (&partial)[8], int32_t (&halves)[2
                                          _mm256_hadd_epi32(partial[4 * k + 2], partial[4 * k + 3])));
 }
 
+// One 32-element block's quants: round-half-even(x * scale) saturated to
+// int8 (packs_epi32 then packs_epi16), stored in order at qs; returns their
+// sums of 4 (lanes 0-3 the block's first half, 4-7 its second) for
+// half_block_sums8.
+RP_INLINE __m256i store_block_quants(const float* x, __m256 scale, int8_t* qs) {
+  __m256i q[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // The packs interleave 128-bit lanes; the permutation puts them back.
+  const __m256i p = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), p);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+}
+
 // The largest |x| of one 32-element block.
 RP_INLINE float block_amax(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -1158,7 +1176,6 @@ RP_INLINE float block_amax(const float* x) {
 // the sums: two rounds of vphaddd over the blocks' 4-quant partial sums
 // instead of two horizontal reductions a block.
 void quantize_q8(const float* x, int64_t n, XBlock* out, int64_t stride) {
-  const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b0 = 0; b0 < n; b0 += 8) {
     const int nb = static_cast<int>(n - b0 < 8 ? n - b0 : 8);
     // The maxima gathered in registers: 8 scalar stores read back as one
@@ -1177,19 +1194,8 @@ void quantize_q8(const float* x, int64_t n, XBlock* out, int64_t stride) {
     for (int j = 0; j < 8; ++j) {
       partial[j] = _mm256_setzero_si256();
       if (j >= nb) continue;
-      const float* xb = x + (b0 + j) * kQK8_0;
-      const __m256 mul = _mm256_set1_ps(id[j]);
-      __m256i q[4];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i)
-        q[i] = _mm256_cvtps_epi32(
-            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      // Pack 32 int32 -> 32 int8 in order.
-      const __m256i p = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), lane_order);
       XBlock& o = out[(b0 + j) * stride];
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), p);
-      partial[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+      partial[j] = store_block_quants(x + (b0 + j) * kQK8_0, _mm256_set1_ps(id[j]), o.qs);
       o.d = d[j];
     }
     alignas(32) int32_t halves[2][8];
@@ -1234,28 +1240,19 @@ struct Q8kLanes {
 };
 }  // namespace
 
-// The scale's element by q8_k_lanes.h; the 16 half-block sums from vphaddd
-// over the blocks' 4-quant partial sums (half_block_sums8).
+// The scales by q8_k_lanes.h; each block's quants by store_block_quants
+// (as Q8_0's), their 16 half-block sums by half_block_sums8.
 void quantize_q8_k(const float* x, int64_t n_sections, XBlock* out, int64_t out_stride) {
-  // packs_epi32 / packs_epi16 interleave 128-bit lanes; this puts them back.
-  const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * kQK_K;
     XBlock* o = out + s * 8 * out_stride;
-    const float max = q8_k_lanes::scale_element<Q8kLanes>(xs);
-    const float iscale = max != 0 ? -127.0f / max : 0.0f;
-    const float d = max != 0 ? 1.0f / iscale : 0.0f;
+    const auto [iscale, d] = q8_k_lanes::section_scale<Q8kLanes>(xs);
     const __m256 is = _mm256_set1_ps(iscale);
     __m256i partial[8];  // block b's sums of 4 quants: lanes 0-3 its first half, 4-7 its second
 #pragma GCC unroll 8
     for (int b = 0; b < 8; ++b) {
       XBlock& xb = o[b * out_stride];
-      __m256i v[4];
-      for (int h = 0; h < 4; ++h) v[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + 32 * b + 8 * h), is));
-      const __m256i q = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), lane_order);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb.qs), q);
-      partial[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+      partial[b] = store_block_quants(xs + 32 * b, is, xb.qs);
       xb.d = d;
       xb.corr_q8 = 0;
       xb.corr_q4 = 0;

@@ -1576,9 +1576,7 @@ void quantize_q8_k_avx512(const float* x, int64_t n_sections, XBlock* out, int64
   for (int64_t s = 0; s < n_sections; ++s) {
     const float* xs = x + s * kQK_K;
     XBlock* o = out + s * 8 * out_stride;
-    const float max = q8_k_lanes::scale_element<Q8kLanes512>(xs);
-    const float iscale = max != 0 ? -127.0f / max : 0.0f;
-    const float d = max != 0 ? 1.0f / iscale : 0.0f;
+    const auto [iscale, d] = q8_k_lanes::section_scale<Q8kLanes512>(xs);
     const __m512 is = _mm512_set1_ps(iscale);
     __m512i sums[16];
 #pragma GCC unroll 8

@@ -1,5 +1,6 @@
 // The Q8_K rule's scale element (kernels_impl.h, quantize_q8_k: the first
-// element of a section's largest magnitude, NaNs skipped) written once over
+// element of a section's largest magnitude, NaNs skipped) and the scales it
+// gives, written once over
 // an ISA's lanes, as ssm_scan_lanes.h writes the scans: each ISA file
 // instantiates it with a V of its own, under its own target options.
 //
@@ -40,6 +41,20 @@ __attribute__((always_inline)) inline float scale_element(const float* xs) {
   for (int i = 0; i < kQK_K; ++i)
     if (__builtin_fabsf(xs[i]) == largest) return xs[i];
   return largest;  // not reached: some element holds the largest magnitude
+}
+
+// The section's scales by the rule: iscale = -127 / max multiplies the
+// elements into quants, d = 1 / iscale is stored; both 0 for a section
+// without a nonzero magnitude.
+struct SectionScale {
+  float iscale;
+  float d;
+};
+template <class V>
+__attribute__((always_inline)) inline SectionScale section_scale(const float* xs) {
+  const float max = scale_element<V>(xs);
+  const float iscale = max != 0 ? -127.0f / max : 0.0f;
+  return {iscale, max != 0 ? 1.0f / iscale : 0.0f};
 }
 
 }  // namespace reprise::kernels::q8_k_lanes
