@@ -294,26 +294,25 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[s];
         d[r] = f16_to_f32(blk.d);
         for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
-        // ggml: element 128h + 32s + l has its low 4 bits in ql[64h + 32(s & 1) + l]
-        // (the high nibble when s >= 2) and its high 2 bits at bit 2s of
-        // qh[32h + l]. Pair p = 2h + s / 2 holds blocks s = 2(s / 2) + odd.
-        // Four elements at a time, as 32-bit words of bytes.
-        for (int p = 0; p < 4; ++p) {
-          const int shift = 4 * (p % 2);
-          const uint8_t* ql = blk.ql + 64 * (p / 2);
-          const uint8_t* qh = blk.qh + 32 * (p / 2);
-          for (int c = 0; c < 8; ++c) {
-            const uint32_t chunk = ((load_u32(ql + 4 * c) >> shift) & 0x0f0f0f0fu) |
-                                   (((load_u32(ql + 32 + 4 * c) >> shift) & 0x0f0f0f0fu) << 4);
-            std::memcpy(o + kernels::kQ6KNibbles + p * 512 + c * 64 + r * 4, &chunk, 4);
-          }
-          // Plane byte (h, e) holds elements 4c + e of both blocks for c = 2h, 2h + 1.
-          for (int h = 0; h < 4; ++h) {
-            const uint32_t plane = ((load_u32(qh + 8 * h) >> shift) & 0x0f0f0f0fu) |
-                                   (((load_u32(qh + 8 * h + 4) >> shift) & 0x0f0f0f0fu) << 4);
-            std::memcpy(o + kernels::kQ6KHighBits + p * 256 + h * 64 + r * 4, &plane, 4);
-          }
-        }
+        // ggml: element 128h + 32k + l (sub-block 4h + k, element l) has
+        // its low 4 bits in ql[64h + 32(k & 1) + l] (the high nibble when
+        // k >= 2) and its high 2 bits at bit 2k of qh[32h + l].
+        auto u = [&](int j, int l) {
+          const int h = j / 4, k = j % 4;
+          const int low = (blk.ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0f;
+          const int high = (blk.qh[32 * h + l] >> (2 * k)) & 3;
+          return low | (high << 4);
+        };
+        for (int p = 0; p < 4; ++p)
+          for (int q = 0; q < 4; ++q)
+            for (int e = 0; e < 4; ++e) {
+              const int i = 4 * q + e;
+              const int odd_hi = u(2 * p + 1, 16 + i);
+              const size_t at = static_cast<size_t>(r) * 4 + e;
+              o[kernels::q6k_line_at(p, q, 0) + at] = static_cast<uint8_t>(u(2 * p, i) | (odd_hi & 3) << 6);
+              o[kernels::q6k_line_at(p, q, 1) + at] = static_cast<uint8_t>(u(2 * p, 16 + i) | ((odd_hi >> 2) & 3) << 6);
+              o[kernels::q6k_line_at(p, q, 2) + at] = static_cast<uint8_t>(u(2 * p + 1, i) | (odd_hi >> 4) << 6);
+            }
         continue;
       }
       // Q4_K and Q5_K share the block head and the nibble layout.

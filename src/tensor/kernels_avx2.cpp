@@ -408,8 +408,20 @@ template <KType KT, bool Odd, int C>
 RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
   if constexpr (KT == KType::Q6KWide)
     return _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
+        reinterpret_cast<const __m256i*>(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
+  if constexpr (KT == KType::Q6K) {
+    // Quad C % 4's lines (kernels_impl.h): three chunks are a line's low 6
+    // bits, the odd sub-block's second half gathers the lines' bits 6-7.
+    auto line = [&](int l) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q6k_line_at(pair, C % 4, l) + 32 * h));
+    };
+    if constexpr (!Odd || C < 4) return _mm256_and_si256(line(!Odd ? C / 4 : 2), _mm256_set1_epi8(0x3f));
+    const __m256i d0 = _mm256_and_si256(_mm256_srli_epi16(line(0), 6), _mm256_set1_epi8(0x03));
+    const __m256i d1 = _mm256_and_si256(_mm256_srli_epi16(line(1), 4), _mm256_set1_epi8(0x0c));
+    const __m256i d2 = _mm256_and_si256(_mm256_srli_epi16(line(2), 2), _mm256_set1_epi8(0x30));
+    return _mm256_or_si256(_mm256_or_si256(d0, d1), d2);
+  }
+  constexpr size_t kNibbles = kQ4KNibbles;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256i v;
   if constexpr (KT == KType::Q5K)
@@ -423,12 +435,6 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
         reinterpret_cast<const __m256i*>(sec + q5k_plane_at(pair, C / 4) + 32 * h));
     const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
     q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-  } else if constexpr (KT == KType::Q6K) {
-    constexpr int kBit = 2 * (2 * (C % 2) + (Odd ? 1 : 0));
-    const __m256i p = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64 + 32 * h));
-    const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
-    q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
   }
   return q;
 }
@@ -1272,7 +1278,7 @@ void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
   for (int64_t s = 0; s < n_sections; ++s) {
     const uint8_t* in = src + s * kSectionQ3K;
     uint8_t* out = dst + s * kSectionQ6KWide;
-    std::memcpy(out, in, kQ6KNibbles);  // d and scales, where Q6_K's are
+    std::memcpy(out, in, kQ6KQuants);  // d and scales, where Q6_K's are
     // Block 4H + S's chunk 4b + c: sub-block 8H + 2S + b's elements 4c..4c+3.
     [&]<int... HS>(std::integer_sequence<int, HS...>) RP_INLINE_LAMBDA {
       (
@@ -1282,7 +1288,7 @@ void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
               for (int c = 0; c < 4; ++c)
                 for (int h8 = 0; h8 < 2; ++h8)
                   _mm256_storeu_si256(
-                      reinterpret_cast<__m256i*>(out + kQ6KNibbles + HS * 512 + (4 * b + c) * 64 + 32 * h8),
+                      reinterpret_cast<__m256i*>(out + kQ6KQuants + HS * 512 + (4 * b + c) * 64 + 32 * h8),
                       _mm256_add_epi8(q3k_chunk<H, S>(in, b, c, h8), bias));
           }(),
           ...);
@@ -1294,14 +1300,14 @@ void widen_q6_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
   for (int64_t s = 0; s < n_sections; ++s) {
     const uint8_t* in = src + s * kSectionQ6K;
     uint8_t* out = dst + s * kSectionQ6KWide;
-    std::memcpy(out, in, kQ6KNibbles);  // d and scales
+    std::memcpy(out, in, kQ6KQuants);  // d and scales
     for (int pair = 0; pair < 4; ++pair)
       [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
         (
             [&]() RP_INLINE_LAMBDA {
               for (int h = 0; h < 2; ++h) {
                 auto chunk = [&](int block) {
-                  return reinterpret_cast<__m256i*>(out + kQ6KNibbles + block * 512 + C * 64 + 32 * h);
+                  return reinterpret_cast<__m256i*>(out + kQ6KQuants + block * 512 + C * 64 + 32 * h);
                 };
                 _mm256_storeu_si256(chunk(2 * pair), k_affine_chunk<KType::Q6K, false, C>(in, pair, h));
                 _mm256_storeu_si256(chunk(2 * pair + 1), k_affine_chunk<KType::Q6K, true, C>(in, pair, h));

@@ -320,34 +320,35 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // Odd sub-blocks' quants are read as 2^kOddShift * u, where their bits can
 // be put in place without a shift of their own, and their dots are divided
 // by 2^kOddShift (exactly: every term is a multiple) once per block:
-// Q4_K's high nibble masked in place (16 * u); Q5_K's and Q6_K's nibble
-// shifted down by 3 and 2 (2 * u and 4 * u), to meet their high bits where
-// the plane's one shift for both sub-blocks of a chunk leaves them. Shifts
-// issue on fewer ports than masks and share them with vpdpbusd.
+// Q4_K's high nibble masked in place (16 * u); Q5_K's nibble shifted down by
+// 3 (2 * u), to meet its high bit where the plane's one shift for both
+// sub-blocks of a chunk leaves it. Shifts issue on fewer ports than masks.
+// Q6_K: see kQ6KHalfShift.
 template <KType KT, bool Odd>
-constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1 : KT == KType::Q6K ? 2 : 0;
+constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1 : 0;
+// Q6_K's halves: the odd sub-block's second half (chunks 4-7) is read as
+// 4 * u (q6k_chunk), the rest as u.
+template <KType KT, bool Odd, int C0>
+constexpr int kQ6KHalfShift = KT == KType::Q6K && Odd && C0 == 4 ? 2 : 0;
 
-// Chunk C of a K-type section's sub-block 2 * pair + Odd as unsigned quants
-// (0..15, 0..31 or 0..63, times 2^kOddShift), for 16 rows, from the chunk's
-// nibble bytes v and (Q5_K, Q6_K) the high-bit plane bytes h that hold its
-// high bits.
+// Chunk C of a Q4_K/Q5_K section's sub-block 2 * pair + Odd as unsigned
+// quants (0..15 or 0..31, times 2^kOddShift), for 16 rows, from the chunk's
+// nibble bytes v and (Q5_K) the plane bytes h that hold its fifth bits.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
-  static_assert(KT == KType::Q4K || KT == KType::Q5K || KT == KType::Q6K);
+  static_assert(KT == KType::Q4K || KT == KType::Q5K);
   constexpr int kShift = kOddShift<KT, Odd>;
   if constexpr (KT == KType::Q4K) {
     // The low nibble, or the high one in place (16 * u).
     return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kShift)));
   } else {
-    // The even sub-block's high bits sit at bit kBit of a plane byte, the
-    // odd one's just above (Q5_K: 1 bit each, Q6_K: 2); one 16-bit shift
-    // moves the even one's to bit 4, the odd one's to bit 4 + kHighBits:
-    // where 2^kShift * u wants them. What spills from the neighbouring byte
-    // falls outside the masks.
-    constexpr int kHighBits = KT == KType::Q5K ? 1 : 2;
-    constexpr int kBit = KT == KType::Q5K ? 2 * (C % 4) : 4 * (C % 2);
+    // The even sub-block's fifth bit sits at bit kBit of a plane byte, the
+    // odd one's just above; one 16-bit shift moves the even one's to bit 4,
+    // the odd one's to bit 5: where 2^kShift * u wants them. What spills
+    // from the neighbouring byte falls outside the masks.
+    constexpr int kBit = 2 * (C % 4);
     const __m512i s = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
-    constexpr int kHighMask = ((1 << kHighBits) - 1) << (4 + (Odd ? kHighBits : 0));
+    constexpr int kHighMask = 1 << (4 + (Odd ? 1 : 0));
     constexpr int kLowMask = 0x0f << kShift;
     const __m512i high = _mm512_and_si512(s, _mm512_set1_epi8(static_cast<char>(kHighMask)));
     const __m512i low = Odd ? _mm512_srli_epi16(v, 4 - kShift) : v;
@@ -356,18 +357,34 @@ RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
   }
 }
 
-// Where chunk C of pair `pair`'s nibble bytes and high-bit plane bytes are in
-// a K-type section (the plane: Q5_K and Q6_K only).
+// Chunk C of a Q6_K section's sub-block 2 * pair + Odd, for 16 rows, as u
+// (0..63), the odd sub-block's second half as 4 * u (kQ6KHalfShift), from
+// quad C % 4's lines (kernels_impl.h): three chunks are a line's low 6 bits
+// (one mask); the fourth gathers the lines' bits 6-7, C's in place, B's and
+// A's shifted down by 2 and 4 (two shifts and three logic operations; the
+// former nibble-and-plane layout took 11 operations per four chunks).
+template <bool Odd, int C>
+RP_INLINE __m512i q6k_chunk(const uint8_t* sec, int pair) {
+  auto line = [&](int l) { return _mm512_loadu_si512(sec + q6k_line_at(pair, C % 4, l)); };
+  if constexpr (!Odd || C < 4) return _mm512_and_si512(line(!Odd ? C / 4 : 2), _mm512_set1_epi8(0x3f));
+  // Select operand 1 where operand 3 is set, else operand 2.
+  constexpr int kSelect = 0xE4;
+  const __m512i ab = _mm512_ternarylogic_epi32(_mm512_srli_epi16(line(0), 4), _mm512_srli_epi16(line(1), 2),
+                                               _mm512_set1_epi8(0x0c), kSelect);  // bits 2-3 A's, 4-5 B's
+  const __m512i c = _mm512_and_si512(line(2), _mm512_set1_epi8(static_cast<char>(0xc0)));
+  return _mm512_ternarylogic_epi32(ab, c, _mm512_set1_epi8(0x3c), kSelect);
+}
+
+// Where chunk C of pair `pair`'s nibble bytes are in a Q4_K/Q5_K section.
 template <KType KT, int C>
 RP_INLINE const uint8_t* k_nibbles_at(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q5K) return sec + q5k_chunk_at(pair, C);
-  constexpr size_t kNibbles = KT == KType::Q6K ? kQ6KNibbles : kQ4KNibbles;
-  return sec + kNibbles + pair * 512 + C * 64;
+  return sec + kQ4KNibbles + pair * 512 + C * 64;
 }
+// The plane bytes holding those chunks' fifth bits (Q5_K only).
 template <KType KT, int C>
 RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q5K) return _mm512_loadu_si512(sec + q5k_plane_at(pair, C / 4));
-  if constexpr (KT == KType::Q6K) return _mm512_loadu_si512(sec + kQ6KHighBits + pair * 256 + (C / 2) * 64);
   return _mm512_setzero_si512();
 }
 
@@ -375,7 +392,8 @@ RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
 // section at sec, for 16 rows.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
-  if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KNibbles + (2 * pair + Odd) * 512 + C * 64);
+  if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64);
+  else if constexpr (KT == KType::Q6K) return q6k_chunk<Odd, C>(sec, pair);
   else
     return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
 }
@@ -473,14 +491,15 @@ RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBloc
 
 // isum[g][t] += sc (the group's 16 signed scales of this half of block
 // j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
-// activations - 32 * their sum), the odd block's taken 2^kOddShift times.
+// activations - 32 * their sum), taken 2^kQ6KHalfShift times.
 template <KType KT, bool Odd, int C0, int G, int T>
 RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m512i c = _mm512_set1_epi32(-(32 << kOddShift<KT, Odd>) * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
+    const __m512i c =
+        _mm512_set1_epi32(-(32 << kQ6KHalfShift<KT, Odd, C0>) * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = c;
   }
@@ -494,7 +513,7 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
-  add_scaled_dots<true, kOddShift<KT, Odd>>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
+  add_scaled_dots<true, kQ6KHalfShift<KT, Odd, C0>>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
 }
 
 // isum[g][t] += sc[j] (signed) * (the dots of IQ4_XS sub-block j's table

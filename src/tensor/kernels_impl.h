@@ -56,14 +56,17 @@
 //         file's bytes hmask[16b + 4c .. +3] (bit 4h + s: element 4c..4c+3
 //         of sub-block 8h + 2s + b has q = low, else low - 4).
 //         1856 bytes (3.625 bits per weight; the file's 3.4375).
-//   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the low 4 bits of u (q + 32,
-//         0..63) in Q4_K's nibble chunks (per pair p 8 chunks of 64 bytes),
-//         then their high 2 bits: per pair p four 64-byte planes; plane h,
-//         row r, byte i has at bits 2f..2f+1, f = 2(c - 2h) + odd for
-//         c = 2h, 2h+1, the bits of element 4c+i of sub-block 2p + odd.
-//         3392 bytes (6.6 bits per weight; the file's 6.56). (Each pair's
-//         planes right after its chunks, as Q5_K's, measured no faster:
-//         docs/performance.md, Q6_K and Q3_K decode read one stream.)
+//   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the quants u (q + 32, 0..63)
+//         in quads of three 64-byte lines A, B, C: pair p's quad q holds,
+//         for each row r, bytes 4r..4r+3 of A: u of elements 4q..4q+3 of
+//         sub-block 2p, of B: elements 16+4q.. of sub-block 2p, of C:
+//         elements 4q.. of sub-block 2p+1, each byte's bits 6-7 holding
+//         bits 0-1 (A), 2-3 (B), 4-5 (C) of u of the same element of
+//         sub-block 2p+1's second half (16+4q+i). Three of the four chunks
+//         are one mask from their lines, the fourth two shifts and three
+//         logic operations; the former nibble-plus-plane layout took 11
+//         operations per four chunks (docs/performance.md, Q6_K decode).
+//         3392 bytes (6.6 bits per weight; the file's 6.56).
 //   IQ4_XS: 16 f32 d, 8 x 16 scales (i8, -32..31), then for each sub-block
 //         j 4 chunks of 64 bytes: chunk c holds, for each row, the file's
 //         bytes qs[16j + 4c .. 16j + 4c + 3] (as Q4_0's: low nibbles index
@@ -165,9 +168,10 @@ constexpr size_t kQ4KNibbles = 384;
 constexpr size_t kQ5KPairBytes = 8 * 64 + 2 * 64;
 constexpr size_t q5k_chunk_at(int p, int c) { return kQ4KNibbles + p * kQ5KPairBytes + c * 64; }
 constexpr size_t q5k_plane_at(int p, int h) { return kQ4KNibbles + p * kQ5KPairBytes + 8 * 64 + h * 64; }
-// Where a Q6_K section's nibble chunks and high-bit planes start.
-constexpr size_t kQ6KNibbles = 320;
-constexpr size_t kQ6KHighBits = kQ6KNibbles + 4 * 512;
+// Where a Q6_K section's quants start, and line `line` (0: A, 1: B, 2: C)
+// of pair p's quad q (see the layout above).
+constexpr size_t kQ6KQuants = 320;
+constexpr size_t q6k_line_at(int p, int q, int line) { return kQ6KQuants + p * 768 + q * 192 + line * 64; }
 constexpr size_t kSectionQ6KWide = 4416;
 // Where a Q2_K section's scales, min pairs and quant chunks start.
 constexpr size_t kQ2KScales = 128;
