@@ -323,13 +323,9 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // Q4_K's high nibble masked in place (16 * u); Q5_K's nibble shifted down by
 // 3 (2 * u), to meet its high bit where the plane's one shift for both
 // sub-blocks of a chunk leaves it. Shifts issue on fewer ports than masks.
-// Q6_K: see kQ6KHalfShift.
+// (Q6_K: see q6k_halves.)
 template <KType KT, bool Odd>
 constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1 : 0;
-// Q6_K's halves: the odd sub-block's second half (chunks 4-7) is read as
-// 4 * u (q6k_chunk), the rest as u.
-template <KType KT, bool Odd, int C0>
-constexpr int kQ6KHalfShift = KT == KType::Q6K && Odd && C0 == 4 ? 2 : 0;
 
 // Chunk C of a Q4_K/Q5_K section's sub-block 2 * pair + Odd as unsigned
 // quants (0..15 or 0..31, times 2^kOddShift), for 16 rows, from the chunk's
@@ -357,24 +353,6 @@ RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
   }
 }
 
-// Chunk C of a Q6_K section's sub-block 2 * pair + Odd, for 16 rows, as u
-// (0..63), the odd sub-block's second half as 4 * u (kQ6KHalfShift), from
-// quad C % 4's lines (kernels_impl.h): three chunks are a line's low 6 bits
-// (one mask); the fourth gathers the lines' bits 6-7, C's in place, B's and
-// A's shifted down by 2 and 4 (two shifts and three logic operations; the
-// former nibble-and-plane layout took 11 operations per four chunks).
-template <bool Odd, int C>
-RP_INLINE __m512i q6k_chunk(const uint8_t* sec, int pair) {
-  auto line = [&](int l) { return _mm512_loadu_si512(sec + q6k_line_at(pair, C % 4, l)); };
-  if constexpr (!Odd || C < 4) return _mm512_and_si512(line(!Odd ? C / 4 : 2), _mm512_set1_epi8(0x3f));
-  // Select operand 1 where operand 3 is set, else operand 2.
-  constexpr int kSelect = 0xE4;
-  const __m512i ab = _mm512_ternarylogic_epi32(_mm512_srli_epi16(line(0), 4), _mm512_srli_epi16(line(1), 2),
-                                               _mm512_set1_epi8(0x0c), kSelect);  // bits 2-3 A's, 4-5 B's
-  const __m512i c = _mm512_and_si512(line(2), _mm512_set1_epi8(static_cast<char>(0xc0)));
-  return _mm512_ternarylogic_epi32(ab, c, _mm512_set1_epi8(0x3c), kSelect);
-}
-
 // Where chunk C of pair `pair`'s nibble bytes are in a Q4_K/Q5_K section.
 template <KType KT, int C>
 RP_INLINE const uint8_t* k_nibbles_at(const uint8_t* sec, int pair) {
@@ -393,7 +371,6 @@ RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64);
-  else if constexpr (KT == KType::Q6K) return q6k_chunk<Odd, C>(sec, pair);
   else
     return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
 }
@@ -489,17 +466,17 @@ RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBloc
   add_scaled_dots<false, kOddShift<KT, true>>(ws, gb, kQ4KScales + (2 * pair + 1) * 16, io, isum);
 }
 
-// isum[g][t] += sc (the group's 16 signed scales of this half of block
-// j = 2 * pair + Odd) * (the dots of chunks C0..C0+3 of its u quants with the
-// activations - 32 * their sum), taken 2^kQ6KHalfShift times.
+// Q6_K wide (a prompt's widened scratch): isum[g][t] += sc (the group's 16
+// signed scales of this half of block j = 2 * pair + Odd) * (the dots of
+// chunks C0..C0+3 of its u quants with the activations - 32 * their sum).
 template <KType KT, bool Odd, int C0, int G, int T>
 RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb, __m512i (&isum)[G][T]) {
+  static_assert(KT == KType::Q6KWide);
   const int j = 2 * pair + (Odd ? 1 : 0);
   __m512i ia[G][T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m512i c =
-        _mm512_set1_epi32(-(32 << kQ6KHalfShift<KT, Odd, C0>) * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
+    const __m512i c = _mm512_set1_epi32(-32 * (C0 == 0 ? xb[t].sum_lo : xb[t].sum_hi));
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = c;
   }
@@ -513,7 +490,69 @@ RP_INLINE void q6k_half(const uint8_t* ws, size_t gb, int pair, const XBlock* xb
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
-  add_scaled_dots<true, kQ6KHalfShift<KT, Odd, C0>>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
+  add_scaled_dots<true, 0>(ws, gb, 64 + (2 * j + C0 / 4) * 16, ia, isum);
+}
+
+// Q6_K pair `pair`'s halves First..First + N - 1 (0: the even sub-block's
+// chunks 0-3, 1: its chunks 4-7, 2: the odd one's 0-3, 3: its 4-7, read as
+// 4 * u) in one pass over the pair's quads, front to back: each quad's
+// lines are loaded once a pass and give one chunk of each half, N
+// independent vpdpbusd chains side by side. Read half by half (four passes
+// over lines at a 192-byte stride) the same bytes decoded 1.11-1.28x slower
+// from L3 and memory. Same integer sums.
+template <int First, int N, int G, int T>
+RP_INLINE void q6k_halves(const uint8_t* ws, size_t gb, int pair, const XBlock* xe, const XBlock* xo,
+                          __m512i (&isum)[G][T]) {
+  constexpr int kSelect = 0xE4;  // operand 1 where operand 3 is set, else operand 2
+  constexpr bool kNeedC = First + N > 2;
+  const XBlock* xh[4] = {xe, xe, xo, xo};
+  __m512i ia[N][G][T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
+    for (int n = 0; n < N; ++n) {
+      const int h = First + n;
+      const __m512i c = _mm512_set1_epi32(-(h == 3 ? 128 : 32) * (h % 2 == 0 ? xh[h][t].sum_lo : xh[h][t].sum_hi));
+#pragma GCC unroll 16
+      for (int g = 0; g < G; ++g) ia[n][g][t] = c;
+    }
+  const __m512i six = _mm512_set1_epi8(0x3f);
+  [&]<int... Q>(std::integer_sequence<int, Q...>) RP_INLINE_LAMBDA {
+    (
+        [&]() RP_INLINE_LAMBDA {
+          __m512i w[N][G];
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g) {
+            const uint8_t* sec = ws + g * gb;
+            const __m512i a = _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 0));
+            const __m512i b = _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 1));
+            const __m512i c = kNeedC ? _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 2)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int n = 0; n < N; ++n) {
+              const int h = First + n;
+              if (h < 3) {
+                w[n][g] = _mm512_and_si512(h == 0 ? a : h == 1 ? b : c, six);
+              } else {
+                const __m512i ab = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4), _mm512_srli_epi16(b, 2),
+                                                             _mm512_set1_epi8(0x0c), kSelect);
+                w[n][g] = _mm512_ternarylogic_epi32(
+                    ab, _mm512_and_si512(c, _mm512_set1_epi8(static_cast<char>(0xc0))), _mm512_set1_epi8(0x3c),
+                    kSelect);
+              }
+            }
+          }
+#pragma GCC unroll 4
+          for (int n = 0; n < N; ++n) dot_chunk_k<G, T>(ia[n], w[n], xh[First + n], (First + n) % 2 ? 4 + Q : Q);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, 4>{});
+#pragma GCC unroll 4
+  for (int n = 0; n < N; ++n) {
+    const int h = First + n;
+    const int j = 2 * pair + h / 2;
+    if (h == 3) add_scaled_dots<true, 2>(ws, gb, 64 + (2 * j + 1) * 16, ia[n], isum);
+    else add_scaled_dots<true, 0>(ws, gb, 64 + (2 * j + h % 2) * 16, ia[n], isum);
+  }
 }
 
 // isum[g][t] += sc[j] (signed) * (the dots of IQ4_XS sub-block j's table
@@ -631,6 +670,12 @@ RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, i
 // (rule in kernels_impl.h): the sub-blocks add up in integers, and each
 // super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.
 // kNext: requests the next tile's weights (requests_next_groups).
+// Q6_K tiles of at most this many outputs (groups x tokens: decode's 1 x 1
+// and 2 x 1) read a pair's four halves in one pass (q6k_halves), larger
+// ones in two (their accumulators would spill): against the half-by-half
+// order, one pass decoded 1.04x from L2, 1.09x from L3 and 1.33x from
+// memory (one thread); two passes for 2-4 tokens 0.97-1.01x from L2.
+constexpr int kQ6KOnePassOutputs = 2;
 template <KType KT, int G, int T, bool kNext = false>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
@@ -681,6 +726,11 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         const XBlock* xq = xsec + 4 * (p / 2) * xs;
         if (p < 2) q3k_quad<0, G, T>(ws, gb, p % 2, xq, xs, isum);
         else q3k_quad<1, G, T>(ws, gb, p % 2, xq, xs, isum);
+      } else if constexpr (KT == KType::Q6K && G * T <= kQ6KOnePassOutputs) {
+        q6k_halves<0, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
+      } else if constexpr (KT == KType::Q6K) {
+        q6k_halves<0, 2, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
+        q6k_halves<2, 2, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
       } else {
         q6k_half<KT, false, 0, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
         q6k_half<KT, false, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
