@@ -296,23 +296,27 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
         for (int j = 0; j < 16; ++j) o[64 + j * 16 + r] = static_cast<uint8_t>(blk.scales[j]);
         // ggml: element 128h + 32k + l (sub-block 4h + k, element l) has
         // its low 4 bits in ql[64h + 32(k & 1) + l] (the high nibble when
-        // k >= 2) and its high 2 bits at bit 2k of qh[32h + l].
-        auto u = [&](int j, int l) {
-          const int h = j / 4, k = j % 4;
-          const int low = (blk.ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0f;
-          const int high = (blk.qh[32 * h + l] >> (2 * k)) & 3;
-          return low | (high << 4);
-        };
-        for (int p = 0; p < 4; ++p)
-          for (int q = 0; q < 4; ++q)
-            for (int e = 0; e < 4; ++e) {
-              const int i = 4 * q + e;
-              const int odd_hi = u(2 * p + 1, 16 + i);
-              const size_t at = static_cast<size_t>(r) * 4 + e;
-              o[kernels::q6k_line_at(p, q, 0) + at] = static_cast<uint8_t>(u(2 * p, i) | (odd_hi & 3) << 6);
-              o[kernels::q6k_line_at(p, q, 1) + at] = static_cast<uint8_t>(u(2 * p, 16 + i) | ((odd_hi >> 2) & 3) << 6);
-              o[kernels::q6k_line_at(p, q, 2) + at] = static_cast<uint8_t>(u(2 * p + 1, i) | (odd_hi >> 4) << 6);
-            }
+        // k >= 2) and its high 2 bits at bit 2k of qh[32h + l]. Pair p
+        // (sub-blocks 2p, 2p + 1) is h = p / 2, k = 2(p % 2) + odd. Four
+        // elements at a time, as 32-bit words of bytes (the shifts move
+        // bits within each byte; what crosses a byte is masked off).
+        constexpr uint32_t kTwoBits = 0x03030303u;
+        for (int p = 0; p < 4; ++p) {
+          const int shift = 4 * (p % 2);
+          const uint8_t* ql = blk.ql + 64 * (p / 2);
+          const uint8_t* qh = blk.qh + 32 * (p / 2);
+          auto u_word = [&](bool odd, int l) {
+            return ((load_u32(ql + (odd ? 32 : 0) + l) >> shift) & 0x0f0f0f0fu) |
+                   (((load_u32(qh + l) >> (shift + (odd ? 2 : 0))) & kTwoBits) << 4);
+          };
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t odd_hi = u_word(true, 16 + 4 * q);
+            const uint32_t lines[3] = {u_word(false, 4 * q) | (odd_hi & kTwoBits) << 6,
+                                       u_word(false, 16 + 4 * q) | ((odd_hi >> 2) & kTwoBits) << 6,
+                                       u_word(true, 4 * q) | ((odd_hi >> 4) & kTwoBits) << 6};
+            for (int l = 0; l < 3; ++l) std::memcpy(o + kernels::q6k_line_at(p, q, l) + r * 4, &lines[l], 4);
+          }
+        }
         continue;
       }
       // Q4_K and Q5_K share the block head and the nibble layout.
