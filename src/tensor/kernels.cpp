@@ -330,22 +330,28 @@ void pack_group_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
                                                   &o[kernels::kQ4KMins + (j / 2) * 32 + 2 * r + j % 2]);
       const uint8_t* qs = w.type == DType::Q4_K ? reinterpret_cast<const BlockQ4_K*>(head)->qs
                                                 : reinterpret_cast<const BlockQ5_K*>(head)->qs;
-      for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 8; ++c) {
-          const size_t at =
-              w.type == DType::Q4_K ? kernels::kQ4KNibbles + p * 512 + c * 64 : kernels::q5k_chunk_at(p, c);
-          std::memcpy(o + at + r * 4, qs + 32 * p + 4 * c, 4);
-        }
-      if (w.type == DType::Q5_K) {
-        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
-        // Element l's fifth bits of sub-blocks 2p and 2p + 1 are bits 2p, 2p + 1 of
-        // qh[l]; plane h, byte e gathers them for l = 4c + e, c = 4h..4h+3.
+      if (w.type == DType::Q4_K) {
         for (int p = 0; p < 4; ++p)
-          for (int h = 0; h < 2; ++h) {
-            uint32_t plane = 0;
-            for (int c = 0; c < 4; ++c) plane |= ((load_u32(qh + 4 * (4 * h + c)) >> (2 * p)) & 0x03030303u) << (2 * c);
-            std::memcpy(o + kernels::q5k_plane_at(p, h) + r * 4, &plane, 4);
-          }
+          for (int c = 0; c < 8; ++c)
+            std::memcpy(o + kernels::kQ4KNibbles + p * 512 + c * 64 + r * 4, qs + 32 * p + 4 * c, 4);
+        continue;
+      }
+      // Q5_K: element l of sub-block j has its low 4 bits in the low (j
+      // even) or high nibble of qs[32(j / 2) + l], its fifth bit at bit j
+      // of qh[l]. Four elements at a time, as 32-bit words of bytes.
+      const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(head)->qh;
+      for (int j = 0; j < 8; ++j) {
+        uint32_t u[8];
+        for (int c = 0; c < 8; ++c)
+          u[c] = ((load_u32(qs + 32 * (j / 2) + 4 * c) >> (4 * (j % 2))) & 0x0f0f0f0fu) |
+                 (((load_u32(qh + 4 * c) >> j) & 0x01010101u) << 4);
+        const uint32_t lines[5] = {
+            u[0] | (u[5] & 0x07070707u) << 5,
+            u[1] | ((u[5] >> 3) & 0x03030303u) << 5 | ((u[7] >> 3) & 0x01010101u) << 7,
+            u[2] | (u[6] & 0x07070707u) << 5,
+            u[3] | ((u[6] >> 3) & 0x03030303u) << 5 | ((u[7] >> 4) & 0x01010101u) << 7,
+            u[4] | (u[7] & 0x07070707u) << 5};
+        for (int l = 0; l < 5; ++l) std::memcpy(o + kernels::q5k_line_at(j, l) + r * 4, &lines[l], 4);
       }
     }
   }

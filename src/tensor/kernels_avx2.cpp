@@ -421,22 +421,24 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
     const __m256i d2 = _mm256_and_si256(_mm256_srli_epi16(line(2), 2), _mm256_set1_epi8(0x30));
     return _mm256_or_si256(_mm256_or_si256(d0, d1), d2);
   }
-  constexpr size_t kNibbles = kQ4KNibbles;
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
-  __m256i v;
-  if constexpr (KT == KType::Q5K)
-    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q5k_chunk_at(pair, C) + 32 * h));
-  else
-    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kNibbles + pair * 512 + C * 64 + 32 * h));
-  __m256i q = Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
   if constexpr (KT == KType::Q5K) {
-    constexpr int kBit = 2 * (C % 4) + (Odd ? 1 : 0);
-    const __m256i p = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + q5k_plane_at(pair, C / 4) + 32 * h));
-    const __m256i hb = kBit <= 4 ? _mm256_slli_epi16(p, 4 - kBit) : _mm256_srli_epi16(p, kBit - 4);
-    q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+    // Sub-block 2 * pair + Odd's lines (kernels_impl.h): chunks 0-4 are a
+    // line's low 5 bits, chunks 5-7 gather the lines' bits 5-7.
+    auto line = [&](int l) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q5k_line_at(2 * pair + Odd, l) + 32 * h));
+    };
+    auto bits = [](__m256i v, int down, int mask) {
+      return _mm256_and_si256(_mm256_srli_epi16(v, down), _mm256_set1_epi8(static_cast<char>(mask)));
+    };
+    if constexpr (C < 5) return _mm256_and_si256(line(C), _mm256_set1_epi8(0x1f));
+    if constexpr (C == 5) return _mm256_or_si256(bits(line(0), 5, 0x07), bits(line(1), 2, 0x18));
+    if constexpr (C == 6) return _mm256_or_si256(bits(line(2), 5, 0x07), bits(line(3), 2, 0x18));
+    return _mm256_or_si256(_mm256_or_si256(bits(line(4), 5, 0x07), bits(line(1), 4, 0x08)), bits(line(3), 3, 0x10));
   }
-  return q;
+  const __m256i v =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ4KNibbles + pair * 512 + C * 64 + 32 * h));
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  return Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
 }
 
 // isum[h] += sc[j] * (rows 8h..8h+7's dots of sub-block j = 2 * pair + Odd's

@@ -317,53 +317,50 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_parked<G, T>(a, g0, t0, parked);
 }
 
-// Odd sub-blocks' quants are read as 2^kOddShift * u, where their bits can
-// be put in place without a shift of their own, and their dots are divided
-// by 2^kOddShift (exactly: every term is a multiple) once per block:
-// Q4_K's high nibble masked in place (16 * u); Q5_K's nibble shifted down by
-// 3 (2 * u), to meet its high bit where the plane's one shift for both
-// sub-blocks of a chunk leaves it. Shifts issue on fewer ports than masks.
-// (Q6_K: see q6k_halves.)
+// Odd sub-blocks' Q4_K quants are read as 16 * u, their high nibble masked
+// in place, and their dots divided by 16 (exactly: every term is a
+// multiple) once per block: masks issue on more ports than shifts. (Q5_K
+// and Q6_K: see q5k_chunk and q6k_halves.)
 template <KType KT, bool Odd>
-constexpr int kOddShift = !Odd ? 0 : KT == KType::Q4K ? 4 : KT == KType::Q5K ? 1 : 0;
+constexpr int kOddShift = Odd && KT == KType::Q4K ? 4 : 0;
 
-// Chunk C of a Q4_K/Q5_K section's sub-block 2 * pair + Odd as unsigned
-// quants (0..15 or 0..31, times 2^kOddShift), for 16 rows, from the chunk's
-// nibble bytes v and (Q5_K) the plane bytes h that hold its fifth bits.
+// Chunk C of a Q4_K section's sub-block 2 * pair + Odd as unsigned quants
+// (0..15, times 2^kOddShift), for 16 rows, from the chunk's nibble bytes v.
 template <KType KT, bool Odd, int C>
-RP_INLINE __m512i k_affine_quants(__m512i v, __m512i h) {
-  static_assert(KT == KType::Q4K || KT == KType::Q5K);
-  constexpr int kShift = kOddShift<KT, Odd>;
-  if constexpr (KT == KType::Q4K) {
-    // The low nibble, or the high one in place (16 * u).
-    return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kShift)));
+RP_INLINE __m512i k_affine_quants(__m512i v) {
+  static_assert(KT == KType::Q4K);
+  return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kOddShift<KT, Odd>)));
+}
+
+// Chunk C of a Q5_K section's sub-block j as u (0..31), for 16 rows, from
+// the sub-block's five lines (kernels_impl.h): chunks 0-4 are a line's low
+// 5 bits (one mask), chunks 5 and 6 two lines' top bits (two shifts, a
+// select and a mask), chunk 7 three lines' (three shifts, two selects and
+// a mask).
+template <int C>
+RP_INLINE __m512i q5k_chunk(const uint8_t* sec, int j) {
+  constexpr int kSelect = 0xE4;  // operand 1 where operand 3 is set, else operand 2
+  const __m512i low5 = _mm512_set1_epi8(0x1f);
+  if constexpr (C < 5) {
+    return _mm512_and_si512(_mm512_loadu_si512(sec + q5k_line_at(j, C)), low5);
+  } else if constexpr (C < 7) {
+    constexpr int l = 2 * (C - 5);  // chunk 5: lines 0 and 1; chunk 6: lines 2 and 3
+    const __m512i a = _mm512_srli_epi16(_mm512_loadu_si512(sec + q5k_line_at(j, l)), 5);
+    const __m512i b = _mm512_srli_epi16(_mm512_loadu_si512(sec + q5k_line_at(j, l + 1)), 2);
+    return _mm512_and_si512(_mm512_ternarylogic_epi32(a, b, _mm512_set1_epi8(0x07), kSelect), low5);
   } else {
-    // The even sub-block's fifth bit sits at bit kBit of a plane byte, the
-    // odd one's just above; one 16-bit shift moves the even one's to bit 4,
-    // the odd one's to bit 5: where 2^kShift * u wants them. What spills
-    // from the neighbouring byte falls outside the masks.
-    constexpr int kBit = 2 * (C % 4);
-    const __m512i s = kBit <= 4 ? _mm512_slli_epi16(h, 4 - kBit) : _mm512_srli_epi16(h, kBit - 4);
-    constexpr int kHighMask = 1 << (4 + (Odd ? 1 : 0));
-    constexpr int kLowMask = 0x0f << kShift;
-    const __m512i high = _mm512_and_si512(s, _mm512_set1_epi8(static_cast<char>(kHighMask)));
-    const __m512i low = Odd ? _mm512_srli_epi16(v, 4 - kShift) : v;
-    // (low & kLowMask) | high
-    return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(static_cast<char>(kLowMask)), 0xEC);
+    const __m512i a = _mm512_srli_epi16(_mm512_loadu_si512(sec + q5k_line_at(j, 4)), 5);
+    const __m512i b = _mm512_srli_epi16(_mm512_loadu_si512(sec + q5k_line_at(j, 1)), 4);
+    const __m512i c = _mm512_srli_epi16(_mm512_loadu_si512(sec + q5k_line_at(j, 3)), 3);
+    const __m512i low4 = _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi8(0x07), kSelect);
+    return _mm512_and_si512(_mm512_ternarylogic_epi32(low4, c, _mm512_set1_epi8(0x0f), kSelect), low5);
   }
 }
 
-// Where chunk C of pair `pair`'s nibble bytes are in a Q4_K/Q5_K section.
-template <KType KT, int C>
-RP_INLINE const uint8_t* k_nibbles_at(const uint8_t* sec, int pair) {
-  if constexpr (KT == KType::Q5K) return sec + q5k_chunk_at(pair, C);
+// Where chunk C of pair `pair`'s nibble bytes are in a Q4_K section.
+template <int C>
+RP_INLINE const uint8_t* q4k_nibbles_at(const uint8_t* sec, int pair) {
   return sec + kQ4KNibbles + pair * 512 + C * 64;
-}
-// The plane bytes holding those chunks' fifth bits (Q5_K only).
-template <KType KT, int C>
-RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
-  if constexpr (KT == KType::Q5K) return _mm512_loadu_si512(sec + q5k_plane_at(pair, C / 4));
-  return _mm512_setzero_si512();
 }
 
 // The unsigned quants of chunk C of sub-block 2 * pair + Odd of a K-type
@@ -371,8 +368,8 @@ RP_INLINE __m512i k_high_bits(const uint8_t* sec, int pair) {
 template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64);
-  else
-    return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair)), k_high_bits<KT, C>(sec, pair));
+  else if constexpr (KT == KType::Q5K) return q5k_chunk<C>(sec, 2 * pair + (Odd ? 1 : 0));
+  else return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(q4k_nibbles_at<C>(sec, pair)));
 }
 
 // ia[g][t] += the dots of chunk c's weight quants wv (4 per row) with token
@@ -452,10 +449,9 @@ RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBloc
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) {
             const uint8_t* sec = ws + g * gb;
-            const __m512i v = _mm512_loadu_si512(k_nibbles_at<KT, C>(sec, pair));
-            const __m512i h = k_high_bits<KT, C>(sec, pair);
-            we[g] = k_affine_quants<KT, false, C>(v, h);
-            wo[g] = k_affine_quants<KT, true, C>(v, h);
+            const __m512i v = _mm512_loadu_si512(q4k_nibbles_at<C>(sec, pair));
+            we[g] = k_affine_quants<KT, false, C>(v);
+            wo[g] = k_affine_quants<KT, true, C>(v);
           }
           dot_chunk_k<G, T>(ie, we, xe, C);
           dot_chunk_k<G, T>(io, wo, xo, C);
@@ -706,7 +702,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
     for (int p = 0; p < 4; ++p) {
       if (a.prefetch > 0) prefetch_share_at<G, kSec, 4>(ws, gb, us, g0, p, a.prefetch);
       if constexpr (kNext) prefetch_next_groups<G, kSec, 4>(a, g0, s * us, p);
-      if constexpr (kAffine && G * T <= 4) {  // the pair's sums fit in registers (k_affine_pair)
+      if constexpr (KT == KType::Q4K && G * T <= 4) {  // the pair's sums fit in registers (k_affine_pair)
         k_affine_pair<KT, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
       } else if constexpr (kAffine) {
         k_affine_block<KT, false, G, T>(ws, gb, p, xsec + 2 * p * xs, isum);
@@ -904,7 +900,10 @@ void matmul_q4_k(const MatmulArgs& a) {
   if (a.n_tokens >= 6) return run_tiles_small<KKernel<KType::Q4K>::K, 4, 3, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a);
   run_tiles_small<KKernel<KType::Q4K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a);
 }
-void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 4, kDecodeGroupsK, 1>(a); }
+// Q5_K: small batches of 2 on the 4-group tile, 3 and 4 on the 2-group one
+// (the 4 x 3 tile spilled its five-line chunks: 0.77x at the kernel, 2 x 3
+// 1.05x, against the former layout's 4 x 3).
+void matmul_q5_k(const MatmulArgs& a) { run_tiles_small<KKernel<KType::Q5K>::K, 2, 6, kDecodeGroupsK, 2, kDecodeGroupsK, 1>(a); }
 void matmul_q6_k(const MatmulArgs& a) {
   if (!contiguous_groups(a)) return run_tiles<KKernel<KType::Q6K>::K, 2, 4, kDecodeGroupsK, 1>(a);
   run_tiles<KKernel<KType::Q6K>::K, 2, 4, 1>(a);

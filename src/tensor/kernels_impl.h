@@ -38,11 +38,16 @@
 //         for each sub-block pair p 8 chunks of 64 bytes: chunk c holds, for
 //         each row, the pair's packed bytes 4c..4c+3 (low nibbles: sub-block
 //         2p elements 4c..4c+3, high nibbles: sub-block 2p+1's). 2432 bytes.
-//   Q5_K: Q4_K's header and nibble chunks, each pair's 8 chunks followed by
-//         its two 64-byte planes of fifth bits (so decode reads a section
-//         front to back): plane h, row r, byte i has, for c = 4h..4h+3,
-//         sub-block 2p's bit of element 4c+i at bit 2(c-4h) and sub-block
-//         2p+1's at bit 2(c-4h)+1. 2944 bytes.
+//   Q5_K: Q4_K's header, then the quants u (0..31) of each 32-element
+//         sub-block j in five 64-byte lines L0..L4: line l, row r, bytes
+//         4r..4r+3 hold u of chunk l (elements 4l..4l+3) in bits 0-4, and
+//         bits 5-7 carry the other three chunks: L0 bits 5-7 and L1 bits
+//         5-6 chunk 5's bits 0-2 and 3-4, L2 and L3 likewise chunk 6's,
+//         L4 bits 5-7 chunk 7's bits 0-2, L1 bit 7 its bit 3, L3 bit 7 its
+//         bit 4. Five chunks are a mask each, the other three two or three
+//         shifts and as many logic operations, a sub-block's lines read
+//         front to back (the former nibbles plus fifth-bit planes took ~26
+//         operations per 8 chunks, this 19). 2944 bytes.
 //   Q2_K: 16 f32 d, 16 f32 dmin, 16 x 16 scales (u8), then the mins (u8)
 //         per 32-element block i: 16 rows x (m[2i], m[2i+1]), 32 bytes; then
 //         for each quad q = 2h + b (h, b in 0..1) 4 chunks of 64 bytes: chunk
@@ -162,12 +167,8 @@ constexpr size_t kSectionQ6K = 3392;
 constexpr size_t kQ4KScales = 128;
 constexpr size_t kQ4KMins = 256;
 constexpr size_t kQ4KNibbles = 384;
-// Where chunk c of pair p's nibbles and plane h of its fifth bits sit in a
-// Q5_K section: each pair's 8 chunks, then its 2 planes (so a decode tile
-// reads a section front to back, one stream).
-constexpr size_t kQ5KPairBytes = 8 * 64 + 2 * 64;
-constexpr size_t q5k_chunk_at(int p, int c) { return kQ4KNibbles + p * kQ5KPairBytes + c * 64; }
-constexpr size_t q5k_plane_at(int p, int h) { return kQ4KNibbles + p * kQ5KPairBytes + 8 * 64 + h * 64; }
+// Where line l (0..4) of a Q5_K section's sub-block j sits (see above).
+constexpr size_t q5k_line_at(int j, int l) { return kQ4KNibbles + j * 320 + l * 64; }
 // Where a Q6_K section's quants start, and line `line` (0: A, 1: B, 2: C)
 // of pair p's quad q (see the layout above).
 constexpr size_t kQ6KQuants = 320;
