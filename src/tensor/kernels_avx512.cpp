@@ -433,7 +433,8 @@ RP_INLINE void k_affine_block(const uint8_t* ws, size_t gb, int pair, const XBlo
 // sub-block. Tiles of at most 4 groups x tokens take it (the decode tile's
 // 4 x 1 among them; wider ones would spill its twice as many integer sums):
 // Q4_K decode from L3 1.2x, from memory ~1.1x (docs/performance.md, K types
-// from memory). Same integer sums.
+// from memory). Same integer sums. Q4_K only: Q5_K's sub-blocks have lines
+// of their own (q5k_chunk), read by k_affine_block front to back.
 template <KType KT, int G, int T>
 RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBlock* xe, const XBlock* xo,
                              __m512i (&isum)[G][T]) {
