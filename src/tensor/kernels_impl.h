@@ -70,7 +70,7 @@
 //         sub-block 2p+1's second half (16+4q+i). Three of the four chunks
 //         are one mask from their lines, the fourth two shifts and three
 //         logic operations; the former nibble-plus-plane layout took 11
-//         operations per four chunks (docs/performance.md, Q6_K decode).
+//         operations per four chunks (docs/performance.md, Q6_K in quads).
 //         3392 bytes (6.6 bits per weight; the file's 6.56).
 //   IQ4_XS: 16 f32 d, 8 x 16 scales (i8, -32..31), then for each sub-block
 //         j 4 chunks of 64 bytes: chunk c holds, for each row, the file's
