@@ -406,22 +406,24 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // a K-type section; see the AVX-512 version.
 template <KType KT, bool Odd, int C>
 RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
-  if constexpr (KT == KType::Q6KWide)
+  if constexpr (KT == KType::Q6KWide) {
     return _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64 + 32 * h));
-  if constexpr (KT == KType::Q6K) {
+  } else if constexpr (KT == KType::Q6K) {
     // Quad C % 4's lines (kernels_impl.h): three chunks are a line's low 6
     // bits, the odd sub-block's second half gathers the lines' bits 6-7.
     auto line = [&](int l) {
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q6k_line_at(pair, C % 4, l) + 32 * h));
     };
-    if constexpr (!Odd || C < 4) return _mm256_and_si256(line(!Odd ? C / 4 : 2), _mm256_set1_epi8(0x3f));
-    const __m256i d0 = _mm256_and_si256(_mm256_srli_epi16(line(0), 6), _mm256_set1_epi8(0x03));
-    const __m256i d1 = _mm256_and_si256(_mm256_srli_epi16(line(1), 4), _mm256_set1_epi8(0x0c));
-    const __m256i d2 = _mm256_and_si256(_mm256_srli_epi16(line(2), 2), _mm256_set1_epi8(0x30));
-    return _mm256_or_si256(_mm256_or_si256(d0, d1), d2);
-  }
-  if constexpr (KT == KType::Q5K) {
+    if constexpr (!Odd || C < 4) {
+      return _mm256_and_si256(line(!Odd ? C / 4 : 2), _mm256_set1_epi8(0x3f));
+    } else {
+      const __m256i d0 = _mm256_and_si256(_mm256_srli_epi16(line(0), 6), _mm256_set1_epi8(0x03));
+      const __m256i d1 = _mm256_and_si256(_mm256_srli_epi16(line(1), 4), _mm256_set1_epi8(0x0c));
+      const __m256i d2 = _mm256_and_si256(_mm256_srli_epi16(line(2), 2), _mm256_set1_epi8(0x30));
+      return _mm256_or_si256(_mm256_or_si256(d0, d1), d2);
+    }
+  } else if constexpr (KT == KType::Q5K) {
     // Sub-block 2 * pair + Odd's lines (kernels_impl.h): chunks 0-4 are a
     // line's low 5 bits, chunks 5-7 gather the lines' bits 5-7.
     auto line = [&](int l) {
@@ -431,14 +433,16 @@ RP_INLINE __m256i k_affine_chunk(const uint8_t* sec, int pair, int h) {
       return _mm256_and_si256(_mm256_srli_epi16(v, down), _mm256_set1_epi8(static_cast<char>(mask)));
     };
     if constexpr (C < 5) return _mm256_and_si256(line(C), _mm256_set1_epi8(0x1f));
-    if constexpr (C == 5) return _mm256_or_si256(bits(line(0), 5, 0x07), bits(line(1), 2, 0x18));
-    if constexpr (C == 6) return _mm256_or_si256(bits(line(2), 5, 0x07), bits(line(3), 2, 0x18));
-    return _mm256_or_si256(_mm256_or_si256(bits(line(4), 5, 0x07), bits(line(1), 4, 0x08)), bits(line(3), 3, 0x10));
+    else if constexpr (C == 5) return _mm256_or_si256(bits(line(0), 5, 0x07), bits(line(1), 2, 0x18));
+    else if constexpr (C == 6) return _mm256_or_si256(bits(line(2), 5, 0x07), bits(line(3), 2, 0x18));
+    else
+      return _mm256_or_si256(_mm256_or_si256(bits(line(4), 5, 0x07), bits(line(1), 4, 0x08)), bits(line(3), 3, 0x10));
+  } else {
+    const __m256i v =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ4KNibbles + pair * 512 + C * 64 + 32 * h));
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    return Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
   }
-  const __m256i v =
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ4KNibbles + pair * 512 + C * 64 + 32 * h));
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
-  return Odd ? _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble) : _mm256_and_si256(v, nibble);
 }
 
 // isum[h] += sc[j] * (rows 8h..8h+7's dots of sub-block j = 2 * pair + Odd's

@@ -324,12 +324,11 @@ void tile_q_rows(const MatmulArgs& a, int64_t g0, int64_t t0) {
 template <KType KT, bool Odd>
 constexpr int kOddShift = Odd && KT == KType::Q4K ? 4 : 0;
 
-// Chunk C of a Q4_K section's sub-block 2 * pair + Odd as unsigned quants
+// A Q4_K chunk's quants of sub-block 2 * pair + Odd as unsigned values
 // (0..15, times 2^kOddShift), for 16 rows, from the chunk's nibble bytes v.
-template <KType KT, bool Odd, int C>
-RP_INLINE __m512i k_affine_quants(__m512i v) {
-  static_assert(KT == KType::Q4K);
-  return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kOddShift<KT, Odd>)));
+template <bool Odd>
+RP_INLINE __m512i q4k_quants(__m512i v) {
+  return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0x0f << kOddShift<KType::Q4K, Odd>)));
 }
 
 // Chunk C of a Q5_K section's sub-block j as u (0..31), for 16 rows, from
@@ -369,7 +368,7 @@ template <KType KT, bool Odd, int C>
 RP_INLINE __m512i k_affine_chunk(const uint8_t* sec, int pair) {
   if constexpr (KT == KType::Q6KWide) return _mm512_loadu_si512(sec + kQ6KQuants + (2 * pair + Odd) * 512 + C * 64);
   else if constexpr (KT == KType::Q5K) return q5k_chunk<C>(sec, 2 * pair + (Odd ? 1 : 0));
-  else return k_affine_quants<KT, Odd, C>(_mm512_loadu_si512(q4k_nibbles_at<C>(sec, pair)));
+  else return q4k_quants<Odd>(_mm512_loadu_si512(q4k_nibbles_at<C>(sec, pair)));
 }
 
 // ia[g][t] += the dots of chunk c's weight quants wv (4 per row) with token
@@ -451,8 +450,8 @@ RP_INLINE void k_affine_pair(const uint8_t* ws, size_t gb, int pair, const XBloc
           for (int g = 0; g < G; ++g) {
             const uint8_t* sec = ws + g * gb;
             const __m512i v = _mm512_loadu_si512(q4k_nibbles_at<C>(sec, pair));
-            we[g] = k_affine_quants<KT, false, C>(v);
-            wo[g] = k_affine_quants<KT, true, C>(v);
+            we[g] = q4k_quants<false>(v);
+            wo[g] = q4k_quants<true>(v);
           }
           dot_chunk_k<G, T>(ie, we, xe, C);
           dot_chunk_k<G, T>(io, wo, xo, C);
@@ -663,16 +662,17 @@ RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, i
   q3k_sub_block<H, 3, G, T>(ws, gb, b, xq + 3 * xs, isum);
 }
 
-// Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations
-// (rule in kernels_impl.h): the sub-blocks add up in integers, and each
-// super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.
-// kNext: requests the next tile's weights (requests_next_groups).
 // Q6_K tiles of at most this many outputs (groups x tokens: decode's 1 x 1
 // and 2 x 1) read a pair's four halves in one pass (q6k_halves), larger
 // ones in two (their accumulators would spill): against the half-by-half
 // order, one pass decoded 1.04x from L2, 1.09x from L3 and 1.33x from
 // memory (one thread); two passes for 2-4 tokens 0.97-1.01x from L2.
 constexpr int kQ6KOnePassOutputs = 2;
+
+// Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS weights against Q8_K activations
+// (rule in kernels_impl.h): the sub-blocks add up in integers, and each
+// super-block costs two (Q3_K, Q6_K, IQ4_XS: one) float updates per output.
+// kNext: requests the next tile's weights (requests_next_groups).
 template <KType KT, int G, int T, bool kNext = false>
 void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
   constexpr size_t kSec = kSection<KT>;
