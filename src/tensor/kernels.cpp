@@ -390,11 +390,27 @@ void pack_group_q3_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
   pack_group_sections<BlockQ3_K>(w, r0, rows, kernels::kSectionQ3K, out, [](const BlockQ3_K& blk, uint8_t* o, int r) {
     reinterpret_cast<float*>(o)[r] = f16_to_f32(blk.d);
     for (int k = 0; k < 16; ++k) o[kernels::kQ3KScales + k * 16 + r] = static_cast<uint8_t>(q3_k_scale(blk, k));
-    for (int c = 0; c < 4; ++c) {
-      for (int quad = 0; quad < 4; ++quad)
-        std::memcpy(o + kernels::kQ3KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
-      for (int b = 0; b < 2; ++b)
-        std::memcpy(o + kernels::kQ3KHighBits + b * 256 + c * 64 + r * 4, blk.hmask + 16 * b + 4 * c, 4);
+    // Sub-block k = 8h + 2j + l: element 4c + i's low bits are bits 2j..2j+1
+    // of qs[32h + 16l + 4c + i], its high bit (u = q + 4 = low + 4 high) bit
+    // 4h + j of hmask[16l + 4c + i]. Four elements at a time, as 32-bit
+    // words of bytes (the shifts move bits within each byte; what crosses a
+    // byte is masked off).
+    auto u_word = [&](int k, int c) {
+      const int h = k / 8, j = (k / 2) % 4, l = k % 2;
+      return ((load_u32(blk.qs + 32 * h + 16 * l + 4 * c) >> (2 * j)) & 0x03030303u) |
+             ((load_u32(blk.hmask + 16 * l + 4 * c) >> (4 * h + j)) & 0x01010101u) << 2;
+    };
+    for (int m = 0; m < 8; ++m) {
+      uint32_t ux[4], uy[4];
+      for (int c = 0; c < 4; ++c) {
+        ux[c] = u_word(2 * m, c);
+        uy[c] = u_word(2 * m + 1, c);
+      }
+      const uint32_t lines[3] = {
+          ux[0] | uy[0] << 3 | (ux[3] & 0x03030303u) << 6,
+          ux[1] | uy[1] << 3 | ((ux[3] >> 2) & 0x01010101u) << 6 | (uy[3] & 0x01010101u) << 7,
+          ux[2] | uy[2] << 3 | ((uy[3] >> 1) & 0x03030303u) << 6};
+      for (int l = 0; l < 3; ++l) std::memcpy(o + kernels::q3k_line_at(m, l) + r * 4, &lines[l], 4);
     }
   });
 }

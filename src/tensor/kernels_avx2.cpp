@@ -571,39 +571,41 @@ RP_INLINE void q2k_quad(const uint8_t* sec, int quad, const XBlock* xq, int64_t 
   }(std::make_integer_sequence<int, 4>{});
 }
 
-// Rows 8h8..8h8+7's values low + 4 * high (0..7, q + 4) of chunk c of Q3_K
-// quad 2H + b's sub-block 8H + 2S + b.
-template <int H, int S>
-RP_INLINE __m256i q3k_chunk(const uint8_t* sec, int b, int c, int h8) {
-  const __m256i v = _mm256_loadu_si256(
-      reinterpret_cast<const __m256i*>(sec + kQ3KQuants + (2 * H + b) * 256 + c * 64 + 32 * h8));
-  const __m256i m =
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ3KHighBits + b * 256 + c * 64 + 32 * h8));
-  const __m256i low = _mm256_and_si256(S > 0 ? _mm256_srli_epi16(v, 2 * S) : v, _mm256_set1_epi8(3));
-  // The file's high bit is bit 4H + S; 16-bit shifts, so the bit kept in each
-  // byte (bit 2) comes from that byte.
-  constexpr int kShift = 2 - (4 * H + S);
-  const __m256i high = kShift > 0 ? _mm256_slli_epi16(m, kShift > 0 ? kShift : 0)
-                       : kShift < 0 ? _mm256_srli_epi16(m, kShift < 0 ? -kShift : 0)
-                                    : m;
-  return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(4)));
+// Rows 8h8..8h8+7's values u (0..7, q + 4) of chunk C of Q3_K sub-block
+// pair m (chunks 0-3: sub-block 2m's, 4-7: 2m + 1's), from the pair's three
+// lines (kernels_impl.h): a field of one line, or chunk 3 of either gathered
+// from two lines' bits 6-7 (16-bit shifts; what crosses a byte is masked off).
+template <int C>
+RP_INLINE __m256i q3k_chunk(const uint8_t* sec, int m, int h8) {
+  auto line = [&](int l) RP_INLINE_LAMBDA {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q3k_line_at(m, l) + 32 * h8));
+  };
+  const __m256i seven = _mm256_set1_epi8(7);
+  if constexpr (C < 3) return _mm256_and_si256(line(C), seven);
+  if constexpr (C >= 4 && C < 7) return _mm256_and_si256(_mm256_srli_epi16(line(C - 4), 3), seven);
+  // Chunk 3: A bits 6-7 and B bit 6; chunk 7: B bit 7 and C bits 6-7.
+  const __m256i lo = C == 3 ? _mm256_srli_epi16(line(0), 6) : _mm256_srli_epi16(line(1), 7);
+  const __m256i hi = C == 3 ? _mm256_srli_epi16(line(1), 4) : _mm256_srli_epi16(line(2), 5);
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(C == 3 ? 3 : 1)),
+                         _mm256_and_si256(hi, _mm256_set1_epi8(C == 3 ? 4 : 6)));
 }
 
-// Q3_K sub-block 8H + 2S + b's signed scales, rows 8h8..8h8+7.
+// Q3_K sub-block k's signed scales, rows 8h8..8h8+7.
 RP_INLINE __m256i q3k_scales(const uint8_t* sec, int k, int h8) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ3KScales + k * 16 + 8 * h8)));
 }
 
-// For T tokens (activation blocks xb[t], the block 4H + S): isum[t] += sc[k]
-// * the dots of Q3_K sub-block k = 8H + 2S + b, as dot(q + 4, x) - 4 *
-// (the half's activation sum). The 16-bit pair sums of 4 chunks stay below
-// 4 * 2 * 7 * 128.
-template <int H, int S, int T>
-RP_INLINE void q3k_sub_block_tokens(const uint8_t* sec, int b, const XBlock* xb, int32_t (*isum)[16]) {
-  const int k = 8 * H + 2 * S + b;
+// For T tokens (activation blocks xb[t], the block m): isum[t] += sc[k] * the
+// dots of Q3_K sub-block k = 2m + Odd, as dot(q + 4, x) - 4 * (the half's
+// activation sum). The 16-bit pair sums of 4 chunks stay below 4 * 2 * 7 *
+// 128.
+template <bool Odd, int T>
+RP_INLINE void q3k_sub_block_tokens(const uint8_t* sec, int m, const XBlock* xb, int32_t (*isum)[16]) {
+  const int k = 2 * m + Odd;
   __m256i wq[4][2];
-  for (int c = 0; c < 4; ++c)
-    for (int h8 = 0; h8 < 2; ++h8) wq[c][h8] = q3k_chunk<H, S>(sec, b, c, h8);
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+    ((wq[C][0] = q3k_chunk<4 * Odd + C>(sec, m, 0), wq[C][1] = q3k_chunk<4 * Odd + C>(sec, m, 1)), ...);
+  }(std::make_integer_sequence<int, 4>{});
   const __m256i sc[2] = {q3k_scales(sec, k, 0), q3k_scales(sec, k, 1)};
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
@@ -611,53 +613,39 @@ RP_INLINE void q3k_sub_block_tokens(const uint8_t* sec, int b, const XBlock* xb,
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       int32_t q;
-      std::memcpy(&q, xb[t].qs + 16 * b + 4 * c, 4);
+      std::memcpy(&q, xb[t].qs + 16 * Odd + 4 * c, 4);
       const __m256i xv = _mm256_set1_epi32(q);
       for (int h8 = 0; h8 < 2; ++h8) part[h8] = partial_add(part[h8], wq[c][h8], xv);
     }
-    const __m256i start = _mm256_set1_epi32(-4 * (b ? xb[t].sum_hi : xb[t].sum_lo));
-    auto* m = reinterpret_cast<__m256i*>(isum[t]);
+    const __m256i start = _mm256_set1_epi32(-4 * (Odd ? xb[t].sum_hi : xb[t].sum_lo));
+    auto* acc = reinterpret_cast<__m256i*>(isum[t]);
     for (int h8 = 0; h8 < 2; ++h8) {
       const __m256i dot = _mm256_add_epi32(partial_widen(part[h8]), start);
-      _mm256_store_si256(m + h8, _mm256_add_epi32(_mm256_load_si256(m + h8), _mm256_mullo_epi32(dot, sc[h8])));
+      _mm256_store_si256(acc + h8, _mm256_add_epi32(_mm256_load_si256(acc + h8), _mm256_mullo_epi32(dot, sc[h8])));
     }
   }
 }
 
-// Prompts: q3k_sub_block_tokens for quad 2H + b's four sub-blocks
-// (activation blocks xq[S * xs]).
-template <int H, int T>
-RP_INLINE void q3k_quad_tokens(const uint8_t* sec, int b, const XBlock* xq, int64_t xs, int32_t (*isum)[16]) {
-  q3k_sub_block_tokens<H, 0, T>(sec, b, xq, isum);
-  q3k_sub_block_tokens<H, 1, T>(sec, b, xq + xs, isum);
-  q3k_sub_block_tokens<H, 2, T>(sec, b, xq + 2 * xs, isum);
-  q3k_sub_block_tokens<H, 3, T>(sec, b, xq + 3 * xs, isum);
-}
-
-// Decode: isum[h8] += quad 2H + b's four scaled sub-block dots (activation
-// blocks xq[S * xs], S = 0..3).
-template <int H>
-RP_INLINE void q3k_quad(const uint8_t* sec, int b, const XBlock* xq, int64_t xs, __m256i (&isum)[2]) {
-  [&]<int... S>(std::integer_sequence<int, S...>) RP_INLINE_LAMBDA {
+// Decode: isum[h8] += sub-block k = 2m + Odd's scaled dots (activation block
+// xb, the block m).
+template <bool Odd>
+RP_INLINE void q3k_sub_block(const uint8_t* sec, int m, const XBlock& xb, __m256i (&isum)[2]) {
+  __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
         [&]() RP_INLINE_LAMBDA {
-          const XBlock& xb = xq[S * xs];
-          __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-          for (int c = 0; c < 4; ++c) {
-            int32_t q;
-            std::memcpy(&q, xb.qs + 16 * b + 4 * c, 4);
-            const __m256i xv = _mm256_set1_epi32(q);
-            for (int h8 = 0; h8 < 2; ++h8)
-              part[h8] = partial_add(part[h8], q3k_chunk<H, S>(sec, b, c, h8), xv);
-          }
-          const __m256i start = _mm256_set1_epi32(-4 * (b ? xb.sum_hi : xb.sum_lo));
-          for (int h8 = 0; h8 < 2; ++h8) {
-            const __m256i dot = _mm256_add_epi32(partial_widen(part[h8]), start);
-            isum[h8] = _mm256_add_epi32(isum[h8], _mm256_mullo_epi32(dot, q3k_scales(sec, 8 * H + 2 * S + b, h8)));
-          }
+          int32_t q;
+          std::memcpy(&q, xb.qs + 16 * Odd + 4 * C, 4);
+          const __m256i xv = _mm256_set1_epi32(q);
+          for (int h8 = 0; h8 < 2; ++h8) part[h8] = partial_add(part[h8], q3k_chunk<4 * Odd + C>(sec, m, h8), xv);
         }(),
         ...);
   }(std::make_integer_sequence<int, 4>{});
+  const __m256i start = _mm256_set1_epi32(-4 * (Odd ? xb.sum_hi : xb.sum_lo));
+  for (int h8 = 0; h8 < 2; ++h8) {
+    const __m256i dot = _mm256_add_epi32(partial_widen(part[h8]), start);
+    isum[h8] = _mm256_add_epi32(isum[h8], _mm256_mullo_epi32(dot, q3k_scales(sec, 2 * m + Odd, h8)));
+  }
 }
 
 // Adds a super-block's float updates for one (group, token) to acc (rows
@@ -810,8 +798,10 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
           if constexpr (KT == KType::Q2K) {
             q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
           } else if constexpr (KT == KType::Q3K) {
-            if (p < 2) q3k_quad<0>(sec, p % 2, xsec, xs, isum);
-            else q3k_quad<1>(sec, p % 2, xsec + 4 * xs, xs, isum);
+            for (int m = 2 * p; m < 2 * p + 2; ++m) {
+              q3k_sub_block<false>(sec, m, xsec[m * xs], isum);
+              q3k_sub_block<true>(sec, m, xsec[m * xs], isum);
+            }
           } else {
             k_block<KT, false>(sec, p, xsec[2 * p * xs], isum);
             k_block<KT, true>(sec, p, xsec[(2 * p + 1) * xs], isum);
@@ -833,8 +823,10 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
             q2k_sub_block_tokens<2, T>(sec, p, xq + 2 * xs, isum_mem[g]);
             q2k_sub_block_tokens<3, T>(sec, p, xq + 3 * xs, isum_mem[g]);
           } else if constexpr (KT == KType::Q3K) {
-            if (p < 2) q3k_quad_tokens<0, T>(sec, p % 2, xsec, xs, isum_mem[g]);
-            else q3k_quad_tokens<1, T>(sec, p % 2, xsec + 4 * xs, xs, isum_mem[g]);
+            for (int m = 2 * p; m < 2 * p + 2; ++m) {
+              q3k_sub_block_tokens<false, T>(sec, m, xsec + m * xs, isum_mem[g]);
+              q3k_sub_block_tokens<true, T>(sec, m, xsec + m * xs, isum_mem[g]);
+            }
           } else {
             k_block_tokens<KT, false, T>(sec, p, xsec + 2 * p * xs, isum_mem[g]);
             k_block_tokens<KT, true, T>(sec, p, xsec + (2 * p + 1) * xs, isum_mem[g]);
@@ -1285,20 +1277,18 @@ void widen_q3_k_sections(const uint8_t* src, int64_t n_sections, uint8_t* dst) {
     const uint8_t* in = src + s * kSectionQ3K;
     uint8_t* out = dst + s * kSectionQ6KWide;
     std::memcpy(out, in, kQ6KQuants);  // d and scales, where Q6_K's are
-    // Block 4H + S's chunk 4b + c: sub-block 8H + 2S + b's elements 4c..4c+3.
-    [&]<int... HS>(std::integer_sequence<int, HS...>) RP_INLINE_LAMBDA {
-      (
-          [&]() RP_INLINE_LAMBDA {
-            constexpr int H = HS / 4, S = HS % 4;
-            for (int b = 0; b < 2; ++b)
-              for (int c = 0; c < 4; ++c)
-                for (int h8 = 0; h8 < 2; ++h8)
-                  _mm256_storeu_si256(
-                      reinterpret_cast<__m256i*>(out + kQ6KQuants + HS * 512 + (4 * b + c) * 64 + 32 * h8),
-                      _mm256_add_epi8(q3k_chunk<H, S>(in, b, c, h8), bias));
-          }(),
-          ...);
-    }(std::make_integer_sequence<int, 8>{});
+    // Block m's chunk c: pair m's chunk c (sub-block 2m + c / 4's elements
+    // 4(c % 4)..+3).
+    for (int m = 0; m < 8; ++m)
+      [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
+        (
+            [&]() RP_INLINE_LAMBDA {
+              for (int h8 = 0; h8 < 2; ++h8)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ6KQuants + m * 512 + C * 64 + 32 * h8),
+                                    _mm256_add_epi8(q3k_chunk<C>(in, m, h8), bias));
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, 8>{});
   }
 }
 

@@ -610,56 +610,43 @@ RP_INLINE void q2k_sub_block(const uint8_t* ws, size_t gb, int quad, const XBloc
   add_scaled_dots<false, 2 * S>(ws, gb, kQ2KScales + k * 16, ia, isum);
 }
 
-// isum[g][t] += sc[k] * (the dots of Q3_K sub-block k = 8H + 2S + b's quants
-// q = low + 4 * high - 4 with token t's activations, xb the block 4H + S, its
-// half b). Chunks are read as f * (low + 4 * high), f = 4^S (S = 3: 16): the
-// low bits masked in place (S = 3: shifted down 2 first, 4^3 * 7 would not
-// fit a byte), the high bit shifted next to them and merged by one ternary
-// op; the dots start from -4f * the half's activation sum and are divided by
-// f (exactly) once.
-template <int H, int S, int G, int T>
-RP_INLINE void q3k_sub_block(const uint8_t* ws, size_t gb, int b, const XBlock* xb, __m512i (&isum)[G][T]) {
-  constexpr int kLowAt = S < 3 ? 2 * S : 4;
-  constexpr int kHighAt = kLowAt + 2;
-  constexpr int kShift = kHighAt - (4 * H + S);  // the file's high bit is bit 4H + S
-  const int quad = 2 * H + b, k = 8 * H + 2 * S + b;
+// isum[g][t] += sc[k] * (the dots of Q3_K sub-block k = 2m + Odd's quants q =
+// u - 4 with token t's activations, xb the block m, its half Odd), from the
+// pair's three lines (kernels_impl.h). Odd sub-blocks' chunks are read in
+// place as 8u (a mask each; bits 3-5), their dots divided by 8 (exactly)
+// once; both chunk 3s are gathered from the lines' bits 6-7 with two 16-bit
+// shifts (what crosses a byte is masked off), a select and a mask.
+template <bool Odd, int G, int T>
+RP_INLINE void q3k_sub_block(const uint8_t* ws, size_t gb, int m, const XBlock* xb, __m512i (&isum)[G][T]) {
+  constexpr int kShift = Odd ? 3 : 0;
   __m512i ia[G][T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m512i start = _mm512_set1_epi32(-(4 << kLowAt) * (b ? xb[t].sum_hi : xb[t].sum_lo));
+    const __m512i start = _mm512_set1_epi32(-(4 << kShift) * (Odd ? xb[t].sum_hi : xb[t].sum_lo));
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) ia[g][t] = start;
   }
-  const __m512i low_mask = _mm512_set1_epi8(static_cast<char>(3 << kLowAt));
-  const __m512i high_mask = _mm512_set1_epi8(static_cast<char>(1 << kHighAt));
+  auto line = [&](int g, int l) RP_INLINE_LAMBDA { return _mm512_loadu_si512(ws + g * gb + q3k_line_at(m, l)); };
+  const __m512i field = _mm512_set1_epi8(static_cast<char>(7 << kShift));
 #pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < 3; ++c) {
     __m512i wv[G];
 #pragma GCC unroll 16
-    for (int g = 0; g < G; ++g) {
-      const uint8_t* sec = ws + g * gb;
-      const __m512i qs = _mm512_loadu_si512(sec + kQ3KQuants + quad * 256 + c * 64);
-      const __m512i hm = _mm512_loadu_si512(sec + kQ3KHighBits + b * 256 + c * 64);
-      const __m512i low = _mm512_and_si512(S < 3 ? qs : _mm512_srli_epi16(qs, 2), low_mask);
-      // 16-bit shifts: the bit masked out of each byte comes from that byte.
-      const __m512i high = kShift > 0 ? _mm512_slli_epi16(hm, kShift > 0 ? kShift : 0)
-                           : kShift < 0 ? _mm512_srli_epi16(hm, kShift < 0 ? -kShift : 0)
-                                        : hm;
-      wv[g] = _mm512_ternarylogic_epi32(low, high, high_mask, 0xf8);  // low | (high & high_mask)
-    }
-    dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
+    for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(line(g, c), field);
+    dot_chunk_k<G, T>(ia, wv, xb, 4 * Odd + c);
   }
-  add_scaled_dots<true, kLowAt>(ws, gb, kQ3KScales + k * 16, ia, isum);
-}
-
-// Q3_K quad 2H + b: sub-blocks 8H + 2S + b against activation blocks
-// xq[S * xs] (the blocks 4H + S).
-template <int H, int G, int T>
-RP_INLINE void q3k_quad(const uint8_t* ws, size_t gb, int b, const XBlock* xq, int64_t xs, __m512i (&isum)[G][T]) {
-  q3k_sub_block<H, 0, G, T>(ws, gb, b, xq, isum);
-  q3k_sub_block<H, 1, G, T>(ws, gb, b, xq + xs, isum);
-  q3k_sub_block<H, 2, G, T>(ws, gb, b, xq + 2 * xs, isum);
-  q3k_sub_block<H, 3, G, T>(ws, gb, b, xq + 3 * xs, isum);
+  __m512i wv[G];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    // Even: A bits 6-7 to bits 0-1, B bit 6 to bit 2. Odd: B bit 7 to bit
+    // 3, C bits 6-7 to bits 4-5.
+    const __m512i lo = Odd ? _mm512_srli_epi16(line(g, 1), 4) : _mm512_srli_epi16(line(g, 0), 6);
+    const __m512i hi = Odd ? _mm512_srli_epi16(line(g, 2), 2) : _mm512_srli_epi16(line(g, 1), 4);
+    const __m512i lo_bits = _mm512_set1_epi8(static_cast<char>(Odd ? 0x08 : 0x03));
+    wv[g] = _mm512_and_si512(_mm512_ternarylogic_epi32(lo, hi, lo_bits, 0xe4), field);  // lo_bits ? lo : hi
+  }
+  dot_chunk_k<G, T>(ia, wv, xb, 4 * Odd + 3);
+  add_scaled_dots<true, kShift>(ws, gb, kQ3KScales + (2 * m + Odd) * 16, ia, isum);
 }
 
 // Q6_K tiles of at most this many outputs (groups x tokens: decode's 1 x 1
@@ -719,10 +706,11 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         q2k_sub_block<2, G, T>(ws, gb, p, xq + 2 * xs, isum);
         q2k_sub_block<3, G, T>(ws, gb, p, xq + 3 * xs, isum);
       } else if constexpr (KT == KType::Q3K) {
-        // Quad p = 2h + b, as Q2_K's.
-        const XBlock* xq = xsec + 4 * (p / 2) * xs;
-        if (p < 2) q3k_quad<0, G, T>(ws, gb, p % 2, xq, xs, isum);
-        else q3k_quad<1, G, T>(ws, gb, p % 2, xq, xs, isum);
+        // Sub-block pairs 2p and 2p + 1 (activation blocks 2p, 2p + 1).
+        for (int m = 2 * p; m < 2 * p + 2; ++m) {
+          q3k_sub_block<false, G, T>(ws, gb, m, xsec + m * xs, isum);
+          q3k_sub_block<true, G, T>(ws, gb, m, xsec + m * xs, isum);
+        }
       } else if constexpr (KT == KType::Q6K && G * T <= kQ6KOnePassOutputs) {
         q6k_halves<0, 4, G, T>(ws, gb, p, xsec + 2 * p * xs, xsec + (2 * p + 1) * xs, isum);
       } else if constexpr (KT == KType::Q6K) {

@@ -54,13 +54,18 @@
 //         c holds, for each row, the file's bytes qs[32h + 16b + 4c .. +3],
 //         whose bits 2s..2s+1 are elements 4c..4c+3 of sub-block 8h + 2s + b.
 //         1664 bytes (3.25 bits per weight; the file's 2.625).
-//   Q3_K: 16 f32 d, 16 x 16 scales (i8, -32..31), then Q2_K's quad chunks
-//         of the file's qs bytes (bits 2s..2s+1: the low 2 bits of
-//         sub-block 8h + 2s + b's elements 4c..4c+3), then the high bits:
-//         for each half b and chunk c 64 bytes holding, for each row, the
-//         file's bytes hmask[16b + 4c .. +3] (bit 4h + s: element 4c..4c+3
-//         of sub-block 8h + 2s + b has q = low, else low - 4).
-//         1856 bytes (3.625 bits per weight; the file's 3.4375).
+//   Q3_K: 16 f32 d, 16 x 16 scales (i8, -32..31), then the values u = q + 4
+//         (0..7) of each pair m of 16-element sub-blocks (X = 2m, Y = 2m + 1:
+//         elements 32m..32m + 31) in three 64-byte lines A, B, C: line l, row
+//         r, bytes 4r..4r+3 hold u of X's chunk l (elements 4l..4l+3) in bits
+//         0-2 and of Y's chunk l in bits 3-5; bits 6-7 carry both sub-blocks'
+//         chunk 3: A bits 6-7 X's bits 0-1, B bit 6 X's bit 2, B bit 7 Y's
+//         bit 0, C bits 6-7 Y's bits 1-2. Six chunks are a mask each (Y's read
+//         as 8u), the other two two shifts and two logic operations; the
+//         former low-bit quads plus high-bit planes took ~28 operations and 16
+//         loads per 8 chunks, this 14 and 3 (docs/performance.md, Q3_K in
+//         three lines a sub-block pair). 1856 bytes (3.625 bits per weight;
+//         the file's 3.4375).
 //   Q6_K: 16 f32 d, 16 x 16 scales (i8), then the quants u (q + 32, 0..63)
 //         in quads of three 64-byte lines A, B, C: pair p's quad q holds,
 //         for each row r, bytes 4r..4r+3 of A: u of elements 4q..4q+3 of
@@ -179,12 +184,12 @@ constexpr size_t kQ2KScales = 128;
 constexpr size_t kQ2KMins = 384;
 constexpr size_t kQ2KQuants = 640;
 constexpr size_t kSectionQ2K = kQ2KQuants + 4 * 256;
-// Where a Q3_K section's scales, low-bit quad chunks and high-bit chunks
-// start (d and scales where Q6_K's are: a prompt widens Q3_K to Q6_K wide).
+// Where a Q3_K section's scales and quant lines start (d and scales where
+// Q6_K's are: a prompt widens Q3_K to Q6_K wide); line l of sub-block pair m.
 constexpr size_t kQ3KScales = 64;
 constexpr size_t kQ3KQuants = 320;
-constexpr size_t kQ3KHighBits = kQ3KQuants + 4 * 256;
-constexpr size_t kSectionQ3K = kQ3KHighBits + 2 * 256;
+constexpr size_t kSectionQ3K = kQ3KQuants + 8 * 192;
+constexpr size_t q3k_line_at(int m, int l) { return kQ3KQuants + m * 192 + l * 64; }
 // Where an IQ4_XS section's scales and nibble chunks start.
 constexpr size_t kIq4XsScales = 64;
 constexpr size_t kIq4XsNibbles = 192;
