@@ -105,12 +105,13 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
   for (int t : {1, 3})
     for (int n_tokens : {1, 2, 4, 8}) b->Args({t, 4096, 16384, n_tokens, 2});
   // One thread's decode from L3 (4096 x 4096: 9-19 MB) and from memory, for
-  // Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: against BM_ReadPacked, how far each type's
-  // kernel is from reading its bytes.
-  for (int t : {3, 4, 8, 9, 10})
+  // Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K: against BM_ReadPacked, how far
+  // each type's kernel is from reading its bytes.
+  for (int t : {3, 4, 8, 9, 10, 11, 14})
     for (int n_out : {4096, 16384}) b->Args({t, 4096, n_out, 1, 1});
-  // Decode from memory for the 4-6-bit types (Q4_0, Q4_K, Q5_K, Q6_K).
-  for (int t : {4, 8, 9, 10}) b->Args({t, 4096, 16384, 1, 2});
+  // Decode from memory for the 2-6-bit types (Q4_0, Q4_K, Q5_K, Q6_K, Q3_K,
+  // Q2_K).
+  for (int t : {4, 8, 9, 10, 11, 14}) b->Args({t, 4096, 16384, 1, 2});
   // Small batches from L2 (a 60M layer's gate/up shape, one thread): the
   // kernels' compute per token, batch size by batch size, for Q8_0, Q4_0,
   // Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS and Q2_K (the prompt tile from 12 tokens
@@ -367,7 +368,7 @@ void BM_ReadPacked(benchmark::State& state) {
   state.SetLabel(dtype_name(static_cast<uint32_t>(t)));
   state.counters["GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(probe.bytes()) / seconds / 1e9;
 }
-BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_ReadPacked)->ArgsProduct({{3, 4, 8, 9, 10, 11, 14}, {1, 2}})->UseRealTime();
 
 // Packed copies of w, each its own memory, until they hold ~96 MB:
 // multiplied one after another, each is read from memory.
