@@ -376,12 +376,12 @@ void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
     d[r] = f16_to_f32(blk.d);
     d[16 + r] = f16_to_f32(blk.dmin);
     for (int k = 0; k < 16; ++k) {
-      o[kernels::kQ2KScales + k * 16 + r] = blk.scales[k] & 0x0f;
+      o[kernels::q2k_scales_at(k) + r] = blk.scales[k] & 0x0f;
       o[kernels::kQ2KMins + (k / 2) * 32 + 2 * r + k % 2] = blk.scales[k] >> 4;
     }
     for (int quad = 0; quad < 4; ++quad)
       for (int c = 0; c < 4; ++c)
-        std::memcpy(o + kernels::kQ2KQuants + quad * 256 + c * 64 + r * 4, blk.qs + 16 * quad + 4 * c, 4);
+        std::memcpy(o + kernels::q2k_line_at(quad, c) + r * 4, blk.qs + 16 * quad + 4 * c, 4);
   });
 }
 

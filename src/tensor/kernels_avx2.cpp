@@ -509,7 +509,7 @@ RP_INLINE void iq4xs_block(const uint8_t* sec, int j, const XBlock& xb, __m256i 
 template <int S>
 RP_INLINE __m256i q2k_chunk(const uint8_t* sec, int quad, int c, int h8) {
   const __m256i v =
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + kQ2KQuants + quad * 256 + c * 64 + 32 * h8));
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sec + q2k_line_at(quad, c) + 32 * h8));
   return _mm256_and_si256(S > 0 ? _mm256_srli_epi16(v, 2 * S) : v, _mm256_set1_epi8(3));
 }
 
@@ -524,7 +524,7 @@ RP_INLINE void q2k_sub_block_tokens(const uint8_t* sec, int quad, const XBlock* 
     for (int h8 = 0; h8 < 2; ++h8) wq[c][h8] = q2k_chunk<S>(sec, quad, c, h8);
   __m256i sc[2];
   for (int h8 = 0; h8 < 2; ++h8)
-    sc[h8] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
+    sc[h8] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + q2k_scales_at(k) + 8 * h8)));
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -562,7 +562,7 @@ RP_INLINE void q2k_quad(const uint8_t* sec, int quad, const XBlock* xq, int64_t 
           }
           for (int h8 = 0; h8 < 2; ++h8) {
             const __m256i sc = _mm256_cvtepu8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + kQ2KScales + k * 16 + 8 * h8)));
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sec + q2k_scales_at(k) + 8 * h8)));
             isum[h8] = _mm256_add_epi32(isum[h8],
                                         _mm256_mullo_epi32(partial_widen(part[h8]), sc));
           }

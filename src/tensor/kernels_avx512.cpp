@@ -604,10 +604,10 @@ RP_INLINE void q2k_sub_block(const uint8_t* ws, size_t gb, int quad, const XBloc
     __m512i wv[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g)
-      wv[g] = _mm512_and_si512(_mm512_loadu_si512(ws + g * gb + kQ2KQuants + quad * 256 + c * 64), mask);
+      wv[g] = _mm512_and_si512(_mm512_loadu_si512(ws + g * gb + q2k_line_at(quad, c)), mask);
     dot_chunk_k<G, T>(ia, wv, xb, 4 * b + c);
   }
-  add_scaled_dots<false, 2 * S>(ws, gb, kQ2KScales + k * 16, ia, isum);
+  add_scaled_dots<false, 2 * S>(ws, gb, q2k_scales_at(k), ia, isum);
 }
 
 // isum[g][t] += sc[k] * (the dots of Q3_K sub-block k = 2m + Odd's quants q =

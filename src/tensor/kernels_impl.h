@@ -48,12 +48,15 @@
 //         shifts and as many logic operations, a sub-block's lines read
 //         front to back (the former nibbles plus fifth-bit planes took ~26
 //         operations per 8 chunks, this 19). 2944 bytes.
-//   Q2_K: 16 f32 d, 16 f32 dmin, 16 x 16 scales (u8), then the mins (u8)
-//         per 32-element block i: 16 rows x (m[2i], m[2i+1]), 32 bytes; then
-//         for each quad q = 2h + b (h, b in 0..1) 4 chunks of 64 bytes: chunk
-//         c holds, for each row, the file's bytes qs[32h + 16b + 4c .. +3],
-//         whose bits 2s..2s+1 are elements 4c..4c+3 of sub-block 8h + 2s + b.
-//         1664 bytes (3.25 bits per weight; the file's 2.625).
+//   Q2_K: 16 f32 d, 16 f32 dmin, then for each quad q = 2h + b (h, b in
+//         0..1) its four sub-blocks' scales (u8; sub-block 8h + 2s + b's 16
+//         bytes at 16s) and its 4 chunks of 64 bytes: chunk c holds, for
+//         each row, the file's bytes qs[32h + 16b + 4c .. +3], whose bits
+//         2s..2s+1 are elements 4c..4c+3 of sub-block 8h + 2s + b; then the
+//         mins (u8) per 32-element block i: 16 rows x (m[2i], m[2i+1]), 32
+//         bytes. Each quad's scales right before its chunks, so that a
+//         section is read front to back. 1664 bytes (3.25 bits per weight;
+//         the file's 2.625).
 //   Q3_K: 16 f32 d, 16 x 16 scales (i8, -32..31), then the values u = q + 4
 //         (0..7) of each pair m of 16-element sub-blocks (X = 2m, Y = 2m + 1:
 //         elements 32m..32m + 31) in three 64-byte lines A, B, C: line l, row
@@ -180,10 +183,12 @@ constexpr size_t kQ6KQuants = 320;
 constexpr size_t q6k_line_at(int p, int q, int line) { return kQ6KQuants + p * 768 + q * 192 + line * 64; }
 constexpr size_t kSectionQ6KWide = 4416;
 // Where a Q2_K section's scales, min pairs and quant chunks start.
-constexpr size_t kQ2KScales = 128;
-constexpr size_t kQ2KMins = 384;
-constexpr size_t kQ2KQuants = 640;
-constexpr size_t kSectionQ2K = kQ2KQuants + 4 * 256;
+constexpr size_t kQ2KQuads = 128;
+constexpr size_t kQ2KMins = kQ2KQuads + 4 * 320;
+constexpr size_t kSectionQ2K = kQ2KMins + 8 * 32;
+// Sub-block k's 16 scale bytes; quad q's chunk c.
+constexpr size_t q2k_scales_at(int k) { return kQ2KQuads + (2 * (k / 8) + k % 2) * 320 + (k % 8) / 2 * 16; }
+constexpr size_t q2k_line_at(int quad, int c) { return kQ2KQuads + quad * 320 + 64 + c * 64; }
 // Where a Q3_K section's scales and quant lines start (d and scales where
 // Q6_K's are: a prompt widens Q3_K to Q6_K wide); line l of sub-block pair m.
 constexpr size_t kQ3KScales = 64;
