@@ -681,6 +681,18 @@ RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int 
 
 // isum += the block 2 * pair + Odd's scaled dots (k_affine_block,
 // iq4xs_block or q6k_block).
+// Requests Q6_K pair p's 12 lines in address order. The AVX2 tiles unpack a
+// pair half by half (A lines, then B, then C, then all three: a 192-byte
+// stride; reading the quads front to back as AVX-512 does needs four chains
+// side by side, which spill AVX2's 16 registers), and memory serves that
+// order slower than this one: end to end, paired, the 189 MB Q6_K model
+// tg64 AVX2 1.09-1.31x, AVX-VNNI 1.05-1.07x, its Q4_K_M twin 1.11-1.16x
+// (docs/performance.md, session 40). Small batches gained nothing from it (1.00x), so only decode
+// requests.
+RP_INLINE void request_q6k_pair(const uint8_t* sec, int p) {
+  for (int i = 0; i < 12; ++i) _mm_prefetch(reinterpret_cast<const char*>(sec + q6k_line_at(p, 0, 0) + i * 64), _MM_HINT_T0);
+}
+
 template <KType KT, bool Odd>
 RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   if constexpr (KT == KType::Q4K || KT == KType::Q5K) k_affine_block<KT, Odd>(sec, pair, xb, isum);
@@ -795,6 +807,7 @@ void tile_k(const MatmulArgs& a, int64_t g0, int64_t t0) {
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int p = 0; p < 4; ++p) {
           if (a.prefetch > 0) prefetch_share_at<1, kSec, 4>(sec, gb, us, g0 + g, p, a.prefetch);
+          if constexpr (KT == KType::Q6K) request_q6k_pair(sec, p);
           if constexpr (KT == KType::Q2K) {
             q2k_quad(sec, p, xsec + 4 * (p / 2) * xs, xs, isum);
           } else if constexpr (KT == KType::Q3K) {
