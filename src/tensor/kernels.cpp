@@ -375,6 +375,7 @@ void pack_group_q2_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
     auto* d = reinterpret_cast<float*>(o);
     d[r] = f16_to_f32(blk.d);
     d[16 + r] = f16_to_f32(blk.dmin);
+#pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) {
       o[kernels::q2k_scales_at(k) + r] = blk.scales[k] & 0x0f;
       o[kernels::kQ2KMins + (k / 2) * 32 + 2 * r + k % 2] = blk.scales[k] >> 4;
@@ -394,18 +395,21 @@ void pack_group_q3_k(const MatrixView& w, int64_t r0, int rows, uint8_t* out) {
     // of qs[32h + 16l + 4c + i], its high bit (u = q + 4 = low + 4 high) bit
     // 4h + j of hmask[16l + 4c + i]. Four elements at a time, as 32-bit
     // words of bytes (the shifts move bits within each byte; what crosses a
-    // byte is masked off).
-    auto u_word = [&](int k, int c) {
-      const int h = k / 8, j = (k / 2) % 4, l = k % 2;
-      return ((load_u32(blk.qs + 32 * h + 16 * l + 4 * c) >> (2 * j)) & 0x03030303u) |
-             ((load_u32(blk.hmask + 16 * l + 4 * c) >> (4 * h + j)) & 0x01010101u) << 2;
-    };
+    // byte is masked off); each qs and hmask word serves four sub-blocks.
+    uint32_t u[16][4];
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 2; ++l)
+        for (int c = 0; c < 4; ++c) {
+          const uint32_t q = load_u32(blk.qs + 32 * h + 16 * l + 4 * c);
+          const uint32_t m = load_u32(blk.hmask + 16 * l + 4 * c) >> (4 * h);
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j)
+            u[8 * h + 2 * j + l][c] = ((q >> (2 * j)) & 0x03030303u) | ((m >> j) & 0x01010101u) << 2;
+        }
+#pragma GCC unroll 8
     for (int m = 0; m < 8; ++m) {
-      uint32_t ux[4], uy[4];
-      for (int c = 0; c < 4; ++c) {
-        ux[c] = u_word(2 * m, c);
-        uy[c] = u_word(2 * m + 1, c);
-      }
+      const uint32_t(&ux)[4] = u[2 * m];
+      const uint32_t(&uy)[4] = u[2 * m + 1];
       const uint32_t lines[3] = {
           ux[0] | uy[0] << 3 | (ux[3] & 0x03030303u) << 6,
           ux[1] | uy[1] << 3 | ((ux[3] >> 2) & 0x01010101u) << 6 | (uy[3] & 0x01010101u) << 7,
