@@ -241,7 +241,17 @@ RP_INLINE __m256i iq4nl_lookup(__m256i v) {
 // is[h] += rows 8h..8h+7's dots of the table values of 32 elements, whose
 // nibbles are in 4 chunks of 64 bytes at p (as Q4_0's: low nibbles elements
 // 4c..4c+3, high nibbles 16+4c..16+4c+3), with the activation block xb.
+// AVX2 takes the signed values through the sign trick (its 16-bit pair sums
+// of unsigned bytes up to 241 would saturate); AVX-VNNI looks up the values
+// plus 128 and adds them with vpdpbusd, whose 32-bit sums cannot, from -128
+// * the block's activation sum (three operations a chunk fewer).
 RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) {
+#ifdef REPRISE_AVX_VNNI
+  const __m256i biased = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i start = _mm256_set1_epi32(-128 * (xb.sum_lo + xb.sum_hi));
+  for (int h = 0; h < 2; ++h) is[h] = _mm256_add_epi32(is[h], start);
+#endif
   [&]<int... C>(std::integer_sequence<int, C...>) RP_INLINE_LAMBDA {
     (
         [&]() RP_INLINE_LAMBDA {
@@ -251,7 +261,13 @@ RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) 
           const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
           for (int h = 0; h < 2; ++h) {
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + C * 64 + 32 * h));
+#ifdef REPRISE_AVX_VNNI
+            const __m256i lo = _mm256_shuffle_epi8(biased, _mm256_and_si256(v, nibble));
+            const __m256i hi = _mm256_shuffle_epi8(biased, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+            is[h] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(is[h], lo, xl), hi, xh);
+#else
             is[h] = dot_s8_acc(dot_s8_acc(is[h], iq4nl_lookup<false>(v), xl), iq4nl_lookup<true>(v), xh);
+#endif
           }
         }(),
         ...);
