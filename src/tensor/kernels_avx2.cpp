@@ -238,6 +238,14 @@ RP_INLINE __m256i iq4nl_lookup(__m256i v) {
   return _mm256_shuffle_epi8(iq4nl_table(), _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, nibble));
 }
 
+// The table values plus 128 (unsigned) of a nibble chunk's low or high
+// nibbles: for vpdpbusd (AVX-VNNI), whose 32-bit sums cannot saturate.
+template <bool High>
+RP_INLINE __m256i iq4nl_biased_lookup(__m256i v) {
+  const __m256i biased = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
+  return _mm256_shuffle_epi8(biased, _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f)));
+}
+
 // is[h] += rows 8h..8h+7's dots of the table values of 32 elements, whose
 // nibbles are in 4 chunks of 64 bytes at p (as Q4_0's: low nibbles elements
 // 4c..4c+3, high nibbles 16+4c..16+4c+3), with the activation block xb.
@@ -247,8 +255,6 @@ RP_INLINE __m256i iq4nl_lookup(__m256i v) {
 // * the block's activation sum (three operations a chunk fewer).
 RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) {
 #ifdef REPRISE_AVX_VNNI
-  const __m256i biased = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
   const __m256i start = _mm256_set1_epi32(-128 * (xb.sum_lo + xb.sum_hi));
   for (int h = 0; h < 2; ++h) is[h] = _mm256_add_epi32(is[h], start);
 #endif
@@ -262,9 +268,8 @@ RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) 
           for (int h = 0; h < 2; ++h) {
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + C * 64 + 32 * h));
 #ifdef REPRISE_AVX_VNNI
-            const __m256i lo = _mm256_shuffle_epi8(biased, _mm256_and_si256(v, nibble));
-            const __m256i hi = _mm256_shuffle_epi8(biased, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
-            is[h] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(is[h], lo, xl), hi, xh);
+            is[h] = _mm256_dpbusd_avx_epi32(
+                _mm256_dpbusd_avx_epi32(is[h], iq4nl_biased_lookup<false>(v), xl), iq4nl_biased_lookup<true>(v), xh);
 #else
             is[h] = dot_s8_acc(dot_s8_acc(is[h], iq4nl_lookup<false>(v), xl), iq4nl_lookup<true>(v), xh);
 #endif
@@ -915,13 +920,18 @@ RP_INLINE __m256i partial_first(__m256i w, __m256i xv) {
 // |w| shared by the tokens, each token's activations given w's signs.
 template <KType KT, bool Odd, int T, int C0, int N, bool First>
 RP_INLINE void k_chunks_tokens(const uint8_t* sec, int pair, int h, const XBlock* xb, __m256i (&part)[T]) {
-  constexpr bool kTable = KT == KType::IQ4XS;
+  // IQ4_XS on AVX2: signed table values through the sign trick; on AVX-VNNI
+  // the values plus 128 (k_scaled_tokens subtracts 128 * the activations'
+  // sum), as iq4nl_dots reads them.
+  constexpr bool kTable = KT == KType::IQ4XS && kPartials16;
   __m256i w;
-  if constexpr (kTable)
-    w = iq4nl_lookup<(C0 >= 4)>(_mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + (2 * pair + Odd) * 256 + (C0 % 4) * 64 + 32 * h)));
-  else
+  if constexpr (KT == KType::IQ4XS) {
+    const __m256i v = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + (2 * pair + Odd) * 256 + (C0 % 4) * 64 + 32 * h));
+    w = kTable ? iq4nl_lookup<(C0 >= 4)>(v) : iq4nl_biased_lookup<(C0 >= 4)>(v);
+  } else {
     w = k_affine_chunk<KT, Odd, C0>(sec, pair, h);
+  }
   const __m256i wu = kTable ? _mm256_sign_epi8(w, w) : w;
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
@@ -968,6 +978,9 @@ RP_INLINE void k_scaled_tokens(const uint8_t* sec, int pair, int h, const XBlock
     // Q6_K's quants are u - 32: less 32 * the activations' sum.
     if constexpr (kQ6)
       sum[t] = _mm256_add_epi32(sum[t], _mm256_set1_epi32(-32 * (S == 0 ? xb[t].sum_lo : xb[t].sum_hi)));
+    // IQ4_XS on AVX-VNNI: table values plus 128 (k_chunks_tokens).
+    if constexpr (KT == KType::IQ4XS && !kPartials16)
+      sum[t] = _mm256_add_epi32(sum[t], _mm256_set1_epi32(-128 * (xb[t].sum_lo + xb[t].sum_hi)));
     is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sum[t], sc));
   }
 }
