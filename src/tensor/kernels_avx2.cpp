@@ -252,7 +252,7 @@ RP_INLINE __m256i iq4nl_biased_lookup(__m256i v) {
 // AVX2 takes the signed values through the sign trick (its 16-bit pair sums
 // of unsigned bytes up to 241 would saturate); AVX-VNNI looks up the values
 // plus 128 and adds them with vpdpbusd, whose 32-bit sums cannot, from -128
-// * the block's activation sum (three operations a chunk fewer).
+// * the block's activation sum (two vpsignb fewer a lookup).
 RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) {
 #ifdef REPRISE_AVX_VNNI
   const __m256i start = _mm256_set1_epi32(-128 * (xb.sum_lo + xb.sum_hi));
