@@ -226,24 +226,21 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
   store_acc<G, T>(a, g0, t0, acc);
 }
 
-// IQ4_NL's signed table in both 128-bit lanes (vpshufb looks up per lane).
+// IQ4_NL's table in both 128-bit lanes (vpshufb looks up per lane): signed,
+// or plus 128 (unsigned, for AVX-VNNI's vpdpbusd, whose 32-bit sums cannot
+// saturate; AVX2's 16-bit pair sums of such bytes would).
+template <bool Biased = false>
 RP_INLINE __m256i iq4nl_table() {
-  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlSigned.v)));
+  const void* table = Biased ? static_cast<const void*>(kIq4nlBiased.v) : static_cast<const void*>(kIq4nlSigned.v);
+  return _mm256_broadcastsi128_si256(_mm_load_si128(static_cast<const __m128i*>(table)));
 }
 
-// The table values of a nibble chunk's low (High = false) or high nibbles.
-template <bool High>
+// The table values (Biased: plus 128) of a nibble chunk's low (High = false)
+// or high nibbles.
+template <bool High, bool Biased = false>
 RP_INLINE __m256i iq4nl_lookup(__m256i v) {
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  return _mm256_shuffle_epi8(iq4nl_table(), _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, nibble));
-}
-
-// The table values plus 128 (unsigned) of a nibble chunk's low or high
-// nibbles: for vpdpbusd (AVX-VNNI), whose 32-bit sums cannot saturate.
-template <bool High>
-RP_INLINE __m256i iq4nl_biased_lookup(__m256i v) {
-  const __m256i biased = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlBiased.v)));
-  return _mm256_shuffle_epi8(biased, _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f)));
+  return _mm256_shuffle_epi8(iq4nl_table<Biased>(), _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, nibble));
 }
 
 // is[h] += rows 8h..8h+7's dots of the table values of 32 elements, whose
@@ -269,7 +266,7 @@ RP_INLINE void iq4nl_dots(const uint8_t* p, const XBlock& xb, __m256i (&is)[2]) 
             const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + C * 64 + 32 * h));
 #ifdef REPRISE_AVX_VNNI
             is[h] = _mm256_dpbusd_avx_epi32(
-                _mm256_dpbusd_avx_epi32(is[h], iq4nl_biased_lookup<false>(v), xl), iq4nl_biased_lookup<true>(v), xh);
+                _mm256_dpbusd_avx_epi32(is[h], iq4nl_lookup<false, true>(v), xl), iq4nl_lookup<true, true>(v), xh);
 #else
             is[h] = dot_s8_acc(dot_s8_acc(is[h], iq4nl_lookup<false>(v), xl), iq4nl_lookup<true>(v), xh);
 #endif
@@ -700,20 +697,20 @@ RP_INLINE void k_finish(const uint8_t* sec, const XBlock* xsec, int64_t xs, int 
   }
 }
 
-// isum += the block 2 * pair + Odd's scaled dots (k_affine_block,
-// iq4xs_block or q6k_block).
 // Requests Q6_K pair p's 12 lines in address order. The AVX2 tiles unpack a
 // pair half by half (A lines, then B, then C, then all three: a 192-byte
 // stride; reading the quads front to back as AVX-512 does needs four chains
 // side by side, which spill AVX2's 16 registers), and memory serves that
 // order slower than this one: end to end, paired, the 189 MB Q6_K model
 // tg64 AVX2 1.09-1.31x, AVX-VNNI 1.05-1.07x, its Q4_K_M twin 1.11-1.16x
-// (docs/performance.md, session 40). Small batches gained nothing from it (1.00x), so only decode
-// requests.
+// (docs/performance.md, session 40). Small batches gained nothing from it
+// (1.00x), so only decode requests.
 RP_INLINE void request_q6k_pair(const uint8_t* sec, int p) {
   for (int i = 0; i < 12; ++i) _mm_prefetch(reinterpret_cast<const char*>(sec + q6k_line_at(p, 0, 0) + i * 64), _MM_HINT_T0);
 }
 
+// isum += the block 2 * pair + Odd's scaled dots (k_affine_block,
+// iq4xs_block or q6k_block).
 template <KType KT, bool Odd>
 RP_INLINE void k_block(const uint8_t* sec, int pair, const XBlock& xb, __m256i (&isum)[2]) {
   if constexpr (KT == KType::Q4K || KT == KType::Q5K) k_affine_block<KT, Odd>(sec, pair, xb, isum);
@@ -928,7 +925,7 @@ RP_INLINE void k_chunks_tokens(const uint8_t* sec, int pair, int h, const XBlock
   if constexpr (KT == KType::IQ4XS) {
     const __m256i v = _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(sec + kIq4XsNibbles + (2 * pair + Odd) * 256 + (C0 % 4) * 64 + 32 * h));
-    w = kTable ? iq4nl_lookup<(C0 >= 4)>(v) : iq4nl_biased_lookup<(C0 >= 4)>(v);
+    w = iq4nl_lookup<(C0 >= 4), !kTable>(v);
   } else {
     w = k_affine_chunk<KT, Odd, C0>(sec, pair, h);
   }

@@ -182,7 +182,8 @@ constexpr size_t q5k_line_at(int j, int l) { return kQ4KNibbles + j * 320 + l * 
 constexpr size_t kQ6KQuants = 320;
 constexpr size_t q6k_line_at(int p, int q, int line) { return kQ6KQuants + p * 768 + q * 192 + line * 64; }
 constexpr size_t kSectionQ6KWide = 4416;
-// Where a Q2_K section's scales, min pairs and quant chunks start.
+// Where a Q2_K section's quads (each its scale line, then its chunks) and
+// min pairs start.
 constexpr size_t kQ2KQuads = 128;
 constexpr size_t kQ2KMins = kQ2KQuads + 4 * 320;
 constexpr size_t kSectionQ2K = kQ2KMins + 8 * 32;
