@@ -222,6 +222,63 @@ BENCHMARK(BM_Attention)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Decode attention at depth as a token meets it: one query over the K/V of
+// enough distinct layers (~96 MB in all, more than the L3) taken in turn, so
+// every layer's K/V comes from memory. Args: context length, threads. 8
+// heads of 64, FlatMemory's layout. Bytes per second against BM_ReadPacked's.
+void BM_AttentionLayers(benchmark::State& state) {
+  const int64_t n_ctx = state.range(0), n_head = 8, hd = 64;
+  ThreadPool pool(static_cast<int>(state.range(1)));
+  const int64_t layer_halfs = 2 * n_ctx * n_head * hd;
+  const int64_t n_layers = std::max<int64_t>(1, (int64_t{96} << 20) / (layer_halfs * 2));
+  struct Layer {
+    std::vector<uint16_t> kv;
+    std::vector<const uint16_t*> kr, vr;
+  };
+  std::vector<Layer> layers(n_layers);
+  const std::vector<float> kf = make_x(layer_halfs);
+  for (Layer& l : layers) {
+    l.kv.resize(layer_halfs);
+    for (int64_t i = 0; i < layer_halfs; ++i) l.kv[i] = f32_to_f16(kf[i]);
+    l.kr.resize(n_ctx);
+    l.vr.resize(n_ctx);
+    for (int64_t p = 0; p < n_ctx; ++p) {
+      l.kr[p] = l.kv.data() + p * hd;
+      l.vr[p] = l.kv.data() + n_ctx * n_head * hd + p * hd;
+    }
+  }
+  std::vector<float> q = make_x(n_head * hd), out(q.size());
+  int64_t first = 0, end = n_ctx;
+  AttentionBatch a;
+  a.q = q.data();
+  a.n_tokens = 1;
+  a.n_head = n_head;
+  a.n_head_kv = n_head;
+  a.head_dim = hd;
+  a.scale = 0.125f;
+  a.first = &first;
+  a.end = &end;
+  a.kv_head_stride = n_ctx * hd;
+  a.key_group = kKeyGroup;
+  a.out = out.data();
+  for (auto _ : state) {
+    for (const Layer& l : layers) {
+      a.key_rows = l.kr.data();
+      a.value_rows = l.vr.data();
+      attention(a, pool);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GBps"] = benchmark::Counter(static_cast<double>(n_layers * layer_halfs * 2),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionLayers)
+    ->Args({4096, 2})
+    ->Args({4096, 1})
+    ->Args({32768, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_RmsNorm(benchmark::State& state) {
   std::vector<float> x = make_x(512), w = make_x(512), out(512);
   for (auto _ : state) {

@@ -47,6 +47,9 @@ struct BenchOptions {
   int draft_max = 8;
   std::vector<std::string> lockstep;  // {in FIFO, out FIFO}: take turns with another bench process
   std::string step_times;             // file: one line per timed step (test, index, seconds)
+  // Where tgN's K/V live: "flat" (one buffer per layer, llama-bench's
+  // layout) or "blocks" (the prefix cache's blocks, what the server reads).
+  std::string kv_layout = "flat";
 };
 
 double now_seconds() {
@@ -157,8 +160,9 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
                   paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction, paired.one_stream_bw / 1e9,
                   paired.eight_streams_bw / 1e9);
     if (decode)
-      std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f",
-                  prefetch.c_str(), team_share, team_wait_share);
+      std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f"
+                  ",\"kv_layout\":\"%s\"",
+                  prefetch.c_str(), team_share, team_wait_share, o.kv_layout.c_str());
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -172,7 +176,7 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
 
 // Fills positions [0, depth) of `memory` (untimed), as llama-bench -d does,
 // so the timed test runs against a context of that length.
-void prefill_depth(Model& model, FlatMemory& memory, int depth, int64_t n_vocab, ThreadPool& pool,
+void prefill_depth(Model& model, SequenceMemory& memory, int depth, int64_t n_vocab, ThreadPool& pool,
                    std::vector<float>& logits) {
   if (depth <= 0) return;
   const auto toks = random_tokens(depth, n_vocab, 12345);
@@ -268,14 +272,23 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::vector<double> rates;
     roof.kv_bytes = kv_bytes_per_step(model.state_spec(), o.n_depth, o.n_gen);
     // One run of the test: the sequences' memory, filled to the depth.
+    // With --kv-layout blocks the sequences' K/V live in prefix-cache blocks
+    // (never committed, so never shared or indexed: a cold run's layout).
+    std::optional<PrefixCache> blocks;
+    if (o.kv_layout == "blocks") {
+      PrefixCacheConfig cfg;
+      cfg.budget_bytes = ~uint64_t{0} >> 1;  // a run's blocks are never evicted under it
+      blocks.emplace(model.state_spec(), cfg);
+    }
     struct DecodeRun {
-      std::vector<std::unique_ptr<FlatMemory>> memory;
+      std::vector<std::unique_ptr<SequenceMemory>> memory;
       std::vector<SequenceStep> steps;
     };
     auto start_run = [&] {
       DecodeRun run;
       for (int s = 0; s < n_seq; ++s) {
-        run.memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+        if (blocks) run.memory.push_back(blocks->open(NamespaceKey{}));
+        else run.memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
         run.memory.back()->prepare(0, o.n_depth + o.n_gen);
         prefill_depth(model, *run.memory.back(), o.n_depth, n_vocab, pool, logits);
       }
@@ -369,6 +382,8 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       std::printf("decode teams (one dispatch a step): %.0f %% of the timed steps; their members waited at "
                   "barriers %.1f %% of the time\n",
                   100 * team_share, 100 * team_wait_share);
+      std::printf("K/V layout: %s\n", o.kv_layout == "blocks" ? "the prefix cache's blocks (as the server)"
+                                                               : "a flat buffer per layer (as llama-bench)");
     }
   }
 }
@@ -396,6 +411,11 @@ void register_bench(CLI::App& app) {
       ->expected(2)
       ->delimiter(',');
   cmd->add_option("--step-times", o->step_times, "Write every timed step's seconds to this file (test, index, seconds)");
+  cmd->add_option("--kv-layout", o->kv_layout,
+                  "tgN: where the K/V live: 'flat' (a buffer per layer, as llama-bench) or 'blocks' (the prefix "
+                  "cache's blocks, as the server)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"flat", "blocks"}));
   cmd->add_option("--replay", o->replay,
                   "Replay a scripted workload instead: 'chat', 'speculative' or 'parallel' (-s concurrent requests)");
   cmd->add_option("--draft-model", o->draft_model, "Replay speculative: the draft model");

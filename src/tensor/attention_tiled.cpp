@@ -73,13 +73,9 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const float* kb = F16V ? nullptr : kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
     const uint16_t* kb16[NB];
-    const char* next16[NB];
     if constexpr (F16V)
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        kb16[j] = f16->k[b0 / 16 + j];
-        next16[j] = reinterpret_cast<const char*>(f16->next_k[b0 / 16 + j]);
-      }
+      for (int j = 0; j < NB; ++j) kb16[j] = f16->k[b0 / 16 + j];
     __m256 acc[NQ][NB][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NQ; ++r)
@@ -90,7 +86,8 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
         if constexpr (F16V) {
-          if ((i & 1) == 0) _mm_prefetch(next16[j] + i * 32, _MM_HINT_T0);  // a line holds two dimensions
+          if ((i & 1) == 0)  // a line holds two dimensions
+            _mm_prefetch(reinterpret_cast<const char*>(f16->key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
           k[j][0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16)));
           k[j][1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16 + 8)));
         } else {

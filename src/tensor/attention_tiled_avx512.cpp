@@ -132,13 +132,9 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const float* kb = F16Rows ? nullptr : kv.kt + (ts + b0 - kv.base) / 16 * d * 16;
     const uint16_t* kb16[NB];
-    const uint16_t* next16[NB];
     if constexpr (F16Rows) {
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        kb16[j] = f16->k[b0 / 16 + j];
-        next16[j] = f16->next_k[b0 / 16 + j];
-      }
+      for (int j = 0; j < NB; ++j) kb16[j] = f16->k[b0 / 16 + j];
     }
     __m512 acc[NQ][NB];
 #pragma GCC unroll 4
@@ -150,7 +146,8 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       if constexpr (F16Rows) {
         if ((i & 1) == 0)  // a line holds two dimensions of a block
 #pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next16[j] + i * 16), _MM_HINT_T0);
+          for (int j = 0; j < NB; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(f16->key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j)
@@ -284,14 +281,10 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
   const __m512 vscale = _mm512_set1_ps(scale);
   auto score_blocks = [&]<int NB>(int64_t b0) RP_ALWAYS_INLINE {
     const uint16_t* kb16[H][NB];
-    const uint16_t* next16[H][NB];
 #pragma GCC unroll 2
     for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        kb16[h][j] = f16[h].k[b0 / 16 + j];
-        next16[h][j] = f16[h].next_k[b0 / 16 + j];
-      }
+      for (int j = 0; j < NB; ++j) kb16[h][j] = f16[h].k[b0 / 16 + j];
     __m512 acc[H][NB];
 #pragma GCC unroll 2
     for (int h = 0; h < H; ++h)
@@ -302,7 +295,8 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next16[h][j] + i * 16), _MM_HINT_T0);
+          for (int j = 0; j < NB; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(f16[h].key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int h = 0; h < H; ++h) {
         const __m512 q = _mm512_set1_ps(q_row[h][i]);
