@@ -34,6 +34,7 @@ namespace {
 #define RP_ALWAYS_INLINE __attribute__((always_inline))
 
 using tiled::kNegInf;
+using tiled::kKeyLeadDims;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
@@ -290,22 +291,32 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[h][j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; ++i) {
-      if ((i & 1) == 0)  // a line holds two dimensions of a block
+    // Dimensions [i0, i1), two at a time (d is a multiple of 16): the lines
+    // requested lie in this tile's blocks (InTile) or the next tile's.
+    auto dims = [&]<bool InTile>(int64_t i0, int64_t i1) RP_ALWAYS_INLINE {
+      for (int64_t i = i0; i < i1; i += 2) {
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(f16[h].key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
+          for (int j = 0; j < NB; ++j)  // a line holds two dimensions of a block
+            _mm_prefetch(reinterpret_cast<const char*>(f16[h].template key_ahead_in<InTile>(b0 / 16 + j, i, d)),
+                         _MM_HINT_T0);
 #pragma GCC unroll 2
-      for (int h = 0; h < H; ++h) {
-        const __m512 q = _mm512_set1_ps(q_row[h][i]);
+        for (int64_t ii = i; ii < i + 2; ++ii)
+#pragma GCC unroll 2
+          for (int h = 0; h < H; ++h) {
+            const __m512 q = _mm512_set1_ps(q_row[h][ii]);
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j)
-          acc[h][j] = _mm512_fmadd_ps(
-              q, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[h][j] + i * 16))), acc[h][j]);
+            for (int j = 0; j < NB; ++j)
+              acc[h][j] = _mm512_fmadd_ps(
+                  q, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[h][j] + ii * 16))),
+                  acc[h][j]);
+          }
       }
-    }
+    };
+    const int64_t split = d > kKeyLeadDims ? d - kKeyLeadDims : 0;
+    dims.template operator()<true>(0, split);
+    dims.template operator()<false>(split, d);
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j)
 #pragma GCC unroll 2
@@ -332,16 +343,21 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
       for (int j = 0; j < C; ++j) a[h][j] = _mm512_load_ps(st[h][0].acc + c + 16 * j);
-    // Key p into head h's accumulators (all heads when Both).
-    auto step = [&]<bool Both>(int64_t p, int only) RP_ALWAYS_INLINE {
+    // Key p into head h's accumulators (all heads when Both), requesting
+    // position p + kTile's rows when Request. The heads share their rows
+    // (one context: pairs_up), at their own offsets.
+    const uint16_t* const* rows = f16[0].v;
+    auto step = [&]<bool Both, bool Request>(int64_t p, int only) RP_ALWAYS_INLINE {
+      const uint16_t* row = rows[p];
+      const uint16_t* next = Request ? rows[p + kTile] : nullptr;
 #pragma GCC unroll 2
       for (int h = 0; h < H; ++h) {
         if (!Both && h != only) continue;
-        const uint16_t* vr = f16[h].v[p] + f16[h].v_off + c;
-        if (p + kTile < f16[h].v_next_hi) {
-          const char* next = reinterpret_cast<const char*>(f16[h].v[p + kTile] + f16[h].v_off + c);
+        const uint16_t* vr = row + f16[h].v_off + c;
+        if constexpr (Request) {
+          const char* ahead = reinterpret_cast<const char*>(next + f16[h].v_off + c);
 #pragma GCC unroll 4
-          for (int j = 0; j < C; j += 2) _mm_prefetch(next + 64 * (j / 2), _MM_HINT_T0);  // 32 values a line
+          for (int j = 0; j < C; j += 2) _mm_prefetch(ahead + 64 * (j / 2), _MM_HINT_T0);  // 32 values a line
         }
         const __m512 wv = _mm512_set1_ps(w[h][p - ts]);
 #pragma GCC unroll 4
@@ -350,12 +366,18 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
               wv, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * j))), a[h][j]);
       }
     };
+    // Positions below `requesting` request the next tile's rows.
+    int64_t requesting = f16[0].v_next_hi - kTile;
+    requesting = requesting < lo ? lo : requesting > hi ? hi : requesting;
+    auto positions = [&]<bool Both>(int only) RP_ALWAYS_INLINE {
+      for (int64_t p = lo; p < requesting; ++p) step.template operator()<Both, true>(p, only);
+      for (int64_t p = requesting; p < hi; ++p) step.template operator()<Both, false>(p, only);
+    };
     if (active[0] && active[1]) {
-      for (int64_t p = lo; p < hi; ++p) step.template operator()<true>(p, 0);
+      positions.template operator()<true>(0);
     } else {
       for (int h = 0; h < H; ++h)
-        if (active[h])
-          for (int64_t p = lo; p < hi; ++p) step.template operator()<false>(p, h);
+        if (active[h]) positions.template operator()<false>(h);
     }
 #pragma GCC unroll 2
     for (int h = 0; h < H; ++h)
