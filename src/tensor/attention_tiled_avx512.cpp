@@ -294,13 +294,19 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     // Dimensions [i0, i1), two at a time (d is a multiple of 16): the lines
     // requested lie in this tile's blocks (InTile) or the next tile's.
     auto dims = [&]<bool InTile>(int64_t i0, int64_t i1) RP_ALWAYS_INLINE {
+      // Dimension i's request is at ahead[h][j] + i * 16 (F16Tile::key_ahead).
+      const uint16_t* ahead[H][NB];
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j)
+          ahead[h][j] = InTile ? kb16[h][j] + kKeyLeadDims * 16 : f16[h].next_k[b0 / 16 + j] + (kKeyLeadDims - d) * 16;
       for (int64_t i = i0; i < i1; i += 2) {
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
           for (int j = 0; j < NB; ++j)  // a line holds two dimensions of a block
-            _mm_prefetch(reinterpret_cast<const char*>(f16[h].template key_ahead_in<InTile>(b0 / 16 + j, i, d)),
-                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(ahead[h][j] + i * 16), _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int64_t ii = i; ii < i + 2; ++ii)
 #pragma GCC unroll 2

@@ -50,12 +50,6 @@ struct F16Tile {
     const int64_t at = i + kKeyLeadDims;
     return at < d ? k[b] + at * 16 : next_k[b] + (at - d) * 16;
   }
-  // key_ahead for dimensions known to be below (InTile) or at least
-  // d - kKeyLeadDims, without the test.
-  template <bool InTile>
-  const uint16_t* key_ahead_in(int b, int64_t i, int64_t d) const {
-    return InTile ? k[b] + (i + kKeyLeadDims) * 16 : next_k[b] + (i + kKeyLeadDims - d) * 16;
-  }
   const uint16_t* const* v;   // value rows: position p at v[p] + v_off
   int64_t v_off;
   int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
