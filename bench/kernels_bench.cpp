@@ -224,12 +224,13 @@ BENCHMARK(BM_Attention)
 
 // Decode attention at depth as a token meets it: one query over the K/V of
 // enough distinct layers (~96 MB in all, more than the L3) taken in turn, so
-// every layer's K/V comes from memory. Args: context length, threads. 8
-// heads of 64, FlatMemory's layout. Bytes per second against BM_ReadPacked's.
+// every layer's K/V comes from memory. Args: context length, threads, query
+// heads per KV head. 8 query heads of 64, FlatMemory's layout. Bytes per
+// second against BM_ReadPacked's.
 void BM_AttentionLayers(benchmark::State& state) {
-  const int64_t n_ctx = state.range(0), n_head = 8, hd = 64;
+  const int64_t n_ctx = state.range(0), n_head = 8, hd = 64, n_head_kv = n_head / state.range(2);
   ThreadPool pool(static_cast<int>(state.range(1)));
-  const int64_t layer_halfs = 2 * n_ctx * n_head * hd;
+  const int64_t layer_halfs = 2 * n_ctx * n_head_kv * hd;
   const int64_t n_layers = std::max<int64_t>(1, (int64_t{96} << 20) / (layer_halfs * 2));
   struct Layer {
     std::vector<uint16_t> kv;
@@ -244,7 +245,7 @@ void BM_AttentionLayers(benchmark::State& state) {
     l.vr.resize(n_ctx);
     for (int64_t p = 0; p < n_ctx; ++p) {
       l.kr[p] = l.kv.data() + p * hd;
-      l.vr[p] = l.kv.data() + n_ctx * n_head * hd + p * hd;
+      l.vr[p] = l.kv.data() + n_ctx * n_head_kv * hd + p * hd;
     }
   }
   std::vector<float> q = make_x(n_head * hd), out(q.size());
@@ -253,7 +254,7 @@ void BM_AttentionLayers(benchmark::State& state) {
   a.q = q.data();
   a.n_tokens = 1;
   a.n_head = n_head;
-  a.n_head_kv = n_head;
+  a.n_head_kv = n_head_kv;
   a.head_dim = hd;
   a.scale = 0.125f;
   a.first = &first;
@@ -273,9 +274,10 @@ void BM_AttentionLayers(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionLayers)
-    ->Args({4096, 2})
-    ->Args({4096, 1})
-    ->Args({32768, 2})
+    ->Args({4096, 2, 1})
+    ->Args({4096, 1, 1})
+    ->Args({32768, 2, 1})
+    ->Args({4096, 1, 4})  // grouped-query attention
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

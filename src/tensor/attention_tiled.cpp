@@ -22,6 +22,7 @@ namespace {
 using avx2::exp8;
 using avx2::exp_scalar;
 using tiled::kNegInf;
+using tiled::kKeyLeadDims;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
@@ -81,29 +82,45 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; ++i) {
-      __m256 k[NB][2];
+    // Dimensions [i0, i1); in place (F16V) the lines requested lie in this
+    // tile's blocks (InTile) or the next tile's (F16Tile).
+    auto dims = [&]<bool InTile>(int64_t i0, int64_t i1) RP_ALWAYS_INLINE {
+      const uint16_t* ahead[NB];
+      if constexpr (F16V)
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        if constexpr (F16V) {
-          if ((i & 1) == 0)  // a line holds two dimensions
-            _mm_prefetch(reinterpret_cast<const char*>(f16->key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
-          k[j][0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16)));
-          k[j][1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16 + 8)));
-        } else {
-          k[j][0] = _mm256_load_ps(kb + j * d * 16 + i * 16);
-          k[j][1] = _mm256_load_ps(kb + j * d * 16 + i * 16 + 8);
-        }
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < NQ; ++r) {
-        const __m256 q = _mm256_broadcast_ss(q_row[r] + i);
+        for (int j = 0; j < NB; ++j)
+          ahead[j] = InTile ? kb16[j] + kKeyLeadDims * 16 : f16->next_k[b0 / 16 + j] + (kKeyLeadDims - d) * 16;
+      for (int64_t i = i0; i < i1; ++i) {
+        __m256 k[NB][2];
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
-          acc[r][j][0] = _mm256_fmadd_ps(q, k[j][0], acc[r][j][0]);
-          acc[r][j][1] = _mm256_fmadd_ps(q, k[j][1], acc[r][j][1]);
+          if constexpr (F16V) {
+            if ((i & 1) == 0)  // a line holds two dimensions
+              _mm_prefetch(reinterpret_cast<const char*>(ahead[j] + i * 16), _MM_HINT_T0);
+            k[j][0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16)));
+            k[j][1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16[j] + i * 16 + 8)));
+          } else {
+            k[j][0] = _mm256_load_ps(kb + j * d * 16 + i * 16);
+            k[j][1] = _mm256_load_ps(kb + j * d * 16 + i * 16 + 8);
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NQ; ++r) {
+          const __m256 q = _mm256_broadcast_ss(q_row[r] + i);
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) {
+            acc[r][j][0] = _mm256_fmadd_ps(q, k[j][0], acc[r][j][0]);
+            acc[r][j][1] = _mm256_fmadd_ps(q, k[j][1], acc[r][j][1]);
+          }
         }
       }
+    };
+    if constexpr (F16V) {
+      const int64_t split = d > kKeyLeadDims ? d - kKeyLeadDims : 0;
+      dims.template operator()<true>(0, split);
+      dims.template operator()<false>(split, d);
+    } else {
+      dims.template operator()<true>(0, d);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j)

@@ -142,24 +142,40 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
     for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; ++i) {
-      __m512 k[NB];
+    // Dimensions [i0, i1); in place (F16Rows) the lines requested lie in
+    // this tile's blocks (InTile) or the next tile's (F16Tile).
+    auto dims = [&]<bool InTile>(int64_t i0, int64_t i1) RP_ALWAYS_INLINE {
+      const uint16_t* ahead[NB];
       if constexpr (F16Rows) {
-        if ((i & 1) == 0)  // a line holds two dimensions of a block
 #pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(f16->key_ahead(b0 / 16 + j, i, d)), _MM_HINT_T0);
+        for (int j = 0; j < NB; ++j)
+          ahead[j] = InTile ? kb16[j] + kKeyLeadDims * 16 : f16->next_k[b0 / 16 + j] + (kKeyLeadDims - d) * 16;
       }
+      for (int64_t i = i0; i < i1; ++i) {
+        __m512 k[NB];
+        if constexpr (F16Rows) {
+          if ((i & 1) == 0)  // a line holds two dimensions of a block
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j)
-        k[j] = F16Rows ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[j] + i * 16)))
-                       : _mm512_load_ps(kb + j * d * 16 + i * 16);
+            for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead[j] + i * 16), _MM_HINT_T0);
+        }
 #pragma GCC unroll 4
-      for (int r = 0; r < NQ; ++r) {
-        const __m512 q = _mm512_set1_ps(q_row[r][i]);
+        for (int j = 0; j < NB; ++j)
+          k[j] = F16Rows ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16[j] + i * 16)))
+                         : _mm512_load_ps(kb + j * d * 16 + i * 16);
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(q, k[j], acc[r][j]);
+        for (int r = 0; r < NQ; ++r) {
+          const __m512 q = _mm512_set1_ps(q_row[r][i]);
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(q, k[j], acc[r][j]);
+        }
       }
+    };
+    if constexpr (F16Rows) {
+      const int64_t split = d > kKeyLeadDims ? d - kKeyLeadDims : 0;
+      dims.template operator()<true>(0, split);
+      dims.template operator()<false>(split, d);
+    } else {
+      dims.template operator()<true>(0, d);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j)
@@ -294,7 +310,7 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     // Dimensions [i0, i1), two at a time (d is a multiple of 16): the lines
     // requested lie in this tile's blocks (InTile) or the next tile's.
     auto dims = [&]<bool InTile>(int64_t i0, int64_t i1) RP_ALWAYS_INLINE {
-      // Dimension i's request is at ahead[h][j] + i * 16 (F16Tile::key_ahead).
+      // Dimension i's request is at ahead[h][j] + i * 16 (F16Tile).
       const uint16_t* ahead[H][NB];
 #pragma GCC unroll 2
       for (int h = 0; h < H; ++h)

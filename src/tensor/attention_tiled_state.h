@@ -35,21 +35,15 @@ inline float tree16(__m256 lo, __m256 hi) {
 }
 
 // Where decode's f16 K and V of one tile are, and what to request from
-// memory while the tile computes: each K block's lines 512 bytes ahead
-// (key_ahead) and the next tile's V rows, a line per line loaded (issued all at once per tile they filled the
-// line-fill buffers and stalled the core: decode at depth 1024 ~7 % slower,
-// 3000 ~15 %; without requests decode at depth ran 2.4x slower).
+// memory while the tile computes: each K block's lines kKeyLeadDims
+// dimensions ahead (block b's keys continue in the next tile's block b, so a
+// block's last lines request the next tile's first ones) and the next tile's
+// V rows, a line per line loaded (issued all at once per tile they filled
+// the line-fill buffers and stalled the core: decode at depth 1024 ~7 %
+// slower, 3000 ~15 %; without requests decode at depth ran 2.4x slower).
 struct F16Tile {
   const uint16_t* k[4];       // block b (positions ts + 16 b ..) as [d][16] f16
   const uint16_t* next_k[4];  // block b of the next tile (this block's when there is none)
-  // The line kKeyLeadDims dimensions past dimension i of block b: block b's
-  // keys of positions ts + 16 b .. are one stream with the next tile's
-  // block b, so the request runs a fixed distance ahead in that stream and
-  // crosses into the next tile for the block's last lines.
-  const uint16_t* key_ahead(int b, int64_t i, int64_t d) const {
-    const int64_t at = i + kKeyLeadDims;
-    return at < d ? k[b] + at * 16 : next_k[b] + (at - d) * 16;
-  }
   const uint16_t* const* v;   // value rows: position p at v[p] + v_off
   int64_t v_off;
   int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
