@@ -16,12 +16,13 @@
 namespace reprise::kernels::tiled {
 
 constexpr int64_t kTile = 64;
-// How far ahead decode requests a key block's lines: 16 dimensions, 8 lines,
-// 512 bytes (the distance the decode products found best). Requesting the
-// next tile's line in step with this tile's (8 KB ahead) read decode's K/V
-// from memory 0.87x as fast (docs/performance.md, Decode attention: keys
-// requested 512 bytes ahead).
-constexpr int64_t kKeyLeadDims = 16;
+// How far ahead decode requests a key block's lines: 24 dimensions, 12
+// lines, 768 bytes of the block's stream. Requesting the next tile's line in
+// step with this tile's (8 KB ahead) read decode's K/V from memory ~0.87x as
+// fast; 16 dimensions measured 0.97-0.99x of 24 end to end, 32 about the
+// same (docs/performance.md, Decode attention: keys requested a fixed
+// distance ahead).
+constexpr int64_t kKeyLeadDims = 24;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The 16 lanes lo (0-7) and hi (8-15) summed in the order of GCC's
