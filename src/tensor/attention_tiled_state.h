@@ -23,6 +23,9 @@ constexpr int64_t kTile = 64;
 // same (docs/performance.md, Decode attention: keys requested a fixed
 // distance ahead).
 constexpr int64_t kKeyLeadDims = 24;
+// The lead for head size d: at most the block itself, so the requests of a
+// small head's block fall in the next tile's block, not past it.
+inline int64_t key_lead_dims(int64_t d) { return d < kKeyLeadDims ? d : kKeyLeadDims; }
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The 16 lanes lo (0-7) and hi (8-15) summed in the order of GCC's
