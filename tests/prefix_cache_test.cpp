@@ -2,6 +2,7 @@
 // bit), isolation, copy-on-write, budgets and accounting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -290,6 +291,43 @@ TEST(PrefixCache, CopyOnWriteOfSharedPartialBlock) {
   EXPECT_EQ(gz.result.cached_tokens, 11);
   EXPECT_TRUE(bit_identical(cz, gz));
   EXPECT_EQ(cache.check_invariants(), "");
+}
+
+// Every (layer, KV head)'s keys and values of a block have their own bytes
+// (a write to one never reaches another) and together fill the block, and a
+// head's values follow its keys, so decode attention reads one run of
+// memory per head and block.
+TEST(PrefixCache, BlockHoldsEachHeadsKeysThenValuesApart) {
+  StateSpec spec;
+  spec.layers.push_back({LayerStateKind::Attention, 2, 64, 64});
+  spec.layers.push_back({LayerStateKind::Recurrent, 0, 0, 0, 0, 12, 48});
+  spec.layers.push_back({LayerStateKind::Attention, 3, 32, 48});
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 32;
+  PrefixCache cache(spec, cfg);
+  auto seq = cache.open(NamespaceKey{});
+  seq->prepare(0, 64);
+  for (int64_t p0 : {0, 32}) {
+    const uint16_t* block = seq->key(0, p0);  // layer 0's first head starts the block
+    // Half-open runs of each (layer, head, keys or values), in halfs from the block's start.
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int layer : {0, 2}) {
+      const LayerStateSpec& l = spec.layers[layer];
+      const int64_t stride = seq->kv_head_stride(layer);
+      for (int64_t j = 0; j < l.n_kv_heads; ++j) {
+        const int64_t k0 = seq->key(layer, p0) + j * stride - block;
+        const int64_t v0 = seq->value(layer, p0) + j * stride - block;
+        EXPECT_EQ(v0, k0 + 32 * l.head_dim_k) << "layer " << layer << " head " << j;
+        EXPECT_EQ(seq->value(layer, p0 + 5) + j * stride - block, v0 + 5 * l.head_dim_v);
+        runs.push_back({k0, k0 + 32 * l.head_dim_k});
+        runs.push_back({v0, v0 + 32 * l.head_dim_v});
+      }
+    }
+    std::sort(runs.begin(), runs.end());
+    EXPECT_EQ(runs.front().first, 0);
+    for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i].first, runs[i - 1].second) << "run " << i;
+    EXPECT_EQ(runs.back().second, 32 * (2 * (64 + 64) + 3 * (32 + 48)));
+  }
 }
 
 TEST(PrefixCache, BudgetZeroDisablesCaching) {

@@ -55,12 +55,17 @@ std::string ReuseReport::describe() const {
 PrefixCache::PrefixCache(const StateSpec& spec, const PrefixCacheConfig& config)
     : spec_(spec), block_tokens_(config.block_tokens), config_(config) {
   if (block_tokens_ <= 0 || block_tokens_ > 4096) throw Error("invalid cache block size");
+  // Per attention layer, each KV head's keys then its values: one head's
+  // state of a block is one run of memory (see kv_head_stride).
   int64_t off = 0;
   for (const auto& layer : spec_.layers) {
+    const bool attention = layer.kind == LayerStateKind::Attention;
+    const int64_t head_k = attention ? block_tokens_ * int64_t{layer.head_dim_k} : 0;
+    const int64_t head_v = attention ? block_tokens_ * int64_t{layer.head_dim_v} : 0;
     key_offset_.push_back(off);
-    if (layer.kind == LayerStateKind::Attention) off += block_tokens_ * layer.key_floats();
-    value_offset_.push_back(off);
-    if (layer.kind == LayerStateKind::Attention) off += block_tokens_ * layer.value_floats();
+    value_offset_.push_back(off + head_k);
+    head_stride_.push_back(head_k + head_v);
+    if (attention) off += int64_t{layer.n_kv_heads} * (head_k + head_v);
   }
   block_halfs_ = static_cast<uint64_t>(off);
   block_bytes_ = block_halfs_ * sizeof(uint16_t);
@@ -507,9 +512,7 @@ uint16_t* CachedSequence::value(int layer, int64_t pos) {
   return table_[pos / B]->data.get() + cache_.value_offset_[layer] + (pos % B) * cache_.spec_.layers[layer].head_dim_v;
 }
 
-int64_t CachedSequence::kv_head_stride(int layer) const {
-  return cache_.block_tokens_ * cache_.spec_.layers[layer].head_dim_k;
-}
+int64_t CachedSequence::kv_head_stride(int layer) const { return cache_.head_stride_[layer]; }
 
 int64_t CachedSequence::key_group(int /*layer*/) const { return key_group_for(cache_.block_tokens_); }
 

@@ -94,7 +94,9 @@ class PrefixCache final : private MemoryBudget::Tier {
   const StateSpec spec_;
   const int block_tokens_;
   PrefixCacheConfig config_;
-  std::vector<int64_t> key_offset_, value_offset_;  // per layer, in halfs within a block
+  // Per layer, in halfs within a block: KV head 0's keys and values, and
+  // the distance from one head's to the next's.
+  std::vector<int64_t> key_offset_, value_offset_, head_stride_;
   uint64_t block_halfs_ = 0;
   uint64_t block_bytes_ = 0;  // KV storage only
   uint64_t block_cost_ = 0;   // accounted per block
@@ -145,7 +147,10 @@ class CachedSequence final : public SequenceMemory {
   uint16_t* key(int layer, int64_t pos) override;
   uint16_t* value(int layer, int64_t pos) override;
   void kv_rows(int layer, int64_t first, int64_t end, const uint16_t** keys, const uint16_t** values) override;
-  // A block holds each layer's K as [head][block position][head_dim] (V alike).
+  // A block holds each layer's state by KV head: head j's keys (its key
+  // groups of the block's positions), then its values ([block position]
+  // [head_dim]), so decode attention, which reads one head's keys and then
+  // its values, reads one run of memory per head and block.
   int64_t kv_head_stride(int layer) const override;
   // The largest that whole blocks hold (key_group_for(block_tokens)).
   int64_t key_group(int layer) const override;
