@@ -214,6 +214,7 @@ BENCHMARK(BM_Attention)
     ->Args({1, 64, 2, 64, 1})
     ->Args({1, 128, 2, 64, 1})
     ->Args({1, 256, 2, 64, 1})
+    ->Args({1, 256, 1, 64, 1})  // decode's compute alone: 512 KB of K/V, in L2
     ->Args({1, 2048, 1, 64, 1})
     ->Args({1, 2048, 2, 64, 1})
     ->Args({1, 32768, 2, 64, 1})  // 64 MB of K/V: from memory, not L3
