@@ -370,10 +370,10 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
     // Key p into head h's accumulators (all heads when Both), requesting
     // position p + kTile's rows when Request. The heads share their rows
     // (one context: pairs_up), at their own offsets.
-    const uint16_t* const* rows = f16[0].v;
+    const uint16_t* const* value_rows = f16[0].v;
     auto step = [&]<bool Both, bool Request>(int64_t p, int only) RP_ALWAYS_INLINE {
-      const uint16_t* row = rows[p];
-      const uint16_t* next = Request ? rows[p + kTile] : nullptr;
+      const uint16_t* row = value_rows[p];
+      const uint16_t* next = Request ? value_rows[p + kTile] : nullptr;
 #pragma GCC unroll 2
       for (int h = 0; h < H; ++h) {
         if (!Both && h != only) continue;
