@@ -47,7 +47,7 @@ struct BenchOptions {
   int draft_max = 8;
   std::vector<std::string> lockstep;  // {in FIFO, out FIFO}: take turns with another bench process
   std::string step_times;             // file: one line per timed step (test, index, seconds)
-  // Where tgN's K/V live: "flat" (one buffer per layer, llama-bench's
+  // Where the tests' K/V live: "flat" (one buffer per layer, llama-bench's
   // layout) or "blocks" (the prefix cache's blocks, what the server reads).
   std::string kv_layout = "flat";
 };
@@ -160,9 +160,9 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
                   paired.tokens_per_s, paired.read_bw / 1e9, paired.fraction, paired.one_stream_bw / 1e9,
                   paired.eight_streams_bw / 1e9);
     if (decode)
-      std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f"
-                  ",\"kv_layout\":\"%s\"",
-                  prefetch.c_str(), team_share, team_wait_share, o.kv_layout.c_str());
+      std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f",
+                  prefetch.c_str(), team_share, team_wait_share);
+    std::printf(",\"kv_layout\":\"%s\"", o.kv_layout.c_str());
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -228,8 +228,10 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   if (!o.json) {
     std::printf("measured read bandwidth: %.2f GB/s (%d threads, %.1f MB working set = weights streamed per token; "
                 "probed again during tgN, which is compared with the best probe); "
-                "kernels: %s\n",
-                roof.read_bw / 1e9, threads, roof.streamed_bytes / 1e6, kernel_isa_name(kernel_isa()));
+                "kernels: %s; K/V: %s\n",
+                roof.read_bw / 1e9, threads, roof.streamed_bytes / 1e6, kernel_isa_name(kernel_isa()),
+                o.kv_layout == "blocks" ? "the prefix cache's blocks (as the server)"
+                                        : "a flat buffer per layer (as llama-bench)");
     // weights GB/s: all tensors per pass (llama.cpp's model size); streamed
     // GB/s: the weights a pass reads; K/V GB/s: the K/V rows decode reads;
     // of BW: (streamed + K/V) / measured read bandwidth.
@@ -238,6 +240,19 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::printf("|------------------------------------------|--------------|---------|-----------------------|--------------|"
                 "---------------|----------|--------|--------|\n");
   }
+  // A sequence's memory for a test: with --kv-layout blocks its K/V live in
+  // prefix-cache blocks (never committed, so never shared or indexed: a
+  // cold request's layout), else in one flat buffer per layer.
+  std::optional<PrefixCache> blocks;
+  if (o.kv_layout == "blocks") {
+    PrefixCacheConfig cfg;
+    cfg.budget_bytes = ~uint64_t{0} >> 1;  // a run's blocks are never evicted under it
+    blocks.emplace(model.state_spec(), cfg);
+  }
+  auto new_memory = [&]() -> std::unique_ptr<SequenceMemory> {
+    if (blocks) return blocks->open(NamespaceKey{});
+    return std::make_unique<FlatMemory>(model.state_spec());
+  };
   std::vector<float> logits;
   // llama-bench names tests at depth "pp512 @ d4096"; one token keeps the
   // table's columns and the JSON field simple.
@@ -247,7 +262,8 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::vector<double> rates;
     for (int r = -1; r < o.reps; ++r) {  // r = -1 warms up
       turn.wait_turn();
-      FlatMemory memory(model.state_spec());
+      const std::unique_ptr<SequenceMemory> owned = new_memory();
+      SequenceMemory& memory = *owned;
       memory.prepare(0, o.n_depth + o.n_prompt);  // KV allocated up front, as llama.cpp does at context creation
       prefill_depth(model, memory, o.n_depth, n_vocab, pool, logits);
       auto toks = random_tokens(o.n_prompt, n_vocab, 1 + r);
@@ -272,14 +288,6 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     std::vector<double> rates;
     roof.kv_bytes = kv_bytes_per_step(model.state_spec(), o.n_depth, o.n_gen);
     // One run of the test: the sequences' memory, filled to the depth.
-    // With --kv-layout blocks the sequences' K/V live in prefix-cache blocks
-    // (never committed, so never shared or indexed: a cold run's layout).
-    std::optional<PrefixCache> blocks;
-    if (o.kv_layout == "blocks") {
-      PrefixCacheConfig cfg;
-      cfg.budget_bytes = ~uint64_t{0} >> 1;  // a run's blocks are never evicted under it
-      blocks.emplace(model.state_spec(), cfg);
-    }
     struct DecodeRun {
       std::vector<std::unique_ptr<SequenceMemory>> memory;
       std::vector<SequenceStep> steps;
@@ -287,8 +295,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
     auto start_run = [&] {
       DecodeRun run;
       for (int s = 0; s < n_seq; ++s) {
-        if (blocks) run.memory.push_back(blocks->open(NamespaceKey{}));
-        else run.memory.push_back(std::make_unique<FlatMemory>(model.state_spec()));
+        run.memory.push_back(new_memory());
         run.memory.back()->prepare(0, o.n_depth + o.n_gen);
         prefill_depth(model, *run.memory.back(), o.n_depth, n_vocab, pool, logits);
       }
@@ -382,8 +389,6 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       std::printf("decode teams (one dispatch a step): %.0f %% of the timed steps; their members waited at "
                   "barriers %.1f %% of the time\n",
                   100 * team_share, 100 * team_wait_share);
-      std::printf("K/V layout: %s\n", o.kv_layout == "blocks" ? "the prefix cache's blocks (as the server)"
-                                                               : "a flat buffer per layer (as llama-bench)");
     }
   }
 }
@@ -412,7 +417,7 @@ void register_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--step-times", o->step_times, "Write every timed step's seconds to this file (test, index, seconds)");
   cmd->add_option("--kv-layout", o->kv_layout,
-                  "tgN: where the K/V live: 'flat' (a buffer per layer, as llama-bench) or 'blocks' (the prefix "
+                  "Where the K/V live: 'flat' (a buffer per layer, as llama-bench) or 'blocks' (the prefix "
                   "cache's blocks, as the server)")
       ->capture_default_str()
       ->check(CLI::IsMember({"flat", "blocks"}));
