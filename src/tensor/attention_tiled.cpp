@@ -22,7 +22,6 @@ namespace {
 using avx2::exp8;
 using avx2::exp_scalar;
 using tiled::kNegInf;
-using tiled::key_lead_dims;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
@@ -51,7 +50,6 @@ template <int NQ, bool F16V = false>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
                const F16Tile* f16 = nullptr) {
   const int64_t d = kv.d;
-  [[maybe_unused]] const int64_t lead = key_lead_dims(d);  // in place: keys requested this far ahead
   tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
   const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
   const int64_t(&hi)[kMaxTiledQueries] = rows.hi;
@@ -90,7 +88,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       if constexpr (F16V)
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j)
-          ahead[j] = InTile ? kb16[j] + lead * 16 : f16->next_k[b0 / 16 + j] + (lead - d) * 16;
+          ahead[j] = f16->template key_request_base<InTile>(b0 / 16 + j, d);
       for (int64_t i = i0; i < i1; ++i) {
         __m256 k[NB][2];
 #pragma GCC unroll 4
@@ -117,7 +115,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       }
     };
     if constexpr (F16V) {
-      const int64_t split = d - lead;
+      const int64_t split = F16Tile::key_split(d);
       dims.template operator()<true>(0, split);
       dims.template operator()<false>(split, d);
     } else {

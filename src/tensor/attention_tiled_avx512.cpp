@@ -34,7 +34,6 @@ namespace {
 #define RP_ALWAYS_INLINE __attribute__((always_inline))
 
 using tiled::kNegInf;
-using tiled::key_lead_dims;
 using tiled::kTile;
 using tiled::F16Tile;
 using tiled::RowState;
@@ -111,7 +110,6 @@ template <int NQ, bool F16Rows = false>
 void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t ts, RowState* st,
                const F16Tile* f16 = nullptr) {
   const int64_t d = kv.d;
-  [[maybe_unused]] const int64_t lead = key_lead_dims(d);  // in place: keys requested this far ahead
   tiled::TileRows rows = tiled::tile_rows(qs, NQ, ts);
   const int64_t(&lo)[kMaxTiledQueries] = rows.lo;
   const int64_t(&hi)[kMaxTiledQueries] = rows.hi;
@@ -150,7 +148,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       if constexpr (F16Rows) {
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j)
-          ahead[j] = InTile ? kb16[j] + lead * 16 : f16->next_k[b0 / 16 + j] + (lead - d) * 16;
+          ahead[j] = f16->template key_request_base<InTile>(b0 / 16 + j, d);
       }
       for (int64_t i = i0; i < i1; ++i) {
         __m512 k[NB];
@@ -172,7 +170,7 @@ void tile_step(const TiledKv& kv, const TiledQueries& qs, float scale, int64_t t
       }
     };
     if constexpr (F16Rows) {
-      const int64_t split = d - lead;
+      const int64_t split = F16Tile::key_split(d);
       dims.template operator()<true>(0, split);
       dims.template operator()<false>(split, d);
     } else {
@@ -282,7 +280,6 @@ void rows_tile_any(void* ctx, const TiledGroup& g, int64_t ts, int64_t lo, int64
 void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, RowState* const (&st)[2],
                     const F16Tile (&f16)[2], int64_t d) {
   constexpr int H = 2;
-  const int64_t lead = key_lead_dims(d);  // keys requested this far ahead
   // The pair shares its query's positions (pairs_up): one set of rows.
   const tiled::TileRows rows = tiled::tile_rows(g[0]->queries, 1, ts);
   const int64_t any_lo = rows.any_lo, any_hi = rows.any_hi;
@@ -318,7 +315,7 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
       for (int h = 0; h < H; ++h)
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j)
-          ahead[h][j] = InTile ? kb16[h][j] + lead * 16 : f16[h].next_k[b0 / 16 + j] + (lead - d) * 16;
+          ahead[h][j] = f16[h].template key_request_base<InTile>(b0 / 16 + j, d);
       for (int64_t i = i0; i < i1; i += 2) {
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h)
@@ -338,7 +335,7 @@ void tile_step_pair(const TiledGroup* const (&g)[2], float scale, int64_t ts, Ro
           }
       }
     };
-    const int64_t split = d - lead;
+    const int64_t split = F16Tile::key_split(d);
     dims.template operator()<true>(0, split);
     dims.template operator()<false>(split, d);
 #pragma GCC unroll 4

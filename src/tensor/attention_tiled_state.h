@@ -51,6 +51,17 @@ struct F16Tile {
   const uint16_t* const* v;   // value rows: position p at v[p] + v_off
   int64_t v_off;
   int64_t v_next_hi;  // request V rows p + 64 below this (0: none)
+
+  // Key dimensions below key_split(d) request lines in this tile's blocks,
+  // the others in the next tile's.
+  static int64_t key_split(int64_t d) { return d - key_lead_dims(d); }
+  // For dimensions on one side of key_split(d) (InTile: below it), the
+  // request that goes with block b's dimension i is at base + i * 16.
+  template <bool InTile>
+  const uint16_t* key_request_base(int b, int64_t d) const {
+    const int64_t lead = key_lead_dims(d);
+    return InTile ? k[b] + lead * 16 : next_k[b] + (lead - d) * 16;
+  }
 };
 
 // What both ISAs' attend_tiled_rows read: f16 K and V in place.
