@@ -17,6 +17,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/read_probe.h"
 #include "tensor/key_layout.h"
 #include "tensor/quantize.h"
@@ -321,6 +322,28 @@ void BM_SiluMul(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 1536);
 }
 BENCHMARK(BM_SiluMul);
+
+// A prompt's activations quantized for Q8_0 (arg 0) or K-type (1) weights
+// as pack_activations does, one thread: n_tokens rows of n_in floats into
+// token tiles. Args: kind, n_in, n_tokens.
+void BM_QuantizeActivations(benchmark::State& state) {
+  const bool q8k = state.range(0) != 0;
+  const int64_t n_in = state.range(1), n_tokens = state.range(2);
+  const kernels::IsaKernels& isa = kernels::isa_kernels();
+  std::vector<float> x = make_x(n_in * n_tokens);
+  const int64_t tile = kernels::kTokenTile, n_tiles = (n_tokens + tile - 1) / tile;
+  std::vector<kernels::XBlock> out(static_cast<size_t>(n_in / 32 * tile * n_tiles));
+  for (auto _ : state) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      kernels::XBlock* dst = out.data() + (t / tile) * tile * (n_in / 32) + t % tile;
+      if (q8k) isa.quantize_q8_k(x.data() + t * n_in, n_in / 256, dst, tile);
+      else isa.quantize_q8(x.data() + t * n_in, n_in / 32, dst, tile);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * n_in * n_tokens * static_cast<int64_t>(sizeof(float)));
+}
+BENCHMARK(BM_QuantizeActivations)->ArgsProduct({{0, 1}, {512, 1536}, {12, 512}});
 
 void BM_Exp(benchmark::State& state) {
   std::vector<float> x = make_x(1024), y(1024);

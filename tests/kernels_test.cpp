@@ -1529,6 +1529,39 @@ TEST(Elementwise, Softmax) {
   }
 }
 
+// silu_mul and gelu_mul on every ISA (AVX-512 takes 16 lanes, the driver 8
+// and the scalar tail the rest) give each element the scalar rule's bits:
+// values in the fast range and beyond it (the exp's slow lanes), zeros,
+// infinities and NaN, at lengths that end in every kind of tail.
+TEST(Elementwise, SiluAndGeluMulGiveTheScalarBitsOnEveryIsa) {
+  const KernelIsa native = kernel_isa();
+  std::vector<float> base = make_x(1000, 11);
+  for (size_t i = 0; i < base.size(); ++i) base[i] *= i % 3 == 0 ? 40.0f : 4.0f;
+  const float specials[] = {0.0f, -0.0f, 88.0f, -88.0f, 104.0f, -104.0f, 150.0f, -150.0f, 1e30f, -1e30f,
+                            INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f};
+  for (size_t i = 0; i < std::size(specials); ++i) base[37 * i + 5] = specials[i];
+  const std::vector<float> u = make_x(1000, 12);
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); };
+  for (KernelIsa isa : isas()) {
+    set_kernel_isa(isa);
+    SCOPED_TRACE(kernel_isa_name(isa));
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 23, 24, 31, 32, 33, 1000}) {
+      for (int64_t start : {int64_t{0}, int64_t{5}}) {
+        if (start + n > static_cast<int64_t>(base.size())) continue;
+        std::vector<float> s(base.begin() + start, base.begin() + start + n), gl = s;
+        silu_mul(s.data(), u.data(), n);
+        gelu_mul(gl.data(), u.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float x = base[start + i];
+          EXPECT_TRUE(same(s[i], silu(x) * u[i])) << "silu n " << n << " i " << i << " x " << x;
+          EXPECT_TRUE(same(gl[i], gelu_sigmoid(x) * u[i])) << "gelu n " << n << " i " << i << " x " << x;
+        }
+      }
+    }
+  }
+  set_kernel_isa(native);
+}
+
 TEST(Elementwise, SiluMulAndRmsNorm) {
   std::vector<float> g = make_x(1003, 1), u = make_x(1003, 2), g2 = g;
   silu_mul(g.data(), u.data(), 1003);

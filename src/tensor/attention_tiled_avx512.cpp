@@ -16,6 +16,7 @@
 
 #include "tensor/attention_tiled_state.h"
 #include "tensor/avx2_math.h"
+#include "tensor/avx512_math.h"
 #include "tensor/kernels_impl.h"
 
 #if defined(__clang__)
@@ -39,33 +40,7 @@ using tiled::F16Tile;
 using tiled::RowState;
 using tiled::RowsContext;
 
-// ggml's vector expf on 16 lanes: the operations of avx2::exp8, lanes
-// outside the fast range through avx2::exp_scalar.
-RP_ALWAYS_INLINE inline __m512 exp16(__m512 x) {
-  namespace a = avx2;
-  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(a::kLog2e), _mm512_set1_ps(a::kExpShift));
-  const __m512 n = _mm512_sub_ps(z, _mm512_set1_ps(a::kExpShift));
-  const __m512 b =
-      _mm512_fnmadd_ps(n, _mm512_set1_ps(a::kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(a::kLn2Hi), x));
-  const __m512 u = _mm512_mul_ps(b, b);
-  const __m512 j = _mm512_fmadd_ps(
-      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(a::kC5), b, _mm512_set1_ps(a::kC4)), u,
-                      _mm512_fmadd_ps(_mm512_set1_ps(a::kC3), b, _mm512_set1_ps(a::kC2))),
-      u, _mm512_fmadd_ps(_mm512_set1_ps(a::kC1), b, _mm512_set1_ps(1.0f)));
-  const __mmask16 ok = _mm512_cmp_ps_mask(n, _mm512_set1_ps(-126.0f), _CMP_GE_OQ) &
-                       _mm512_cmp_ps_mask(n, _mm512_set1_ps(127.0f), _CMP_LE_OQ);
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 r = _mm512_mul_ps(j, _mm512_castsi512_ps(e));
-  if (ok != 0xFFFF) {
-    alignas(64) float xs[16], rs[16];
-    _mm512_store_ps(xs, x);
-    _mm512_store_ps(rs, r);
-    for (int i = 0; i < 16; ++i)
-      if (!(ok >> i & 1)) rs[i] = a::exp_scalar(xs[i]);
-    r = _mm512_load_ps(rs);
-  }
-  return r;
-}
+using avx512::exp16;
 
 // A tile's online softmax for one query (the steps of attention_tiled.cpp):
 // its scores sc[b_lo, b_hi) (masked -inf) with maximum vmax become weights

@@ -94,6 +94,11 @@ constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
 constexpr float kC5 = 0x1.0e4020p-7f, kC4 = 0x1.573e2ep-5f, kC3 = 0x1.555e66p-3f, kC2 = 0x1.fffdb6p-2f,
                 kC1 = 0x1.ffffecp-1f;
 
+// GELU's tanh form, 0.5 x (1 + tanh(kGeluSqrt2OverPi x (1 + kGeluCoef x^2))),
+// which gelu_mul computes as a sigmoid on the vector exp (kernels.cpp).
+constexpr float kGeluSqrt2OverPi = 0.79788456080286535587989211986876f;
+constexpr float kGeluCoef = 0.044715f;
+
 inline float pow2i(int n) {  // exact 2^n for n in [-149, 127]
   uint32_t bits = n >= -126 ? static_cast<uint32_t>(n + 127) << 23 : 1u << (n + 149);
   float f;

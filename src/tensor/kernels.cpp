@@ -1559,9 +1559,8 @@ void softmax_inplace(float* x, int64_t n) {
 
 float silu(float x) { return x / (1.0f + exp_scalar(-x)); }
 
-// GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + kGeluCoef x^2))).
-constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
-constexpr float kGeluCoef = 0.044715f;
+using kernels::avx2::kGeluCoef;
+constexpr float kSqrt2OverPi = kernels::avx2::kGeluSqrt2OverPi;
 
 float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kGeluCoef * x * x)));
@@ -1574,6 +1573,7 @@ inline __m256 silu8(__m256 x) {
 
 void silu_mul(float* g, const float* u, int64_t n) {
   int64_t i = 0;
+  if (const auto wide = kernels::isa_kernels().silu_mul) i = wide(g, u, n);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
   for (; i < n; ++i) g[i] = silu(g[i]) * u[i];
 }
@@ -1598,6 +1598,7 @@ void gelu_mul(float* g, const float* u, int64_t n) {
   const __m256 c1 = _mm256_set1_ps(2.0f * kSqrt2OverPi), c2 = _mm256_set1_ps(kGeluCoef);
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
+  if (const auto wide = kernels::isa_kernels().gelu_mul) i = wide(g, u, n);
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(g + i);
     const __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(c2, x), x, one);

@@ -1359,7 +1359,8 @@ const IsaKernels& avx2_kernels() {
                             /*regions_f=*/kDecodeGroupsF, /*regions_f_long=*/kDecodeGroupsF, /*regions_k=*/kDecodeGroupsQ, /*regions_q=*/kDecodeGroupsQ,
                             /*regions_q6_k=*/kDecodeGroupsQ, /*regions_q8_0=*/kDecodeGroupsQ, /*tiled_heads_together=*/1,
                             /*decode_prefetch_f=*/1024,
-                            /*decode_prefetch_q=*/1024, /*decode_prefetch_k=*/1024, &mamba1_scan_avx2, &mamba2_scan_avx2};
+                            /*decode_prefetch_q=*/1024, /*decode_prefetch_k=*/1024, &mamba1_scan_avx2, &mamba2_scan_avx2,
+                            /*silu_mul=*/nullptr, /*gelu_mul=*/nullptr};
   return k;
 }
 

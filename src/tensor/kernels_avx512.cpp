@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "tensor/avx512_math.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/tile_runner.h"
 
@@ -1555,32 +1556,60 @@ void pack_f_tile(const float* x, int64_t n_in, int nt, int tile, int round, floa
   }
 }
 
+// Vector i's 16 lanes combined by op (an associative and commutative integer
+// operation, so the order is free) into lane i: pairs interleaved by 32
+// bits, then by 64, then the 128-bit lanes of four vectors transposed. One
+// such reduction of 16 vectors costs about what two horizontal reductions
+// of one vector do.
+template <typename Op>
+RP_INLINE __m512i lanes_reduced16(const __m512i (&v)[16], Op op) {
+  __m512i p2[8], p4[4], p8[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    p2[i] = op(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    p4[i] = op(_mm512_unpacklo_epi64(p2[2 * i], p2[2 * i + 1]), _mm512_unpackhi_epi64(p2[2 * i], p2[2 * i + 1]));
+  // Each 128-bit lane of p4[i] holds vectors 4i..4i+3's partial results, in
+  // order; the four lanes are to be combined.
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+    p8[i] = op(_mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0x44), _mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0xEE));
+  return op(_mm512_shuffle_i32x4(p8[0], p8[1], 0x88), _mm512_shuffle_i32x4(p8[0], p8[1], 0xDD));
+}
+
+RP_INLINE __m512i add_epi32(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+RP_INLINE __m512i max_epu32(__m512i a, __m512i b) { return _mm512_max_epu32(a, b); }
+
 // Q8_0 quantization by ggml's AVX2 rule (kernels_avx2.cpp quantize_q8, which
 // this must match bit for bit): per block d = amax / 127 stored as f16,
 // q = round-half-even(x * (127 / amax)) saturated to int8. Sixteen blocks at a
-// time, so the divisions and f16 conversions run once per 16 blocks.
+// time, so the divisions and f16 conversions run once per 16 blocks, and the
+// blocks' maxima and halves' sums each come out of one transposed reduction
+// (of integers: the same values as block by block).
 void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stride) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512i lo = _mm512_set1_epi32(-128), hi = _mm512_set1_epi32(127);
   for (int64_t b0 = 0; b0 < n_blocks; b0 += 16) {
     const int nb = static_cast<int>(n_blocks - b0 < 16 ? n_blocks - b0 : 16);
     const float* xb = x + b0 * kQK8_0;
-    alignas(64) float amax[16] = {};
-    for (int j = 0; j < nb; ++j) {
-      // |x| compared as integers: the order of non-negative floats, with
-      // NaNs above infinity, so a block that holds a NaN shows one. The
-      // rule's max tree keeps or drops a NaN by its position: such blocks
-      // take that tree.
-      const __m512i a = _mm512_max_epu32(_mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0))),
-                                         _mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0 + 16))));
-      const uint32_t bits = _mm512_reduce_max_epu32(a);
-      if (bits > 0x7f800000u) {
-        amax[j] = q8_0_block_amax(xb + j * kQK8_0);
-      } else {
-        std::memcpy(&amax[j], &bits, sizeof bits);
-      }
+    // |x| compared as integers: the order of non-negative floats, with NaNs
+    // above infinity, so a block that holds a NaN shows one. The rule's max
+    // tree keeps or drops a NaN by its position: such blocks take that tree.
+    __m512i mags[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j)
+      mags[j] = j < nb ? _mm512_max_epu32(_mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0))),
+                                          _mm512_castps_si512(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * kQK8_0 + 16))))
+                       : _mm512_setzero_si512();
+    __m512 m = _mm512_castsi512_ps(lanes_reduced16(mags, max_epu32));
+    if (const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_castps_si512(m), _mm512_set1_epi32(0x7f800000))) {
+      alignas(64) float amax[16];
+      _mm512_store_ps(amax, m);
+      for (int j = 0; j < nb; ++j)
+        if (nan >> j & 1) amax[j] = q8_0_block_amax(xb + j * kQK8_0);
+      m = _mm512_load_ps(amax);
     }
-    const __m512 m = _mm512_load_ps(amax);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_div_ps(m, _mm512_set1_ps(127.0f)),
                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     const __mmask16 nonzero = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_NEQ_UQ);
@@ -1588,25 +1617,39 @@ void quantize_q8(const float* x, int64_t n_blocks, XBlock* out, int64_t out_stri
     alignas(64) float ds[16], ids[16];
     _mm512_store_ps(ds, d);
     _mm512_store_ps(ids, id);
-    for (int j = 0; j < nb; ++j) {
-      const __m512 mul = _mm512_set1_ps(ids[j]);
-      const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * kQK8_0), mul),
-                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * kQK8_0 + 16), mul),
-                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      XBlock& o = out[(b0 + j) * out_stride];
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs + 16), _mm512_cvtsepi32_epi8(q1));
-      // The sum of the stored (saturated) quants.
-      const __m512i s = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q0, lo), hi),
-                                         _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi));
-      const int32_t sum = _mm512_reduce_add_epi32(s);
-      const int32_t sum_lo = _mm512_reduce_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q0, lo), hi));
-      o.sum_lo = static_cast<int16_t>(sum_lo);
-      o.sum_hi = static_cast<int16_t>(sum - sum_lo);
-      o.d = ds[j];
-      o.corr_q8 = -128 * sum;
-      o.corr_q4 = -8 * sum;
+    // Eight blocks at a time: the saturated quants of block j's halves are
+    // vectors 2j and 2j + 1 of one reduction.
+    for (int j0 = 0; j0 < nb; j0 += 8) {
+      __m512i halves[16];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const int j = j0 + i;
+        if (j >= nb) {
+          halves[2 * i] = halves[2 * i + 1] = _mm512_setzero_si512();
+          continue;
+        }
+        const __m512 mul = _mm512_set1_ps(ids[j]);
+        const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * kQK8_0), mul),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * kQK8_0 + 16), mul),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        XBlock& o = out[(b0 + j) * out_stride];
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qs + 16), _mm512_cvtsepi32_epi8(q1));
+        halves[2 * i] = _mm512_min_epi32(_mm512_max_epi32(q0, lo), hi);
+        halves[2 * i + 1] = _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi);
+      }
+      alignas(64) int32_t sums[16];
+      _mm512_store_si512(sums, lanes_reduced16(halves, add_epi32));
+      for (int i = 0; i < 8 && j0 + i < nb; ++i) {
+        XBlock& o = out[(b0 + j0 + i) * out_stride];
+        const int32_t sum = sums[2 * i] + sums[2 * i + 1];  // of the stored (saturated) quants
+        o.sum_lo = static_cast<int16_t>(sums[2 * i]);
+        o.sum_hi = static_cast<int16_t>(sums[2 * i + 1]);
+        o.d = ds[j0 + i];
+        o.corr_q8 = -128 * sum;
+        o.corr_q4 = -8 * sum;
+      }
     }
   }
 }
@@ -1650,25 +1693,7 @@ void quantize_q8_k_avx512(const float* x, int64_t n_sections, XBlock* out, int64
       sums[2 * b] = _mm512_min_epi32(_mm512_max_epi32(q0, lo), hi);
       sums[2 * b + 1] = _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi);
     }
-    // Vector i's lane sum into lane i: pairs interleaved by 32 bits, then by
-    // 64, then the 128-bit lanes of four vectors transposed and added.
-    __m512i p2[8], p4[4], p8[2];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i)
-      p2[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(sums[2 * i], sums[2 * i + 1]),
-                               _mm512_unpackhi_epi32(sums[2 * i], sums[2 * i + 1]));
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i)
-      p4[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(p2[2 * i], p2[2 * i + 1]),
-                               _mm512_unpackhi_epi64(p2[2 * i], p2[2 * i + 1]));
-    // Each 128-bit lane of p4[i] holds vectors 4i..4i+3's partial sums, in
-    // order; the four lanes are to be added.
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; ++i)
-      p8[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0x44),
-                               _mm512_shuffle_i32x4(p4[2 * i], p4[2 * i + 1], 0xEE));
-    const __m512i total = _mm512_add_epi32(_mm512_shuffle_i32x4(p8[0], p8[1], 0x88),
-                                           _mm512_shuffle_i32x4(p8[0], p8[1], 0xDD));
+    const __m512i total = lanes_reduced16(sums, add_epi32);
     alignas(64) int32_t sum[16];
     _mm512_store_si512(sum, total);
 #pragma GCC unroll 8
@@ -1678,6 +1703,36 @@ void quantize_q8_k_avx512(const float* x, int64_t n_sections, XBlock* out, int64
       xb.sum_hi = static_cast<int16_t>(sum[2 * b + 1]);
     }
   }
+}
+
+// The driver's silu_mul and gelu_mul (kernels.cpp) on 16 lanes: the same
+// operations per element (avx512::exp16 is avx2::exp8's, and the division
+// is correctly rounded at any width), so the same bits.
+int64_t silu_mul(float* g, const float* u, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+  }
+  return i;
+}
+
+int64_t gelu_mul(float* g, const float* u, int64_t n) {
+  const __m512 c1 = _mm512_set1_ps(2.0f * avx2::kGeluSqrt2OverPi), c2 = _mm512_set1_ps(avx2::kGeluCoef);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(c2, x), x, one);
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(c1, x), t);
+    const __m512 e = avx512::exp16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y), sign)));
+    const __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(r, _mm512_loadu_ps(u + i)));
+  }
+  return i;
 }
 
 // Reads n bytes (a multiple of 512) as `streams` (8 or 1) sequential
@@ -1715,7 +1770,8 @@ const IsaKernels& avx512_kernels() {
                             /*regions_f=*/kRegionsF, /*regions_f_long=*/kRegionsFLong, /*regions_k=*/kDecodeGroupsK, /*regions_q=*/0, /*regions_q6_k=*/0,
                             /*regions_q8_0=*/kRowGroupsQ,
                             /*tiled_heads_together=*/2, /*decode_prefetch_f=*/256,
-                            /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512, &mamba1_scan_avx512, &mamba2_scan_avx512};
+                            /*decode_prefetch_q=*/1088, /*decode_prefetch_k=*/512, &mamba1_scan_avx512, &mamba2_scan_avx512,
+                            &silu_mul, &gelu_mul};
   return k;
 }
 

@@ -543,6 +543,13 @@ struct IsaKernels {
   // The selective scans (ssm_scan.h); every ISA's give the same bits.
   void (*mamba1_scan)(const Mamba1Scan& s);
   void (*mamba2_scan)(const Mamba2Scan& s);
+  // g[i] = silu(g[i]) * u[i] (gelu_mul: GELU's sigmoid form) for the
+  // leading elements that fill whole vectors; returns how many it did, and
+  // the driver's (kernels.cpp) 8-lane loop does the rest. The same
+  // operations per element as the driver's, so the same bits. Null: the
+  // driver does all.
+  int64_t (*silu_mul)(float* g, const float* u, int64_t n);
+  int64_t (*gelu_mul)(float* g, const float* u, int64_t n);
 };
 
 // The AVX-512 tiled attention kernel (attention_tiled_avx512.cpp).
