@@ -416,7 +416,7 @@ void register_bench(CLI::App& app) {
       ->expected(2)
       ->delimiter(',');
   cmd->add_option("--step-times", o->step_times, "Write every timed step's seconds to this file (test, index, seconds)");
-  cmd->add_option("--kv-layout", o->kv_layout,
+  CLI::Option* kv_layout = cmd->add_option("--kv-layout", o->kv_layout,
                   "Where the K/V live: 'flat' (a buffer per layer, as llama-bench) or 'blocks' (the prefix "
                   "cache's blocks, as the server)")
       ->capture_default_str()
@@ -429,12 +429,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--system-tokens", o->system_tokens, "Replay: system prompt tokens")->capture_default_str();
   cmd->add_option("--turn-tokens", o->turn_tokens, "Replay: new user tokens per turn")->capture_default_str();
   cmd->add_option("--answer-tokens", o->answer_tokens, "Replay: generated tokens per turn")->capture_default_str();
-  cmd->callback([o] {
+  cmd->callback([o, kv_layout] {
     if (o->reps < 1) throw Error("--repetitions must be at least 1");
     if (o->n_depth < 0 || o->n_prompt < 0 || o->n_gen < 0) throw Error("-p, -n and -d must not be negative");
     if (o->sequences < 1 || o->sequences > 256) throw Error("--sequences must be between 1 and 256");
     if (!o->replay.empty() && (!o->lockstep.empty() || !o->step_times.empty()))
       throw Error("--lockstep and --step-times time the pp/tg tests, not --replay");
+    if (!o->replay.empty() && kv_layout->count() > 0)
+      throw Error("--kv-layout places the pp/tg tests' K/V; --replay always runs over the prefix cache's blocks");
     const std::string path = o->model.empty() ? default_model_path() : o->model;
     auto bundle = load_model_bundle(path, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ReplayOptions r{resolve_threads(o->threads), o->turns, o->system_tokens, o->turn_tokens, o->answer_tokens,
