@@ -124,6 +124,66 @@ TEST(LogitOrder, MatchesStdSort) {
   }
 }
 
+// Random logits of the kinds LogitOrder.MatchesStdSort draws.
+std::vector<float> tricky_logits(std::mt19937& rng, int n, int trial) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f, -0.0f, inf, -inf, 1e-40f, -1e-40f, 3.5f, -3.5f, 1e30f, -1e30f};
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    switch (rng() % 4) {
+      case 0: x = specials[rng() % std::size(specials)]; break;
+      case 1: x = static_cast<float>(static_cast<int>(rng() % 9) - 4) * 0.25f; break;  // ties
+      default: x = std::normal_distribution<float>(0.0f, 1.0f + static_cast<float>(trial % 7))(rng); break;
+    }
+  }
+  return v;
+}
+
+// select_top_k gives the first k of std::partial_sort over all candidates,
+// at every k and length (chunks of 64 and short tails), with ties, both
+// zeros and infinities; and refuses NaN.
+TEST(LogitOrder, SelectTopKMatchesPartialSort) {
+  std::mt19937 rng(21);
+  std::vector<std::pair<float, int32_t>> got, want;
+  std::vector<float> scratch;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = trial < 300 ? 2 + static_cast<int>(rng() % 2000) : 32000;
+    std::vector<float> v = tricky_logits(rng, n, trial);
+    if (trial % 5 == 0)  // a peaked distribution, as a model's logits are
+      for (auto& x : v) x = std::normal_distribution<float>(0.0f, 2.0f)(rng) + (rng() % 500 == 0 ? 15.0f : 0.0f);
+    const size_t k = trial % 4 == 0 ? 1 : trial % 4 == 1 ? n - 1 : 1 + rng() % std::min(n - 1, 200);
+    want.clear();
+    for (int i = 0; i < n; ++i) want.push_back({v[i], i});
+    std::partial_sort(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(k), want.end(), by_logit);
+    ASSERT_TRUE(select_top_k(v, k, got, scratch)) << trial;
+    ASSERT_EQ(got.size(), k);
+    for (size_t i = 0; i < k; ++i) {
+      ASSERT_EQ(got[i].second, want[i].second) << "trial " << trial << " n " << n << " k " << k << " position " << i;
+      ASSERT_EQ(std::memcmp(&got[i].first, &want[i].first, sizeof(float)), 0);
+    }
+    v[rng() % n] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_FALSE(select_top_k(v, k, got, scratch)) << trial;
+  }
+}
+
+// highest_logit is the scan that takes index i when logits[i] > logits[best].
+TEST(LogitOrder, HighestLogitIsTheFirstStrictlyGreaterScan) {
+  std::mt19937 rng(22);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int trial = 0; trial < 600; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 100) + (trial % 10 == 0 ? 32000 : 0);
+    std::vector<float> v = tricky_logits(rng, n, trial);
+    if (trial % 3 == 0) v[rng() % n] = nan;
+    if (trial % 11 == 0) v[0] = nan;
+    if (trial % 13 == 0) std::fill(v.begin(), v.end(), -std::numeric_limits<float>::infinity());
+    int32_t want = 0;
+    for (int i = 1; i < n; ++i)
+      if (v[i] > v[want]) want = i;
+    ASSERT_EQ(highest_logit(v), want) << "trial " << trial << " n " << n;
+  }
+  EXPECT_EQ(highest_logit({}), 0);
+}
+
 TEST(LogitOrder, NanSortsLast) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::pair<float, int32_t>> c = {{1.0f, 0}, {nan, 1}, {-2.0f, 2}, {nan, 3}, {5.0f, 4}}, scratch;
@@ -189,6 +249,48 @@ TEST(Sampler, TopKOffDrawsWhatAFullSortGives) {
     Sampler s(p);
     std::mt19937_64 ref_rng(p.seed);
     for (int i = 0; i < 20; ++i) ASSERT_EQ(s.sample(logits, {}), reference_draw(logits, p, ref_rng)) << trial;
+  }
+}
+
+// With top-k on (the default sampling), a seeded draw is the rule's: the
+// whole vocabulary sorted, cut to the k highest, then top-p, min-p and the
+// draw as above; with and without a repetition penalty.
+TEST(Sampler, TopKDrawsWhatAFullSortGives) {
+  std::mt19937 rng(14);
+  for (int trial = 0; trial < 60; ++trial) {
+    SamplingParams p;
+    p.top_k = trial % 3 == 0 ? 1 : trial % 3 == 1 ? 40 : 300;
+    p.top_p = trial % 2 == 0 ? 1.0f : 0.95f;
+    p.min_p = trial % 4 < 2 ? 0.0f : 0.05f;
+    p.temperature = 0.8f;
+    p.repeat_penalty = trial % 5 == 0 ? 1.3f : 1.0f;
+    p.seed = 200 + trial;
+    const int n = trial % 6 == 0 ? 32000 : 3000 + static_cast<int>(rng() % 3000);
+    std::vector<float> logits(n);
+    for (auto& l : logits) l = std::round(std::normal_distribution<float>(0, 3)(rng) * 4) / 4;
+    std::vector<int32_t> history(50);
+    for (auto& h : history) h = static_cast<int32_t>(rng() % n);
+    // The rule, stated plainly: penalised logits, all sorted, the first k.
+    std::vector<float> penalised = logits;
+    if (p.repeat_penalty != 1.0f) {
+      std::unordered_set<int32_t> seen(history.begin(), history.end());
+      for (int32_t id : seen) penalised[id] = penalised[id] > 0 ? penalised[id] / p.repeat_penalty : penalised[id] * p.repeat_penalty;
+    }
+    std::vector<std::pair<float, int32_t>> c;
+    for (int i = 0; i < n; ++i) c.push_back({penalised[i], i});
+    std::sort(c.begin(), c.end(), by_logit);
+    c.resize(p.top_k);
+    std::vector<float> top(n, -std::numeric_limits<float>::infinity());
+    Sampler s(p);
+    std::mt19937_64 ref_rng(p.seed);
+    SamplingParams ref = p;
+    ref.top_k = 0;
+    for (int i = 0; i < 10; ++i) {
+      // reference_draw over only the k kept candidates: every other logit
+      // -inf weighs 0 and sorts after them.
+      for (const auto& [l, id] : c) top[id] = l;
+      ASSERT_EQ(s.sample(logits, history), reference_draw(top, ref, ref_rng)) << "trial " << trial << " draw " << i;
+    }
   }
 }
 

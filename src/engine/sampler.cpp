@@ -42,36 +42,39 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> hi
       if (history[i] >= 0 && history[i] < n_vocab) seen.insert(history[i]);
   }
   auto penalised = [&](float l) { return l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty; };
+  // The penalised logits (a copy only when a penalty applies).
+  std::span<const float> v = logits;
+  if (!seen.empty()) {
+    penalised_logits_.assign(logits.begin(), logits.end());
+    for (int32_t id : seen) penalised_logits_[id] = penalised(penalised_logits_[id]);
+    v = penalised_logits_;
+  }
   if (params_.temperature <= 0.0f) {
     // Greedy: the highest (penalised) logit, the lowest id on ties (the
     // order below), found without building the candidate list: this runs
     // once per generated token.
-    const float* v = logits.data();
-    if (!seen.empty()) {
-      penalised_logits_.assign(logits.begin(), logits.end());
-      for (int32_t id : seen) penalised_logits_[id] = penalised(penalised_logits_[id]);
-      v = penalised_logits_.data();
-    }
-    int32_t best = 0;
-    for (int64_t i = 1; i < n_vocab; ++i)
-      if (v[i] > v[best]) best = static_cast<int32_t>(i);
+    const int32_t best = highest_logit(v);
     candidates_.assign(1, {n_vocab > 0 ? v[best] : 0.0f, best});
     weights_.assign(1, 1.0);
     return;
   }
-  candidates_.resize(n_vocab);
-  for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
-  for (int32_t id : seen) candidates_[id].first = penalised(candidates_[id].first);
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
-  // Sort descending (ties by id for determinism), then truncate.
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+  // Sorted descending (ties by id for determinism), then truncated.
+  size_t keep = static_cast<size_t>(n_vocab);
+  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep;
+  if (top_k && select_top_k(v, static_cast<size_t>(params_.top_k), candidates_, chunk_scratch_)) {
     keep = params_.top_k;
-    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
   } else {
-    order_by_logit(candidates_, order_scratch_);  // the order std::sort with by_logit gives
+    candidates_.resize(n_vocab);
+    for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {v[i], static_cast<int32_t>(i)};
+    auto by_logit = [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    };
+    if (top_k) {
+      keep = params_.top_k;
+      std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+    } else {
+      order_by_logit(candidates_, order_scratch_);  // the order std::sort with by_logit gives
+    }
   }
   candidates_.resize(keep);
 

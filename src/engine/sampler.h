@@ -54,6 +54,7 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<float> penalised_logits_;  // greedy with a repetition penalty
   std::vector<std::pair<float, int32_t>> order_scratch_;
+  std::vector<float> chunk_scratch_;  // select_top_k's
   std::vector<double> probs_;
 };
 
