@@ -1,5 +1,6 @@
 #include "server/generation.h"
 
+#include <thread>
 #include <utility>
 
 #include "server/model_registry.h"
@@ -29,13 +30,17 @@ double GenerationChannel::seconds_queued() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
 }
 
-bool GenerationChannel::take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout) {
+bool GenerationChannel::take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout,
+                             std::chrono::milliseconds pace) {
+  if (pace.count() > 0 && last_take_ != std::chrono::steady_clock::time_point{})
+    std::this_thread::sleep_until(last_take_ + pace);
   std::unique_lock<std::mutex> lock(mutex_);
   ready_.wait_for(lock, timeout, [&] { return finished_ || !deltas_.empty(); });
   while (!deltas_.empty()) {
     out.push_back(std::move(deltas_.front()));
     deltas_.pop_front();
   }
+  last_take_ = std::chrono::steady_clock::now();
   return finished_;
 }
 

@@ -69,7 +69,17 @@ class GenerationChannel {
   // Consumer side: moves pending deltas into `out`, waiting up to `timeout`
   // when there are none. Returns true once the generation has finished and
   // everything was taken.
-  bool take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout);
+  //
+  // With a `pace`, a take returns no sooner than `pace` after the previous
+  // one: it first sleeps the rest of that interval outside the lock, where
+  // the producer's pushes do not wake it, so a fast generation wakes the
+  // consumer once per interval instead of once per token. Why: when the
+  // model's threads occupy every CPU (decode teams spin at their barriers),
+  // each wake of an HTTP thread takes a CPU from a team member for a while
+  // and stalls the whole team; per token, that cost a streamed 60M model
+  // ~10 % of its speed on the 2-vCPU host (docs/performance.md, Session 42).
+  bool take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout,
+            std::chrono::milliseconds pace = std::chrono::milliseconds(0));
   // Valid once take() returned true.
   GenerationOutcome outcome() const;
 
@@ -86,6 +96,7 @@ class GenerationChannel {
   std::deque<GenerationDelta> deltas_;
   bool finished_ = false;
   GenerationOutcome outcome_;
+  std::chrono::steady_clock::time_point last_take_{};  // consumer side only
 };
 
 // Runs the plan on the model, pushing deltas into the channel, and returns

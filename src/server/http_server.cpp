@@ -469,6 +469,12 @@ void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, const Generati
 namespace {
 // Client closed the connection before the response was complete (nginx's code).
 constexpr int kClientClosed = 499;
+// How often a response's HTTP thread collects a generation's tokens
+// (GenerationChannel::take's pace): a stream's events go out at most this
+// long after their token (a few tokens a batch at a small model's speed,
+// one at a large model's), and a reply ends at most this long after its
+// generation.
+constexpr milliseconds kTakePace{5};
 }  // namespace
 
 void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx) {
@@ -476,7 +482,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
   std::vector<LogprobEntry> logprobs;
   std::vector<GenerationDelta> deltas;
   for (bool done = false; !done;) {
-    done = channel.take(deltas, milliseconds(200));
+    done = channel.take(deltas, milliseconds(200), kTakePace);
     for (GenerationDelta& d : deltas) {
       text += d.text;
       for (LogprobEntry& e : d.logprobs) logprobs.push_back(std::move(e));
@@ -526,17 +532,20 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   // Runs until the generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
   // metrics.
+  std::string events;  // one write per take: a token's event each
   for (bool done = false; !done;) {
-    done = channel.take(deltas, milliseconds(200));
+    done = channel.take(deltas, milliseconds(200), kTakePace);
+    events.clear();
+    if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
     for (GenerationDelta& d : deltas) {
-      if (!client_ok) break;
       const size_t n = d.text.size();
-      write(chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "", logprobs_of(std::move(d.logprobs)),
-                                             usage_field))
-                 : sse_event(completion_chunk_json(ctx.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
-                                                   text_offset, usage_field)));
+      events += chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "",
+                                                 logprobs_of(std::move(d.logprobs)), usage_field))
+                     : sse_event(completion_chunk_json(ctx.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
+                                                       text_offset, usage_field));
       text_offset += n;
     }
+    if (!events.empty()) write(events);
     deltas.clear();
   }
   const GenerationOutcome outcome = channel.outcome();

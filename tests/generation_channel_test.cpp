@@ -1,0 +1,77 @@
+// GenerationChannel: a response thread takes a generation's deltas in order,
+// each exactly once, and sees the end; with a pace, its takes return at least
+// that far apart (so a fast generation's pushes in between do not wake it),
+// while the first take (the first token) waits for nothing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/generation.h"
+
+using namespace reprise;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+GenerationDelta delta(const std::string& text) {
+  GenerationDelta d;
+  d.text = text;
+  return d;
+}
+
+TEST(GenerationChannel, PacedTakesCollectEveryDeltaInOrderAtLeastAPaceApart) {
+  constexpr milliseconds kPace{15};
+  GenerationChannel channel;
+  channel.push(delta("first"));
+  std::vector<GenerationDelta> got;
+  // The first take has no previous one to keep a pace from.
+  const auto before = Clock::now();
+  EXPECT_FALSE(channel.take(got, milliseconds(1000), kPace));
+  EXPECT_LT(Clock::now() - before, milliseconds(1000));
+  ASSERT_EQ(got.size(), 1u);
+
+  // A producer pushing 40 deltas a millisecond apart, then finishing.
+  std::thread producer([&] {
+    for (int i = 0; i < 40; ++i) {
+      channel.push(delta(std::to_string(i)));
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    GenerationOutcome outcome;
+    outcome.finish_reason = "length";
+    channel.finish(outcome);
+  });
+  std::vector<Clock::time_point> returns{Clock::now()};
+  for (bool done = false; !done;) {
+    done = channel.take(got, milliseconds(1000), kPace);
+    returns.push_back(Clock::now());
+  }
+  producer.join();
+
+  ASSERT_EQ(got.size(), 41u);
+  EXPECT_EQ(got[0].text, "first");
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(got[i + 1].text, std::to_string(i));
+  EXPECT_EQ(channel.outcome().finish_reason, "length");
+  // Each take returned at least a pace after the one before (the first
+  // timestamp was taken just after the first take returned, so it is later
+  // than that take's own mark).
+  for (size_t i = 1; i < returns.size(); ++i) EXPECT_GE(returns[i] - returns[i - 1], kPace - milliseconds(1)) << i;
+}
+
+TEST(GenerationChannel, UnpacedTakeReturnsAsSoonAsADeltaArrives) {
+  GenerationChannel channel;
+  std::vector<GenerationDelta> got;
+  channel.push(delta("a"));
+  EXPECT_FALSE(channel.take(got, milliseconds(1000)));
+  channel.push(delta("b"));
+  const auto before = Clock::now();
+  EXPECT_FALSE(channel.take(got, milliseconds(1000)));
+  EXPECT_LT(Clock::now() - before, milliseconds(500));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].text, "b");
+}
+
+}  // namespace
