@@ -2,10 +2,10 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <iostream>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
+#include "cli/paced_output.h"
 #include "cli/run_vision.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
@@ -72,12 +72,16 @@ void run(const RunOptions& o) {
     req.stop_tokens = bundle->eog_tokens;
     req.cache_salt = o.cache_salt;
     StreamDecoder decoder(*bundle->tokenizer);
-    std::cout << text << std::flush;
+    PacedOutput out;
+    out.write(text);
+    out.flush();
     GenerateResult r = engine.generate(req, [&](int32_t tok, std::span<const float>) {
-      if (!bundle->tokenizer->is_eog(tok)) std::cout << decoder.push(tok) << std::flush;
+      if (!bundle->tokenizer->is_eog(tok)) out.write(decoder.push(tok));
       return true;
     });
-    std::cout << decoder.flush() << std::endl;
+    out.write(decoder.flush());
+    out.write("\n");
+    out.flush();
     const double pp = r.prefill_seconds > 0 ? (r.prompt_tokens - r.cached_tokens) / r.prefill_seconds : 0;
     const double tg = r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
     std::fprintf(stderr,

@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 
+#include "cli/paced_output.h"
 #include "gguf/gguf_file.h"
 #include "util/error.h"
 #include "vision/clip_encoder.h"
@@ -54,12 +54,16 @@ void run_with_images(ModelBundle& bundle, ThreadPool& pool, PrefixCache& cache, 
     req.stop_tokens = bundle.eog_tokens;
     req.cache_salt = o.cache_salt;
     StreamDecoder decoder(*bundle.tokenizer);
-    std::cout << text << std::flush;
+    PacedOutput out;
+    out.write(text);
+    out.flush();
     const GenerateResult r = generator.generate(prompt, req, [&](int32_t tok, std::span<const float>) {
-      if (!bundle.tokenizer->is_eog(tok)) std::cout << decoder.push(tok) << std::flush;
+      if (!bundle.tokenizer->is_eog(tok)) out.write(decoder.push(tok));
       return true;
     });
-    std::cout << decoder.flush() << std::endl;
+    out.write(decoder.flush());
+    out.write("\n");
+    out.flush();
     const double pp = r.prefill_seconds > 0 ? (r.prompt_tokens - r.cached_tokens) / r.prefill_seconds : 0;
     const double tg = r.decode_seconds > 0 && r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
     std::fprintf(stderr,
