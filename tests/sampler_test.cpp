@@ -197,15 +197,21 @@ TEST(LogitOrder, NanSortsLast) {
 
 // With top-k off, a seeded draw is the one the rule stated plainly gives:
 // all candidates sorted by logit (ties: lower id), cut by top-p over the
-// whole vocabulary's probabilities, then by min-p, weights at the
-// temperature, one uniform draw of 53 bits.
-int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng) {
+// whole vocabulary's probabilities (their sum taken in vocabulary order;
+// `sorted_sum`: in the candidates' order, as top-k's rule takes it over its
+// k), then by min-p, weights at the temperature, one uniform draw of 53 bits.
+int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng,
+                       bool sorted_sum = false) {
   std::vector<std::pair<float, int32_t>> c;
   for (size_t i = 0; i < logits.size(); ++i) c.push_back({logits[i], static_cast<int32_t>(i)});
   std::sort(c.begin(), c.end(), by_logit);
   std::vector<double> probs(c.size());
+  for (size_t i = 0; i < c.size(); ++i) probs[i] = std::exp(double(c[i].first) - c[0].first);
   double sum = 0;
-  for (size_t i = 0; i < c.size(); ++i) sum += probs[i] = std::exp(double(c[i].first) - c[0].first);
+  if (sorted_sum)
+    for (double q : probs) sum += q;
+  else
+    for (float l : logits) sum += std::exp(double(l) - c[0].first);
   size_t keep = c.size();
   if (p.top_p < 1.0f) {
     double cum = 0;
@@ -234,18 +240,25 @@ int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p
   return c[keep - 1].second;
 }
 
+// (Top-k off with top-p or min-p finds the nucleus in prefixes of the order
+// that grow until the cuts fall inside one: wide spreads and low min-p make
+// it grow to thousands, peaked ones stop at the first.)
 TEST(Sampler, TopKOffDrawsWhatAFullSortGives) {
   std::mt19937 rng(13);
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 80; ++trial) {
     SamplingParams p;
     p.top_k = 0;
-    p.top_p = trial % 3 == 0 ? 1.0f : 0.9f;
-    p.min_p = trial % 2 == 0 ? 0.0f : 0.05f;
+    p.top_p = trial % 4 == 0 ? 1.0f : trial % 4 == 1 ? 0.9f : trial % 4 == 2 ? 0.5f : 0.999f;
+    p.min_p = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 0.05f : 0.001f;
     p.temperature = 0.7f;
     p.seed = 100 + trial;
-    std::vector<float> logits(5000);
-    // Many ties (quarter steps) and a spread that leaves long tails.
-    for (auto& l : logits) l = std::round(std::normal_distribution<float>(0, 3)(rng) * 4) / 4;
+    std::vector<float> logits(trial % 10 == 0 ? 32000 : trial % 5 == 1 ? 40 : 5000);
+    // Many ties (quarter steps) and a spread that leaves long tails; every
+    // third a peaked one, as a model's logits are.
+    const float spread = trial % 3 == 2 ? 1.0f : 3.0f;
+    for (auto& l : logits) l = std::round(std::normal_distribution<float>(0, spread)(rng) * 4) / 4;
+    if (trial % 3 == 2)
+      for (int j = 0; j < 5; ++j) logits[rng() % logits.size()] += 10.0f;
     Sampler s(p);
     std::mt19937_64 ref_rng(p.seed);
     for (int i = 0; i < 20; ++i) ASSERT_EQ(s.sample(logits, {}), reference_draw(logits, p, ref_rng)) << trial;
@@ -289,7 +302,8 @@ TEST(Sampler, TopKDrawsWhatAFullSortGives) {
       // reference_draw over only the k kept candidates: every other logit
       // -inf weighs 0 and sorts after them.
       for (const auto& [l, id] : c) top[id] = l;
-      ASSERT_EQ(s.sample(logits, history), reference_draw(top, ref, ref_rng)) << "trial " << trial << " draw " << i;
+      ASSERT_EQ(s.sample(logits, history), reference_draw(top, ref, ref_rng, /*sorted_sum=*/true))
+          << "trial " << trial << " draw " << i;
     }
   }
 }

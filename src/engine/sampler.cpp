@@ -58,9 +58,12 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> hi
     weights_.assign(1, 1.0);
     return;
   }
+  // Top-k off with top-p or min-p: only the nucleus's part of the order is
+  // needed (prepare_nucleus); NaN logits, and the cases below, sort as before.
+  const bool top_k = params_.top_k > 0 && params_.top_k < n_vocab;
+  if (!top_k && (params_.top_p < 1.0f || params_.min_p > 0.0f) && prepare_nucleus(v)) return;
   // Sorted descending (ties by id for determinism), then truncated.
   size_t keep = static_cast<size_t>(n_vocab);
-  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep;
   if (top_k && select_top_k(v, static_cast<size_t>(params_.top_k), candidates_, chunk_scratch_)) {
     keep = params_.top_k;
   } else {
@@ -100,10 +103,61 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> hi
     while (n < keep && probs[n] / probs[0] >= params_.min_p) ++n;
     keep = n;
   }
+  set_weights(keep, max_logit);
+}
+
+void Sampler::set_weights(size_t keep, float max_logit) {
   candidates_.resize(keep);
   weights_.resize(keep);
   for (size_t i = 0; i < keep; ++i)
     weights_[i] = std::exp(double(candidates_[i].first - max_logit) / params_.temperature);
+}
+
+bool Sampler::ordered_prefix(std::span<const float> v, size_t k) {
+  if (k < v.size()) return select_top_k(v, k, candidates_, chunk_scratch_);
+  candidates_.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isnan(v[i])) return false;
+    candidates_[i] = {v[i], static_cast<int32_t>(i)};
+  }
+  order_by_logit(candidates_, order_scratch_);
+  return true;
+}
+
+bool Sampler::prepare_nucleus(std::span<const float> v) {
+  const size_t n_vocab = v.size();
+  std::vector<double>& probs = probs_;
+  double sum = 0;  // top-p's normaliser over the whole vocabulary
+  for (size_t k = std::min<size_t>(kFirstPrefix, n_vocab);; k = std::min(n_vocab, k * 8)) {
+    if (!ordered_prefix(v, k)) return false;  // NaN: only the first prefix can find it
+    const float max_logit = candidates_[0].first;
+    if (k == std::min<size_t>(kFirstPrefix, n_vocab) && params_.top_p < 1.0f) {
+      sum = 0;
+      for (float l : v) sum += std::exp(double(l) - max_logit);
+    }
+    probs.resize(k);
+    for (size_t i = 0; i < k; ++i) probs[i] = std::exp(double(candidates_[i].first) - max_logit);
+    // The cuts, as prepare() makes them over the whole order: decided once
+    // a cut falls inside this prefix, or the prefix is the whole order.
+    bool decided = k == n_vocab;
+    size_t keep = k;
+    if (params_.top_p < 1.0f) {
+      double cum = 0;
+      size_t n = 0;
+      while (n < k && cum < params_.top_p) cum += probs[n++] / sum;
+      if (cum >= params_.top_p) decided = true;
+      keep = std::max<size_t>(n, 1);
+    }
+    if (params_.min_p > 0.0f) {
+      size_t n = 1;
+      while (n < keep && probs[n] / probs[0] >= params_.min_p) ++n;
+      if (n < keep) decided = true;
+      keep = n;
+    }
+    if (!decided) continue;
+    set_weights(keep, max_logit);
+    return true;
+  }
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {

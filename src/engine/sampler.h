@@ -47,6 +47,18 @@ class Sampler {
   // Applies penalties and truncation; leaves the kept candidates (sorted by
   // logit) in candidates_ and their unnormalised weights in weights_.
   void prepare(std::span<const float> logits, std::span<const int32_t> history);
+  // Top-k off with top-p or min-p: the first candidates of the order in
+  // prefixes of growing length until the cuts fall inside one, so a peaked
+  // distribution's nucleus is found without sorting the vocabulary. Top-p's
+  // normaliser is the whole vocabulary's, summed in vocabulary order. False
+  // (nothing set) when a logit is NaN.
+  bool prepare_nucleus(std::span<const float> v);
+  // The first min(k, size) candidates of the order into candidates_; false
+  // when a logit is NaN.
+  bool ordered_prefix(std::span<const float> v, size_t k);
+  // Truncates candidates_ to `keep` and sets their weights at the temperature.
+  void set_weights(size_t keep, float max_logit);
+  static constexpr size_t kFirstPrefix = 64;
   double uniform();
   std::vector<double> weights_;
   SamplingParams params_;
