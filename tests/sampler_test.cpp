@@ -184,6 +184,36 @@ TEST(LogitOrder, HighestLogitIsTheFirstStrictlyGreaterScan) {
   EXPECT_EQ(highest_logit({}), 0);
 }
 
+// top_logprobs names the n highest logits in the comparator's order (ties:
+// lower id) with their log-softmax, as a sort of every id gives; with NaN
+// logits too (the sort's own path), and when every token is asked for.
+TEST(Logprobs, TopLogprobsAreTheSortedIdsLogSoftmax) {
+  std::mt19937 rng(23);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n_vocab = trial % 20 == 0 ? 32000 : 1 + static_cast<int>(rng() % 3000);
+    std::vector<float> logits = tricky_logits(rng, n_vocab, trial);
+    for (auto& l : logits)
+      if (std::isinf(l) || std::fabs(l) > 1e20f) l = 0.5f;  // finite, as a model's are
+    if (trial % 7 == 0) logits[rng() % n_vocab] = std::numeric_limits<float>::quiet_NaN();
+    const int n = trial % 9 == 0 ? n_vocab : 1 + static_cast<int>(rng() % 20);
+    const LogitNormaliser z = logit_normaliser(logits);
+    const std::vector<TokenProb> got = top_logprobs(logits, n, z);
+    std::vector<int32_t> ids(n_vocab);
+    for (int i = 0; i < n_vocab; ++i) ids[i] = i;
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const int want_n = std::min(n, n_vocab);
+    ASSERT_EQ(static_cast<int>(got.size()), want_n) << trial;
+    if (trial % 7 == 0) continue;  // NaN: the comparator defines no order to compare with
+    const float log_z = static_cast<float>(z.max + std::log(z.sum));
+    for (int i = 0; i < want_n; ++i) {
+      ASSERT_EQ(got[i].id, ids[i]) << "trial " << trial << " rank " << i;
+      ASSERT_EQ(got[i].logprob, logits[ids[i]] - log_z);
+    }
+    const int32_t id = static_cast<int32_t>(rng() % n_vocab);
+    EXPECT_EQ(token_logprob(logits, id, z), static_cast<float>(logits[id] - z.max - std::log(z.sum)));
+  }
+}
+
 TEST(LogitOrder, NanSortsLast) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::pair<float, int32_t>> c = {{1.0f, 0}, {nan, 1}, {-2.0f, 2}, {nan, 3}, {5.0f, 4}}, scratch;

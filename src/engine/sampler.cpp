@@ -203,25 +203,32 @@ int32_t Sampler::draw(std::span<const float> weights) {
   return last_positive;
 }
 
-float token_logprob(std::span<const float> logits, int32_t id) {
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(double(l) - mx);
-  return static_cast<float>(logits[id] - mx - std::log(sum));
+LogitNormaliser logit_normaliser(std::span<const float> logits) {
+  LogitNormaliser z{*std::max_element(logits.begin(), logits.end()), 0.0};
+  for (float l : logits) z.sum += std::exp(double(l) - z.max);
+  return z;
 }
 
-std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n) {
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(double(l) - mx);
-  const float log_z = static_cast<float>(mx + std::log(sum));
+float token_logprob(std::span<const float> logits, int32_t id, const LogitNormaliser& z) {
+  return static_cast<float>(logits[id] - z.max - std::log(z.sum));
+}
+
+std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n, const LogitNormaliser& z) {
+  const float log_z = static_cast<float>(z.max + std::log(z.sum));
+  n = std::clamp<int>(n, 0, static_cast<int>(logits.size()));
+  std::vector<TokenProb> out;
+  std::vector<std::pair<float, int32_t>> top;
+  std::vector<float> scratch;
+  if (n > 0 && static_cast<size_t>(n) < logits.size() && select_top_k(logits, static_cast<size_t>(n), top, scratch)) {
+    for (const auto& [l, id] : top) out.push_back({id, l - log_z});
+    return out;
+  }
+  // NaN logits, or every token asked for: the comparator sort.
   std::vector<int32_t> ids(logits.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  n = std::min<int>(n, static_cast<int>(ids.size()));
   std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   });
-  std::vector<TokenProb> out;
   for (int i = 0; i < n; ++i) out.push_back({ids[i], logits[ids[i]] - log_z});
   return out;
 }

@@ -72,8 +72,17 @@ class Sampler {
 
 // Index of the largest logit (lowest id on ties).
 int32_t argmax(std::span<const float> logits);
-// log-softmax of the raw logits for `id`, and the n most likely tokens.
-std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n);
-float token_logprob(std::span<const float> logits, int32_t id);
+// The raw logits' log-softmax normaliser: their maximum and the sum of
+// exp(logit - max) over the vocabulary, taken once per token for both
+// functions below (each pass is an exp per vocabulary entry).
+struct LogitNormaliser {
+  float max;
+  double sum;
+};
+LogitNormaliser logit_normaliser(std::span<const float> logits);
+// log-softmax of the raw logits for `id`, and the n most likely tokens
+// (highest first, lower ids first on ties).
+float token_logprob(std::span<const float> logits, int32_t id, const LogitNormaliser& z);
+std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n, const LogitNormaliser& z);
 
 }  // namespace reprise

@@ -54,9 +54,10 @@ namespace {
 LogprobEntry make_logprob_entry(const Tokenizer& tokenizer, int32_t token, std::span<const float> logits, int top_n) {
   LogprobEntry e;
   e.token = tokenizer.token_to_piece(token);
-  e.logprob = token_logprob(logits, token);
+  const LogitNormaliser z = logit_normaliser(logits);
+  e.logprob = token_logprob(logits, token, z);
   if (top_n > 0) {
-    for (const TokenProb& p : top_logprobs(logits, top_n)) {
+    for (const TokenProb& p : top_logprobs(logits, top_n, z)) {
       // The model's output can be wider than the vocabulary (padding rows).
       std::string text = p.id < tokenizer.n_vocab() ? tokenizer.token_to_piece(p.id) : std::string();
       e.top.push_back({std::move(text), p.logprob});
