@@ -164,10 +164,6 @@ void reference_q8_0(const float* x, int64_t n_blocks, XBlock* out) {
   }
 }
 
-bool same_blocks(const std::vector<XBlock>& a, const std::vector<XBlock>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(XBlock)) == 0;
-}
-
 TEST(QuantizeActivations, EveryIsaWritesTheRulesQ8KBlocks) {
   static_assert(sizeof(XBlock) == 48, "XBlock has no padding bytes to compare");
   const std::vector<float> x = edge_sections();
