@@ -128,13 +128,12 @@ bool Sampler::prepare_nucleus(std::span<const float> v) {
   const size_t n_vocab = v.size();
   std::vector<double>& probs = probs_;
   double sum = 0;  // top-p's normaliser over the whole vocabulary
-  for (size_t k = std::min<size_t>(kFirstPrefix, n_vocab);; k = std::min(n_vocab, k * 8)) {
+  bool first = true;
+  for (size_t k = std::min<size_t>(kFirstPrefix, n_vocab);; k = std::min(n_vocab, k * 8), first = false) {
     if (!ordered_prefix(v, k)) return false;  // NaN: only the first prefix can find it
     const float max_logit = candidates_[0].first;
-    if (k == std::min<size_t>(kFirstPrefix, n_vocab) && params_.top_p < 1.0f) {
-      sum = 0;
+    if (first && params_.top_p < 1.0f)
       for (float l : v) sum += std::exp(double(l) - max_logit);
-    }
     probs.resize(k);
     for (size_t i = 0; i < k; ++i) probs[i] = std::exp(double(candidates_[i].first) - max_logit);
     // The cuts, as prepare() makes them over the whole order: decided once
