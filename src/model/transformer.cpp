@@ -1,8 +1,10 @@
 #include "model/transformer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <memory>
 
 #include "gguf/gguf_file.h"
@@ -174,14 +176,6 @@ Transformer::Transformer(const gguf::File& file) {
     }
   }
 
-  WeightLoader w(file);
-  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
-  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
-  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
-  token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
-  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
-  output_norm_ = w.vector("output_norm.weight", n_embd_);
-
   int swa_pattern = 0;
   int window = 0;
   if (traits_.sliding_window) {
@@ -189,6 +183,24 @@ Transformer::Transformer(const gguf::File& file) {
     swa_pattern = static_cast<int>(file.get_int(key("attention.sliding_window_pattern")).value_or(6));
     if (window < 0 || swa_pattern < 0) file.fail("invalid sliding window settings");
   }
+  // The fingerprint hashes every weight byte: on a thread of its own, beside
+  // the packing below (load time; the same value).
+  std::string layout = "transformer/v1/" + arch + "/" + std::to_string(n_embd_) + "/" +
+                       std::to_string(n_layer) + "/" + std::to_string(n_head_) + "/" +
+                       std::to_string(n_head_kv_) + "/" + std::to_string(head_dim_) + "/" +
+                       std::to_string(n_rot_) + "/" + std::to_string(rope_base) + "/" +
+                       std::to_string(rope_scale) + "/" + std::to_string(eps_) + "/" +
+                       std::to_string(window) + "/" + std::to_string(swa_pattern);
+  std::future<std::array<uint64_t, 2>> fingerprint =
+      std::async(std::launch::async, [&file, layout] { return fingerprint_weights(file, layout); });
+
+  WeightLoader w(file);
+  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
+  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
+  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
+  token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
+  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
+  output_norm_ = w.vector("output_norm.weight", n_embd_);
 
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   layers_.resize(n_layer);
@@ -245,13 +257,7 @@ Transformer::Transformer(const gguf::File& file) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
   }
-  std::string layout = "transformer/v1/" + arch + "/" + std::to_string(n_embd_) + "/" +
-                       std::to_string(n_layer) + "/" + std::to_string(n_head_) + "/" +
-                       std::to_string(n_head_kv_) + "/" + std::to_string(head_dim_) + "/" +
-                       std::to_string(n_rot_) + "/" + std::to_string(rope_base) + "/" +
-                       std::to_string(rope_scale) + "/" + std::to_string(eps_) + "/" +
-                       std::to_string(window) + "/" + std::to_string(swa_pattern);
-  info_.fingerprint = fingerprint_weights(file, layout);
+  info_.fingerprint = fingerprint.get();
 }
 
 void Transformer::size_pass_buffers(PassBuffers& b, int64_t n) const {
