@@ -76,8 +76,8 @@ class GenerationChannel {
   // consumer once per interval instead of once per token. Why: when the
   // model's threads occupy every CPU (decode teams spin at their barriers),
   // each wake of an HTTP thread takes a CPU from a team member for a while
-  // and stalls the whole team; per token, that cost a streamed 60M model
-  // ~10 % of its speed on the 2-vCPU host (docs/performance.md, Session 42).
+  // and stalls the whole team: paced, a streamed 60M model decoded 1.16x
+  // faster on the 2-vCPU host (docs/performance.md, Session 42).
   bool take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout,
             std::chrono::milliseconds pace = std::chrono::milliseconds(0));
   // Valid once take() returned true.
