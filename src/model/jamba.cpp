@@ -218,12 +218,7 @@ Jamba::Jamba(const gguf::File& file) {
   n_expert_used_ = file.get_int(key("expert_used_count")).value_or(0);
 
   WeightLoader w(file);
-  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
-  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
-  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
-  token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
-  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
-  output_norm_ = w.vector("output_norm.weight", n_embd_);
+  const int64_t n_vocab = load_embedding_and_head(w, n_embd_, token_embd_, output_, output_norm_);
 
   std::string layout = "jamba/v1/" + std::to_string(n_embd_) + "/" + std::to_string(n_layer) + "/" +
                        std::to_string(n_head_) + "/" + std::to_string(head_dim_) + "/" + std::to_string(n_ff_) +

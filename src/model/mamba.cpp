@@ -523,12 +523,7 @@ Mamba::Mamba(const gguf::File& file) {
   }
 
   WeightLoader w(file);
-  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
-  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
-  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
-  token_embd_ = w.matrix("token_embd.weight", n_embd, n_vocab);
-  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd, n_vocab) : token_embd_);
-  output_norm_ = w.vector("output_norm.weight", n_embd);
+  const int64_t n_vocab = load_embedding_and_head(w, n_embd, token_embd_, output_, output_norm_);
 
   const int64_t di = d_.d_inner, ds = d_.d_state;
   const int64_t conv_ch = v2_ ? di + 2 * n_group_ * ds : di;

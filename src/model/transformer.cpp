@@ -195,12 +195,7 @@ Transformer::Transformer(const gguf::File& file) {
       std::async(std::launch::async, [&file, layout] { return fingerprint_weights(file, layout); });
 
   WeightLoader w(file);
-  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
-  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
-  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
-  token_embd_ = w.matrix("token_embd.weight", n_embd_, n_vocab);
-  output_ = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd_, n_vocab) : token_embd_);
-  output_norm_ = w.vector("output_norm.weight", n_embd_);
+  const int64_t n_vocab = load_embedding_and_head(w, n_embd_, token_embd_, output_, output_norm_);
 
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   layers_.resize(n_layer);

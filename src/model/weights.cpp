@@ -62,6 +62,18 @@ std::vector<float> WeightLoader::optional_vector(const std::string& name, int64_
   return vector(name, n);
 }
 
+int64_t load_embedding_and_head(const WeightLoader& w, int64_t n_embd, MatrixView& token_embd, PackedMatrix& output,
+                                std::vector<float>& output_norm) {
+  const gguf::File& file = w.file();
+  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
+  if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
+  const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
+  token_embd = w.matrix("token_embd.weight", n_embd, n_vocab);
+  output = PackedMatrix(w.has("output.weight") ? w.matrix("output.weight", n_embd, n_vocab) : token_embd);
+  output_norm = w.vector("output_norm.weight", n_embd);
+  return n_vocab;
+}
+
 std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::string& layout_tag) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_128bits_reset(state);

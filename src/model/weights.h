@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gguf/gguf_file.h"
+#include "tensor/kernels.h"
 #include "tensor/matrix.h"
 
 namespace reprise {
@@ -30,6 +31,13 @@ class WeightLoader {
   const gguf::TensorInfo& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   const gguf::File& file_;
 };
+
+// Reads the token embedding (used in place, for row lookups), the output
+// projection (output.weight, or the embedding when the two are tied),
+// packed, and the final norm's weights, as every architecture keeps them;
+// returns the vocabulary size.
+int64_t load_embedding_and_head(const WeightLoader& w, int64_t n_embd, MatrixView& token_embd, PackedMatrix& output,
+                                std::vector<float>& output_norm);
 
 // Hash of the file's architecture metadata and all tensor bytes: the model's
 // execution identity for cache namespaces.
