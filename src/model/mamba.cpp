@@ -522,6 +522,12 @@ Mamba::Mamba(const gguf::File& file) {
     head_dim_ = d_.d_inner / n_head_;
   }
 
+  auto fingerprint = fingerprint_weights_async(
+      file, "mamba/v1/" + arch + "/" + std::to_string(n_embd) + "/" + std::to_string(n_layer) + "/" +
+                std::to_string(d_.d_inner) + "/" + std::to_string(d_.d_state) + "/" + std::to_string(d_.d_conv) +
+                "/" + std::to_string(d_.dt_rank) + "/" + std::to_string(n_group_) + "/" + std::to_string(d_.eps) +
+                "/" + std::to_string(d_.dt_b_c_rms));
+
   WeightLoader w(file);
   const int64_t n_vocab = load_embedding_and_head(w, n_embd, token_embd_, output_, output_norm_);
 
@@ -561,12 +567,7 @@ Mamba::Mamba(const gguf::File& file) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
   }
-  const std::string layout = "mamba/v1/" + arch + "/" + std::to_string(n_embd) + "/" +
-                             std::to_string(n_layer) + "/" + std::to_string(di) + "/" + std::to_string(ds) +
-                             "/" + std::to_string(d_.d_conv) + "/" + std::to_string(d_.dt_rank) + "/" +
-                             std::to_string(n_group_) + "/" + std::to_string(d_.eps) + "/" +
-                             std::to_string(d_.dt_b_c_rms);
-  info_.fingerprint = fingerprint_weights(file, layout);
+  info_.fingerprint = fingerprint.get();
 }
 
 void Mamba::mamba2_scan_head(const Mamba2Layer& L, int64_t h, const float* zxbcdt, const float* xbc, float* y,

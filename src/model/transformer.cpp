@@ -1,10 +1,8 @@
 #include "model/transformer.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
-#include <future>
 #include <memory>
 
 #include "gguf/gguf_file.h"
@@ -183,16 +181,13 @@ Transformer::Transformer(const gguf::File& file) {
     swa_pattern = static_cast<int>(file.get_int(key("attention.sliding_window_pattern")).value_or(6));
     if (window < 0 || swa_pattern < 0) file.fail("invalid sliding window settings");
   }
-  // The fingerprint hashes every weight byte: on a thread of its own, beside
-  // the packing below (load time; the same value).
   std::string layout = "transformer/v1/" + arch + "/" + std::to_string(n_embd_) + "/" +
                        std::to_string(n_layer) + "/" + std::to_string(n_head_) + "/" +
                        std::to_string(n_head_kv_) + "/" + std::to_string(head_dim_) + "/" +
                        std::to_string(n_rot_) + "/" + std::to_string(rope_base) + "/" +
                        std::to_string(rope_scale) + "/" + std::to_string(eps_) + "/" +
                        std::to_string(window) + "/" + std::to_string(swa_pattern);
-  std::future<std::array<uint64_t, 2>> fingerprint =
-      std::async(std::launch::async, [&file, layout] { return fingerprint_weights(file, layout); });
+  auto fingerprint = fingerprint_weights_async(file, std::move(layout));
 
   WeightLoader w(file);
   const int64_t n_vocab = load_embedding_and_head(w, n_embd_, token_embd_, output_, output_norm_);

@@ -90,4 +90,9 @@ std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::s
   return {h.low64, h.high64};
 }
 
+std::future<std::array<uint64_t, 2>> fingerprint_weights_async(const gguf::File& file, std::string layout_tag) {
+  return std::async(std::launch::async,
+                    [&file, tag = std::move(layout_tag)] { return fingerprint_weights(file, tag); });
+}
+
 }  // namespace reprise

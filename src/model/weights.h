@@ -2,6 +2,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -42,5 +43,10 @@ int64_t load_embedding_and_head(const WeightLoader& w, int64_t n_embd, MatrixVie
 // Hash of the file's architecture metadata and all tensor bytes: the model's
 // execution identity for cache namespaces.
 std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::string& layout_tag);
+// The same hash on a thread of its own: a loader starts it before packing its
+// weights and takes it at the end, so hashing every byte overlaps the
+// packing (a load's time, docs/performance.md, Session 42). `file` must
+// outlive the future.
+std::future<std::array<uint64_t, 2>> fingerprint_weights_async(const gguf::File& file, std::string layout_tag);
 
 }  // namespace reprise
