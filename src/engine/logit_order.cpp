@@ -105,10 +105,7 @@ bool select_top_k(std::span<const float> logits, size_t k, std::vector<std::pair
     for (size_t i = c * kChunk; i < end; ++i)
       if (logits[i] >= threshold) out.emplace_back(logits[i], static_cast<int32_t>(i));
   }
-  auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
-  std::partial_sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), out.end(), by_logit);
+  std::partial_sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), out.end(), logit_before);
   out.resize(k);
   return true;
 }

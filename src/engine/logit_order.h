@@ -14,6 +14,12 @@
 
 namespace reprise {
 
+// The order: higher logit first, lower id first among equal logits (+0 and
+// -0 are equal). Not a strict weak order when a logit is NaN.
+inline bool logit_before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+
 // Sorts `candidates` (logit, id), given in ascending id order, by logit
 // descending; equal logits (+0 and -0 count as equal) keep ascending ids.
 // `scratch` is working memory, kept by the caller to avoid reallocation.

@@ -20,6 +20,18 @@ std::string SamplingParams::validate() const {
   return {};
 }
 
+namespace {
+
+// The sum of exp(l - max) over the logits, in their order: the normaliser of
+// their softmax (top-p's, the logprobs').
+double exp_sum(std::span<const float> logits, float max) {
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - max);
+  return sum;
+}
+
+}  // namespace
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
 int32_t argmax(std::span<const float> logits) {
@@ -69,14 +81,11 @@ void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> hi
   } else {
     candidates_.resize(n_vocab);
     for (int64_t i = 0; i < n_vocab; ++i) candidates_[i] = {v[i], static_cast<int32_t>(i)};
-    auto by_logit = [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    };
     if (top_k) {
       keep = params_.top_k;
-      std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+      std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), logit_before);
     } else {
-      order_by_logit(candidates_, order_scratch_);  // the order std::sort with by_logit gives
+      order_by_logit(candidates_, order_scratch_);  // the order std::sort with logit_before gives
     }
   }
   candidates_.resize(keep);
@@ -132,8 +141,7 @@ bool Sampler::prepare_nucleus(std::span<const float> v) {
   for (size_t k = std::min<size_t>(kFirstPrefix, n_vocab);; k = std::min(n_vocab, k * 8), first = false) {
     if (!ordered_prefix(v, k)) return false;  // NaN: only the first prefix can find it
     const float max_logit = candidates_[0].first;
-    if (first && params_.top_p < 1.0f)
-      for (float l : v) sum += std::exp(double(l) - max_logit);
+    if (first && params_.top_p < 1.0f) sum = exp_sum(v, max_logit);
     probs.resize(k);
     for (size_t i = 0; i < k; ++i) probs[i] = std::exp(double(candidates_[i].first) - max_logit);
     // The cuts, as prepare() makes them over the whole order: decided once
@@ -203,9 +211,8 @@ int32_t Sampler::draw(std::span<const float> weights) {
 }
 
 LogitNormaliser logit_normaliser(std::span<const float> logits) {
-  LogitNormaliser z{*std::max_element(logits.begin(), logits.end()), 0.0};
-  for (float l : logits) z.sum += std::exp(double(l) - z.max);
-  return z;
+  const float max = *std::max_element(logits.begin(), logits.end());
+  return {max, exp_sum(logits, max)};
 }
 
 float token_logprob(std::span<const float> logits, int32_t id, const LogitNormaliser& z) {

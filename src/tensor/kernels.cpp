@@ -1560,10 +1560,10 @@ void softmax_inplace(float* x, int64_t n) {
 float silu(float x) { return x / (1.0f + exp_scalar(-x)); }
 
 using kernels::avx2::kGeluCoef;
-constexpr float kSqrt2OverPi = kernels::avx2::kGeluSqrt2OverPi;
+using kernels::avx2::kGeluSqrt2OverPi;
 
 float gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kGeluCoef * x * x)));
+  return 0.5f * x * (1.0f + std::tanh(kGeluSqrt2OverPi * x * (1.0f + kGeluCoef * x * x)));
 }
 
 // silu() on 8 lanes: x / (1 + e^-x), the same operations per lane.
@@ -1591,11 +1591,11 @@ void silu_in_place(float* x, int64_t n) {
 // element's result never depends on where it falls in the row.
 float gelu_sigmoid(float x) {
   const float t = std::fma(kGeluCoef * x, x, 1.0f);
-  return x / (1.0f + exp_scalar(-((2.0f * kSqrt2OverPi * x) * t)));
+  return x / (1.0f + exp_scalar(-((2.0f * kGeluSqrt2OverPi * x) * t)));
 }
 
 void gelu_mul(float* g, const float* u, int64_t n) {
-  const __m256 c1 = _mm256_set1_ps(2.0f * kSqrt2OverPi), c2 = _mm256_set1_ps(kGeluCoef);
+  const __m256 c1 = _mm256_set1_ps(2.0f * kGeluSqrt2OverPi), c2 = _mm256_set1_ps(kGeluCoef);
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
   if (const auto wide = kernels::isa_kernels().gelu_mul) i = wide(g, u, n);
