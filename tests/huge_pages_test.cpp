@@ -1,11 +1,15 @@
 #include "tensor/huge_pages.h"
 
+#include "tensor/scratch_allocator.h"
+
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,6 +40,17 @@ std::string vm_flags_of(const void* p) {
     }
   }
   return "";
+}
+
+// Whether the mapping that contains p was given MADV_HUGEPAGE ("hg").
+bool advised_for_huge_pages(const void* p) {
+  const std::string flags = vm_flags_of(p);
+  EXPECT_FALSE(flags.empty()) << "no mapping found for " << p;
+  std::istringstream words(flags);
+  std::string w;
+  bool advised = false;
+  while (words >> w) advised |= w == "hg";
+  return advised;
 }
 
 TEST(HugePages, AllocationsAreAlignedZeroedAndDisjoint) {
@@ -97,15 +112,50 @@ TEST(HugePages, MemoryIsAdvisedForHugePages) {
   auto small = allocate_streamed(4096);
   auto big = allocate_streamed(12 * kMiB);
   // "hg": the mapping was given MADV_HUGEPAGE.
-  for (const uint8_t* p : {small.get(), big.get(), big.get() + 12 * kMiB - 1}) {
-    const std::string flags = vm_flags_of(p);
-    ASSERT_FALSE(flags.empty()) << "no mapping found for " << static_cast<const void*>(p);
-    std::istringstream words(flags);
-    std::string w;
-    bool advised = false;
-    while (words >> w) advised |= w == "hg";
-    EXPECT_TRUE(advised) << flags;
+  for (const uint8_t* p : {small.get(), big.get(), big.get() + 12 * kMiB - 1})
+    EXPECT_TRUE(advised_for_huge_pages(p)) << vm_flags_of(p);
+}
+
+TEST(ScratchAllocator, LargeArraysGetHugePageMappingsThatTheyReturn) {
+  const int64_t before = scratch_mapped_bytes();
+  {
+    ScratchVector<float> v(3 * kMiB / sizeof(float) + 5);  // 3 MiB + 20 bytes: two huge pages
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % (2 * kMiB), 0u);
+    EXPECT_EQ(scratch_mapped_bytes() - before, static_cast<int64_t>(4 * kMiB));
+    for (float f : v) ASSERT_EQ(f, 0.0f);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 1000);
+    if (std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+      EXPECT_TRUE(advised_for_huge_pages(v.data())) << vm_flags_of(v.data());
+      EXPECT_TRUE(advised_for_huge_pages(&v.back())) << vm_flags_of(&v.back());
+    }
+    // Growing moves the contents to a larger mapping and returns the old one.
+    const size_t old_size = v.size();
+    v.resize(old_size * 3);
+    EXPECT_EQ(scratch_mapped_bytes() - before, static_cast<int64_t>(10 * kMiB));  // 9 MiB + 60 bytes
+    for (size_t i = 0; i < old_size; ++i) ASSERT_EQ(v[i], static_cast<float>(i % 1000)) << i;
+    for (size_t i = old_size; i < v.size(); ++i) ASSERT_EQ(v[i], 0.0f) << i;
   }
+  EXPECT_EQ(scratch_mapped_bytes(), before) << "every mapping must be unmapped with its array";
+}
+
+TEST(ScratchAllocator, SmallArraysComeFromTheHeap) {
+  const int64_t before = scratch_mapped_bytes();
+  ScratchVector<float> small(1000);
+  ScratchVector<uint8_t> just_below(kScratchMappingBytes - 1);
+  EXPECT_EQ(scratch_mapped_bytes(), before);
+  ScratchVector<uint8_t> at_bound(kScratchMappingBytes);
+  EXPECT_EQ(scratch_mapped_bytes() - before, static_cast<int64_t>(2 * kMiB));
+  at_bound.clear();
+  at_bound.shrink_to_fit();
+  EXPECT_EQ(scratch_mapped_bytes(), before);
+}
+
+TEST(ScratchAllocator, ImpossibleSizesThrowBadAlloc) {
+  const int64_t before = scratch_mapped_bytes();
+  ScratchAllocator<float> alloc;
+  EXPECT_THROW(alloc.allocate(SIZE_MAX / sizeof(float)), std::bad_alloc);  // rounding up would overflow
+  EXPECT_THROW(alloc.allocate(size_t{1} << 50), std::bad_alloc);           // 4 PiB: more than the address space
+  EXPECT_EQ(scratch_mapped_bytes(), before);
 }
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -15,6 +15,7 @@
 #include "model/weights.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/scratch_allocator.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -22,18 +23,19 @@ namespace {
 
 // A pass's scratch, once per pool (ThreadPool::caller_local): fresh vectors
 // per layer were mapped and faulted in anew on every prompt chunk. Every
-// element is written before it is read.
+// element is written before it is read; large ones are huge pages
+// (scratch_allocator.h).
 struct PassScratch {
-  std::vector<float> x, h, tmp;
+  ScratchVector<float> x, h, tmp;
 };
 struct AttentionScratch {
-  std::vector<float> q, k, v, attn;
+  ScratchVector<float> q, k, v, attn;
 };
 struct FfnScratch {
-  std::vector<float> g, u;
+  ScratchVector<float> g, u;
 };
 struct MoeScratch {
-  std::vector<float> expert_out, xs, g, u, d;
+  ScratchVector<float> expert_out, xs, g, u, d;
 };
 
 // A hyper-parameter given either once for all layers or as one entry per layer.

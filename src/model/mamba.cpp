@@ -13,6 +13,7 @@
 #include "model/team_step.h"
 #include "tensor/decode_team.h"
 #include "tensor/kernels.h"
+#include "tensor/scratch_allocator.h"
 #include "tensor/ssm_scan.h"
 #include "util/error.h"
 
@@ -267,13 +268,14 @@ std::vector<RecurrentRun> recurrent_runs(std::span<const PassSegment> segments, 
 namespace {
 // A mixer's scratch, once per pool (ThreadPool::caller_local): fresh
 // vectors per layer were mapped and faulted in anew on every prompt chunk.
-// Every element is written before it is read. (A team step's shared
-// buffers are Mamba1TeamBuffers and Mamba2TeamBuffers.)
+// Every element is written before it is read; large ones are huge pages
+// (scratch_allocator.h). (A team step's shared buffers are
+// Mamba1TeamBuffers and Mamba2TeamBuffers.)
 struct Mamba1Scratch {
-  std::vector<float> xz, xc, xdb, dt, y, dt_low;
+  ScratchVector<float> xz, xc, xdb, dt, y, dt_low;
 };
 struct Mamba2Scratch {
-  std::vector<float> zxbcdt, xbc, y;
+  ScratchVector<float> zxbcdt, xbc, y;
 };
 // What a Mamba-2 mixer's decode team shares between its members (the
 // products' outputs, the scan's y, the gated rows), as Mamba1TeamBuffers.
@@ -281,7 +283,7 @@ struct Mamba2TeamBuffers {
   std::vector<float> zxbcdt, y, gated;
 };
 struct MambaPassScratch {
-  std::vector<float> x, h, mix;
+  ScratchVector<float> x, h, mix;
 };
 
 // Mamba-1's selective scan (kernels::mamba1_scan) over blocks of
@@ -615,7 +617,7 @@ void Mamba::mamba2_mix(const Mamba2Layer& L, const float* in, std::span<const Re
   const int64_t conv_ch = di + 2 * ng * ds;
   const int64_t n_proj = 2 * di + 2 * ng * ds + nh;  // z | x B C | dt
   Mamba2Scratch& scratch = pool.caller_local<Mamba2Scratch>();
-  std::vector<float>&zxbcdt = scratch.zxbcdt, &xbc = scratch.xbc, &y = scratch.y;
+  ScratchVector<float>&zxbcdt = scratch.zxbcdt, &xbc = scratch.xbc, &y = scratch.y;
   zxbcdt.resize(n * n_proj);
   xbc.resize(n * conv_ch);
   y.resize(n * di);
@@ -712,7 +714,7 @@ void Mamba::run_team_step(std::span<const PassSegment> segments, ThreadPool& poo
   } else {
     shared1.size_for_team(d_, n);
   }
-  std::vector<float>& mix = pool.caller_local<MambaPassScratch>().mix;
+  ScratchVector<float>& mix = pool.caller_local<MambaPassScratch>().mix;
   mix.resize(n * n_embd);
 
   st.team->run([&](DecodeTeam::Member& m) {

@@ -15,6 +15,7 @@
 #include "tensor/fp16.h"
 #include "tensor/decode_team.h"
 #include "tensor/kernels.h"
+#include "tensor/scratch_allocator.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -94,7 +95,8 @@ struct RopeTables {
 // fields are only storage, so their order does not matter.
 struct PassBuffers {
   std::vector<int64_t> row_pos;
-  std::vector<float> x, h, q, k, v, attn, tmp, g, u;
+  // A long prompt's pass needs megabytes of each: huge pages (scratch_allocator.h).
+  ScratchVector<float> x, h, q, k, v, attn, tmp, g, u;
   std::vector<SequenceAttention> per_sequence;
   ForwardBatch tail;
 };
@@ -346,8 +348,8 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
   // member keeps its own residual stream and inputs below).
   PassBuffers& shared = pool.caller_local<PassBuffers>();
   size_pass_buffers(shared, n);
-  std::vector<float>&q = shared.q, &k = shared.k, &v = shared.v, &attn = shared.attn, &tmp = shared.tmp,
-                     &g = shared.g, &u = shared.u;
+  ScratchVector<float>&q = shared.q, &k = shared.k, &v = shared.v, &attn = shared.attn, &tmp = shared.tmp,
+                       &g = shared.g, &u = shared.u;
 
   TransformerTeamState& st = pool.caller_local<TransformerTeamState>();
   st.firsts.clear();

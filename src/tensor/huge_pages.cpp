@@ -76,20 +76,29 @@ SlabCursor& cursor() {
 
 }  // namespace
 
-HugePageMapping::HugePageMapping(size_t bytes) : size_(round_up(std::max<size_t>(bytes, 1), 4096)) {
+uint8_t* map_huge_pages(size_t size) {
   // Over-map by a huge page and trim, so the start is 2 MiB-aligned and
   // every whole 2 MiB of the mapping can be a huge page.
-  const size_t span = size_ + kHugePage;
+  const size_t span = size + kHugePage;
+  if (span < size) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw Error("cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  if (raw == MAP_FAILED) return nullptr;
   auto* start = static_cast<uint8_t*>(raw);
   auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePage));
   if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
-  uint8_t* end = aligned + size_;
+  uint8_t* end = aligned + size;
   if (start + span > end) ::munmap(end, static_cast<size_t>(start + span - end));
-  base_ = aligned;
   // Advice only: without THP the memory is ordinary pages.
-  ::madvise(base_, size_, MADV_HUGEPAGE);
+  ::madvise(aligned, size, MADV_HUGEPAGE);
+  return aligned;
+}
+
+HugePageMapping::HugePageMapping(size_t bytes) : size_(round_up(std::max<size_t>(bytes, 1), 4096)) {
+  base_ = map_huge_pages(size_);
+  if (base_ == nullptr) throw Error("cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
 }
 
 HugePageMapping::~HugePageMapping() { ::munmap(base_, size_); }

@@ -20,6 +20,12 @@
 
 namespace reprise {
 
+// `size` bytes (a multiple of 4 KiB) of zeroed memory, 2 MiB-aligned and
+// advised for transparent huge pages, or nullptr (errno set) when the
+// system has no memory to map; the caller unmaps it (munmap(p, size)).
+// HugePageMapping owns one; scratch_allocator.h maps its arrays with it.
+uint8_t* map_huge_pages(size_t size);
+
 // One anonymous mapping of at least `bytes` (rounded up to 4 KiB), zeroed,
 // 2 MiB-aligned and advised for transparent huge pages; unmapped when
 // destroyed. For memory that is not weights (the KV block pool): it is not

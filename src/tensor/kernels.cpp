@@ -20,6 +20,7 @@
 #include "tensor/cpu_topology.h"
 #include "tensor/fp16.h"
 #include "tensor/huge_pages.h"
+#include "tensor/scratch_allocator.h"
 #include "tensor/key_layout.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/prefetch_tuner.h"
@@ -895,7 +896,7 @@ struct Job {
   int64_t prefetch;  // decode tiles' software-prefetch distance (MatmulArgs::prefetch)
 };
 
-thread_local std::vector<uint8_t> t_pack_scratch, t_widen_scratch;
+thread_local ScratchVector<uint8_t> t_pack_scratch, t_widen_scratch;
 
 // Calls of fewer tokens than this (the engine's prompt chunks are 512 by
 // default) are split as decode splits them (run_decode: a contiguous range
@@ -925,7 +926,7 @@ inline __m256 load_h8_any(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-uint8_t* aligned_scratch(std::vector<uint8_t>& v, size_t bytes) {
+uint8_t* aligned_scratch(ScratchVector<uint8_t>& v, size_t bytes) {
   if (v.size() < bytes + 64) v.resize(bytes + 64);
   auto p = reinterpret_cast<uintptr_t>(v.data());
   return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
@@ -1985,7 +1986,7 @@ struct WidenedKv {
 
 // What WidenedKv points into, per pool (ThreadPool::caller_local).
 struct WidenedKvBuffers {
-  std::vector<uint8_t> kt, v;
+  ScratchVector<uint8_t> kt, v;
 };
 
 WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
@@ -2001,8 +2002,8 @@ WidenedKv widen_kv(const AttentionBatch& b, ThreadPool& pool) {
   const int64_t n_pos = n_blocks * 16;
   // 64-byte aligned: the kernel's full-vector loads must not split cache lines.
   WidenedKvBuffers& buffers = pool.caller_local<WidenedKvBuffers>();
-  std::vector<uint8_t>& kt_buf = buffers.kt;
-  std::vector<uint8_t>& v_buf = buffers.v;
+  ScratchVector<uint8_t>& kt_buf = buffers.kt;
+  ScratchVector<uint8_t>& v_buf = buffers.v;
   float* kt = reinterpret_cast<float*>(
       aligned_scratch(kt_buf, static_cast<size_t>(b.n_head_kv * n_blocks * D * 16) * sizeof(float)));
   float* vf = reinterpret_cast<float*>(aligned_scratch(v_buf, static_cast<size_t>(b.n_head_kv * n_pos * D) * sizeof(float)));
