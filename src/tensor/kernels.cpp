@@ -782,13 +782,16 @@ void convert_row(ActKind kind, const float* x, int64_t n, void* out) {
   }
 }
 
+// `bytes` bytes of v, 64-byte aligned (v grows to hold them).
+uint8_t* aligned_scratch(ScratchVector<uint8_t>& v, size_t bytes) {
+  if (v.size() < bytes + 64) v.resize(bytes + 64);
+  auto p = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+}
+
 struct ActBuffer {
-  std::vector<uint8_t> bytes;
-  void* ensure(size_t n) {
-    if (bytes.size() < n + 64) bytes.resize(n + 64);
-    auto p = reinterpret_cast<uintptr_t>(bytes.data());
-    return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
-  }
+  ScratchVector<uint8_t> bytes;
+  void* ensure(size_t n) { return aligned_scratch(bytes, n); }
 };
 
 // One per activation kind, per pool (ThreadPool::caller_local).
@@ -924,12 +927,6 @@ int64_t small_batch_groups(size_t group_bytes) {
 
 inline __m256 load_h8_any(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-uint8_t* aligned_scratch(ScratchVector<uint8_t>& v, size_t bytes) {
-  if (v.size() < bytes + 64) v.resize(bytes + 64);
-  auto p = reinterpret_cast<uintptr_t>(v.data());
-  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
 }
 
 // A task's groups [g0, g0 + n) of src widened (F16/BF16 to f32, Q6_K/Q3_K
