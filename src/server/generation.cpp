@@ -1,6 +1,5 @@
 #include "server/generation.h"
 
-#include <thread>
 #include <utility>
 
 #include "server/model_registry.h"
@@ -24,6 +23,7 @@ void GenerationChannel::finish(GenerationOutcome outcome) {
     finished_ = true;
   }
   ready_.notify_all();
+  finished_cv_.notify_all();
 }
 
 double GenerationChannel::seconds_queued() const {
@@ -32,9 +32,12 @@ double GenerationChannel::seconds_queued() const {
 
 bool GenerationChannel::take(std::vector<GenerationDelta>& out, std::chrono::milliseconds timeout,
                              std::chrono::milliseconds pace) {
-  if (pace.count() > 0 && last_take_ != std::chrono::steady_clock::time_point{})
-    std::this_thread::sleep_until(last_take_ + pace);
   std::unique_lock<std::mutex> lock(mutex_);
+  // Pushes notify ready_ only, so they do not end the paced wait; the end
+  // of the generation does (finished_cv_), so a reply's last events are not
+  // held back by up to a pace.
+  if (pace.count() > 0 && last_take_ != std::chrono::steady_clock::time_point{})
+    finished_cv_.wait_until(lock, last_take_ + pace, [&] { return finished_; });
   ready_.wait_for(lock, timeout, [&] { return finished_ || !deltas_.empty(); });
   while (!deltas_.empty()) {
     out.push_back(std::move(deltas_.front()));

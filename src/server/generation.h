@@ -71,9 +71,10 @@ class GenerationChannel {
   // everything was taken.
   //
   // With a `pace`, a take returns no sooner than `pace` after the previous
-  // one: it first sleeps the rest of that interval outside the lock, where
-  // the producer's pushes do not wake it, so a fast generation wakes the
-  // consumer once per interval instead of once per token. Why: when the
+  // one, unless the generation finishes meanwhile: it first waits out the
+  // rest of that interval, and the producer's pushes do not wake it, so a
+  // fast generation wakes the consumer once per interval instead of once
+  // per token, while the reply's end is not held back. Why: when the
   // model's threads occupy every CPU (decode teams spin at their barriers),
   // each wake of an HTTP thread takes a CPU from a team member for a while
   // and stalls the whole team: paced, a streamed 60M model decoded 1.16x
@@ -92,7 +93,8 @@ class GenerationChannel {
   std::atomic<bool> cancelled_{false};
   const std::chrono::steady_clock::time_point created_;
   mutable std::mutex mutex_;
-  std::condition_variable ready_;
+  std::condition_variable ready_;        // a delta or the end
+  std::condition_variable finished_cv_;  // the end only (ends a paced wait)
   std::deque<GenerationDelta> deltas_;
   bool finished_ = false;
   GenerationOutcome outcome_;
