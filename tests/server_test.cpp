@@ -184,6 +184,12 @@ class RawConnection {
     }
     return got;
   }
+  // One read: what has arrived (waiting for some), empty on timeout or EOF.
+  std::string read_some() {
+    char buf[4096];
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -708,6 +714,40 @@ TEST(ServeHttp, HealthModelsAndCacheStats) {
   json stats = get(s, "/v1/cache/stats").doc();
   ASSERT_EQ(stats["models"].size(), 2u);
   EXPECT_TRUE(stats["totals"].contains("hits"));
+}
+
+// A reply is several small writes (headers, body): with Nagle's algorithm
+// each reply on a kept-alive connection waited for the client's delayed ACK
+// (40 ms or more on Linux) before its last write went out.
+TEST(ServeHttp, KeptAliveRepliesAreNotHeldForDelayedAcks) {
+  TestServer s;
+  // The server keeps a connection for 5 requests (cpp-httplib's default).
+  constexpr int kConnections = 4, kRepliesEach = 5;
+  const auto start = std::chrono::steady_clock::now();
+  for (int conn = 0; conn < kConnections; ++conn) {
+    RawConnection c(s.port);
+    std::string got;  // what has arrived and is not yet consumed
+    for (int i = 0; i < kRepliesEach; ++i) {
+      c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+      got += c.read_until("\r\n\r\n");
+      const size_t head_end = got.find("\r\n\r\n");
+      ASSERT_NE(head_end, std::string::npos) << "reply " << i << ": " << got;
+      ASSERT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+      std::smatch m;
+      const std::string head = got.substr(0, head_end);
+      ASSERT_TRUE(std::regex_search(head, m, std::regex("Content-Length: ([0-9]+)", std::regex::icase))) << head;
+      const size_t end = head_end + 4 + std::stoul(m[1].str());
+      while (got.size() < end) {
+        const std::string more = c.read_some();
+        ASSERT_FALSE(more.empty()) << "the connection ended inside reply " << i;
+        got += more;
+      }
+      ASSERT_NE(got.substr(head_end, end - head_end).find("\"ok\""), std::string::npos) << got;
+      got.erase(0, end);
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 400ms)
+      << kConnections * (kRepliesEach - 1) << " waits for delayed ACKs took ~520 ms in all here";
 }
 
 TEST(ServeHttp, ChatCompletionNonStreamingAndStreamingAgree) {

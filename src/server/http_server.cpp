@@ -152,6 +152,11 @@ void HttpServer::Impl::setup() {
   http.set_read_timeout(options.read_timeout_seconds, 0);
   http.set_write_timeout(options.write_timeout_seconds, 0);
   http.set_keep_alive_timeout(5);
+  // Replies and stream events are small writes: with Nagle's algorithm a
+  // write waits for the ACK of the previous one, which a client delays by up
+  // to ~40 ms, so on a kept-alive connection a short completion took a
+  // median 44 ms instead of 3 (docs/performance.md, session 43).
+  http.set_tcp_nodelay(true);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path == "/health" || req.path == "/v1/health")
@@ -472,8 +477,8 @@ constexpr int kClientClosed = 499;
 // How often a response's HTTP thread collects a generation's tokens
 // (GenerationChannel::take's pace): a stream's events go out at most this
 // long after their token (a few tokens a batch at a small model's speed,
-// one at a large model's), and a reply ends at most this long after its
-// generation.
+// one at a large model's); a reply's end is not held back by it (the end
+// wakes a paced take).
 constexpr milliseconds kTakePace{5};
 }  // namespace
 
