@@ -20,13 +20,13 @@
 #include "tensor/cpu_topology.h"
 #include "tensor/fp16.h"
 #include "tensor/huge_pages.h"
-#include "tensor/scratch_allocator.h"
 #include "tensor/key_layout.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/prefetch_tuner.h"
 #include "tensor/quant_blocks.h"
 #include "tensor/quantize.h"
 #include "tensor/read_probe.h"
+#include "tensor/scratch_allocator.h"
 #include "util/error.h"
 
 namespace reprise {

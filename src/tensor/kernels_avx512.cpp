@@ -144,8 +144,9 @@ void tile_f(const MatmulArgs& a, int64_t g0, int64_t t0) {
 // A loaded vector the compiler must keep in a register. GCC folds a load
 // into every instruction that reads it, so a nibble chunk used for its low
 // and its high nibbles was loaded twice; a single-token tile is bound by its
-// loads (about one 64-byte load a cycle on Zen 5), and one load a chunk made
-// Q4_0's decode 1.35-1.55x faster in a kernel-only test.
+// loads (about one 64-byte load a cycle on Zen 5): one load a chunk made a
+// kernel-only copy of Q4_0's decode loop 1.35-1.55x faster and BM_Matmul's
+// Q4_0 decode 1.07-1.08x (docs/performance.md, session 43).
 RP_INLINE __m512i loaded_once(__m512i v) {
   asm("" : "+v"(v));
   return v;
