@@ -541,10 +541,10 @@ RP_INLINE void q6k_halves(const uint8_t* ws, size_t gb, int pair, const XBlock* 
             __m512i a = _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 0));
             __m512i b = _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 1));
             __m512i c = kNeedC ? _mm512_loadu_si512(sec + q6k_line_at(pair, Q, 2)) : _mm512_setzero_si512();
-            // The last half reads all three lines again (each once more than
-            // a half of its own): one load each on a single token
-            // (loaded_once; BM_Matmul Q6_K decode 1.07-1.13x, two tokens
-            // 0.95x with it).
+            // The fourth half combines all three lines, which the other
+            // halves use too: on a single token each line is loaded once
+            // (loaded_once; BM_Matmul Q6_K decode 1.07-1.13x; two tokens
+            // measured 0.95x with it).
             if constexpr (T == 1 && First + N > 3) {
               a = loaded_once(a);
               b = loaded_once(b);
