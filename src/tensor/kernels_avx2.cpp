@@ -56,6 +56,15 @@ RP_INLINE __m256i dot_u8_acc(__m256i acc, __m256i w, __m256i xv) {
 constexpr bool kPartials16 = true;
 #endif
 
+// A loaded vector the compiler must keep in a register: GCC folds a load
+// into every instruction that reads it, so a nibble chunk used for its low
+// and its high nibbles was loaded twice (as in the AVX-512 tiles,
+// kernels_avx512.cpp).
+RP_INLINE __m256i loaded_once(__m256i v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
 // How many chunks of unsigned quants below 2^Bits one 16-bit partial can
 // sum exactly (per 16-bit lane a pair of products with activations of at
 // most 127 in magnitude): 8 for Q4_K's nibbles, 4 for Q5_K, 2 for Q6_K, 1
@@ -378,7 +387,8 @@ void tile_q(const MatmulArgs& a, int64_t g0, int64_t t0) {
                   std::memcpy(&qh, xb.qs + 16 + 4 * C, 4);
                   const __m256i xl = _mm256_set1_epi32(ql), xh = _mm256_set1_epi32(qh);
                   for (int h = 0; h < 2; ++h) {
-                    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + C * 64) + h);
+                    const __m256i v =
+                        loaded_once(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQuants + C * 64) + h));
                     __m256i ul = _mm256_and_si256(v, nibble);
                     __m256i uh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
                     if constexpr (kHasFifthBit<Q>) {
