@@ -26,7 +26,6 @@
 namespace reprise {
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kSlabBytes = size_t{32} << 20;
 // Larger allocations get a mapping of their own: carving them from slabs
 // would leave up to this much of a slab unused.
@@ -79,7 +78,7 @@ SlabCursor& cursor() {
 uint8_t* map_huge_pages(size_t size) {
   // Over-map by a huge page and trim, so the start is 2 MiB-aligned and
   // every whole 2 MiB of the mapping can be a huge page.
-  const size_t span = size + kHugePage;
+  const size_t span = size + kHugePageBytes;
   if (span < size) {
     errno = ENOMEM;
     return nullptr;
@@ -87,7 +86,7 @@ uint8_t* map_huge_pages(size_t size) {
   void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   auto* start = static_cast<uint8_t*>(raw);
-  auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePage));
+  auto* aligned = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(start), kHugePageBytes));
   if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
   uint8_t* end = aligned + size;
   if (start + span > end) ::munmap(end, static_cast<size_t>(start + span - end));

@@ -20,6 +20,9 @@
 
 namespace reprise {
 
+// The transparent huge page size these mappings are aligned to.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
 // `size` bytes (a multiple of 4 KiB) of zeroed memory, 2 MiB-aligned and
 // advised for transparent huge pages, or nullptr (errno set) when the
 // system has no memory to map; the caller unmaps it (munmap(p, size)).

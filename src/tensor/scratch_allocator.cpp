@@ -11,12 +11,12 @@
 namespace reprise {
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
-
 std::atomic<int64_t> g_scratch_bytes{0};
 
 // What a scratch array of `bytes` maps: whole huge pages.
-size_t mapped_size(size_t bytes) { return (std::max<size_t>(bytes, 1) + kHugePage - 1) / kHugePage * kHugePage; }
+size_t mapped_size(size_t bytes) {
+  return (std::max<size_t>(bytes, 1) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+}
 
 }  // namespace
 
