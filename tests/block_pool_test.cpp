@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "tensor/huge_pages.h"
+#include "tensor/page_populator.h"
 
 namespace reprise {
 namespace {
@@ -86,6 +90,70 @@ TEST(BlockPool, ChunksAreNotCountedAsWeights) {
   EXPECT_EQ(streamed_memory_stats().mapped_bytes, before.mapped_bytes);
   held.clear();
   EXPECT_EQ(pool.chunks(), 1);
+}
+
+// How many of the 4 KiB pages of [p, p + bytes) are resident (mincore).
+int64_t resident_pages(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  if (mincore(const_cast<void*>(p), bytes, in_core.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : in_core) n += c & 1;
+  return n;
+}
+
+// Turns the shared populator on or off for one test, and back on after it.
+class PopulatorSetting {
+ public:
+  explicit PopulatorSetting(bool on) { PagePopulator::shared().set_enabled(on); }
+  ~PopulatorSetting() { PagePopulator::shared().set_enabled(true); }
+};
+
+// A chunk's memory is faulted in ahead of the blocks handed out, without
+// anything written to it: blocks not yet handed out are resident (and read
+// as zeros when they are), and so is nothing beyond the lead. The
+// populator disabled, the same pages stay unmapped until written.
+TEST(BlockPool, FreshMemoryIsPopulatedAheadOfTheBlocks) {
+  constexpr uint64_t kHalfs = uint64_t{1} << 17;  // 256 KiB buffers: 64 in a 16 MiB chunk
+  constexpr size_t kBytes = kHalfs * 2;
+  for (bool on : {false, true}) {
+    PopulatorSetting setting(on);
+    BlockPool pool(kHalfs);
+    ASSERT_EQ(pool.buffers_per_chunk(), 64);
+    BlockPool::Buffer first = pool.acquire();
+    PagePopulator::shared().wait_idle();
+    if (on && !PagePopulator::shared().enabled()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
+    const auto* base = reinterpret_cast<const uint8_t*>(first.get());
+    // The second through fourth megabytes: no buffer there handed out yet.
+    const int64_t ahead = resident_pages(base + kBytes * 4, size_t{3} << 20);
+    // Beyond the lead (8 MiB past the first fresh block, in huge pages).
+    const int64_t beyond = resident_pages(base + (size_t{12} << 20), size_t{4} << 20);
+    if (on) {
+      EXPECT_EQ(ahead, (3 << 20) / sysconf(_SC_PAGESIZE)) << "not populated ahead";
+      EXPECT_EQ(beyond, 0) << "populated past the lead";
+    } else {
+      EXPECT_EQ(ahead, 0);
+    }
+    std::vector<BlockPool::Buffer> more;
+    for (int i = 1; i < 64; ++i) {
+      more.push_back(pool.acquire());
+      ASSERT_TRUE(all_equal(more.back().get(), kHalfs, 0)) << "buffer " << i;
+    }
+    PagePopulator::shared().wait_idle();
+  }
+}
+
+// A pool destroyed while its chunks are still being populated: the
+// populator keeps the memory mapped until it is done with it.
+TEST(BlockPool, PoolsMayGoWhileTheirMemoryIsPopulated) {
+  PopulatorSetting setting(true);
+  for (int round = 0; round < 20; ++round) {
+    BlockPool pool(uint64_t{1} << 17);
+    std::vector<BlockPool::Buffer> held;
+    for (int i = 0; i < 70; ++i) held.push_back(pool.acquire());
+    for (const BlockPool::Buffer& b : held) ASSERT_EQ(b[0], 0);
+  }
+  PagePopulator::shared().wait_idle();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tensor/huge_pages.h"
+#include "tensor/page_populator.h"
 
 namespace reprise {
 namespace {
@@ -15,6 +16,11 @@ namespace {
 // model's cache needs. Buffers per chunk are bounded both ways.
 constexpr size_t kChunkTargetBytes = size_t{16} << 20;
 constexpr int64_t kMaxPerChunk = 256;
+// How far past the last block handed out a chunk's memory is populated in
+// the background (PagePopulator): a few huge pages, so a request's new
+// blocks find their pages ready, without faulting in much more than the
+// cache will use soon.
+constexpr size_t kPopulateLeadBytes = size_t{8} << 20;
 
 size_t stride_for(uint64_t block_halfs) {
   const size_t bytes = std::max<uint64_t>(block_halfs, 1) * sizeof(uint16_t);
@@ -24,10 +30,12 @@ size_t stride_for(uint64_t block_halfs) {
 }  // namespace
 
 struct BlockPool::Chunk {
-  explicit Chunk(size_t bytes) : memory(bytes) {}
-  uint8_t* base() const { return memory.base(); }
-  HugePageMapping memory;
+  explicit Chunk(size_t bytes) : memory(std::make_shared<HugePageMapping>(bytes)) {}
+  uint8_t* base() const { return memory->base(); }
+  // Shared with the populator while it faults the chunk in.
+  std::shared_ptr<HugePageMapping> memory;
   int64_t fresh_from = 0;           // slots [fresh_from, per_chunk) were never handed out: still zero
+  size_t populate_requested = 0;    // bytes [0, this) were given to the populator
   std::vector<int64_t> recycled;    // slots handed out before and freed since
   int64_t used = 0;
 };
@@ -58,10 +66,23 @@ BlockPool::Buffer BlockPool::acquire() {
     std::memset(p, 0, stride_);
   } else {
     p = best->base() + best->fresh_from++ * stride_;
+    populate_ahead(*best);
   }
   ++best->used;
   ++in_use_;
   return Buffer(reinterpret_cast<uint16_t*>(p), Releaser(this));
+}
+
+void BlockPool::populate_ahead(Chunk& c) {
+  // Up to the lead past the fresh slots' start, in whole huge pages.
+  const size_t size = c.memory->size();
+  const size_t fresh = static_cast<size_t>(c.fresh_from) * stride_;
+  const size_t want = std::min(size, (fresh + kPopulateLeadBytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  if (want <= c.populate_requested) return;
+  PagePopulator& populator = PagePopulator::shared();
+  if (!populator.enabled()) return;
+  populator.populate(c.memory, c.base() + c.populate_requested, want - c.populate_requested);
+  c.populate_requested = want;
 }
 
 namespace {

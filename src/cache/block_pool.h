@@ -19,6 +19,11 @@
 // blocks ever in use at once plus one chunk; a chunk whose last block is
 // freed goes back to the system unless it is the only wholly free one.
 //
+// Fresh chunk memory is faulted in a few huge pages ahead of the blocks
+// handed out, on a background thread that runs only where a CPU is idle
+// (PagePopulator), so the cost of first touching it falls between requests
+// rather than on them.
+//
 // Not thread-safe: the cache calls it under its own lock.
 #pragma once
 #include <cstddef>
@@ -64,6 +69,8 @@ class BlockPool {
   struct Chunk;
   // Aborts on a pointer the pool did not hand out (a bug, not bad input).
   void release(uint16_t* p) noexcept;
+  // Asks the populator for c's memory up to a lead past its fresh slots.
+  void populate_ahead(Chunk& c);
 
   const size_t stride_;  // bytes per buffer, a multiple of 64
   const int64_t per_chunk_;
