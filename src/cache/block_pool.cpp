@@ -32,7 +32,8 @@ size_t stride_for(uint64_t block_halfs) {
 struct BlockPool::Chunk {
   explicit Chunk(size_t bytes) : memory(std::make_shared<HugePageMapping>(bytes)) {}
   uint8_t* base() const { return memory->base(); }
-  // Shared with the populator while it faults the chunk in.
+  // The populator holds it weakly: a chunk returned to the system is not
+  // populated, and is unmapped at once (or after the one step in progress).
   std::shared_ptr<HugePageMapping> memory;
   int64_t fresh_from = 0;           // slots [fresh_from, per_chunk) were never handed out: still zero
   size_t populate_requested = 0;    // bytes [0, this) were given to the populator
@@ -42,7 +43,11 @@ struct BlockPool::Chunk {
 
 BlockPool::BlockPool(uint64_t block_halfs)
     : stride_(stride_for(block_halfs)),
-      per_chunk_(std::clamp<int64_t>(static_cast<int64_t>(kChunkTargetBytes / stride_), 1, kMaxPerChunk)) {}
+      per_chunk_(std::clamp<int64_t>(static_cast<int64_t>(kChunkTargetBytes / stride_), 1, kMaxPerChunk)) {
+  // The first chunk now, so its first blocks can be populated before the
+  // first request (a server's cache is made when its model loads).
+  populate_ahead(add_chunk());
+}
 
 BlockPool::~BlockPool() = default;
 
@@ -52,13 +57,7 @@ BlockPool::Buffer BlockPool::acquire() {
   Chunk* best = nullptr;
   for (const auto& c : chunks_)
     if (c->used < per_chunk_ && (!best || c->used > best->used)) best = c.get();
-  if (!best) {
-    auto c = std::make_unique<Chunk>(stride_ * static_cast<size_t>(per_chunk_));
-    best = c.get();
-    const auto at = std::upper_bound(chunks_.begin(), chunks_.end(), c->base(),
-                                     [](const uint8_t* p, const std::unique_ptr<Chunk>& x) { return p < x->base(); });
-    chunks_.insert(at, std::move(c));
-  }
+  if (!best) best = &add_chunk();
   uint8_t* p;
   if (!best->recycled.empty()) {
     p = best->base() + best->recycled.back() * stride_;
@@ -71,6 +70,15 @@ BlockPool::Buffer BlockPool::acquire() {
   ++best->used;
   ++in_use_;
   return Buffer(reinterpret_cast<uint16_t*>(p), Releaser(this));
+}
+
+BlockPool::Chunk& BlockPool::add_chunk() {
+  auto c = std::make_unique<Chunk>(stride_ * static_cast<size_t>(per_chunk_));
+  Chunk& added = *c;
+  const auto at = std::upper_bound(chunks_.begin(), chunks_.end(), c->base(),
+                                   [](const uint8_t* p, const std::unique_ptr<Chunk>& x) { return p < x->base(); });
+  chunks_.insert(at, std::move(c));
+  return added;
 }
 
 void BlockPool::populate_ahead(Chunk& c) {

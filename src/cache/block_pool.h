@@ -14,9 +14,10 @@
 // recycled buffer is cleared before it is handed out again, so no state of
 // an earlier block (another tenant's) can be read through a new one.
 //
-// Accounting: the cache charges blocks, not chunks. A chunk is mapped only
-// when every chunk is full, so the pool never holds more than the most
-// blocks ever in use at once plus one chunk; a chunk whose last block is
+// Accounting: the cache charges blocks, not chunks. The first chunk is
+// mapped when the pool is made, another only when every chunk is full, so
+// the pool never holds more than the most blocks ever in use at once plus
+// one chunk; a chunk whose last block is
 // freed goes back to the system unless it is the only wholly free one.
 //
 // Fresh chunk memory is faulted in a few huge pages ahead of the blocks
@@ -69,6 +70,8 @@ class BlockPool {
   struct Chunk;
   // Aborts on a pointer the pool did not hand out (a bug, not bad input).
   void release(uint16_t* p) noexcept;
+  // Maps one more chunk, kept in address order.
+  Chunk& add_chunk();
   // Asks the populator for c's memory up to a lead past its fresh slots.
   void populate_ahead(Chunk& c);
 

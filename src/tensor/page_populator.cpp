@@ -68,7 +68,13 @@ PagePopulator::~PagePopulator() {
     queue_.clear();
   }
   work_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // Back to normal priority to stop: at SCHED_IDLE the thread could wait
+  // long for a CPU on a busy machine before it saw the stop. (Refused
+  // without the privilege to raise it; it then stops when it gets a CPU.)
+  sched_param param{};
+  pthread_setschedparam(thread_.native_handle(), SCHED_OTHER, &param);
+  thread_.join();
 }
 
 bool PagePopulator::enabled() const {
@@ -81,12 +87,12 @@ void PagePopulator::set_enabled(bool on) {
   enabled_ = on;
 }
 
-void PagePopulator::populate(std::shared_ptr<const void> keep, uint8_t* begin, size_t bytes) {
+void PagePopulator::populate(std::weak_ptr<const void> owner, uint8_t* begin, size_t bytes) {
   if (bytes == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!enabled_ || refused_ || stopping_) return;
-    queue_.push_back(Range{std::move(keep), begin, bytes});
+    queue_.push_back(Range{std::move(owner), begin, bytes});
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
   work_.notify_one();
@@ -120,34 +126,33 @@ void PagePopulator::run() {
   for (;;) {
     work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) break;
-    Range r = std::move(queue_.front());
+    const Range r = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
-    for (size_t done = 0; done < r.bytes && !stopping_ && !refused_;) {
-      // One huge page's worth at a time, unlocked: the lock is free for
-      // new ranges, and a stop waits for one step at most.
-      const size_t step = std::min(kHugePageBytes, r.bytes - done);
-      lock.unlock();
+    // One huge page's worth a step, unlocked: the lock stays free for new
+    // ranges, and a stop waits for one step at most.
+    lock.unlock();
+    for (size_t done = 0; done < r.bytes;) {
       wait_for_quiet();
-      const int rc = ::madvise(r.begin + done, step, MADV_POPULATE_WRITE);
-      const int err = errno;
-      lock.lock();
-      if (rc != 0) {
+      const std::shared_ptr<const void> owner = r.owner.lock();
+      if (!owner) break;  // the memory went back to the system
+      {
+        std::lock_guard<std::mutex> check(mutex_);
+        if (stopping_ || refused_) break;
+      }
+      const size_t step = std::min(kHugePageBytes, r.bytes - done);
+      if (::madvise(r.begin + done, step, MADV_POPULATE_WRITE) != 0) {
         // EINVAL: no such advice in this kernel; anything else (no memory,
         // a signal) leaves the rest of the range to the writer's faults.
-        if (err == EINVAL) refused_ = true;
+        if (errno == EINVAL) {
+          std::lock_guard<std::mutex> refuse(mutex_);
+          refused_ = true;
+        }
         break;
       }
       done += step;
     }
-    {
-      // The memory may be unmapped once the range lets go of it; not
-      // under the lock, in case this is the last owner.
-      Range finished = std::move(r);
-      lock.unlock();
-      finished.keep.reset();
-      lock.lock();
-    }
+    lock.lock();
     busy_ = false;
     if (refused_) queue_.clear();
     if (queue_.empty()) idle_.notify_all();

@@ -39,9 +39,11 @@ class PagePopulator {
   PagePopulator& operator=(const PagePopulator&) = delete;
 
   // Faults in [begin, begin + bytes) soon, 2 MiB at a time, ranges in the
-  // order given. `keep` owns the mapping: it stays mapped until the range
-  // is done or dropped. begin must be 4 KiB-aligned. Ignored when disabled.
-  void populate(std::shared_ptr<const void> keep, uint8_t* begin, size_t bytes);
+  // order given, while `owner` (which owns the mapping) lives: each step
+  // holds it, so the memory stays mapped for the step, and once it is gone
+  // the rest of the range is dropped. begin must be 4 KiB-aligned. Ignored
+  // when disabled.
+  void populate(std::weak_ptr<const void> owner, uint8_t* begin, size_t bytes);
 
   // Returns when every range given so far is done or dropped (tests).
   void wait_idle();
@@ -54,7 +56,7 @@ class PagePopulator {
 
  private:
   struct Range {
-    std::shared_ptr<const void> keep;
+    std::weak_ptr<const void> owner;
     uint8_t* begin;
     size_t bytes;
   };
