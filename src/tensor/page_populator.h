@@ -61,7 +61,7 @@ class PagePopulator {
     size_t bytes;
   };
   void run();
-  // Returns after a spell in which the process's other threads were nearly
+  // Returns after a 10 ms spell in which the process's other threads were nearly
   // idle, or once stopping (called unlocked).
   void wait_for_quiet();
 
