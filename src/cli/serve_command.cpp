@@ -50,10 +50,14 @@ void serve(const ServeOptions& options) {
   for (const std::string& id : registry.ids()) log_line("model '" + id + "' available");
 
   // The -m model is loaded up front so a bad file fails at start-up; the
-  // others load when first requested.
+  // others load when first requested. Its pass scratch is sized now too,
+  // which spares the first long prompt ~0.1 s at 2048 wide in a VM whose
+  // fresh memory is slow to fault in (docs/performance.md, session 44);
+  // models loaded on demand size it as their prompts need it.
   if (!options.model_path.empty()) {
     Parsed<ModelLease> lease = registry.acquire(registry.default_id());
     if (!lease.ok()) throw Error(lease.error().message);
+    lease.value()->engine->prepare_scratch();
   }
 
   HttpServer server(options, registry, log_line);

@@ -52,6 +52,13 @@ void Engine::set_draft(Model& draft, PrefixCache* draft_cache, int draft_max) {
                                                  options_.n_batch_while_decoding);
 }
 
+void Engine::prepare_scratch() {
+  std::lock_guard<std::mutex> lock(*forward_mutex_);  // the pool's caller state
+  const int64_t rows = options_.n_batch + std::max<int64_t>(options_.max_decode_batch, 1);
+  model_.prepare_scratch(rows, pool_);
+  if (draft_) draft_->prepare_scratch(rows, pool_);
+}
+
 int64_t Engine::prefill_chunk(const PassBatcher& batcher) const {
   return batcher.decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
 }

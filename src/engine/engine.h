@@ -125,6 +125,11 @@ class Engine {
   // cannot be rolled back after rejected tokens yet).
   void set_draft(Model& draft, PrefixCache* draft_cache, int draft_max);
   bool has_draft() const { return draft_ != nullptr; }
+  // Sizes the models' per-pass scratch for the largest pass this engine
+  // runs (a prefill chunk beside a full decode batch) now
+  // (Model::prepare_scratch), for a server whose model is loaded before its
+  // first request.
+  void prepare_scratch();
 
   const EngineCounters& counters() const { return counters_; }
   PassBatchStats pass_stats() const { return batcher_->stats(); }

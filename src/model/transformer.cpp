@@ -106,6 +106,9 @@ class Transformer final : public SegmentedModel {
   explicit Transformer(const gguf::File& file);
   const ModelInfo& info() const override { return info_; }
   const StateSpec& state_spec() const override { return spec_; }
+  void prepare_scratch(int64_t n_tokens, ThreadPool& pool) override {
+    size_pass_buffers(pool.caller_local<PassBuffers>(), n_tokens);
+  }
 
  private:
   // One pass over every segment's rows: products over all rows at once,
