@@ -2,15 +2,13 @@
 
 #include <gtest/gtest.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "tensor/huge_pages.h"
 #include "tensor/page_populator.h"
+#include "test_support.h"
 
 namespace reprise {
 namespace {
@@ -92,16 +90,6 @@ TEST(BlockPool, ChunksAreNotCountedAsWeights) {
   EXPECT_EQ(pool.chunks(), 1);
 }
 
-// How many of the 4 KiB pages of [p, p + bytes) are resident (mincore).
-int64_t resident_pages(const void* p, size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> in_core((bytes + page - 1) / page);
-  if (mincore(const_cast<void*>(p), bytes, in_core.data()) != 0) return -1;
-  int64_t n = 0;
-  for (unsigned char c : in_core) n += c & 1;
-  return n;
-}
-
 // Turns the shared populator on or off for one test, and back on after it.
 class PopulatorSetting {
  public:
@@ -125,11 +113,11 @@ TEST(BlockPool, FreshMemoryIsPopulatedAheadOfTheBlocks) {
     if (on && !PagePopulator::shared().enabled()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
     const auto* base = reinterpret_cast<const uint8_t*>(first.get());
     // The second through fourth megabytes: no buffer there handed out yet.
-    const int64_t ahead = resident_pages(base + kBytes * 4, size_t{3} << 20);
+    const int64_t ahead = test::resident_pages(base + kBytes * 4, size_t{3} << 20);
     // Beyond the lead (8 MiB past the first fresh block, in huge pages).
-    const int64_t beyond = resident_pages(base + (size_t{12} << 20), size_t{4} << 20);
+    const int64_t beyond = test::resident_pages(base + (size_t{12} << 20), size_t{4} << 20);
     if (on) {
-      EXPECT_EQ(ahead, (3 << 20) / sysconf(_SC_PAGESIZE)) << "not populated ahead";
+      EXPECT_EQ(ahead, test::pages_in(size_t{3} << 20)) << "not populated ahead";
       EXPECT_EQ(beyond, 0) << "populated past the lead";
     } else {
       EXPECT_EQ(ahead, 0);

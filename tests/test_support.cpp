@@ -1,5 +1,8 @@
 #include "test_support.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -7,6 +10,17 @@
 #include <filesystem>
 
 namespace reprise::test {
+
+int64_t resident_pages(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  if (mincore(const_cast<void*>(p), bytes, in_core.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : in_core) n += c & 1;
+  return n;
+}
+
+int64_t pages_in(size_t bytes) { return static_cast<int64_t>(bytes / static_cast<size_t>(sysconf(_SC_PAGESIZE))); }
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

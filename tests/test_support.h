@@ -1,6 +1,8 @@
-// Helpers shared by the test executables: locating ../shared fixtures.
+// Helpers shared by the test executables: locating ../shared fixtures,
+// reading golden values, counting resident pages.
 #pragma once
 #include <optional>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,6 +17,12 @@ int argmax(const float* x, int64_t n);
 // quantize_row_q8_K): the first element of largest magnitude, NaNs never
 // comparing larger; 0 when no element has a nonzero magnitude.
 float q8_k_max_element(const float* section);
+
+// How many of the pages of [p, p + bytes) are resident (mincore), or -1
+// when mincore fails.
+int64_t resident_pages(const void* p, size_t bytes);
+// The number of pages in `bytes`.
+int64_t pages_in(size_t bytes);
 
 // Absolute path of ../shared/fixtures beside the source tree, or nullopt when
 // the oracle data is absent (a user's fresh clone). REPRISE_SHARED overrides.
