@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <system_error>
 
 #include "tensor/huge_pages.h"
 
@@ -96,7 +97,17 @@ void PagePopulator::populate(std::weak_ptr<const void> owner, uint8_t* begin, si
     std::lock_guard<std::mutex> lock(mutex_);
     if (!enabled_ || refused_ || stopping_) return;
     queue_.push_back(Range{std::move(owner), begin, bytes});
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::thread([this] { run(); });
+      } catch (const std::system_error&) {
+        // No thread to be had (a process at its limit): populating is only
+        // a head start, so the writers fault their pages in as before.
+        queue_.clear();
+        refused_ = true;
+        return;
+      }
+    }
   }
   work_.notify_one();
 }

@@ -49,8 +49,8 @@ class PagePopulator {
   void wait_idle();
 
   // Whether ranges are populated: on unless REPRISE_POPULATE=0 (for
-  // comparisons) or set_enabled(false) (tests), and while the kernel has
-  // not refused MADV_POPULATE_WRITE.
+  // comparisons) or set_enabled(false) (tests), while the kernel has not
+  // refused MADV_POPULATE_WRITE and a thread could be started.
   bool enabled() const;
   void set_enabled(bool on);
 
@@ -72,7 +72,7 @@ class PagePopulator {
   bool busy_ = false;  // the thread holds a range taken from the queue
   bool stopping_ = false;
   bool enabled_ = true;
-  bool refused_ = false;  // the kernel has no MADV_POPULATE_WRITE
+  bool refused_ = false;  // no MADV_POPULATE_WRITE in the kernel, or no thread
   std::thread thread_;
 };
 
