@@ -12,10 +12,11 @@
 //
 // The thread runs under SCHED_IDLE, so it never takes a CPU from another
 // thread, and only in spells when the process's other threads are nearly
-// idle (between requests rather than in the gaps of a decode step); it populates with MADV_POPULATE_WRITE, which maps
-// pages writable without writing to them: it may run beside a writer of the
-// same memory and never changes what the memory holds. Where the kernel has
-// no MADV_POPULATE_WRITE (before Linux 5.14) it does nothing.
+// idle (between requests rather than in the gaps of a decode step). It
+// populates with MADV_POPULATE_WRITE, which maps pages writable without
+// writing to them: it may run beside a writer of the same memory and never
+// changes what the memory holds. Where the kernel has no
+// MADV_POPULATE_WRITE (before Linux 5.14) it does nothing.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
