@@ -17,8 +17,8 @@
 // Accounting: the cache charges blocks, not chunks. The first chunk is
 // mapped when the pool is made, another only when every chunk is full, so
 // the pool never holds more than the most blocks ever in use at once plus
-// one chunk; a chunk whose last block is
-// freed goes back to the system unless it is the only wholly free one.
+// one chunk; a chunk whose last block is freed goes back to the system
+// unless it is the only wholly free one.
 //
 // Fresh chunk memory is faulted in a few huge pages ahead of the blocks
 // handed out, on a background thread that runs only where a CPU is idle

@@ -105,8 +105,8 @@ class Model {
   // rows on this pool now, rather than in the first long prompt: where
   // fresh memory is slow to fault in (a VM whose host takes back free guest
   // memory: ~4 ms per 2 MiB), that prompt paid for all of it. A server
-  // calls it as it loads a model. Architectures without such scratch do
-  // nothing.
+  // calls it for the model it loads at start-up. Architectures without
+  // such scratch do nothing.
   virtual void prepare_scratch(int64_t n_tokens, ThreadPool& pool) { (void)n_tokens, (void)pool; }
 
   // forward_many of one-token batches; `logits` receives n_vocab floats per
