@@ -85,7 +85,7 @@ void BlockPool::populate_ahead(Chunk& c) {
   // Up to the lead past the fresh slots' start, in whole huge pages.
   const size_t size = c.memory->size();
   const size_t fresh = static_cast<size_t>(c.fresh_from) * stride_;
-  const size_t want = std::min(size, (fresh + kPopulateLeadBytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  const size_t want = std::min(size, round_up_to_huge_pages(fresh + kPopulateLeadBytes));
   if (want <= c.populate_requested) return;
   PagePopulator& populator = PagePopulator::shared();
   if (!populator.enabled()) return;

@@ -22,6 +22,10 @@ namespace reprise {
 
 // The transparent huge page size these mappings are aligned to.
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+// `bytes` rounded up to whole huge pages.
+inline constexpr size_t round_up_to_huge_pages(size_t bytes) {
+  return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+}
 
 // `size` bytes (a multiple of 4 KiB) of zeroed memory, 2 MiB-aligned and
 // advised for transparent huge pages, or nullptr (errno set) when the

@@ -15,7 +15,7 @@ std::atomic<int64_t> g_scratch_bytes{0};
 
 // What a scratch array of `bytes` maps: whole huge pages.
 size_t mapped_size(size_t bytes) {
-  return (std::max<size_t>(bytes, 1) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  return round_up_to_huge_pages(std::max<size_t>(bytes, 1));
 }
 
 }  // namespace
