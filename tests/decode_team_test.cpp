@@ -125,6 +125,43 @@ TEST(DecodeTeam, WaitsAtBarriersAreCounted) {
   }
 }
 
+// Two stalled runs in a row (a member waited milliseconds at a barrier)
+// stand teams down: 50 ms at first, twice as long each time the stalls
+// come back soon after, and the short stand-down again once they have
+// stayed away for a second. One stalled run alone is forgiven.
+TEST(DecodeTeam, StandsDownBrieflyAtFirstAndLongerWhileStallsRecur) {
+  ThreadPool pool(2);
+  DecodeTeam team(pool);
+  auto stalled_run = [&] {
+    team.run([](DecodeTeam::Member& m) {
+      if (m.index() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(8));
+      m.barrier();
+    });
+  };
+  auto wait_until_ready = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!team.ready() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  EXPECT_TRUE(team.ready());
+  EXPECT_EQ(team.last_stand_down_seconds(), 0.0);
+  stalled_run();
+  EXPECT_TRUE(team.ready());
+  for (double expected : {0.05, 0.1, 0.2}) {
+    stalled_run();
+    if (expected > 0.05) stalled_run();  // the count restarts after a stand-down
+    EXPECT_FALSE(team.ready()) << expected;
+    EXPECT_DOUBLE_EQ(team.last_stand_down_seconds(), expected);
+    wait_until_ready();
+    ASSERT_TRUE(team.ready());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  stalled_run();
+  stalled_run();
+  EXPECT_FALSE(team.ready());
+  EXPECT_DOUBLE_EQ(team.last_stand_down_seconds(), 0.05);
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

@@ -44,8 +44,12 @@ constexpr uint64_t kSpinTicks = 150000;  // ~70 us at this host's 2.1 GHz TSC
 // idle spell), which must not stand teams down.
 constexpr uint64_t kStallTicks = 3000000;  // ~1.4 ms at 2.1 GHz
 
-// How long teams stand down after two stalled runs in a row.
-constexpr double kStandDownSeconds = 1.0;
+// How long teams stand down after two stalled runs in a row: the shortest
+// at first, twice as long as the last each time they stand down again
+// within kStandDownMemory of the last stand-down's end, up to the longest.
+constexpr double kShortestStandDown = 0.05;
+constexpr double kLongestStandDown = 1.0;
+constexpr double kStandDownMemory = 1.0;
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -178,7 +182,16 @@ void DecodeTeam::run_members(MemberFn fn, void* ctx) {
   // losing its CPU.
   stalled_runs_ = stalled_.exchange(false, std::memory_order_relaxed) ? stalled_runs_ + 1 : 0;
   if (stalled_runs_ >= 2) {
-    stood_down_until_ = seconds_now() + kStandDownSeconds;
+    // A host that takes a vCPU away now and then (this VM: a few ms at a
+    // time) stalls two runs in a row once in a while, and a second of
+    // dispatched steps was then ~25 % of a second's decode lost; threads
+    // that keep losing their CPUs (more threads than free CPUs) stall
+    // again as soon as teams are back, and soon stand down for a second
+    // at a time as before.
+    const double now = seconds_now();
+    const bool again = stand_down_seconds_ > 0 && now - stood_down_until_ < kStandDownMemory;
+    stand_down_seconds_ = again ? std::min(2 * stand_down_seconds_, kLongestStandDown) : kShortestStandDown;
+    stood_down_until_ = now + stand_down_seconds_;
     stalled_runs_ = 0;
   }
 }
@@ -199,6 +212,8 @@ uint64_t DecodeTeam::runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t DecodeTeam::waited_ticks() { return g_waited_ticks.load(std::memory_order_relaxed); }
 
 bool DecodeTeam::ready() const { return seconds_now() >= stood_down_until_; }
+
+double DecodeTeam::last_stand_down_seconds() const { return stand_down_seconds_; }
 
 bool DecodeTeam::enabled() { return enabled_state().load(std::memory_order_relaxed) != 0; }
 

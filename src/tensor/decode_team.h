@@ -79,9 +79,12 @@ class DecodeTeam {
   // means a teammate lost its CPU (other work, or more threads than CPUs),
   // and every barrier of a step can then cost a scheduler time slice where
   // dispatched products would have been taken over by the threads still
-  // running: after two runs in a row that waited so, teams stand down for
-  // a second.
+  // running: after two runs in a row that waited so, teams stand down, for
+  // 50 ms at first and twice as long each time they stand down again soon
+  // after the last, up to a second.
   bool ready() const;
+  // The last stand-down's length in seconds, 0 before the first (tests).
+  double last_stand_down_seconds() const;
 
   // Whether single-token steps run as teams: on by default with more than
   // one thread; REPRISE_DECODE_TEAM=0 turns it off (for comparisons), as
@@ -122,6 +125,7 @@ class DecodeTeam {
   std::atomic<bool> stalled_{false};  // a member waited ~1 ms at a barrier in this run
   int stalled_runs_ = 0;              // consecutive runs that stalled
   double stood_down_until_ = 0.0;     // seconds (steady clock); see ready()
+  double stand_down_seconds_ = 0.0;   // the last stand-down's length (0: none yet)
   uint64_t works_ = 0;  // works begun in earlier runs (all members agree)
 };
 
