@@ -162,6 +162,16 @@ TEST(DecodeTeam, StandsDownBrieflyAtFirstAndLongerWhileStallsRecur) {
   EXPECT_DOUBLE_EQ(team.last_stand_down_seconds(), 0.05);
 }
 
+// Wakes the pool's workers and returns once they are awake: a step that
+// finds one asleep runs dispatched (TeamSteps.AStepWithAWorkerAsleepRunsDispatched),
+// and on a loaded machine a worker descheduled past its spin sleeps between
+// any two steps.
+void wake_workers(ThreadPool& pool) {
+  pool.keep_awake(1e6);  // until the next job
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!pool.workers_awake() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -192,6 +202,7 @@ void check_team_steps_match(Model& model, uint64_t seed, int threads, int64_t pr
     DecodeTeam::set_enabled(false);
     model.forward(step, off, a, pool);
     DecodeTeam::set_enabled(true);
+    wake_workers(pool);
     model.forward(step, on, c, pool);
     ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, step " << i << " at position "
                                  << step.pos0;
@@ -230,6 +241,7 @@ void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int 
     DecodeTeam::set_enabled(false);
     model.forward_steps(steps_off, a, pool);
     DecodeTeam::set_enabled(true);
+    wake_workers(pool);
     model.forward_steps(steps_on, c, pool);
     ASSERT_EQ(a.size(), static_cast<size_t>(n_seq * n_vocab));
     ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, " << n_seq << " sequences, round "
@@ -350,6 +362,53 @@ TEST(TeamSteps, JambaBitIdenticalToDispatchedSteps) {
       check_team_multi_steps_match(model, 9, 2, 3, 30, 40);
       check_team_multi_steps_match(model, 10, 2, 11, 70, 4);
     });
+  }
+}
+
+// A team's first barrier waits for every member, so a step that finds a
+// pool worker asleep (after an idle spell) runs dispatched, and wakes it;
+// with the workers awake the next step is a team's. Same bits either way.
+TEST(TeamSteps, AStepWithAWorkerAsleepRunsDispatched) {
+  if (!DecodeTeam::fits_cpus(2)) GTEST_SKIP() << "fewer than 2 CPUs: no teams";
+  TeamSwitch restore;
+  DecodeTeam::set_enabled(true);
+  SyntheticModelSpec s = synthetic_preset("tiny");
+  s.n_vocab = 320;
+  Model& model = *test::synthetic_model("team-asleep", s).model;
+  ThreadPool pool(2);
+  FlatMemory memory(model.state_spec()), reference(model.state_spec());
+  ThreadPool single(1);
+  // Past position 64, where AVX2's teams start too.
+  std::vector<int32_t> prompt(70);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 300);
+  ForwardBatch b;
+  b.tokens = prompt;
+  std::vector<float> logits, expected;
+  model.forward(b, memory, logits, pool);
+  model.forward(b, reference, expected, single);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (pool.workers_awake() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(pool.workers_awake()) << "the idle worker never slept";
+
+  for (int i = 0; i < 2; ++i) {
+    const int32_t tok = 11 + i;
+    ForwardBatch step;
+    step.tokens = std::span<const int32_t>(&tok, 1);
+    step.pos0 = static_cast<int64_t>(prompt.size()) + i;
+    const uint64_t runs = DecodeTeam::runs();
+    model.forward(step, memory, logits, pool);
+    model.forward(step, reference, expected, single);
+    ASSERT_TRUE(same_bits(logits, expected)) << "step " << i;
+    if (i == 0) {
+      EXPECT_EQ(DecodeTeam::runs(), runs) << "a team ran with its worker asleep";
+      pool.keep_awake(1e6);
+      const auto awake_by = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (!pool.workers_awake() && std::chrono::steady_clock::now() < awake_by) std::this_thread::yield();
+      ASSERT_TRUE(pool.workers_awake());
+    } else {
+      EXPECT_GT(DecodeTeam::runs(), runs) << "no team ran with the workers awake";
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -210,6 +211,16 @@ class StepLog {
   std::map<std::string, int> index_;
 };
 
+// A lockstep partner's turn leaves this pool's workers asleep, and a decode
+// step that began with a worker asleep would run dispatched rather than as
+// a team (decode_team_may_run): a turn wakes them before its timed step.
+void wake_workers_for_turn(ThreadPool& pool, const Lockstep& turn) {
+  if (!turn.active()) return;
+  pool.keep_awake(20000);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  while (!pool.workers_awake() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+}
+
 void throughput(const BenchOptions& o, ModelBundle& b) {
   const int threads = resolve_threads(o.threads);
   ThreadPool pool(threads);
@@ -333,7 +344,10 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       DecodeRun run = start_run();
       double busy = 0;  // the steps' own time (a lockstep partner's turns excluded)
       for (int i = 0; i < o.n_gen; ++i) {
-        if (i > 0) turn.wait_turn();
+        if (i > 0) {
+          turn.wait_turn();
+          wake_workers_for_turn(pool, turn);
+        }
         std::optional<WeightReadLog> weights_log;  // the warm-up's first step records what a step reads
         if (r < 0 && i == 0) weights_log.emplace();
         const uint64_t team_runs = DecodeTeam::runs(), waited0 = DecodeTeam::waited_ticks(), ticks0 = __rdtsc();

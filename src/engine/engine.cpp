@@ -59,6 +59,13 @@ void Engine::prepare_scratch() {
   if (draft_) draft_->prepare_scratch(rows, pool_);
 }
 
+void Engine::expect_request() {
+  // Long enough to cover building the prompt and reaching the first pass;
+  // the pass's first job ends it (ThreadPool::keep_awake).
+  constexpr double kRequestLeadMicros = 5000;
+  pool_.keep_awake(kRequestLeadMicros);
+}
+
 int64_t Engine::prefill_chunk(const PassBatcher& batcher) const {
   return batcher.decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
 }

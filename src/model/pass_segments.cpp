@@ -34,8 +34,12 @@ int64_t pass_rows(std::span<const PassSegment> segments) {
 }
 
 bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool& pool) {
+  // A team's first barrier waits for every member, so a step with a worker
+  // asleep (after an idle spell: ~0.5-2 ms to wake on this VM) runs
+  // dispatched, where the caller starts alone and the worker joins when it
+  // wakes (the dispatch wakes it); the next step finds it awake.
   if (pool.size() < 2 || segments.empty() || static_cast<int64_t>(segments.size()) >= kDecodeTeamMaxSequences ||
-      !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()))
+      !DecodeTeam::enabled() || !DecodeTeam::fits_cpus(pool.size()) || !pool.workers_awake())
     return false;
   for (const PassSegment& seg : segments) {
     const ForwardBatch& b = seg.batch;

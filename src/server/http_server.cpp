@@ -369,6 +369,7 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Respons
   if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
   auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
   LoadedModel& model = **lease;
+  model.engine->expect_request();
   if (chat.first_image_message && !model.vision) {
     const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
     return reply_error(res, ApiError::invalid("this model does not accept images", param, "images_not_supported"),
@@ -399,6 +400,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, httplib::
   if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
   auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
   LoadedModel& model = **lease;
+  model.engine->expect_request();
   Parsed<BuiltPrompt> prompt = build_completion_prompt(*model.bundle->tokenizer, model.engine->n_ctx(),
                                                        model.bundle->model->info().n_vocab, completion);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);

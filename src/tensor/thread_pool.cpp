@@ -8,10 +8,13 @@
 
 #include <climits>
 #include <cstdlib>
+#include <thread>
 
 namespace reprise {
 
 namespace {
+
+constexpr double kTicksPerMicro = 3000.0;  // ~3 TSC ticks per ns on current x86
 
 // Spin budgets in TSC ticks (the TSC runs at a few GHz): a worker spins this
 // long for the next job before sleeping; the caller spins this long for
@@ -21,7 +24,7 @@ uint64_t spin_ticks() {
   static const uint64_t ticks = [] {
     double us = 30.0;
     if (const char* env = std::getenv("REPRISE_SPIN_US")) us = std::atof(env);
-    return static_cast<uint64_t>(us * 3000.0);  // ~3 ticks per ns on current x86
+    return static_cast<uint64_t>(us * kTicksPerMicro);
   }();
   return ticks;
 }
@@ -50,8 +53,24 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_seq_cst);
   job_seq_.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(&job_seq_);
+  wake_word_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&wake_word_);
   for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::wake_sleepers() {
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  wake_word_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&wake_word_);
+}
+
+void ThreadPool::keep_awake(double micros) {
+  if (workers_.empty() || micros <= 0) return;
+  const uint64_t until = __rdtsc() + static_cast<uint64_t>(micros * kTicksPerMicro);
+  for (uint64_t cur = awake_until_.load(std::memory_order_seq_cst);
+       cur < until && !awake_until_.compare_exchange_weak(cur, until, std::memory_order_seq_cst);) {
+  }
+  wake_sleepers();
 }
 
 int64_t ThreadPool::run_tasks(uint32_t job) {
@@ -78,7 +97,11 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   done_.store(0, std::memory_order_relaxed);
   claim_.store(static_cast<uint64_t>(job) << 32, std::memory_order_release);
   job_seq_.store(job, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&job_seq_);
+  wake_sleepers();
+  // The work keep_awake was waiting for has come: after it the workers
+  // sleep again after their usual spin, rather than hold a CPU that the
+  // request's other threads (its reply) may need.
+  if (awake_until_.load(std::memory_order_relaxed) != 0) awake_until_.store(0, std::memory_order_relaxed);
 
   const int64_t mine = run_tasks(job);
   if (mine < n_tasks) {
@@ -99,11 +122,29 @@ void ThreadPool::worker_loop() {
     uint32_t job = job_seq_.load(std::memory_order_acquire);
     if (job == seen) {
       const uint64_t t0 = __rdtsc(), budget = spin_ticks();
-      while ((job = job_seq_.load(std::memory_order_acquire)) == seen && __rdtsc() - t0 < budget) _mm_pause();
+      for (uint64_t now = t0; (job = job_seq_.load(std::memory_order_acquire)) == seen; now = __rdtsc()) {
+        if (now - t0 < budget) {
+          _mm_pause();
+        } else if (now < awake_until_.load(std::memory_order_relaxed)) {
+          // Kept awake for work to come: the request's own threads (its
+          // parsing, its reply) may want this CPU meanwhile.
+          std::this_thread::yield();
+        } else {
+          break;
+        }
+      }
       if (job == seen) {
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        while ((job = job_seq_.load(std::memory_order_seq_cst)) == seen) futex_wait(&job_seq_, seen);
+        for (;;) {
+          // The word is read before the checks: a job or keep_awake that
+          // comes after them bumps it, and the wait returns at once.
+          const uint32_t word = wake_word_.load(std::memory_order_seq_cst);
+          job = job_seq_.load(std::memory_order_seq_cst);
+          if (job != seen || __rdtsc() < awake_until_.load(std::memory_order_seq_cst)) break;
+          futex_wait(&wake_word_, word);
+        }
         sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        if (job == seen) continue;  // asked to stay awake: spin again
       }
     }
     seen = job;

@@ -8,6 +8,12 @@
 // futex, so an idle pool costs nothing and an oversubscribed machine is not
 // made worse by long PAUSE loops.
 //
+// A worker asleep when work arrives takes ~0.5-2 ms to run again on this
+// VM (its vCPU has halted and the host must schedule it), so code that knows
+// work is coming can ask the workers to wake and spin until then
+// (keep_awake), and a decode team, which cannot start without every
+// member, runs only while they are awake (workers_awake).
+//
 // Completion is counted per task, not per worker: a worker that was
 // descheduled while a job ran never holds up the caller, and a worker that
 // wakes late cannot claim tasks of a later job (job id and task index are
@@ -49,6 +55,14 @@ class ThreadPool {
     return *static_cast<T*>(p.get());
   }
 
+  // Wakes sleeping workers and keeps every worker spinning for up to
+  // `micros` from now, or until the next job, for work that is about to
+  // arrive (a request was received). Any thread may call it, at any time.
+  void keep_awake(double micros);
+  // Whether no worker is asleep (a job published now would start on every
+  // thread within microseconds).
+  bool workers_awake() const { return sleepers_.load(std::memory_order_seq_cst) == 0; }
+
   // Runs fn(task) for task in [0, n_tasks) across the pool and returns when
   // all are done. Tasks are claimed dynamically. Not reentrant; one caller at
   // a time (callers serialise through the model's forward pass).
@@ -68,6 +82,8 @@ class ThreadPool {
   using TaskFn = void (*)(void*, int64_t);
   void run(int64_t n_tasks, TaskFn fn, void* ctx);
   void worker_loop();
+  // Wakes the workers asleep on wake_word_, if any.
+  void wake_sleepers();
   // Claims and runs tasks of job `job` until none are left; returns the
   // number run.
   int64_t run_tasks(uint32_t job);
@@ -81,9 +97,14 @@ class ThreadPool {
   // Job id (high 32 bits) and next task index (low 32 bits).
   alignas(64) std::atomic<uint64_t> claim_{0};
   alignas(64) std::atomic<int64_t> done_{0};
-  // Futex word: the current job id; sleepers_ counts workers blocked on it.
+  // The current job id, and the futex word sleeping workers wait on (bumped
+  // to wake them: by a new job, keep_awake or the destructor); sleepers_
+  // counts workers asleep or about to be.
   alignas(64) std::atomic<uint32_t> job_seq_{0};
+  std::atomic<uint32_t> wake_word_{0};
   std::atomic<int> sleepers_{0};
+  // Workers spin, rather than sleep, until this time-stamp counter value.
+  std::atomic<uint64_t> awake_until_{0};
   std::atomic<bool> stop_{false};
   // Published by the release store of claim_/job_seq_; stable while the job
   // has unclaimed or running tasks.
