@@ -5,13 +5,13 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"

@@ -100,7 +100,9 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   wake_sleepers();
   // The work keep_awake was waiting for has come: after it the workers
   // sleep again after their usual spin, rather than hold a CPU that the
-  // request's other threads (its reply) may need.
+  // request's other threads (its reply) may need. (A keep_awake for another
+  // request that lands just before this is cut short too; that request's
+  // own first job wakes the workers.)
   if (awake_until_.load(std::memory_order_relaxed) != 0) awake_until_.store(0, std::memory_order_relaxed);
 
   const int64_t mine = run_tasks(job);
