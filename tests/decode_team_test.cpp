@@ -17,6 +17,7 @@
 
 #include "engine/flat_memory.h"
 #include "model_fixtures.h"
+#include "test_support.h"
 #include "tensor/decode_team.h"
 #include "tensor/kernels.h"
 #include "tensor/thread_pool.h"
@@ -138,11 +139,6 @@ TEST(DecodeTeam, StandsDownBrieflyAtFirstAndLongerWhileStallsRecur) {
       m.barrier();
     });
   };
-  auto wait_until_ready = [&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!team.ready() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
   EXPECT_TRUE(team.ready());
   EXPECT_EQ(team.last_stand_down_seconds(), 0.0);
   stalled_run();
@@ -152,24 +148,13 @@ TEST(DecodeTeam, StandsDownBrieflyAtFirstAndLongerWhileStallsRecur) {
     if (expected > 0.05) stalled_run();  // the count restarts after a stand-down
     EXPECT_FALSE(team.ready()) << expected;
     EXPECT_DOUBLE_EQ(team.last_stand_down_seconds(), expected);
-    wait_until_ready();
-    ASSERT_TRUE(team.ready());
+    ASSERT_TRUE(test::eventually([&] { return team.ready(); }, std::chrono::seconds(5)));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   stalled_run();
   stalled_run();
   EXPECT_FALSE(team.ready());
   EXPECT_DOUBLE_EQ(team.last_stand_down_seconds(), 0.05);
-}
-
-// Wakes the pool's workers and returns once they are awake: a step that
-// finds one asleep runs dispatched (TeamSteps.AStepWithAWorkerAsleepRunsDispatched),
-// and on a loaded machine a worker descheduled past its spin sleeps between
-// any two steps.
-void wake_workers(ThreadPool& pool) {
-  pool.keep_awake(1e6);  // until the next job
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!pool.workers_awake() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -202,7 +187,10 @@ void check_team_steps_match(Model& model, uint64_t seed, int threads, int64_t pr
     DecodeTeam::set_enabled(false);
     model.forward(step, off, a, pool);
     DecodeTeam::set_enabled(true);
-    wake_workers(pool);
+    // A step that finds a worker asleep runs dispatched
+    // (TeamSteps.AStepWithAWorkerAsleepRunsDispatched), and on a loaded
+    // machine a worker descheduled past its spin sleeps between any two steps.
+    pool.wake_workers(2e6);
     model.forward(step, on, c, pool);
     ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, step " << i << " at position "
                                  << step.pos0;
@@ -241,7 +229,7 @@ void check_team_multi_steps_match(Model& model, uint64_t seed, int threads, int 
     DecodeTeam::set_enabled(false);
     model.forward_steps(steps_off, a, pool);
     DecodeTeam::set_enabled(true);
-    wake_workers(pool);
+    pool.wake_workers(2e6);  // as in check_team_steps_match
     model.forward_steps(steps_on, c, pool);
     ASSERT_EQ(a.size(), static_cast<size_t>(n_seq * n_vocab));
     ASSERT_TRUE(same_bits(a, c)) << model.info().arch << " " << threads << " threads, " << n_seq << " sequences, round "
@@ -386,10 +374,7 @@ TEST(TeamSteps, AStepWithAWorkerAsleepRunsDispatched) {
   std::vector<float> logits, expected;
   model.forward(b, memory, logits, pool);
   model.forward(b, reference, expected, single);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (pool.workers_awake() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_FALSE(pool.workers_awake()) << "the idle worker never slept";
+  ASSERT_TRUE(test::eventually([&] { return !pool.workers_awake(); })) << "the idle worker never slept";
 
   for (int i = 0; i < 2; ++i) {
     const int32_t tok = 11 + i;
@@ -402,10 +387,7 @@ TEST(TeamSteps, AStepWithAWorkerAsleepRunsDispatched) {
     ASSERT_TRUE(same_bits(logits, expected)) << "step " << i;
     if (i == 0) {
       EXPECT_EQ(DecodeTeam::runs(), runs) << "a team ran with its worker asleep";
-      pool.keep_awake(1e6);
-      const auto awake_by = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (!pool.workers_awake() && std::chrono::steady_clock::now() < awake_by) std::this_thread::yield();
-      ASSERT_TRUE(pool.workers_awake());
+      ASSERT_TRUE(pool.wake_workers(2e6));
     } else {
       EXPECT_GT(DecodeTeam::runs(), runs) << "no team ran with the workers awake";
     }

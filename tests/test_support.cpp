@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <filesystem>
+#include <thread>
 
 namespace reprise::test {
 
@@ -18,6 +19,15 @@ int64_t resident_pages(const void* p, size_t bytes) {
   int64_t n = 0;
   for (unsigned char c : in_core) n += c & 1;
   return n;
+}
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 int64_t pages_in(size_t bytes) { return static_cast<int64_t>(bytes / static_cast<size_t>(sysconf(_SC_PAGESIZE))); }

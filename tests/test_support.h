@@ -1,8 +1,10 @@
 // Helpers shared by the test executables: locating ../shared fixtures,
 // reading golden values, counting resident pages.
 #pragma once
-#include <optional>
+#include <chrono>
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,6 +25,10 @@ float q8_k_max_element(const float* section);
 int64_t resident_pages(const void* p, size_t bytes);
 // The number of pages in `bytes`.
 int64_t pages_in(size_t bytes);
+
+// Polls `cond` (every millisecond) until it holds or `timeout` has passed;
+// returns whether it held.
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = std::chrono::seconds(2));
 
 // Absolute path of ../shared/fixtures beside the source tree, or nullopt when
 // the oracle data is absent (a user's fresh clone). REPRISE_SHARED overrides.

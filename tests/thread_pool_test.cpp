@@ -12,6 +12,7 @@
 
 #include "tensor/kernels.h"
 #include "tensor/quantize.h"
+#include "test_support.h"
 
 namespace reprise {
 namespace {
@@ -74,17 +75,6 @@ TEST(ThreadPool, PoolsOnSeveralThreadsKeepTheirScratchApart) {
 }
 
 
-// Polls `cond` for up to 2 s.
-template <typename Cond>
-bool within_two_seconds(Cond cond) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 // Workers sleep once idle; keep_awake wakes them and keeps them spinning
 // until its time is up or the next job comes, after which they sleep again.
 TEST(ThreadPool, KeepAwakeWakesSleepingWorkersUntilTheNextJob) {
@@ -92,16 +82,16 @@ TEST(ThreadPool, KeepAwakeWakesSleepingWorkersUntilTheNextJob) {
   std::atomic<int> ran{0};
   pool.parallel_for(8, [&](int64_t) { ran++; });
   EXPECT_EQ(ran.load(), 8);
-  ASSERT_TRUE(within_two_seconds([&] { return !pool.workers_awake(); })) << "idle workers never slept";
+  ASSERT_TRUE(test::eventually([&] { return !pool.workers_awake(); })) << "idle workers never slept";
 
   pool.keep_awake(60e6);  // a minute: only the next job ends it
-  ASSERT_TRUE(within_two_seconds([&] { return pool.workers_awake(); })) << "keep_awake did not wake the workers";
+  ASSERT_TRUE(test::eventually([&] { return pool.workers_awake(); })) << "keep_awake did not wake the workers";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_TRUE(pool.workers_awake()) << "the workers slept while asked to stay awake";
 
   pool.parallel_for(8, [&](int64_t) { ran++; });
   EXPECT_EQ(ran.load(), 16);
-  EXPECT_TRUE(within_two_seconds([&] { return !pool.workers_awake(); })) << "the job did not end the keep-awake";
+  EXPECT_TRUE(test::eventually([&] { return !pool.workers_awake(); })) << "the job did not end the keep-awake";
 
   // A pool being destroyed while kept awake stops its workers.
   auto kept = std::make_unique<ThreadPool>(2);

@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
@@ -215,10 +214,7 @@ class StepLog {
 // step that began with a worker asleep would run dispatched rather than as
 // a team (decode_team_may_run): a turn wakes them before its timed step.
 void wake_workers_for_turn(ThreadPool& pool, const Lockstep& turn) {
-  if (!turn.active()) return;
-  pool.keep_awake(20000);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-  while (!pool.workers_awake() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  if (turn.active()) pool.wake_workers(20000);
 }
 
 void throughput(const BenchOptions& o, ModelBundle& b) {

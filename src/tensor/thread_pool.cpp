@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <thread>
@@ -71,6 +72,13 @@ void ThreadPool::keep_awake(double micros) {
        cur < until && !awake_until_.compare_exchange_weak(cur, until, std::memory_order_seq_cst);) {
   }
   wake_sleepers();
+}
+
+bool ThreadPool::wake_workers(double micros) {
+  keep_awake(micros);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(micros);
+  while (!workers_awake() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  return workers_awake();
 }
 
 int64_t ThreadPool::run_tasks(uint32_t job) {

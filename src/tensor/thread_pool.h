@@ -62,6 +62,9 @@ class ThreadPool {
   // Whether no worker is asleep (a job published now would start on every
   // thread within microseconds).
   bool workers_awake() const { return sleepers_.load(std::memory_order_seq_cst) == 0; }
+  // keep_awake(micros), then waits up to as long for every worker to be
+  // awake (yielding its CPU meanwhile); returns workers_awake().
+  bool wake_workers(double micros);
 
   // Runs fn(task) for task in [0, n_tasks) across the pool and returns when
   // all are done. Tasks are claimed dynamically. Not reentrant; one caller at
