@@ -14,6 +14,7 @@
 #include "gguf/gguf_file.h"
 #include "test_support.h"
 #include "tokenizer/bpe_pretokenizer.h"
+#include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode_text.h"
 #include "util/error.h"
@@ -185,8 +186,8 @@ class GgufBuilder {
 };
 
 // A tiny SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens, a few
-// pieces and one user-defined token.
-GgufBuilder tiny_spm() {
+// pieces (and `more`, scored below them) and one user-defined token.
+GgufBuilder tiny_spm(const std::vector<std::string>& more = {}) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
   std::vector<float> scores = {0, 0, 0};
@@ -196,7 +197,9 @@ GgufBuilder tiny_spm() {
     types.push_back(6);
     scores.push_back(0);
   }
-  for (const char* piece : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab", "\xE2\x96\x81" "ab"}) {
+  std::vector<std::string> pieces = {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab", "\xE2\x96\x81" "ab"};
+  pieces.insert(pieces.end(), more.begin(), more.end());
+  for (const std::string& piece : pieces) {
     tokens.push_back(piece);
     types.push_back(1);
     scores.push_back(-static_cast<float>(tokens.size()) / 100.0f);
@@ -427,6 +430,54 @@ TEST(TokenizerRobustness, RandomBytesNeverCrash) {
     }
   }
   EXPECT_GE(runs, 400u);
+}
+
+// SentencePiece merging word by word (cut before escaped spaces that no
+// token can join to the byte before them) against merging the whole text at
+// once, as llama.cpp does, over random escaped texts. The tiny vocabulary's
+// extra pieces cross words ("b▁a", "▁▁", a newline before a space), so some
+// cuts must be refused; the fixture vocabularies are the real ones.
+TEST(TokenizerSpm, WordByWordMergingMatchesMergingTheWholeText) {
+  const std::string space = "\xE2\x96\x81";
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(Tokenizer::from_gguf(
+      *tiny_spm({"b" + space + "a", space + space, space + space + space, "\n" + space, "a" + space + space + "b", "\n"})
+           .build()));
+  if (auto fixtures = reprise::test::shared_fixtures()) {
+    for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-baichuan.gguf"})
+      toks.push_back(load_tokenizer(fs::path(*fixtures) / "vocab" / name));
+  } else {
+    std::cout << "[ skipped ] the fixture vocabularies: ../shared is absent\n";
+  }
+  std::mt19937 rng(46);
+  const std::string alphabet[] = {space, space + space, "\n", "a", "b", "ab", "\xC3\xA9", "\xF0\x9F\x99\x82", "\xF0", "\xE2"};
+  size_t words_cut = 0;
+  for (const auto& tok : toks) {
+    const auto* spm = dynamic_cast<const reprise::tok::SpmTokenizer*>(tok.get());
+    ASSERT_NE(spm, nullptr);
+    for (int iter = 0; iter < 300; ++iter) {
+      std::string text;
+      const int len = static_cast<int>(rng() % 200);
+      for (int i = 0; i < len; ++i) {
+        switch (rng() % 3) {
+          case 0: text += alphabet[rng() % std::size(alphabet)]; break;
+          case 1: text += tok->token_text(static_cast<int32_t>(rng() % tok->n_vocab())); break;
+          default: text.push_back(static_cast<char>(rng() % 256));
+        }
+      }
+      std::vector<int32_t> by_words, whole;
+      spm->encode_escaped(text, by_words);
+      reprise::tok::spm_merge(tok->vocab(), text, whole);
+      ASSERT_EQ(ids_to_string(by_words), ids_to_string(whole)) << "text: '" << text << "'";
+      words_cut += std::count(text.begin(), text.end(), '\x81');
+    }
+  }
+  EXPECT_GT(words_cut, 1000u);
+  // The tiny vocabulary's joins are honoured: "b a" is one token.
+  const std::string b_space_a = "b" + space + "a";
+  std::vector<int32_t> ids;
+  dynamic_cast<const reprise::tok::SpmTokenizer&>(*toks[0]).encode_escaped(space + b_space_a, ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{*toks[0]->find_token(space), *toks[0]->find_token(b_space_a)}));
 }
 
 // --- differential test of the hand-coded pre-tokenizers ----------------------

@@ -30,7 +30,7 @@ struct Symbol {
 struct Bigram {
   int left = 0;
   int right = 0;
-  std::string text;  // merged text, to detect stale entries
+  size_t size = 0;  // bytes of the merged text, to detect stale entries
   int rank = 0;
 };
 
@@ -96,10 +96,7 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
     std::string_view r = text_of(symbols[right]);
     int rank = merge_rank(l, r);
     if (rank < 0) return;
-    std::string merged;
-    merged.reserve(l.size() + r.size());
-    merged.append(l).append(r);
-    queue.push({left, right, std::move(merged), rank});
+    queue.push({left, right, l.size() + r.size(), rank});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
 
@@ -108,10 +105,9 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
     queue.pop();
     Symbol& left = symbols[b.left];
     Symbol& right = symbols[b.right];
-    if (left.length == 0 || right.length == 0) continue;
-    if (b.text.size() != left.length + right.length ||
-        std::string_view(word).substr(left.offset, b.text.size()) != b.text)
-      continue;  // stale
+    // Stale: either side merged since. Symbols only grow rightwards from a
+    // fixed offset, so the same total size means the same two symbols.
+    if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
     left.length += right.length;
     right.length = 0;
     left.next = right.next;

@@ -1,6 +1,5 @@
 #include "tokenizer/spm_tokenizer.h"
 
-#include <map>
 #include <queue>
 
 #include "tokenizer/special_partition.h"
@@ -33,9 +32,10 @@ struct BigramOrder {
 // The merge state for one fragment.
 class SpmMerger {
  public:
-  SpmMerger(const Vocab& vocab, const std::string& text) : vocab_(vocab), text_(text) {}
+  SpmMerger(const Vocab& vocab, std::string_view text) : vocab_(vocab), text_(text) {}
 
   void run(std::vector<int32_t>& out) {
+    symbols_.reserve(text_.size());
     for (size_t offset = 0; offset < text_.size();) {
       Symbol s;
       s.offset = offset;
@@ -45,6 +45,9 @@ class SpmMerger {
       s.next = offset == text_.size() ? -1 : static_cast<int>(symbols_.size()) + 1;
       symbols_.push_back(s);
     }
+    std::vector<Bigram> initial;
+    initial.reserve(symbols_.size());
+    queue_ = std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder>(BigramOrder(), std::move(initial));
     for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
 
     while (!queue_.empty()) {
@@ -62,57 +65,56 @@ class SpmMerger {
     }
 
     if (symbols_.empty()) return;
-    for (int i = 0; i != -1; i = symbols_[i].next) resegment(symbols_[i], out);
+    for (int i = 0; i != -1; i = symbols_[i].next) emit(symbols_[i], out);
   }
 
  private:
-  std::string_view text_of(const Symbol& s) const { return std::string_view(text_).substr(s.offset, s.length); }
+  std::string_view text_of(const Symbol& s) const { return text_.substr(s.offset, s.length); }
 
   void try_add_bigram(int left, int right) {
     if (left == -1 || right == -1) return;
-    std::string merged(text_.substr(symbols_[left].offset, symbols_[left].length + symbols_[right].length));
-    auto id = vocab_.find(merged);
+    const size_t size = symbols_[left].length + symbols_[right].length;
+    // No token is longer than the longest one: skip the lookup.
+    if (size > vocab_.max_token_bytes) return;
+    auto id = vocab_.find(text_.substr(symbols_[left].offset, size));
     if (!id) return;
-    queue_.push({left, right, vocab_.tokens[*id].score, merged.size()});
-    last_merge_[merged] = {left, right};
+    queue_.push({left, right, vocab_.tokens[*id].score, size});
   }
 
-  // A symbol that is not a token was produced by a merge recorded earlier
-  // (or is a single character): split it again, down to byte tokens.
-  void resegment(const Symbol& s, std::vector<int32_t>& out) {
+  // A merged symbol is always a token (only pairs that form one are merged),
+  // so a symbol without a token is one character of the input: it becomes
+  // its bytes' tokens. (llama.cpp also keeps a map from merged text back to
+  // the pair that formed it, for splitting such symbols again; its entries
+  // are all tokens, so it is never consulted, and reprise keeps none.)
+  void emit(const Symbol& s, std::vector<int32_t>& out) const {
     std::string_view text = text_of(s);
     if (auto id = vocab_.find(text)) {
       out.push_back(*id);
       return;
     }
-    auto it = last_merge_.find(std::string(text));
-    if (it == last_merge_.end()) {
-      for (char c : text) {
-        auto byte = vocab_.byte_token(static_cast<uint8_t>(c));
-        // llama.cpp throws when a byte token is missing; fall back to <unk>.
-        if (byte) {
-          out.push_back(*byte);
-        } else if (vocab_.unk != kNoToken) {
-          out.push_back(vocab_.unk);
-        }
+    for (char c : text) {
+      auto byte = vocab_.byte_token(static_cast<uint8_t>(c));
+      // llama.cpp throws when a byte token is missing; fall back to <unk>.
+      if (byte) {
+        out.push_back(*byte);
+      } else if (vocab_.unk != kNoToken) {
+        out.push_back(vocab_.unk);
       }
-      return;
     }
-    resegment(symbols_[it->second.first], out);
-    resegment(symbols_[it->second.second], out);
   }
 
   const Vocab& vocab_;
-  const std::string& text_;
+  std::string_view text_;
   std::vector<Symbol> symbols_;
   std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue_;
-  std::map<std::string, std::pair<int, int>> last_merge_;
 };
+
+constexpr std::string_view kEscapedSpace = "\xE2\x96\x81";
 
 void escape_spaces(const std::string& in, std::string& out) {
   for (char c : in) {
     if (c == ' ')
-      out += "\xE2\x96\x81";
+      out += kEscapedSpace;
     else
       out.push_back(c);
   }
@@ -120,10 +122,35 @@ void escape_spaces(const std::string& in, std::string& out) {
 
 }  // namespace
 
-SpmTokenizer::SpmTokenizer(Vocab vocab) : Tokenizer(std::move(vocab)) {}
+void spm_merge(const Vocab& vocab, std::string_view escaped, std::vector<int32_t>& out) {
+  SpmMerger(vocab, escaped).run(out);
+}
 
-void SpmTokenizer::encode_escaped(const std::string& text, std::vector<int32_t>& out) const {
-  SpmMerger(vocab_, text).run(out);
+SpmTokenizer::SpmTokenizer(Vocab vocab) : Tokenizer(std::move(vocab)) {
+  for (const TokenEntry& token : vocab_.tokens) {
+    const std::string_view text = token.text;
+    for (size_t i = text.find(kEscapedSpace, 1); i != std::string_view::npos; i = text.find(kEscapedSpace, i + 1))
+      joins_before_space_[static_cast<uint8_t>(text[i - 1])] = true;
+  }
+}
+
+void SpmTokenizer::encode_escaped(std::string_view text, std::vector<int32_t>& out) const {
+  // Cut before each escaped space that starts a character (as the merger
+  // splits characters) and whose previous byte no token holds right before
+  // one: a token across the cut would hold exactly that pair. Each piece is
+  // merged on its own; merges never join symbols across a cut, and within a
+  // piece they pop in the same order as in the whole text's queue.
+  size_t start = 0;
+  for (size_t p = 0; p < text.size();) {
+    const size_t length = std::min(utf8_sequence_length(static_cast<uint8_t>(text[p])), text.size() - p);
+    if (p > start && text.substr(p, length) == kEscapedSpace &&
+        !joins_before_space_[static_cast<uint8_t>(text[p - 1])]) {
+      spm_merge(vocab_, text.substr(start, p - start), out);
+      start = p;
+    }
+    p += length;
+  }
+  spm_merge(vocab_, text.substr(start), out);
 }
 
 std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {

@@ -4,6 +4,9 @@
 // the vocabulary entry they form, and symbols left without a token fall back
 // to <0xXX> byte tokens.
 #pragma once
+#include <array>
+#include <string_view>
+
 #include "tokenizer/tokenizer.h"
 
 namespace reprise::tok {
@@ -14,9 +17,18 @@ class SpmTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override;
   std::string token_to_piece(int32_t id, bool render_special = false) const override;
 
+  // Tokenizes one fragment that is already whitespace-escaped, word by word
+  // where no token can join two words (the same ids as spm_merge of the whole
+  // fragment, in a fraction of the time for long texts).
+  void encode_escaped(std::string_view text, std::vector<int32_t>& out) const;
+
  private:
-  // Tokenizes one fragment that is already whitespace-escaped.
-  void encode_escaped(const std::string& text, std::vector<int32_t>& out) const;
+  // Byte b is true when some token holds b right before an escaped space.
+  std::array<bool, 256> joins_before_space_{};
 };
+
+// Merges one whitespace-escaped text as a whole, as llama.cpp does: the
+// reference the tokenizer's word-by-word merging must match (tests).
+void spm_merge(const Vocab& vocab, std::string_view escaped, std::vector<int32_t>& out);
 
 }  // namespace reprise::tok
