@@ -14,6 +14,8 @@
 #include "gguf/gguf_file.h"
 #include "test_support.h"
 #include "tokenizer/bpe_pretokenizer.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/merge_table.h"
 #include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode_text.h"
@@ -478,6 +480,110 @@ TEST(TokenizerSpm, WordByWordMergingMatchesMergingTheWholeText) {
   std::vector<int32_t> ids;
   dynamic_cast<const reprise::tok::SpmTokenizer&>(*toks[0]).encode_escaped(space + b_space_a, ids);
   EXPECT_EQ(ids, (std::vector<int32_t>{*toks[0]->find_token(space), *toks[0]->find_token(b_space_a)}));
+}
+
+namespace {
+
+// Byte-level BPE by its definition: merge the adjacent pair with the lowest
+// rank (leftmost on ties) by text until none is left, then each symbol's
+// token, or its bytes' tokens.
+std::vector<int32_t> textbook_bpe(const reprise::tok::BpeTokenizer& tok, const std::string& word) {
+  std::vector<std::string> symbols;
+  for (size_t i = 0; i < word.size();) {
+    const size_t n = std::min(reprise::tok::utf8_sequence_length(static_cast<uint8_t>(word[i])), word.size() - i);
+    symbols.push_back(word.substr(i, n));
+    i += n;
+  }
+  for (;;) {
+    int best = -1, best_rank = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const int rank = tok.merge_rank(symbols[i], symbols[i + 1]);
+      if (rank >= 0 && (best < 0 || rank < best_rank)) best = static_cast<int>(i), best_rank = rank;
+    }
+    if (best < 0) break;
+    symbols[best] += symbols[best + 1];
+    symbols.erase(symbols.begin() + best + 1);
+  }
+  std::vector<int32_t> out;
+  for (const std::string& s : symbols) {
+    if (auto id = tok.find_token(s)) {
+      out.push_back(*id);
+      continue;
+    }
+    for (char c : s)
+      if (auto id = tok.find_token(std::string(1, c))) out.push_back(*id);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Byte-level BPE's merges looked up by token ids against the textbook merge
+// by text, over random words of vocabulary pieces, alphabet characters and
+// stray bytes. The tiny vocabulary has rules whose sides or result are no
+// token ("x" is none; "y z" joins into "yz", which is none), so both lookups
+// and the byte fallback run; the fixture vocabularies are real ones.
+TEST(TokenizerBpe, MergingByTokenIdsMatchesMergingByText) {
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(Tokenizer::from_gguf(*GgufBuilder()
+                                           .str("tokenizer.ggml.model", "gpt2")
+                                           .str("tokenizer.ggml.pre", "gpt-2")
+                                           .strings("tokenizer.ggml.tokens", {"a", "b", "ab", "y", "z", "xa", "aby", "q"})
+                                           .strings("tokenizer.ggml.merges", {"a b", "y z", "x a", "ab y", "b a", "a b", "xa q"})
+                                           .build()));
+  // (the second "a b" is a duplicate: the first rank wins, as by text)
+  if (auto fixtures = reprise::test::shared_fixtures()) {
+    for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-falcon.gguf",
+                             "ggml-vocab-starcoder.gguf"})
+      toks.push_back(load_tokenizer(fs::path(*fixtures) / "vocab" / name));
+  } else {
+    std::cout << "[ skipped ] the fixture vocabularies: ../shared is absent\n";
+  }
+  std::mt19937 rng(4646);
+  const std::string alphabet[] = {"a", "b", "x", "y", "z", "q", "\xC4\xA0", "\xC3\xA9", "\xE6\x97\xA5", "\xC4"};
+  size_t words = 0;
+  for (const auto& tok : toks) {
+    const auto* bpe = dynamic_cast<const reprise::tok::BpeTokenizer*>(tok.get());
+    ASSERT_NE(bpe, nullptr);
+    for (int iter = 0; iter < 400; ++iter) {
+      std::string word;
+      const int len = 1 + static_cast<int>(rng() % 12);
+      for (int i = 0; i < len; ++i) {
+        if (rng() % 2 == 0)
+          word += alphabet[rng() % std::size(alphabet)];
+        else
+          word += tok->token_text(static_cast<int32_t>(rng() % tok->n_vocab()));
+      }
+      std::vector<int32_t> got;
+      bpe->encode_word(word, got);
+      ASSERT_EQ(ids_to_string(got), ids_to_string(textbook_bpe(*bpe, word))) << "word: '" << word << "'";
+      ++words;
+    }
+  }
+  EXPECT_GE(words, 400u);
+}
+
+TEST(TokenizerBpe, MergeTableKeepsTheFirstRuleForAPairAndEveryRuleAsItGrows) {
+  reprise::tok::MergeTable table;
+  EXPECT_FALSE(table.find(0, 0));
+  std::mt19937 rng(7);
+  std::map<std::pair<int32_t, int32_t>, int32_t> first_rank;
+  for (int32_t rank = 0; rank < 5000; ++rank) {
+    // Ids up to 2^31 - 1 on both sides, and repeats.
+    const int32_t left = rank % 7 == 0 ? 3 : static_cast<int32_t>(rng() % 0x7fffffff);
+    const int32_t right = rank % 7 == 0 ? 5 : static_cast<int32_t>(rng() % 300);
+    table.insert(left, right, {rank, rank + 1});
+    first_rank.emplace(std::pair{left, right}, rank);
+  }
+  EXPECT_EQ(table.size(), first_rank.size());
+  for (const auto& [pair, rank] : first_rank) {
+    auto merge = table.find(pair.first, pair.second);
+    ASSERT_TRUE(merge);
+    EXPECT_EQ(merge->rank, rank);
+    EXPECT_EQ(merge->merged, rank + 1);
+  }
+  EXPECT_EQ(table.find(3, 5)->rank, 0);
+  EXPECT_FALSE(table.find(5, 3));
 }
 
 // --- differential test of the hand-coded pre-tokenizers ----------------------

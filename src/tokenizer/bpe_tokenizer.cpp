@@ -1,7 +1,7 @@
 #include "tokenizer/bpe_tokenizer.h"
 
+#include <algorithm>
 #include <cstring>
-#include <queue>
 
 #include "gguf/gguf_file.h"
 #include "tokenizer/bpe_pretokenizer.h"
@@ -24,7 +24,8 @@ struct Symbol {
   int prev = -1;
   int next = -1;
   size_t offset = 0;
-  size_t length = 0;  // 0 once merged into its left neighbour
+  size_t length = 0;          // 0 once merged into its left neighbour
+  int32_t token = kNoToken;  // the token whose text the symbol is, if any
 };
 
 struct Bigram {
@@ -32,6 +33,7 @@ struct Bigram {
   int right = 0;
   size_t size = 0;  // bytes of the merged text, to detect stale entries
   int rank = 0;
+  int32_t merged = kNoToken;  // the merged text's token
 };
 
 // Lowest rank first; on ties the leftmost pair.
@@ -61,6 +63,24 @@ BpeTokenizer::BpeTokenizer(Vocab vocab, const gguf::File& file) : Tokenizer(std:
     merge_key(key, left, right);
     ranks_.emplace(key, static_cast<int>(i));  // the first occurrence wins
   }
+  // The rules between two tokens again, by their ids: nearly every lookup.
+  by_tokens_.reserve(ranks_.size());
+  std::string merged;
+  for (size_t i = 0; i < merges->strings.size(); ++i) {
+    std::string_view line = merges->strings[i];
+    size_t space = line.size() > 1 ? line.find(' ', 1) : std::string_view::npos;
+    if (space == std::string_view::npos) continue;
+    auto left = vocab_.find(line.substr(0, space));
+    auto right = vocab_.find(line.substr(space + 1));
+    if (!left || !right) continue;
+    merged.assign(line.substr(0, space)).append(line.substr(space + 1));
+    by_tokens_.insert(*left, *right, {static_cast<int32_t>(i), vocab_.find(merged).value_or(kNoToken)});
+  }
+  for (int32_t c = 0; c < static_cast<int32_t>(small_char_tokens_.size()); ++c) {
+    std::string text;
+    append_utf8(text, static_cast<uint32_t>(c));
+    small_char_tokens_[c] = vocab_.find(text).value_or(kNoToken);
+  }
 }
 
 int BpeTokenizer::merge_rank(std::string_view left, std::string_view right) const {
@@ -70,6 +90,16 @@ int BpeTokenizer::merge_rank(std::string_view left, std::string_view right) cons
   return it == ranks_.end() ? -1 : it->second;
 }
 
+int32_t BpeTokenizer::token_of_char(std::string_view text) const {
+  // The byte alphabet's characters are all below U+0144.
+  if (text.size() == 1 && static_cast<uint8_t>(text[0]) < 0x80) return small_char_tokens_[static_cast<uint8_t>(text[0])];
+  if (text.size() == 2 && (text[0] & 0xE0) == 0xC0 && (text[1] & 0xC0) == 0x80) {
+    const uint32_t c = ((static_cast<uint32_t>(text[0]) & 0x1F) << 6) | (static_cast<uint32_t>(text[1]) & 0x3F);
+    if (c >= 0x80 && c < small_char_tokens_.size()) return small_char_tokens_[c];
+  }
+  return vocab_.find(text).value_or(kNoToken);
+}
+
 void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
   if (vocab_.ignore_merges) {
     if (auto id = vocab_.find(word)) {
@@ -77,11 +107,15 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
       return;
     }
   }
-  std::vector<Symbol> symbols;
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Bigram> queue;  // a heap in BigramOrder
+  symbols.clear();
+  queue.clear();
   for (size_t offset = 0; offset < word.size();) {
     Symbol s;
     s.offset = offset;
     s.length = std::min(utf8_sequence_length(static_cast<uint8_t>(word[offset])), word.size() - offset);
+    s.token = token_of_char(std::string_view(word).substr(offset, s.length));
     offset += s.length;
     s.prev = static_cast<int>(symbols.size()) - 1;
     s.next = offset == word.size() ? -1 : static_cast<int>(symbols.size()) + 1;
@@ -89,26 +123,39 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
   }
   auto text_of = [&](const Symbol& s) { return std::string_view(word).substr(s.offset, s.length); };
 
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
+  // A pair of tokens is looked up by ids; a symbol that is no token (a
+  // character outside the vocabulary, or a rule's text that is none) by text.
   auto add_bigram = [&](int left, int right) {
     if (left == -1 || right == -1) return;
-    std::string_view l = text_of(symbols[left]);
-    std::string_view r = text_of(symbols[right]);
-    int rank = merge_rank(l, r);
-    if (rank < 0) return;
-    queue.push({left, right, l.size() + r.size(), rank});
+    const Symbol& l = symbols[left];
+    const Symbol& r = symbols[right];
+    Bigram b{left, right, l.length + r.length, 0, kNoToken};
+    if (l.token != kNoToken && r.token != kNoToken) {
+      auto merge = by_tokens_.find(l.token, r.token);
+      if (!merge) return;
+      b.rank = merge->rank;
+      b.merged = merge->merged;
+    } else {
+      b.rank = merge_rank(text_of(l), text_of(r));
+      if (b.rank < 0) return;
+      b.merged = vocab_.find(std::string_view(word).substr(l.offset, b.size)).value_or(kNoToken);
+    }
+    queue.push_back(b);
+    std::push_heap(queue.begin(), queue.end(), BigramOrder());
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
 
   while (!queue.empty()) {
-    Bigram b = queue.top();
-    queue.pop();
+    std::pop_heap(queue.begin(), queue.end(), BigramOrder());
+    const Bigram b = queue.back();
+    queue.pop_back();
     Symbol& left = symbols[b.left];
     Symbol& right = symbols[b.right];
     // Stale: either side merged since. Symbols only grow rightwards from a
     // fixed offset, so the same total size means the same two symbols.
     if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
     left.length += right.length;
+    left.token = b.merged;
     right.length = 0;
     left.next = right.next;
     if (right.next >= 0) symbols[right.next].prev = b.left;
@@ -118,13 +165,12 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
 
   for (const Symbol& s : symbols) {
     if (s.length == 0) continue;
-    std::string_view text = text_of(s);
-    if (auto id = vocab_.find(text)) {
-      out.push_back(*id);
+    if (s.token != kNoToken) {
+      out.push_back(s.token);
       continue;
     }
     // Not in the vocabulary: each byte of the (alphabet-mapped) text on its own.
-    for (char c : text)
+    for (char c : text_of(s))
       if (auto id = vocab_.find(std::string_view(&c, 1))) out.push_back(*id);
   }
 }

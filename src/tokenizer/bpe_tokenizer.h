@@ -3,9 +3,11 @@
 // alphabet, then inside each word repeatedly merge the adjacent pair with the
 // lowest merge rank (tokenizer.ggml.merges order), leftmost first.
 #pragma once
+#include <array>
 #include <string>
 #include <unordered_map>
 
+#include "tokenizer/merge_table.h"
 #include "tokenizer/tokenizer.h"
 
 namespace reprise::tok {
@@ -19,12 +21,17 @@ class BpeTokenizer final : public Tokenizer {
 
   // Rank of merging `left` and `right`, or -1.
   int merge_rank(std::string_view left, std::string_view right) const;
+  // Tokenizes one pre-tokenized word, already in the byte alphabet.
+  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
 
  private:
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
-  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  // The token of one character's text, or kNoToken.
+  int32_t token_of_char(std::string_view text) const;
 
-  std::unordered_map<std::string, int> ranks_;  // key: see merge_key()
+  std::unordered_map<std::string, int> ranks_;  // every rule; key: see merge_key()
+  MergeTable by_tokens_;                        // the rules joining two tokens
+  std::array<int32_t, 0x180> small_char_tokens_{};  // by code point: the byte alphabet's
 };
 
 }  // namespace reprise::tok
