@@ -16,6 +16,7 @@
 #include "tokenizer/bpe_pretokenizer.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/merge_table.h"
+#include "tokenizer/token_index.h"
 #include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode_text.h"
@@ -584,6 +585,26 @@ TEST(TokenizerBpe, MergeTableKeepsTheFirstRuleForAPairAndEveryRuleAsItGrows) {
   }
   EXPECT_EQ(table.find(3, 5)->rank, 0);
   EXPECT_FALSE(table.find(5, 3));
+}
+
+TEST(TokenizerVocab, TokenIndexFindsEveryTextAndRefusesDuplicates) {
+  reprise::tok::TokenIndex index;
+  EXPECT_FALSE(index.find("a"));
+  std::vector<std::string> texts;
+  for (int i = 0; i < 3000; ++i) texts.push_back(std::to_string(i * 7919) + (i % 2 ? "\xE2\x96\x81" : ""));
+  texts.push_back("");
+  texts.push_back(std::string(1, '\0'));
+  for (size_t i = 0; i < texts.size(); ++i) ASSERT_FALSE(index.insert(texts[i], static_cast<int32_t>(i))) << i;
+  EXPECT_EQ(index.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(index.find(texts[i]), static_cast<int32_t>(i));
+  // A duplicate names the first id and changes nothing.
+  EXPECT_EQ(index.insert(texts[5], 99999), 5);
+  EXPECT_EQ(index.find(texts[5]), 5);
+  EXPECT_EQ(index.size(), texts.size());
+  // Prefixes and extensions of present texts are absent.
+  EXPECT_FALSE(index.find("79"));
+  EXPECT_FALSE(index.find(texts[1] + "x"));
+  EXPECT_FALSE(index.find(std::string(2, '\0')));
 }
 
 // --- differential test of the hand-coded pre-tokenizers ----------------------

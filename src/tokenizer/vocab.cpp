@@ -47,9 +47,7 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 }  // namespace
 
 std::optional<int32_t> Vocab::find(std::string_view text) const {
-  auto it = ids.find(text);
-  if (it == ids.end()) return std::nullopt;
-  return it->second;
+  return ids.find(text);
 }
 
 std::optional<int32_t> Vocab::byte_token(uint8_t byte) const {
@@ -144,10 +142,9 @@ void Vocab::read_tokens(const gguf::File& file) {
     TokenEntry& e = tokens[i];
     e.text = std::string(list->strings[i]);
     if (e.text.empty()) e.text = "[EMPTY_" + std::to_string(i) + "]";
-    auto [it, inserted] = ids.emplace(e.text, static_cast<int32_t>(i));
-    if (!inserted)
-      file.fail("duplicate token in vocabulary: '" + e.text + "' has ids " + std::to_string(it->second) +
-                " and " + std::to_string(i));
+    if (auto first = ids.insert(e.text, static_cast<int32_t>(i)))
+      file.fail("duplicate token in vocabulary: '" + e.text + "' has ids " + std::to_string(*first) + " and " +
+                std::to_string(i));
     max_token_bytes = std::max(max_token_bytes, e.text.size());
     e.score = scores.empty() ? 0.0f : scores[i];
     e.attrs = types.empty() ? attr::kNormal : attrs_for_type(types[i]);

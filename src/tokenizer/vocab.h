@@ -8,10 +8,10 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "tokenizer/bpe_pretokenizer.h"
+#include "tokenizer/token_index.h"
 
 namespace reprise::gguf {
 class File;
@@ -39,12 +39,6 @@ struct TokenEntry {
   uint32_t attrs = 0;
 };
 
-// Hashing that lets the text->id map be searched with string_view.
-struct TextHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 constexpr int32_t kNoToken = -1;
 
 class Vocab {
@@ -59,7 +53,7 @@ class Vocab {
   PreTokenizerConfig pre;  // BPE only
 
   std::vector<TokenEntry> tokens;
-  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> ids;
+  TokenIndex ids;  // text -> id
   size_t max_token_bytes = 0;
 
   int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken, unk = kNoToken, sep = kNoToken,
