@@ -1,6 +1,6 @@
 #include "tokenizer/spm_tokenizer.h"
 
-#include <queue>
+#include <algorithm>
 
 #include "tokenizer/special_partition.h"
 #include "tokenizer/unicode_text.h"
@@ -35,7 +35,8 @@ class SpmMerger {
   SpmMerger(const Vocab& vocab, std::string_view text) : vocab_(vocab), text_(text) {}
 
   void run(std::vector<int32_t>& out) {
-    symbols_.reserve(text_.size());
+    symbols_.clear();
+    queue_.clear();
     for (size_t offset = 0; offset < text_.size();) {
       Symbol s;
       s.offset = offset;
@@ -45,14 +46,12 @@ class SpmMerger {
       s.next = offset == text_.size() ? -1 : static_cast<int>(symbols_.size()) + 1;
       symbols_.push_back(s);
     }
-    std::vector<Bigram> initial;
-    initial.reserve(symbols_.size());
-    queue_ = std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder>(BigramOrder(), std::move(initial));
     for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
 
     while (!queue_.empty()) {
-      Bigram b = queue_.top();
-      queue_.pop();
+      std::pop_heap(queue_.begin(), queue_.end(), BigramOrder());
+      const Bigram b = queue_.back();
+      queue_.pop_back();
       Symbol& left = symbols_[b.left];
       Symbol& right = symbols_[b.right];
       if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
@@ -78,7 +77,8 @@ class SpmMerger {
     if (size > vocab_.max_token_bytes) return;
     auto id = vocab_.find(text_.substr(symbols_[left].offset, size));
     if (!id) return;
-    queue_.push({left, right, vocab_.tokens[*id].score, size});
+    queue_.push_back({left, right, vocab_.tokens[*id].score, size});
+    std::push_heap(queue_.begin(), queue_.end(), BigramOrder());
   }
 
   // A merged symbol is always a token (only pairs that form one are merged),
@@ -105,9 +105,13 @@ class SpmMerger {
 
   const Vocab& vocab_;
   std::string_view text_;
-  std::vector<Symbol> symbols_;
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue_;
+  // The thread's buffers, reused word after word.
+  static thread_local std::vector<Symbol> symbols_;
+  static thread_local std::vector<Bigram> queue_;  // a heap in BigramOrder
 };
+
+thread_local std::vector<Symbol> SpmMerger::symbols_;
+thread_local std::vector<Bigram> SpmMerger::queue_;
 
 constexpr std::string_view kEscapedSpace = "\xE2\x96\x81";
 
