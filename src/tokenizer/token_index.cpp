@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <bit>
+#include <stdexcept>
 
 namespace reprise::tok {
 namespace {
@@ -43,6 +44,7 @@ std::optional<int32_t> TokenIndex::insert(std::string_view text, int32_t id) {
   const uint64_t hash = hash_of(text);
   Slot& slot = slots_[find_slot(text, hash)];
   if (slot.id >= 0) return slot.id;
+  if (texts_.size() + text.size() > kMaxTextBytes) throw std::length_error("TokenIndex: texts exceed 4 GiB");
   slot.tag = static_cast<uint32_t>(hash >> 32);
   slot.id = id;
   slot.offset = static_cast<uint32_t>(texts_.size());

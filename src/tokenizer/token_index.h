@@ -13,6 +13,10 @@ namespace reprise::tok {
 
 class TokenIndex {
  public:
+  // The texts' total bytes an index can hold (offsets are 32-bit); insert
+  // throws std::length_error past it.
+  static constexpr size_t kMaxTextBytes = UINT32_MAX;
+
   // Room for `tokens` texts without growing.
   void reserve(size_t tokens);
   // Adds `text` as token `id`; returns the id already holding it, if any

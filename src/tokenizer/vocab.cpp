@@ -138,10 +138,13 @@ void Vocab::read_tokens(const gguf::File& file) {
 
   tokens.resize(n);
   ids.reserve(n);
+  size_t text_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     TokenEntry& e = tokens[i];
     e.text = std::string(list->strings[i]);
     if (e.text.empty()) e.text = "[EMPTY_" + std::to_string(i) + "]";
+    text_bytes += e.text.size();
+    if (text_bytes > TokenIndex::kMaxTextBytes) file.fail("the vocabulary's token texts exceed 4 GiB");
     if (auto first = ids.insert(e.text, static_cast<int32_t>(i)))
       file.fail("duplicate token in vocabulary: '" + e.text + "' has ids " + std::to_string(*first) + " and " +
                 std::to_string(i));
