@@ -1,5 +1,6 @@
 #include "tokenizer/merge_table.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace reprise::tok {

@@ -11,8 +11,8 @@ namespace reprise::tok {
 class MergeTable {
  public:
   struct Merge {
-    int32_t rank = 0;    // the rule's position in tokenizer.ggml.merges
-    int32_t merged = 0;  // the joined text's token id, or kNoToken
+    int32_t rank = 0;     // the rule's position in tokenizer.ggml.merges
+    int32_t merged = -1;  // the joined text's token id, or -1 (kNoToken) when none
   };
 
   // Room for `rules` rules without growing.
