@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <span>
 #include <sstream>
 
 #include "gguf/gguf_file.h"
@@ -435,6 +436,25 @@ TEST(TokenizerRobustness, RandomBytesNeverCrash) {
   EXPECT_GE(runs, 400u);
 }
 
+namespace {
+
+// `parts` random parts: entries of `alphabet`, token texts of `tok`'s
+// vocabulary and, with stray_bytes, single random bytes.
+std::string random_vocab_text(std::mt19937& rng, const Tokenizer& tok, std::span<const std::string> alphabet, int parts,
+                              bool stray_bytes) {
+  std::string text;
+  for (int i = 0; i < parts; ++i) {
+    switch (rng() % (stray_bytes ? 3 : 2)) {
+      case 0: text += alphabet[rng() % alphabet.size()]; break;
+      case 1: text += tok.token_text(static_cast<int32_t>(rng() % tok.n_vocab())); break;
+      default: text.push_back(static_cast<char>(rng() % 256));
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
 // SentencePiece merging word by word (cut before escaped spaces that no
 // token can join to the byte before them) against merging the whole text at
 // once, as llama.cpp does, over random escaped texts. The tiny vocabulary's
@@ -459,15 +479,7 @@ TEST(TokenizerSpm, WordByWordMergingMatchesMergingTheWholeText) {
     const auto* spm = dynamic_cast<const reprise::tok::SpmTokenizer*>(tok.get());
     ASSERT_NE(spm, nullptr);
     for (int iter = 0; iter < 300; ++iter) {
-      std::string text;
-      const int len = static_cast<int>(rng() % 200);
-      for (int i = 0; i < len; ++i) {
-        switch (rng() % 3) {
-          case 0: text += alphabet[rng() % std::size(alphabet)]; break;
-          case 1: text += tok->token_text(static_cast<int32_t>(rng() % tok->n_vocab())); break;
-          default: text.push_back(static_cast<char>(rng() % 256));
-        }
-      }
+      const std::string text = random_vocab_text(rng, *tok, alphabet, static_cast<int>(rng() % 200), true);
       std::vector<int32_t> by_words, whole;
       spm->encode_escaped(text, by_words);
       reprise::tok::spm_merge(tok->vocab(), text, whole);
@@ -547,14 +559,7 @@ TEST(TokenizerBpe, MergingByTokenIdsMatchesMergingByText) {
     const auto* bpe = dynamic_cast<const reprise::tok::BpeTokenizer*>(tok.get());
     ASSERT_NE(bpe, nullptr);
     for (int iter = 0; iter < 400; ++iter) {
-      std::string word;
-      const int len = 1 + static_cast<int>(rng() % 12);
-      for (int i = 0; i < len; ++i) {
-        if (rng() % 2 == 0)
-          word += alphabet[rng() % std::size(alphabet)];
-        else
-          word += tok->token_text(static_cast<int32_t>(rng() % tok->n_vocab()));
-      }
+      const std::string word = random_vocab_text(rng, *tok, alphabet, 1 + static_cast<int>(rng() % 12), false);
       std::vector<int32_t> got;
       bpe->encode_word(word, got);
       ASSERT_EQ(ids_to_string(got), ids_to_string(textbook_bpe(*bpe, word))) << "word: '" << word << "'";
