@@ -51,7 +51,9 @@ BpeTokenizer::BpeTokenizer(Vocab vocab, const gguf::File& file) : Tokenizer(std:
   if (merges->type != gguf::ValueType::ARRAY || merges->elem_type != gguf::ValueType::STRING)
     file.fail("'tokenizer.ggml.merges' is not a string array");
   ranks_.reserve(merges->strings.size());
-  std::string key;
+  // The rules between two tokens also by their ids: nearly every lookup.
+  by_tokens_.reserve(merges->strings.size());
+  std::string key, merged;
   for (size_t i = 0; i < merges->strings.size(); ++i) {
     std::string_view line = merges->strings[i];
     std::string_view left, right;
@@ -62,19 +64,12 @@ BpeTokenizer::BpeTokenizer(Vocab vocab, const gguf::File& file) : Tokenizer(std:
     }
     merge_key(key, left, right);
     ranks_.emplace(key, static_cast<int>(i));  // the first occurrence wins
-  }
-  // The rules between two tokens again, by their ids: nearly every lookup.
-  by_tokens_.reserve(ranks_.size());
-  std::string merged;
-  for (size_t i = 0; i < merges->strings.size(); ++i) {
-    std::string_view line = merges->strings[i];
-    size_t space = line.size() > 1 ? line.find(' ', 1) : std::string_view::npos;
     if (space == std::string_view::npos) continue;
-    auto left = vocab_.find(line.substr(0, space));
-    auto right = vocab_.find(line.substr(space + 1));
-    if (!left || !right) continue;
-    merged.assign(line.substr(0, space)).append(line.substr(space + 1));
-    by_tokens_.insert(*left, *right, {static_cast<int32_t>(i), vocab_.find(merged).value_or(kNoToken)});
+    auto left_token = vocab_.find(left);
+    auto right_token = vocab_.find(right);
+    if (!left_token || !right_token) continue;
+    merged.assign(left).append(right);
+    by_tokens_.insert(*left_token, *right_token, {static_cast<int32_t>(i), vocab_.find(merged).value_or(kNoToken)});
   }
   for (int32_t c = 0; c < static_cast<int32_t>(small_char_tokens_.size()); ++c) {
     std::string text;
