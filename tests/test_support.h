@@ -1,11 +1,11 @@
 // Helpers shared by the test executables: locating ../shared fixtures,
-// reading golden values, counting resident pages.
+// reading golden values, counting resident pages, polling for a condition.
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
-#include <cstdint>
 #include <string>
 #include <vector>
 

@@ -74,7 +74,6 @@ TEST(ThreadPool, PoolsOnSeveralThreadsKeepTheirScratchApart) {
   EXPECT_TRUE(same[1]);
 }
 
-
 // Workers sleep once idle; keep_awake wakes them and keeps them spinning
 // until its time is up or the next job comes, after which they sleep again.
 TEST(ThreadPool, KeepAwakeWakesSleepingWorkersUntilTheNextJob) {

@@ -54,8 +54,7 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_seq_cst);
   job_seq_.fetch_add(1, std::memory_order_seq_cst);
-  wake_word_.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(&wake_word_);
+  wake_sleepers();
   for (auto& t : workers_) t.join();
 }
 
