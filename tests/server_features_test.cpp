@@ -131,13 +131,29 @@ TEST(ServerImages, EncoderCacheAndImageKeyedPrefixReuse) {
   EXPECT_GT(s.metric("reprise_memory_bytes{model=\"gemma3-spm-f16\",kind=\"encoder\"}"), 0);
   EXPECT_GT(s.metric("reprise_memory_bytes{model=\"gemma3-spm-f16\",kind=\"kv\"}"), 0);
 
+  // Another tenant (cache_salt) sending the same image shares neither the
+  // prefix nor the encoder's output: a hit would tell it, by the response
+  // time, that someone sent that image. Its answer is the same.
+  json salted = image_chat(checker, "Describe it.");
+  salted["cache_salt"] = "tenant-b";
+  auto [st5, tenant] = s.post("/v1/chat/completions", salted);
+  ASSERT_EQ(st5, 200) << tenant.dump();
+  EXPECT_EQ(tenant["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(tenant["choices"][0]["message"]["content"], first["choices"][0]["message"]["content"]);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 2);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_hits_total"), 1);
+  auto [st6, tenant_again] = s.post("/v1/chat/completions", salted);  // its own repeat hits both caches
+  ASSERT_EQ(st6, 200);
+  EXPECT_EQ(tenant_again["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_hits_total"), 2);
+
   // A different image at the same place: only the text before it is reused.
   auto [st3, other] = s.post("/v1/chat/completions", image_chat(gradient, "Describe it."));
   ASSERT_EQ(st3, 200);
   const int64_t reused = other["usage"]["prompt_tokens_details"]["cached_tokens"];
   EXPECT_GT(reused, 0);
   EXPECT_LT(reused, 32);  // the text before the image, never image tokens
-  EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 2);
+  EXPECT_EQ(s.metric("reprise_encoder_cache_misses_total"), 3);
 
   // A corrupt image is a clear 400 naming the content part.
   auto [st4, bad] = s.post("/v1/chat/completions", image_chat("data:image/png;base64,iVBORw0KGgoAAAA", "?"));

@@ -779,6 +779,29 @@ TEST(ImageEmbedderTest, TwoTextModelsGetSeparateEntries) {
   }
 }
 
+// Tenants (cache salts) sending one image: an entry each, the same values.
+// A shared entry would let one tenant tell, from the response time, that
+// another sent the image.
+TEST(ImageEmbedderTest, TenantSaltsGetSeparateEntries) {
+  const VisionPair& pair = synthetic_pair();
+  ThreadPool pool(2);
+  EncoderCache cache(64 << 20);
+  ImageEmbedder embedder(*pair.encoder, pair.text->model->info(), &cache, pool);
+  const DecodedImage img = test_image(32, 32, 12);
+  const ImageEmbeddingPtr none = embedder.embed(img), a = embedder.embed(img, "tenant-a"),
+                          b = embedder.embed(img, "tenant-b");
+  EXPECT_EQ(embedder.encoder_runs(), 3u);
+  EXPECT_EQ(cache.stats().entries, 3u);
+  EXPECT_NE(none->digest, a->digest);
+  EXPECT_NE(a->digest, b->digest);
+  EXPECT_EQ(a->digest, embedder.key_for(img, "tenant-a"));
+  EXPECT_EQ(embedder.embed(img, "tenant-a"), a);  // a tenant's repeat hits its own entry
+  EXPECT_EQ(embedder.embed(img), none);
+  EXPECT_EQ(embedder.encoder_runs(), 3u);
+  EXPECT_EQ(a->values, none->values);
+  EXPECT_EQ(b->values, none->values);
+}
+
 // The cached paths against a cold run that uses neither cache: embeddings
 // recomputed from scratch, flat (uncached) sequence memory.
 TEST(Differential, CachedPathsMatchColdRunsBitForBit) {

@@ -37,7 +37,7 @@ void run_with_images(ModelBundle& bundle, ThreadPool& pool, PrefixCache& cache, 
     // the encoder cache makes the repeats free.
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<ImageEmbeddingPtr> images;
-    for (const std::string& path : o.images) images.push_back(embedder.embed_file(path));
+    for (const std::string& path : o.images) images.push_back(embedder.embed_file(path, o.cache_salt));
     const double image_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string marked = text;
     if (marked.find(kMediaMarker) == std::string::npos) {

@@ -325,7 +325,7 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
   std::vector<ImageEmbeddingPtr> images;
   for (const ImageRef& ref : chat.images) {
     try {
-      images.push_back(model.vision->embed_data_url(ref.url));
+      images.push_back(model.vision->embed_data_url(ref.url, chat.options.cache_salt));
     } catch (const std::exception& e) {
       return ApiError::invalid(std::string("invalid image: ") + e.what(), ref.param, "invalid_image");
     }

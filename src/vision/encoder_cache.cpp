@@ -30,6 +30,7 @@ Hash128 encoder_cache_key(const EncoderKeyHeader& h, std::span<const float> pixe
   update_field(s, h.preprocessing.data(), h.preprocessing.size());
   const int64_t dims[3] = {h.decoded_width, h.decoded_height, h.decoded_channels};
   update_field(s, dims, sizeof dims);
+  update_field(s, h.tenant_salt.data(), h.tenant_salt.size());
   update_field(s, pixels.data(), pixels.size_bytes());
   const XXH128_hash_t d = XXH3_128bits_digest(s);
   XXH3_freeState(s);

@@ -5,9 +5,12 @@
 // (a shape mismatch at best). So the key covers everything that determines
 // the embedding: a versioned header (format version, modality, the encoder's
 // execution fingerprint and the text model's, the preprocessing parameters,
-// the decoded image's width/height/channels) followed by the preprocessed
-// pixels themselves. Same model pair + same image -> same key; a different
-// model, size or preprocessing never collides by construction.
+// the decoded image's width/height/channels, the request's tenant salt)
+// followed by the preprocessed pixels themselves. Same model pair + same image
+// + same salt -> same key; a different model, size, preprocessing or salt
+// never collides by construction. The salt is there because a hit is visible
+// in response timings: tenants with different salts must not learn whether
+// another sent an image, as they cannot for a prompt prefix.
 //
 // The same 128-bit key is the image's digest in prompts: it is the per-position
 // extra key of the image's tokens in the prefix cache, so cached KV blocks
@@ -39,7 +42,7 @@
 namespace reprise {
 
 // Bumped whenever the key layout or what an embedding means changes.
-constexpr uint32_t kEncoderCacheFormatVersion = 1;
+constexpr uint32_t kEncoderCacheFormatVersion = 2;
 
 enum class Modality : uint32_t { Image = 1 };
 
@@ -52,6 +55,7 @@ struct EncoderKeyHeader {
   int64_t decoded_width = 0;
   int64_t decoded_height = 0;
   int64_t decoded_channels = 3;
+  std::string tenant_salt;  // the request's cache_salt ("" = none)
 };
 
 // The header, then the preprocessed pixel bytes (exactly what the encoder reads).

@@ -15,7 +15,7 @@ ImageEmbedder::ImageEmbedder(const ClipEncoder& encoder, const ModelInfo& text_m
                 ": this mmproj does not belong to this model");
 }
 
-EncoderKeyHeader ImageEmbedder::header_for(const DecodedImage& image) const {
+EncoderKeyHeader ImageEmbedder::header_for(const DecodedImage& image, std::string_view cache_salt) const {
   EncoderKeyHeader h;
   h.modality = Modality::Image;
   h.encoder_fingerprint = encoder_.info().fingerprint;
@@ -24,17 +24,18 @@ EncoderKeyHeader ImageEmbedder::header_for(const DecodedImage& image) const {
   h.decoded_width = image.width;
   h.decoded_height = image.height;
   h.decoded_channels = 3;
+  h.tenant_salt = cache_salt;
   return h;
 }
 
-Hash128 ImageEmbedder::key_for(const DecodedImage& image) const {
+Hash128 ImageEmbedder::key_for(const DecodedImage& image, std::string_view cache_salt) const {
   const PreprocessedImage pre = preprocess_image(image, encoder_.preprocess_params());
-  return encoder_cache_key(header_for(image), pre.pixels);
+  return encoder_cache_key(header_for(image, cache_salt), pre.pixels);
 }
 
-ImageEmbeddingPtr ImageEmbedder::embed(const DecodedImage& image) const {
+ImageEmbeddingPtr ImageEmbedder::embed(const DecodedImage& image, std::string_view cache_salt) const {
   const PreprocessedImage pre = preprocess_image(image, encoder_.preprocess_params());
-  const Hash128 key = encoder_cache_key(header_for(image), pre.pixels);
+  const Hash128 key = encoder_cache_key(header_for(image, cache_salt), pre.pixels);
   const VisionEncoderInfo& info = encoder_.info();
   auto run = [&] {
     encoder_runs_.fetch_add(1);
@@ -49,17 +50,17 @@ ImageEmbeddingPtr ImageEmbedder::embed(const DecodedImage& image) const {
   return e;
 }
 
-ImageEmbeddingPtr ImageEmbedder::embed(std::span<const uint8_t> encoded) const {
-  return embed(decode_image(encoded, limits_));
+ImageEmbeddingPtr ImageEmbedder::embed(std::span<const uint8_t> encoded, std::string_view cache_salt) const {
+  return embed(decode_image(encoded, limits_), cache_salt);
 }
 
-ImageEmbeddingPtr ImageEmbedder::embed_file(const std::string& path) const {
-  return embed(load_image_file(path, limits_));
+ImageEmbeddingPtr ImageEmbedder::embed_file(const std::string& path, std::string_view cache_salt) const {
+  return embed(load_image_file(path, limits_), cache_salt);
 }
 
-ImageEmbeddingPtr ImageEmbedder::embed_data_url(std::string_view url) const {
+ImageEmbeddingPtr ImageEmbedder::embed_data_url(std::string_view url, std::string_view cache_salt) const {
   const std::vector<uint8_t> bytes = decode_data_url(url, limits_);
-  return embed(std::span<const uint8_t>(bytes));
+  return embed(std::span<const uint8_t>(bytes), cache_salt);
 }
 
 }  // namespace reprise

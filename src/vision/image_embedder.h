@@ -28,13 +28,15 @@ class ImageEmbedder {
 
   // Decode (PNG/JPEG/WebP), preprocess, look up or encode. Thread-safe.
   // Bad images throw reprise::Error with a message fit for a 400 response.
-  ImageEmbeddingPtr embed(std::span<const uint8_t> encoded) const;
-  ImageEmbeddingPtr embed(const DecodedImage& image) const;
-  ImageEmbeddingPtr embed_file(const std::string& path) const;
-  ImageEmbeddingPtr embed_data_url(std::string_view url) const;
+  // `cache_salt` is the request's tenant salt: only requests with the same
+  // salt share an encoder-cache entry (and the image's digest).
+  ImageEmbeddingPtr embed(std::span<const uint8_t> encoded, std::string_view cache_salt = {}) const;
+  ImageEmbeddingPtr embed(const DecodedImage& image, std::string_view cache_salt = {}) const;
+  ImageEmbeddingPtr embed_file(const std::string& path, std::string_view cache_salt = {}) const;
+  ImageEmbeddingPtr embed_data_url(std::string_view url, std::string_view cache_salt = {}) const;
 
   // The cache key (= prompt digest) the image would get.
-  Hash128 key_for(const DecodedImage& image) const;
+  Hash128 key_for(const DecodedImage& image, std::string_view cache_salt = {}) const;
 
   // How many times the encoder actually ran through this embedder.
   uint64_t encoder_runs() const { return encoder_runs_.load(); }
@@ -42,7 +44,7 @@ class ImageEmbedder {
   const ImageLimits& limits() const { return limits_; }
 
  private:
-  EncoderKeyHeader header_for(const DecodedImage& image) const;
+  EncoderKeyHeader header_for(const DecodedImage& image, std::string_view cache_salt) const;
 
   const ClipEncoder& encoder_;
   const ModelInfo& text_model_;

@@ -49,9 +49,16 @@ class VisionPipeline {
   VisionPipeline(const std::string& mmproj_path, ModelBundle& text, ThreadPool& pool, PrefixCache* prefix_cache,
                  std::mutex* forward_mutex, const VisionOptions& options = {});
 
-  ImageEmbeddingPtr embed_data_url(std::string_view url) const { return embedder_.embed_data_url(url); }
-  ImageEmbeddingPtr embed_bytes(std::span<const uint8_t> bytes) const { return embedder_.embed(bytes); }
-  ImageEmbeddingPtr embed_file(const std::string& path) const { return embedder_.embed_file(path); }
+  // `cache_salt`: the request's tenant salt (ImageEmbedder::embed).
+  ImageEmbeddingPtr embed_data_url(std::string_view url, std::string_view cache_salt = {}) const {
+    return embedder_.embed_data_url(url, cache_salt);
+  }
+  ImageEmbeddingPtr embed_bytes(std::span<const uint8_t> bytes, std::string_view cache_salt = {}) const {
+    return embedder_.embed(bytes, cache_salt);
+  }
+  ImageEmbeddingPtr embed_file(const std::string& path, std::string_view cache_salt = {}) const {
+    return embedder_.embed_file(path, cache_salt);
+  }
 
   // `rendered` holds one kMediaMarker per image, in order.
   MultimodalPrompt build_prompt(std::string_view rendered, std::span<const ImageEmbeddingPtr> images) const;
