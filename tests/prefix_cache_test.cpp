@@ -293,6 +293,44 @@ TEST(PrefixCache, CopyOnWriteOfSharedPartialBlock) {
   EXPECT_EQ(cache.check_invariants(), "");
 }
 
+// Speculative positions (hold_index_from) fill blocks that are indexed only
+// once settled, so a rejected proposal never becomes a prefix; a sequence
+// released while holding forgets its tentative positions.
+TEST(PrefixCache, HeldPositionsAreIndexedOnlyOnceSettled) {
+  Model& model = model_for("gemma3");
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 4;
+  PrefixCache cache(model.state_spec(), cfg);
+  const NamespaceKey ns{model.info().fingerprint, "", ""};
+  std::vector<int32_t> tokens(24);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(10 + i);
+  const std::span<const int32_t> all(tokens);
+  auto reused = [&](size_t n) {  // the cached prefix of tokens[0, n)
+    auto probe = cache.open(ns);
+    return probe->attach_prefix(all.first(n)).reused_tokens;
+  };
+  auto s = cache.open(ns);
+  s->prepare(0, 10);
+  s->commit(all.first(10));
+  s->hold_index_from(10);
+  s->prepare(10, 18);
+  s->commit(all.subspan(10, 8));  // fills blocks [8, 12) and [12, 16)
+  EXPECT_EQ(reused(20), 8);
+  s->truncate(13);  // proposals from position 13 on rejected
+  s->settle();
+  EXPECT_EQ(reused(20), 12);  // [8, 12) is indexed now; the rest was never
+  s->hold_index_from(13);
+  s->prepare(13, 20);
+  s->commit(all.subspan(13, 7));
+  EXPECT_EQ(reused(20), 12);
+  EXPECT_EQ(cache.stats().copies_on_write, 0u);
+  s.reset();  // released while holding: only positions before 13 stay
+  EXPECT_EQ(reused(24), 13);
+  EXPECT_EQ(cache.stats().blocks_in_use, 0u);
+  EXPECT_EQ(cache.stats().blocks, 4u);
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
 // Every (layer, KV head)'s keys and values of a block have their own bytes
 // (a write to one never reaches another) and together fill the block, and a
 // head's values follow its keys, so decode attention reads one run of

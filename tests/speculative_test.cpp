@@ -210,6 +210,45 @@ TEST(Speculative, SelfDraftAcceptsEveryToken) {
   EXPECT_EQ(spec.counters().accepted_tokens.load(), static_cast<uint64_t>(r.accepted_tokens + s.accepted_tokens));
 }
 
+// Rejected proposals never become cached prefixes: after a request whose
+// draft is mostly wrong, each cache holds exactly the blocks of the accepted
+// sequence (no block of a rejected continuation, indexed or not), none was
+// copied on write, and the whole accepted sequence is a prefix hit.
+TEST(Speculative, RejectedProposalsAreNeverCached) {
+  Model& target = target_model();
+  Model& draft = draft_model();
+  ThreadPool pool(1);
+  std::mt19937 rng(9);
+  int64_t rejected = 0;
+  for (int script = 0; script < 12; ++script) {
+    PrefixCacheConfig pc;
+    pc.block_tokens = std::vector<int>{4, 8, 16}[script % 3];
+    PrefixCache tcache(target.state_spec(), pc), dcache(draft.state_spec(), pc);
+    Engine spec(target, pool, &tcache);
+    spec.set_draft(draft, &dcache, 2 + script % 6);
+    std::vector<int32_t> prompt;
+    for (int i = 0, n = 3 + static_cast<int>(rng() % 20); i < n; ++i) prompt.push_back(3 + rng() % 290);
+    const GenerateResult g = gen(spec, prompt, 24 + static_cast<int>(rng() % 24));
+    rejected += g.drafted_tokens - g.accepted_tokens;
+
+    std::vector<int32_t> sequence = prompt;
+    sequence.insert(sequence.end(), g.tokens.begin(), g.tokens.end());
+    const int64_t B = pc.block_tokens;
+    const int64_t state = static_cast<int64_t>(sequence.size()) - 1;  // the last token was never fed
+    SCOPED_TRACE("script " + std::to_string(script));
+    EXPECT_EQ(tcache.stats().blocks, static_cast<uint64_t>((state + B - 1) / B));
+    EXPECT_LE(dcache.stats().blocks, static_cast<uint64_t>((state + B - 1) / B));
+    EXPECT_EQ(tcache.stats().copies_on_write, 0u);
+    EXPECT_EQ(tcache.stats().blocks_in_use, 0u);
+    EXPECT_EQ(dcache.stats().blocks_in_use, 0u);
+    EXPECT_EQ(tcache.check_invariants(), "");
+    EXPECT_EQ(dcache.check_invariants(), "");
+    auto probe = tcache.open(spec.namespace_for(""));
+    EXPECT_EQ(probe->attach_prefix(sequence).reused_tokens, state);
+  }
+  EXPECT_GT(rejected, 100);  // the draft is a different model: most proposals fail
+}
+
 TEST(Speculative, MismatchedVocabularyAndRecurrentTargetsAreRefused) {
   Model& target = target_model();
   SyntheticModelSpec other = base_spec(13, 1);

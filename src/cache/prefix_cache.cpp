@@ -269,6 +269,7 @@ CachedSequence::~CachedSequence() {
 void CachedSequence::release_all() {
   std::lock_guard<std::mutex> lock(cache_.mutex_);
   const int B = cache_.block_tokens_;
+  if (hold_from_ < n_tokens()) truncate_locked(hold_from_);  // tentative positions are never cached
   // The partial tail becomes a cached partial block, so a continuation of this
   // exact text (the next turn) reuses it.
   if (!table_.empty() && cache_.config_.budget_bytes > 0) {
@@ -441,9 +442,24 @@ void CachedSequence::commit(std::span<const int32_t> tokens, std::span<const Has
     b->keys.resize(b->tokens.size());
     b->tokens.push_back(tokens[i]);
     b->keys.push_back(key_at(keys, i));
-    if (b->tokens.size() == static_cast<size_t>(B)) index_full_block_locked(bi);
+    if (b->tokens.size() == static_cast<size_t>(B) && static_cast<int64_t>((bi + 1) * B) <= hold_from_)
+      index_full_block_locked(bi);
   }
   cache_.enforce_budget_locked();
+}
+
+void CachedSequence::hold_index_from(int64_t n) {
+  std::lock_guard<std::mutex> lock(cache_.mutex_);
+  hold_from_ = std::min(hold_from_, n);
+}
+
+void CachedSequence::settle() {
+  std::lock_guard<std::mutex> lock(cache_.mutex_);
+  if (hold_from_ == INT64_MAX) return;
+  const size_t B = static_cast<size_t>(cache_.block_tokens_);
+  const size_t first = static_cast<size_t>(hold_from_) / B;
+  hold_from_ = INT64_MAX;
+  for (size_t bi = first; bi < tokens_.size() / B; ++bi) index_full_block_locked(bi);
 }
 
 void CachedSequence::index_full_block_locked(size_t bi) {
@@ -484,6 +500,10 @@ void CachedSequence::index_full_block_locked(size_t bi) {
 
 void CachedSequence::truncate(int64_t n) {
   std::lock_guard<std::mutex> lock(cache_.mutex_);
+  truncate_locked(n);
+}
+
+void CachedSequence::truncate_locked(int64_t n) {
   if (n >= static_cast<int64_t>(tokens_.size())) return;
   const int B = cache_.block_tokens_;
   tokens_.resize(n);

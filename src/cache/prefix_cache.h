@@ -140,6 +140,15 @@ class CachedSequence final : public SequenceMemory {
   // Forgets positions >= n (e.g. rejected speculative tokens).
   void truncate(int64_t n);
 
+  // Positions from n on are tentative (speculative proposals, which the
+  // verification may reject): the blocks holding any are written but not
+  // indexed, so a rejected proposal never enters the prefix index, where it
+  // would take budget and recency from real prefixes. settle() ends the hold
+  // and indexes the full blocks it held back (truncate the rejected ones
+  // first). A sequence released while holding forgets its tentative positions.
+  void hold_index_from(int64_t n);
+  void settle();
+
   int64_t n_tokens() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
@@ -166,6 +175,7 @@ class CachedSequence final : public SequenceMemory {
   void index_full_block_locked(size_t block_index);
   void prepare_blocks(int64_t first_write, int64_t end);
   void release_all();
+  void truncate_locked(int64_t n);
   Hash128 parent_hash_locked(size_t block_index) const;
 
   PrefixCache& cache_;
@@ -173,6 +183,7 @@ class CachedSequence final : public SequenceMemory {
   std::vector<PrefixCache::Block*> table_;
   std::vector<int32_t> tokens_;
   std::vector<Hash128> keys_;  // per position; zero when none
+  int64_t hold_from_ = INT64_MAX;  // see hold_index_from
   std::vector<std::vector<float>> conv_, ssm_;
 };
 

@@ -56,6 +56,14 @@ void ActiveSequence::truncate(int64_t n) {
   position_ = n;
 }
 
+void ActiveSequence::hold_index_from(int64_t n) {
+  if (cached_) cached_->hold_index_from(n);
+}
+
+void ActiveSequence::settle() {
+  if (cached_) cached_->settle();
+}
+
 void ActiveSequence::set_decoding(bool decoding) {
   if (!batcher_) return;
   if (!decoding) membership_.reset();

@@ -35,6 +35,12 @@ class ActiveSequence {
   // rolled back without a snapshot; callers restrict this).
   void truncate(int64_t n);
 
+  // Positions from n on are speculative until settle(): the prefix cache
+  // indexes none of them, so the rejected ones never become cached prefixes
+  // (CachedSequence::hold_index_from). No-op for flat state.
+  void hold_index_from(int64_t n);
+  void settle();
+
   // Runs `tokens` at the current position and appends them. Logits as asked.
   // With `embeddings` (tokens.size() x n_embd floats) the batch is fed as
   // input embeddings, attending bidirectionally within itself if asked.

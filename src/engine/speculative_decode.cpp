@@ -121,6 +121,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
       const int64_t seq_len = static_cast<int64_t>(history.size());
       draft.feed(std::span<const int32_t>(history).subspan(draft.position(), seq_len - draft.position()), {},
                  LogitsFor::Last, draft_logits);
+      draft.hold_index_from(seq_len);  // its proposals, until verified
       draft_history.assign(history.begin(), history.end());
       for (int i = 0; i < k; ++i) {
         int32_t d;
@@ -151,6 +152,7 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     std::vector<int32_t> batch{x};
     batch.insert(batch.end(), proposals.begin(), proposals.end());
     const int64_t base = target.position();
+    target.hold_index_from(base + 1);  // x is settled; the proposals are not yet
     draft.set_decoding(true);
     verify_turn.submitting();
     target.feed(batch, {}, LogitsFor::All, verify_logits);
@@ -190,6 +192,8 @@ void Engine::decode_speculative(const GenerateRequest& req, ActiveSequence& targ
     // Keep x and the accepted proposals in both models; roll back the rest.
     target.truncate(base + 1 + accepted);
     draft.truncate(std::min<int64_t>(draft.position(), base + 1 + accepted));
+    target.settle();
+    draft.settle();
     bool go_on = true;
     for (int i = 0; i < accepted && go_on; ++i)
       go_on = emit(proposals[i], verify_row(i));
