@@ -294,7 +294,7 @@ BENCHMARK(BM_RmsNorm);
 
 void BM_Rope(benchmark::State& state) {
   std::vector<float> x = make_x(512), c(32), s(32);
-  rope_table(64, 100, 10000.0f, 1.0f, c.data(), s.data());
+  rope_table(64, 100, 10000.0f, 1.0f, nullptr, c.data(), s.data());
   for (auto _ : state) {
     rope_apply(x.data(), 8, 64, 64, c.data(), s.data(), RopeStyle::Normal);
     benchmark::DoNotOptimize(x.data());
@@ -306,7 +306,7 @@ void BM_RopeTable(benchmark::State& state) {
   std::vector<float> c(32), s(32);
   int64_t pos = 0;
   for (auto _ : state) {
-    rope_table(64, pos++, 10000.0f, 1.0f, c.data(), s.data());
+    rope_table(64, pos++, 10000.0f, 1.0f, nullptr, c.data(), s.data());
     benchmark::DoNotOptimize(c.data());
   }
 }

@@ -1462,7 +1462,7 @@ TEST(Rope, TableMatchesDirect) {
       std::vector<float> a = make_x(4 * 64, 2), b = a;
       rope(a.data(), 4, 64, n_rot, 37, 10000.0f, 1.0f, style);
       std::vector<float> c(n_rot / 2), s(n_rot / 2);
-      rope_table(n_rot, 37, 10000.0f, 1.0f, c.data(), s.data());
+      rope_table(n_rot, 37, 10000.0f, 1.0f, nullptr, c.data(), s.data());
       rope_apply(b.data(), 4, 64, n_rot, c.data(), s.data(), style);
       EXPECT_TRUE(same_bits(a, b));
       // And against the rotation in double.
@@ -1476,6 +1476,40 @@ TEST(Rope, TableMatchesDirect) {
           EXPECT_NEAR(a[h * 64 + i0], x0 * std::cos(th) - x1 * std::sin(th), 1e-3);
           EXPECT_NEAR(a[h * 64 + i1], x0 * std::sin(th) + x1 * std::cos(th), 1e-3);
         }
+    }
+  }
+}
+
+// Llama 3.1's frequency factors divide each pair's angle (in double: the
+// angle over the factor, times the linear scale); factors of one are no
+// factors, bit for bit; and all-2 factors are linear scaling by 2 exactly
+// (a power of two), which is how the model test checks that the factors
+// reach every path.
+TEST(Rope, FrequencyFactorsDivideEachPairsAngle) {
+  for (int n_rot : {128, 64, 6}) {
+    const int half = n_rot / 2;
+    std::vector<float> factors(half), ones(half, 1.0f), twos(half, 2.0f);
+    for (int i = 0; i < half; ++i) factors[i] = 1.0f + 31.0f * static_cast<float>(i) / half;  // 1 .. 32, as Llama 3.2's
+    for (int64_t pos : {0, 1, 37, 5000, 131071}) {
+      for (float scale : {1.0f, 0.25f}) {
+        std::vector<float> c(half), s(half), c1(half), s1(half), cn(half), sn(half);
+        rope_table(n_rot, pos, 500000.0f, scale, factors.data(), c.data(), s.data());
+        for (int i = 0; i < half; ++i) {
+          const double th = scale * (static_cast<double>(pos) * std::pow(500000.0, -2.0 * i / n_rot) / factors[i]);
+          // float angles lose ~pos * 2^-24 radians
+          const double tol = 1e-5 + static_cast<double>(pos) * 4e-7;
+          EXPECT_NEAR(c[i], std::cos(th), tol) << "pos " << pos << " pair " << i;
+          EXPECT_NEAR(s[i], std::sin(th), tol) << "pos " << pos << " pair " << i;
+        }
+        rope_table(n_rot, pos, 500000.0f, scale, ones.data(), c1.data(), s1.data());
+        rope_table(n_rot, pos, 500000.0f, scale, nullptr, cn.data(), sn.data());
+        EXPECT_TRUE(same_bits(c1, cn));
+        EXPECT_TRUE(same_bits(s1, sn));
+        rope_table(n_rot, pos, 500000.0f, scale, twos.data(), c1.data(), s1.data());
+        rope_table(n_rot, pos, 500000.0f, scale * 0.5f, nullptr, cn.data(), sn.data());
+        EXPECT_TRUE(same_bits(c1, cn));
+        EXPECT_TRUE(same_bits(s1, sn));
+      }
     }
   }
 }

@@ -20,6 +20,17 @@ using reprise::testing_support::StepOutput;
 namespace {
 
 SyntheticModelSpec spec_for(const std::string& arch) {
+  if (arch == "llama3") {
+    // Llama 3.1's RoPE: frequency factors (rope_freqs.weight) over the tiny
+    // shape, with a short original context so that scripts' positions turn
+    // the slowed pairs measurably.
+    SyntheticModelSpec s = synthetic_preset("tiny");
+    s.n_vocab = 512;
+    s.n_ctx = 1024;
+    s.rope_freq_base = 500000.0f;
+    s.rope_freq_factors = llama3_rope_freq_factors(s.head_dim, s.rope_freq_base, 8.0f, 1.0f, 4.0f, 64);
+    return s;
+  }
   SyntheticModelSpec s = synthetic_preset(arch == "llama" ? "tiny" : "tiny-" + arch);
   if (arch == "jamba") s.n_expert_used = std::min<int64_t>(s.n_expert_used, s.n_expert);
   s.n_vocab = 512;
@@ -157,7 +168,53 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureDifferential,
                          });
 
 INSTANTIATE_TEST_SUITE_P(Archs, PrefixCacheDifferential,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "jamba"));
+                         ::testing::Values("llama", "llama3", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "jamba"));
+
+// Llama 3.1 files carry RoPE frequency factors (rope_freqs.weight). Factors
+// of 2 everywhere are linear scaling by 2, exactly (a power of two), so the
+// two files must give the same logits bit for bit through prefill, decode
+// steps and cached turns: the factors reach every RoPE path. Llama 3's own
+// factors give different logits from none.
+TEST(RopeFrequencyFactors, AllTwoFactorsEqualLinearScalingByTwo) {
+  SyntheticModelSpec base = synthetic_preset("tiny");
+  base.n_ctx = 1024;
+  base.seed = 31;
+  SyntheticModelSpec twos = base, linear = base, llama3 = base;
+  twos.rope_freq_factors.assign(static_cast<size_t>(base.head_dim / 2), 2.0f);
+  linear.rope_linear_scaling = 2.0f;
+  llama3.rope_freq_factors = llama3_rope_freq_factors(base.head_dim, base.rope_freq_base, 8.0f, 1.0f, 4.0f, 64);
+  Model& m_twos = *test::synthetic_model("rope-factors-two", twos).model;
+  Model& m_linear = *test::synthetic_model("rope-linear-two", linear).model;
+  Model& m_llama3 = *test::synthetic_model("rope-factors-llama3", llama3).model;
+  Model& m_plain = *test::synthetic_model("rope-plain", base).model;
+  EXPECT_NE(m_twos.info().fingerprint, m_linear.info().fingerprint);  // different files, never one cache
+  ThreadPool pool(2);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 16;
+  PrefixCache cache_twos(m_twos.state_spec(), cfg), cache_linear(m_linear.state_spec(), cfg);
+  Engine e_twos(m_twos, pool, &cache_twos), e_linear(m_linear, pool, &cache_linear);
+  Engine e_llama3(m_llama3, pool, nullptr), e_plain(m_plain, pool, nullptr);
+  std::mt19937 rng(4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(static_cast<int32_t>(3 + rng() % 1000));
+  for (int turn = 0; turn < 2; ++turn) {  // the second turn is a prefix hit
+    const StepOutput a = run(e_twos, prompt, 12), b = run(e_linear, prompt, 12);
+    EXPECT_TRUE(bit_identical(a, b)) << "turn " << turn;
+    if (turn == 1) EXPECT_EQ(a.result.cached_tokens, static_cast<int64_t>(prompt.size()) - 1);
+  }
+  const StepOutput with = run(e_llama3, prompt, 4), without = run(e_plain, prompt, 4);
+  EXPECT_FALSE(bit_identical(with, without));
+
+  // Llama 3.1 8B's factors (head 128, base 500000, factor 8, low 1, high 4,
+  // original context 8192): fast pairs kept, slow ones slowed 8x, a smooth
+  // ramp between.
+  const std::vector<float> f = llama3_rope_freq_factors(128, 500000.0f, 8.0f, 1.0f, 4.0f, 8192);
+  ASSERT_EQ(f.size(), 64u);
+  EXPECT_EQ(f.front(), 1.0f);
+  EXPECT_EQ(f.back(), 8.0f);
+  EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
+  EXPECT_GT(std::count_if(f.begin(), f.end(), [](float v) { return v > 1.0f && v < 8.0f; }), 0);
+}
 
 // Issue 6: turn 2 of a chat on each recurrent architecture restores turn 1's
 // end-of-generation snapshot and matches a cold run bit for bit; an edit in

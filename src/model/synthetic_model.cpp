@@ -56,6 +56,7 @@ enum class Init {
   SsmA1,   // mamba A (stored as -exp(A_log)): -(s + 1) * c per channel
   SsmA2,   // mamba2 A per head: uniform on [-12, -1]
   SsmD,    // skip weight D: 1 + 0.1 * bell
+  Values,  // PlannedTensor::values as given
 };
 
 struct PlannedTensor {
@@ -64,6 +65,7 @@ struct PlannedTensor {
   DType type;
   Init init;
   float scale = 1.0f;
+  std::vector<float> values;  // Init::Values
 };
 
 void fill_row(const PlannedTensor& t, const TensorRandom& rng, int64_t row, std::span<float> out) {
@@ -95,6 +97,9 @@ void fill_row(const PlannedTensor& t, const TensorRandom& rng, int64_t row, std:
       return;
     case Init::SsmD:
       for (uint64_t j = 0; j < n; ++j) out[j] = 1.0f + 0.1f * rng.bell(base + j);
+      return;
+    case Init::Values:
+      for (uint64_t j = 0; j < n; ++j) out[j] = t.values[base + j];
       return;
   }
 }
@@ -221,6 +226,10 @@ class Planner {
   void f32(const std::string& name, std::vector<uint64_t> shape, Init init, float scale = 1.0f) {
     add(name, shape, DType::F32, init, scale);
   }
+  void f32_values(const std::string& name, std::vector<float> values) {
+    add(name, {values.size()}, DType::F32, Init::Values, 1.0f);
+    plan_.back().values = std::move(values);
+  }
 
   std::vector<PlannedTensor> take() { return std::move(plan_); }
 
@@ -319,6 +328,7 @@ std::vector<PlannedTensor> plan_tensors(const SyntheticModelSpec& s) {
   // output projection, so they get the fan-in scale to keep logits O(1).
   const bool small_embd = s.tied_output || s.arch == "gemma3";
   p.embedding("token_embd.weight", {e, v}, small_embd ? 1.0f / std::sqrt(static_cast<float>(e)) : 1.0f);
+  if (!s.rope_freq_factors.empty()) p.f32_values("rope_freqs.weight", s.rope_freq_factors);
   for (int64_t l = 0; l < s.n_layer; ++l) {
     p.f32(blk(l, "attn_norm.weight"), {e}, Init::Norm);
     if (is_attention_arch(s.arch)) {
@@ -386,6 +396,10 @@ void write_metadata(gguf::Writer& w, const SyntheticModelSpec& s) {
   if (is_attention_arch(s.arch)) {
     w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.head_dim));
     w.set_f32(a + "rope.freq_base", s.rope_freq_base);
+    if (s.rope_linear_scaling > 0) {
+      w.set_string(a + "rope.scaling.type", "linear");
+      w.set_f32(a + "rope.scaling.factor", s.rope_linear_scaling);
+    }
   }
   if (ssm) {
     w.set_u32(a + "ssm.conv_kernel", static_cast<uint32_t>(s.d_conv));
@@ -488,6 +502,9 @@ void validate_synthetic_spec(const SyntheticModelSpec& spec) {
   if (s.more_bits_dtype && !((s.dtype == DType::Q4_K || s.dtype == DType::Q5_K) && *s.more_bits_dtype == DType::Q6_K))
     bad("the _M mixes are Q4_K or Q5_K with Q6_K where they give more bits");
   const bool has_attention = is_attention_arch(s.arch) || s.arch == "jamba";
+  if (!s.rope_freq_factors.empty() &&
+      (s.arch != "llama" || s.rope_freq_factors.size() != static_cast<size_t>(s.head_dim / 2)))
+    bad("rope_freq_factors are llama's, head_dim / 2 of them");
   if (has_attention) {
     if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0)
       bad("n_head must be a positive multiple of n_head_kv");
@@ -528,6 +545,26 @@ void make_synthetic_model(const SyntheticModelSpec& spec, const std::string& out
     });
   }
   w.write(out_path);
+}
+
+std::vector<float> llama3_rope_freq_factors(int64_t n_rot, float freq_base, float factor, float low_freq_factor,
+                                            float high_freq_factor, int64_t original_context) {
+  const double low_freq_wavelen = static_cast<double>(original_context) / low_freq_factor;
+  const double high_freq_wavelen = static_cast<double>(original_context) / high_freq_factor;
+  std::vector<float> factors;
+  for (int64_t i = 0; i < n_rot; i += 2) {
+    const double freq = 1.0 / std::pow(static_cast<double>(freq_base), static_cast<double>(i) / n_rot);
+    const double wavelen = 2.0 * M_PI / freq;
+    double f = 1.0;
+    if (wavelen > low_freq_wavelen) {
+      f = factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      f = 1.0 / ((1.0 - smooth) / factor + smooth);
+    }
+    factors.push_back(static_cast<float>(f));
+  }
+  return factors;
 }
 
 SyntheticModelSpec synthetic_preset(const std::string& name) {

@@ -47,6 +47,11 @@ struct SyntheticModelSpec {
   uint64_t seed = 1;
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
+  // > 0: rope.scaling.type "linear" with this factor (positions divided by it).
+  float rope_linear_scaling = 0.0f;
+  // llama: `rope_freqs.weight` (head_dim / 2 factors dividing each rotation
+  // pair's frequency), as Llama 3.1 and later files carry; empty = none.
+  std::vector<float> rope_freq_factors;
 
   // gemma3: every `sliding_window_pattern`-th layer is global, the rest use a
   // window of `sliding_window` tokens.
@@ -77,6 +82,14 @@ struct SyntheticModelSpec {
 // mamba, mamba2 and jamba (same dimensions as the ../shared fixtures).
 // Throws reprise::Error for an unknown name.
 SyntheticModelSpec synthetic_preset(const std::string& name);
+
+// Llama 3.1's RoPE frequency factors (Hugging Face's rope_type "llama3", as
+// llama.cpp's converter writes them to rope_freqs.weight): pairs whose
+// wavelength exceeds original_context / low_freq_factor are slowed by
+// `factor`, those shorter than original_context / high_freq_factor are kept,
+// and those between are interpolated.
+std::vector<float> llama3_rope_freq_factors(int64_t n_rot, float freq_base, float factor, float low_freq_factor,
+                                            float high_freq_factor, int64_t original_context);
 std::vector<std::string> synthetic_preset_names();
 
 // Throws reprise::Error naming the problem when the spec is inconsistent.

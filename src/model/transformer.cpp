@@ -29,11 +29,17 @@ struct ArchTraits {
   bool post_norms = false;      // gemma3: post-attention and post-FFN norms
   bool gelu = false;            // gemma: GELU gate instead of SiLU
   bool sliding_window = false;  // gemma3
+  // llama: RoPE frequency factors from `rope_freqs.weight` when the file has
+  // it (Llama 3.1 and later; llama.cpp reads it for this architecture only).
+  bool rope_freq_factors = false;
 };
 
 ArchTraits traits_for(const std::string& arch) {
   ArchTraits t;
-  if (arch == "llama") return t;
+  if (arch == "llama") {
+    t.rope_freq_factors = true;
+    return t;
+  }
   if (arch == "qwen2") {
     t.rope = RopeStyle::Neox;
     t.qkv_bias = true;
@@ -63,6 +69,7 @@ struct Layer {
   int window = 0;
   float rope_base = 10000.0f;
   float rope_scale = 1.0f;
+  const float* rope_factors = nullptr;  // n_rot / 2, or null (all ones)
 };
 
 // Rows [r0, n) of a batch as a batch of their own, for attention: the same
@@ -146,6 +153,7 @@ class Transformer final : public SegmentedModel {
   MatrixView token_embd_;
   PackedMatrix output_;
   std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;  // empty: none (Layer::rope_factors)
   std::vector<Layer> layers_;
 };
 
@@ -196,6 +204,13 @@ Transformer::Transformer(const gguf::File& file) {
 
   WeightLoader w(file);
   const int64_t n_vocab = load_embedding_and_head(w, n_embd_, token_embd_, output_, output_norm_);
+  if (traits_.rope_freq_factors) {
+    // Llama 3.1's long-context RoPE: each rotation pair's frequency divided
+    // by its factor. Ignoring them would load and run, with wrong angles.
+    rope_freqs_ = w.optional_vector("rope_freqs.weight", n_rot_ / 2);
+    for (float f : rope_freqs_)
+      if (!(f > 0.0f) || !std::isfinite(f)) file.fail("rope_freqs.weight holds a factor that is not positive and finite");
+  }
 
   const int64_t q_dim = n_head_ * head_dim_, kv_dim = n_head_kv_ * head_dim_;
   layers_.resize(n_layer);
@@ -226,6 +241,7 @@ Transformer::Transformer(const gguf::File& file) {
     }
     L.rope_base = rope_base;
     L.rope_scale = rope_scale;
+    L.rope_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
     // gemma3: within every `pattern` layers, all but the last use the sliding
     // window (and the local RoPE base of 10000); the last is global.
     if (traits_.sliding_window && swa_pattern > 0 && window > 0 &&
@@ -313,7 +329,9 @@ void Transformer::build_rope_tables(std::span<const int64_t> positions, RopeTabl
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& L = layers_[il];
     size_t i = 0;
-    while (i < firsts.size() && (firsts[i]->rope_base != L.rope_base || firsts[i]->rope_scale != L.rope_scale)) ++i;
+    while (i < firsts.size() && (firsts[i]->rope_base != L.rope_base || firsts[i]->rope_scale != L.rope_scale ||
+                                 firsts[i]->rope_factors != L.rope_factors))
+      ++i;
     if (i == firsts.size()) firsts.push_back(&L);
     t.of_layer[il] = static_cast<int>(i);
   }
@@ -323,7 +341,7 @@ void Transformer::build_rope_tables(std::span<const int64_t> positions, RopeTabl
   for (int64_t i = 0; i < n_tables; ++i) {
     const Layer& L = *firsts[i];
     for_tokens(n, pool, [&](int64_t r) {
-      rope_table(static_cast<int>(n_rot_), positions[r], L.rope_base, L.rope_scale,
+      rope_table(static_cast<int>(n_rot_), positions[r], L.rope_base, L.rope_scale, L.rope_factors,
                  t.cos.data() + (i * n + r) * half_rot, t.sin.data() + (i * n + r) * half_rot);
     });
   }

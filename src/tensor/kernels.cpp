@@ -1461,13 +1461,17 @@ void layer_norm(const float* x, const float* weight, const float* bias, float ep
   }
 }
 
-void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, float* cos_out, float* sin_out) {
-  // theta_i = pos * base^(-2i/n_rot), built by repeated multiplication as ggml does.
+void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, const float* freq_factors, float* cos_out,
+                float* sin_out) {
+  // theta_i = pos * base^(-2i/n_rot), built by repeated multiplication as ggml
+  // does; then divided by the pair's factor and scaled (ggml's rope_yarn
+  // without extrapolation mixing).
   const float theta_scale = std::pow(freq_base, -2.0f / n_rot);
-  float theta = static_cast<float>(pos) * freq_scale;
+  float theta = static_cast<float>(pos);
   for (int i = 0; i < n_rot / 2; ++i) {
-    cos_out[i] = std::cos(theta);
-    sin_out[i] = std::sin(theta);
+    const float angle = freq_scale * (freq_factors ? theta / freq_factors[i] : theta);
+    cos_out[i] = std::cos(angle);
+    sin_out[i] = std::sin(angle);
     theta *= theta_scale;
   }
 }
@@ -1519,7 +1523,7 @@ void rope_apply(float* x, int n_heads, int head_dim, int n_rot, const float* cos
 void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, float freq_base,
           float freq_scale, RopeStyle style) {
   float cos_cache[512], sin_cache[512];
-  rope_table(n_rot, pos, freq_base, freq_scale, cos_cache, sin_cache);
+  rope_table(n_rot, pos, freq_base, freq_scale, nullptr, cos_cache, sin_cache);
   rope_apply(x, n_heads, head_dim, n_rot, cos_cache, sin_cache, style);
 }
 

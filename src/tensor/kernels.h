@@ -133,7 +133,11 @@ enum class RopeStyle { Normal, Neox };
 void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, float freq_base,
           float freq_scale, RopeStyle style);
 // The same rotation with precomputed cos/sin (n_rot / 2 each; rope_table).
-void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, float* cos_out, float* sin_out);
+// Pair i's angle is freq_scale * (pos * freq_base^(-2i/n_rot) / freq_factors[i]),
+// in ggml's order of operations; freq_factors (n_rot / 2 values, Llama 3.1's
+// `rope_freqs.weight`) may be null, meaning all ones.
+void rope_table(int n_rot, int64_t pos, float freq_base, float freq_scale, const float* freq_factors, float* cos_out,
+                float* sin_out);
 void rope_apply(float* x, int n_heads, int head_dim, int n_rot, const float* cos_v, const float* sin_v,
                 RopeStyle style);
 
