@@ -942,6 +942,70 @@ TEST(ServeHttp, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
   EXPECT_GE(metric(metrics, R"(reprise_requests_total{model="",endpoint="completions",status="413"})"), 1);
 }
 
+// --max-body-bytes bounds what a request can make the server hold, however
+// the body is sent: chunked (no Content-Length) or gzip (a small compressed
+// body that decompresses to far more). Within the limit both are served.
+// A body sent to a path that takes none is refused before it is read.
+TEST(ServeHttp, BodyLimitHoldsForChunkedAndCompressedBodies) {
+  ServeOptions o;
+  o.max_body_bytes = 4096;
+  TestServer s(o);
+  auto chunked = [](const std::string& path, const std::string& body) {
+    std::string out = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    for (size_t i = 0; i < body.size(); i += 1000) {
+      const std::string piece = body.substr(i, 1000);
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+      out += size + piece + "\r\n";
+    }
+    return out + "0\r\n\r\n";
+  };
+  const std::string big = R"({"max_tokens":1,"prompt":")" + std::string(60000, 'a') + "\"}";
+  const std::string small = R"({"max_tokens":1,"prompt":"hello"})";
+  {
+    RawConnection c(s.port);
+    c.send(chunked("/v1/completions", big));
+    const std::string reply = c.read_until("}}");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 413", 0), 0u) << reply.substr(0, 200);
+    EXPECT_NE(reply.find("request_too_large"), std::string::npos);
+  }
+  {
+    RawConnection c(s.port);
+    c.send(chunked("/v1/completions", small));
+    const std::string reply = c.read_until("}}");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply.substr(0, 200);
+  }
+  {
+    RawConnection c(s.port);
+    c.send(chunked("/v1/nothing", big));
+    const std::string reply = c.read_until("}}");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 404", 0), 0u) << reply.substr(0, 200);
+  }
+  httplib::Client gz = s.client();
+  gz.set_compress(true);  // gzip request bodies
+  const std::string bomb = R"({"max_tokens":1,"prompt":")" + std::string(2 << 20, 'a') + "\"}";
+  auto r = gz.Post("/v1/completions", bomb, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body.substr(0, 200);
+  r = gz.Post("/v1/completions", small, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 200);
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// A second server on a port in use fails to start (cpp-httplib's default
+// SO_REUSEPORT let it start and take half the connections).
+TEST(ServeHttp, ASecondServerOnAPortInUseFailsToStart) {
+  TestServer s;
+  ServeOptions o;
+  o.port = s.port;
+  o.model_path = model_a_path();
+  HttpServer second(o, *s.registry);
+  EXPECT_THROW(second.bind(), Error);
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
 TEST(ServeHttp, ApiKey) {
   ServeOptions o;
   o.api_key = "sekret";

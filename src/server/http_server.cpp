@@ -42,6 +42,12 @@ const char* endpoint_label(const std::string& path) {
   return "other";
 }
 
+// The routes that take a request body (POST).
+bool takes_body(const httplib::Request& req) {
+  return req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
+                                  req.path == "/v1/completions" || req.path == "/completions");
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -101,6 +107,7 @@ struct HttpServer::Impl {
   std::vector<std::weak_ptr<GenerationChannel>> live;  // for stop()
   const int64_t started_at;
   int bound_port = -1;
+  socket_t listen_socket = INVALID_SOCKET;  // set_socket_options saw it
   // Destroyed bottom-up: the HTTP server (and the responses that stream from
   // channels) first, then the slots, then the monitor the responses watch with.
   DisconnectMonitor monitor;
@@ -125,8 +132,15 @@ struct HttpServer::Impl {
             "server_error", {}, "server_busy"};
   }
   static constexpr int kReservedHttpThreads = 8;
-  void handle_chat(const httplib::Request& req, httplib::Response& res);
-  void handle_completions(const httplib::Request& req, httplib::Response& res);
+  // `body`: the request's body, read within --max-body-bytes (read_body).
+  void handle_chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_completions(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // Reads a POST's body into `body`, at most --max-body-bytes of it after
+  // decompression; false after replying 413 (or 400 for a body that could
+  // not be read). cpp-httplib bounds only a Content-Length body: a chunked
+  // body, or a gzip one's decompressed size, it would read whole.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body);
   void handle_models(httplib::Response& res, const std::string& only_id);
   void handle_cache_stats(httplib::Response& res);
 
@@ -157,8 +171,28 @@ void HttpServer::Impl::setup() {
   // to ~40 ms, so on a kept-alive connection a short completion took a
   // median 44 ms instead of 3 (docs/performance.md, session 43).
   http.set_tcp_nodelay(true);
+  // cpp-httplib's default sets SO_REUSEPORT, with which a second server on
+  // the same port starts without an error and takes half the connections.
+  // SO_REUSEADDR alone still lets a restarted server bind at once. The
+  // socket is kept so that its listen backlog can be raised after binding.
+  http.set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_socket = sock;
+  });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A method that carries a body, to a path that takes none: answered
+    // before cpp-httplib reads the body (which it would, unbounded if chunked).
+    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE" || req.method == "PRI";
+    if (body_method && !takes_body(req)) {
+      ApiError error{404, "Unknown endpoint: " + req.method + " " + req.path, "invalid_request_error", {},
+                     "unknown_url"};
+      res.set_header("Connection", "close");
+      reply_error(res, error, "", endpoint_label(req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health" || req.path == "/v1/health")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
@@ -223,12 +257,48 @@ void HttpServer::Impl::setup() {
     handle_models(res, req.matches[1].str());
   });
   http.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) { handle_cache_stats(res); });
-  auto chat = [this](const httplib::Request& req, httplib::Response& res) { handle_chat(req, res); };
+  auto chat = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) handle_chat(req, body, res);
+  };
   http.Post("/v1/chat/completions", chat);
   http.Post("/chat/completions", chat);
-  auto completions = [this](const httplib::Request& req, httplib::Response& res) { handle_completions(req, res); };
+  auto completions = [this](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) handle_completions(req, body, res);
+  };
   http.Post("/v1/completions", completions);
   http.Post("/completions", completions);
+}
+
+bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader, std::string& body) {
+  const size_t limit = options.max_body_bytes;
+  bool too_large = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    if (n > limit - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (read) return true;
+  // The rest of the body is still unread: the connection cannot carry
+  // another request.
+  res.set_header("Connection", "close");
+  const char* endpoint = endpoint_label(req.path);
+  if (too_large || res.status == 413) {
+    reply_error(res,
+                {413, "Request body exceeds the server's limit of " + std::to_string(limit) + " bytes (--max-body-bytes)",
+                 "invalid_request_error", {}, "request_too_large"},
+                "", endpoint);
+  } else {
+    reply_error(res, ApiError::invalid("the request body could not be read (truncated, or a bad encoding)", "", "invalid_body"),
+                "", endpoint);
+  }
+  return false;
 }
 
 void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& only_id) {
@@ -357,11 +427,11 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
 
 }  // namespace
 
-void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::string& body, httplib::Response& res) {
   InFlight guard(in_flight);
   const char* endpoint = endpoint_name(Endpoint::Chat);
   if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
-  Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(req.body, limits);
+  Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   ChatCompletionRequest& chat = parsed.value();
   const std::string model_id = chat.options.model.empty() ? registry.default_id() : chat.options.model;
@@ -388,11 +458,12 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, httplib::Respons
   start_generation(req, res, std::move(lease), make_plan(chat.options, std::move(prompt.value())), std::move(ctx));
 }
 
-void HttpServer::Impl::handle_completions(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::handle_completions(const httplib::Request& req, const std::string& body,
+                                          httplib::Response& res) {
   InFlight guard(in_flight);
   const char* endpoint = endpoint_name(Endpoint::Completions);
   if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
-  Parsed<CompletionRequest> parsed = parse_completion_request(req.body, limits);
+  Parsed<CompletionRequest> parsed = parse_completion_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   CompletionRequest& completion = parsed.value();
   const std::string model_id = completion.options.model.empty() ? registry.default_id() : completion.options.model;
@@ -591,7 +662,12 @@ HttpServer::~HttpServer() { stop(); }
 int HttpServer::bind() {
   const ServeOptions& o = impl_->options;
   int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (port < 0) throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  if (port < 0)
+    throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (is another server using the port?)");
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients
+  // connecting at once waited a SYN retransmission (~1 s) each beyond it.
+  // Listening again on the bound socket only raises the backlog.
+  if (impl_->listen_socket != INVALID_SOCKET) ::listen(impl_->listen_socket, SOMAXCONN);
   impl_->bound_port = port;
   return port;
 }
