@@ -1135,6 +1135,39 @@ TEST(ServeHttp, RefusesGenerationsBeyondItsConnectionThreadsButStaysHealthy) {
   EXPECT_EQ(after.status, 200);
 }
 
+// A queued request whose client hangs up leaves the queue at once, not when
+// a slot frees: it no longer holds a queue place, a connection thread and
+// its model while the request ahead of it runs on.
+TEST(ServeHttp, QueuedRequestsWhoseClientsHangUpLeaveTheQueueAtOnce) {
+  ServeOptions o;
+  o.parallel = 1;
+  TestServer s(o);
+  RawConnection running(s.port);
+  running.send_post("/v1/completions",
+                    json{{"prompt", "Once"}, {"max_tokens", 100000}, {"stream", true}, {"ignore_eos", true}}.dump());
+  ASSERT_NE(running.read_until("data: ").find("data: "), std::string::npos);
+  auto queue_depth = [&] { return metric(get(s, "/metrics").body, "reprise_queue_depth"); };
+  {
+    std::vector<std::unique_ptr<RawConnection>> queued;
+    for (int i = 0; i < 3; ++i) {
+      queued.push_back(std::make_unique<RawConnection>(s.port));
+      queued.back()->send_post("/v1/completions",
+                               json{{"prompt", "Hello " + std::to_string(i)}, {"max_tokens", 4}, {"stream", i == 1}}.dump());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    while (queue_depth() != 3 && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(queue_depth(), 3);
+  }  // hang up the three
+  const auto t0 = std::chrono::steady_clock::now();
+  while (queue_depth() != 0 && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(queue_depth(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // The first request is still generating all the while.
+  EXPECT_EQ(metric(get(s, "/metrics").body, "reprise_sequences_active"), 1);
+  EXPECT_NE(running.read_some(), "");
+  running.close();
+}
+
 TEST(ServeHttp, DisconnectCancelsTheGenerationAndFreesItsState) {
   TestServer s;
   auto cancelled_count = [&] {

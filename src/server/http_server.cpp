@@ -87,6 +87,7 @@ struct ResponseContext {
   Endpoint endpoint;
   ResponseMeta meta;
   GenerationOptions options;
+  uint64_t job = 0;  // the generation's Scheduler ticket
 };
 
 }  // namespace
@@ -156,6 +157,12 @@ struct HttpServer::Impl {
   void reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx);
   bool stream(httplib::DataSink& sink, GenerationChannel& channel, const ResponseContext& ctx);
   void finish_metrics(const ResponseContext& ctx, const GenerationOutcome& outcome, int status);
+  // A cancelled request (its client gone) whose job still waits for a slot:
+  // the job leaves the queue and runs here, finishing at once as cancelled.
+  void leave_queue_if_cancelled(GenerationChannel& channel, const ResponseContext& ctx) {
+    if (!channel.cancelled()) return;
+    if (std::function<void()> job = scheduler.withdraw(ctx.job)) job();
+  }
 };
 
 void HttpServer::Impl::setup() {
@@ -497,7 +504,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
     *watch = monitor.watch(*fd, [channel] { channel->cancel(); });
 
   // The job holds the lease, so the model stays loaded until generation ends.
-  scheduler.submit([lease = std::move(lease), plan = std::move(plan), channel]() mutable {
+  context.job = scheduler.submit([lease = std::move(lease), plan = std::move(plan), channel]() mutable {
     GenerationOutcome outcome = run_generation(**lease, plan, *channel);
     lease.reset();
     channel->finish(std::move(outcome));
@@ -561,6 +568,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
   std::vector<GenerationDelta> deltas;
   for (bool done = false; !done;) {
     done = channel.take(deltas, milliseconds(200), kTakePace);
+    if (!done) leave_queue_if_cancelled(channel, ctx);
     for (GenerationDelta& d : deltas) {
       text += d.text;
       for (LogprobEntry& e : d.logprobs) logprobs.push_back(std::move(e));
@@ -613,6 +621,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   std::string events;  // one write per take: a token's event each
   for (bool done = false; !done;) {
     done = channel.take(deltas, milliseconds(200), kTakePace);
+    if (!done) leave_queue_if_cancelled(channel, ctx);
     events.clear();
     if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
     for (GenerationDelta& d : deltas) {

@@ -18,12 +18,24 @@ Scheduler::~Scheduler() {
   for (std::thread& t : workers_) t.join();
 }
 
-void Scheduler::submit(std::function<void()> job) {
+uint64_t Scheduler::submit(std::function<void()> job) {
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(job));
+    ticket = next_ticket_++;
+    queue_.push_back({ticket, std::move(job)});
   }
   wake_.notify_one();
+  return ticket;
+}
+
+std::function<void()> Scheduler::withdraw(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Queued& q) { return q.ticket == ticket; });
+  if (it == queue_.end()) return {};
+  std::function<void()> job = std::move(it->job);
+  queue_.erase(it);
+  return job;
 }
 
 size_t Scheduler::queued() const {
@@ -41,7 +53,7 @@ void Scheduler::slot_loop() {
   for (;;) {
     wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping and drained
-    std::function<void()> job = std::move(queue_.front());
+    std::function<void()> job = std::move(queue_.front().job);
     queue_.pop_front();
     ++running_;
     lock.unlock();

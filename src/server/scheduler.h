@@ -7,6 +7,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -25,7 +26,15 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a job. It must not throw (exceptions are caught and dropped).
-  void submit(std::function<void()> job);
+  // The ticket names it to withdraw().
+  uint64_t submit(std::function<void()> job);
+
+  // Takes a job that still waits for a slot out of the queue and returns it
+  // unrun (an empty function once a slot has taken it). A request whose
+  // client has gone withdraws its job and runs it at once, cancelled, so it
+  // no longer holds a place in the queue, a connection thread and its
+  // model until the requests ahead of it finish.
+  std::function<void()> withdraw(uint64_t ticket);
 
   int slots() const { return static_cast<int>(workers_.size()); }
   size_t queued() const;   // waiting for a slot
@@ -36,7 +45,12 @@ class Scheduler {
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
+  struct Queued {
+    uint64_t ticket;
+    std::function<void()> job;
+  };
+  std::deque<Queued> queue_;
+  uint64_t next_ticket_ = 1;
   size_t running_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
