@@ -549,6 +549,14 @@ TEST(OpenAIResponse, CompletionShapeAndLegacyLogprobs) {
   EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"], json::array({"a", "bc"}));
   EXPECT_EQ(j["choices"][0]["logprobs"]["text_offset"], json::array({0, 1}));
   EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"][1]["bc"], -2.0);
+
+  // Offsets count characters: "é" is two bytes, one character; a character
+  // split over two tokens counts in the first.
+  std::vector<LogprobEntry> wide = {{"\xc3\xa9", -1.0f, {}}, {"x", -1.0f, {}}, {"\xe0\xbd", -1.0f, {}},
+                                    {"\x85y", -1.0f, {}}, {"z", -1.0f, {}}};
+  json w = json::parse(dump_json(completion_logprobs_json(wide, 3)));
+  EXPECT_EQ(w["text_offset"], json::array({3, 4, 5, 6, 7}));
+  EXPECT_EQ(utf8_characters("h\xc3\xa9llo \xf0\x9f\x98\x80"), 7u);
 }
 
 TEST(OpenAIResponse, ErrorsAndInvalidUtf8) {

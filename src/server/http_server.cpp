@@ -625,7 +625,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     events.clear();
     if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
     for (GenerationDelta& d : deltas) {
-      const size_t n = d.text.size();
+      const size_t n = utf8_characters(d.text);
       events += chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "",
                                                  logprobs_of(std::move(d.logprobs)), usage_field))
                      : sse_event(completion_chunk_json(ctx.meta, d.text, "", logprobs_of(std::move(d.logprobs)),

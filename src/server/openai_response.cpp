@@ -103,6 +103,12 @@ ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& 
   return out;
 }
 
+size_t utf8_characters(std::string_view text) {
+  size_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0) {
   ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
                top_logprobs = ordered_json::array(), text_offset = ordered_json::array();
@@ -114,7 +120,7 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
     for (const auto& alt : e.top) top[alt.token] = alt.logprob;
     top_logprobs.push_back(std::move(top));
     text_offset.push_back(offset);
-    offset += e.token.size();
+    offset += utf8_characters(e.token);
   }
   ordered_json out = ordered_json::object();
   out["tokens"] = std::move(tokens);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "server/api_error.h"
@@ -59,7 +60,12 @@ ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta
 ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage);
 
 // Text completions (logprobs in the legacy tokens/token_logprobs shape).
+// text_offset counts characters (code points), as OpenAI's and vLLM's do, so
+// that text[offset:] starts at the token in any client's string type; a
+// character split across tokens counts in the token holding its first byte.
 ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0 = 0);
+// The characters of UTF-8 text: its bytes that start one.
+size_t utf8_characters(std::string_view text);
 ordered_json completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                              const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
 ordered_json completion_chunk_json(const ResponseMeta& meta, const std::string& text,
