@@ -1361,6 +1361,28 @@ TEST(ServeHttp, ChatTemplateFileOverridesAndTemplateErrorsAreReported) {
     std::ofstream(dir / "broken.jinja") << "{% for m in messages %}{{ m['content'] }";
     // Parses, but fails while rendering any conversation: the template's fault.
     std::ofstream(dir / "fails.jinja") << "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ no_such_function() }}";
+    // Renders plain conversations, but reads a field OpenAI makes optional
+    // (a tool's description), as gpt-oss's template does: Jinja2 fails on
+    // such a request too, and the request is what is wrong with it.
+    std::ofstream(dir / "tools.jinja") << "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                                          "{% for t in tools or [] %}{{ t['function']['description'].strip() }}{% endfor %}";
+  }
+  {
+    ServeOptions o;
+    o.chat_template_file = (dir / "tools.jinja").string();
+    TestServer s(o);
+    json plain = chat_body("x", 2);
+    EXPECT_EQ(post(s, "/v1/chat/completions", plain).status, 200);
+    json described = plain, bare = plain;
+    described["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"description", " d "}}}}});
+    bare["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+    EXPECT_EQ(post(s, "/v1/chat/completions", described).status, 200);
+    Reply refused = post(s, "/v1/chat/completions", bare);
+    EXPECT_EQ(refused.status, 400) << refused.body;
+    EXPECT_EQ(refused.doc()["error"]["code"], "chat_template_error");
+    EXPECT_NE(refused.doc()["error"]["message"].get<std::string>().find("cannot render this request"),
+              std::string::npos)
+        << refused.body;
   }
   {
     ServeOptions o;

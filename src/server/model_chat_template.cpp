@@ -40,6 +40,19 @@ ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std:
   } catch (const std::exception& e) {
     out.error = e.what();
   }
+  if (out.chat_template) {
+    ChatTemplateInputs plain;
+    plain.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hello"}}});
+    plain.bos_token = out.bos_token;
+    plain.eos_token = out.eos_token;
+    plain.tokenizer_adds_bos = tok.add_bos();
+    try {
+      out.chat_template->apply(plain);
+      out.renders_plain_chat = true;
+    } catch (const std::exception&) {
+      // Reported, with the renderer's message, on each chat request.
+    }
+  }
   return out;
 }
 

@@ -29,6 +29,11 @@ struct ModelChatTemplate {
   std::string error;                            // parse error when chat_template is null
   std::vector<std::string> implicit_stops;      // stop strings every chat request gets
   std::string bos_token, eos_token;             // token texts the template may print
+  // Whether the template renders a one-message user conversation (tried at
+  // load). When it does, a later failure to render a request is that
+  // request's doing (a tool without a field the template reads, a template
+  // variable of the wrong type): a 400, not the server's 500.
+  bool renders_plain_chat = false;
 };
 
 // `override_source`: the --chat-template-file contents, if any.

@@ -41,14 +41,21 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
   inputs.tokenizer_adds_bos = tokenizer.add_bos();
   inputs.extra_context = request.template_kwargs;
   // The template's own raise_exception() rejects this conversation: the
-  // client's to fix (400). Any other render failure is the template's fault
-  // on input the request parser accepted: a server-side problem (500).
+  // client's to fix (400). So is any other render failure of a template that
+  // renders a plain conversation: this request's content made it fail (a
+  // tool without a description, a template variable of the wrong type), as
+  // Jinja2 would too. A template that renders nothing is the server's
+  // problem (500).
   try {
     return chat.chat_template->apply(inputs);
   } catch (const jinja::TemplateRaised& e) {
     return ApiError{400, std::string("chat template error: ") + e.what(), "invalid_request_error", "messages",
                     "chat_template_error"};
   } catch (const std::exception& e) {
+    if (chat.renders_plain_chat)
+      return ApiError{400,
+                      "the model's chat template (" + chat.origin + ") cannot render this request: " + e.what(),
+                      "invalid_request_error", "messages", "chat_template_error"};
     return ApiError::server(std::string("the model's chat template (" + chat.origin + ") failed: ") + e.what(),
                             "chat_template_error");
   }
