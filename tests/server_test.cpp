@@ -1176,6 +1176,30 @@ TEST(ServeHttp, QueuedRequestsWhoseClientsHangUpLeaveTheQueueAtOnce) {
   running.close();
 }
 
+// Shutting down (SIGTERM) ends a stream with an error event and [DONE], and
+// answers a queued request 503: both retryable, neither cut off mid-reply
+// nor blamed on the client (499).
+TEST(ServeHttp, ShutdownEndsStreamsAndQueuedRequestsWithARetryableError) {
+  ServeOptions o;
+  o.parallel = 1;
+  TestServer s(o);
+  RawConnection streaming(s.port), queued(s.port);
+  streaming.send_post("/v1/completions",
+                      json{{"prompt", "Once"}, {"max_tokens", 100000}, {"stream", true}, {"ignore_eos", true}}.dump());
+  ASSERT_NE(streaming.read_until("data: ").find("data: "), std::string::npos);
+  queued.send_post("/v1/completions", json{{"prompt", "Hello"}, {"max_tokens", 4}}.dump());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (metric(get(s, "/metrics").body, "reprise_queue_depth") != 1 && std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(10ms);
+  s.server->stop();
+  const std::string rest = streaming.read_until("[DONE]");
+  EXPECT_NE(rest.find("server_shutting_down"), std::string::npos) << rest.substr(rest.size() > 400 ? rest.size() - 400 : 0);
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+  const std::string reply = queued.read_until("}}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
+  EXPECT_NE(reply.find("server_shutting_down"), std::string::npos) << reply;
+}
+
 TEST(ServeHttp, DisconnectCancelsTheGenerationAndFreesItsState) {
   TestServer s;
   auto cancelled_count = [&] {

@@ -133,6 +133,9 @@ struct HttpServer::Impl {
             "server_error", {}, "server_busy"};
   }
   static constexpr int kReservedHttpThreads = 8;
+  static ApiError shutting_down_error() {
+    return {503, "the server is shutting down; retry the request", "server_error", {}, "server_shutting_down"};
+  }
   // `body`: the request's body, read within --max-body-bytes (read_body).
   void handle_chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void handle_completions(const httplib::Request& req, const std::string& body, httplib::Response& res);
@@ -581,6 +584,12 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
     finish_metrics(ctx, outcome, outcome.error->status);
     return;
   }
+  if (outcome.finish_reason == "cancelled" && stopping.load()) {
+    // Cancelled by the server's shutdown, not by the client: retryable.
+    reply_json(res, 503, error_json(shutting_down_error()));
+    finish_metrics(ctx, outcome, 503);
+    return;
+  }
   if (outcome.finish_reason == "cancelled") {
     reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
     finish_metrics(ctx, outcome, kClientClosed);
@@ -636,6 +645,14 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     deltas.clear();
   }
   const GenerationOutcome outcome = channel.outcome();
+  if (client_ok && outcome.finish_reason == "cancelled" && stopping.load()) {
+    // Cut short by the server's shutdown: the client learns why, and that
+    // the stream is over, instead of seeing it end mid-reply.
+    write(sse_event(error_json(shutting_down_error())));
+    write(sse_done());
+    finish_metrics(ctx, outcome, 503);
+    return false;
+  }
   if (!client_ok || outcome.finish_reason == "cancelled") {
     finish_metrics(ctx, outcome, kClientClosed);
     return false;
