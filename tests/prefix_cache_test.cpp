@@ -170,6 +170,28 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureDifferential,
 INSTANTIATE_TEST_SUITE_P(Archs, PrefixCacheDifferential,
                          ::testing::Values("llama", "llama3", "qwen2", "qwen3", "gemma3", "mamba", "mamba2", "jamba"));
 
+// Attention scores are scaled by 1/sqrt(head_dim), but Gemma 3 27B's (its
+// 62 layers identify it, as in llama.cpp) by 1/sqrt(n_embd / n_head): its
+// query_pre_attn_scalar is 168 against a head_dim of 128.
+TEST(AttentionScale, Gemma3TwentySevenBScalesByEmbeddingPerHead) {
+  SyntheticModelSpec s = synthetic_preset("tiny-gemma3");
+  s.n_embd = 32;
+  s.n_head = 2;
+  s.n_head_kv = 1;
+  s.head_dim = 4;  // n_embd / n_head is 16
+  s.n_ff = 32;
+  s.n_vocab = 300;
+  s.n_layer = 62;
+  EXPECT_FLOAT_EQ(test::synthetic_model("gemma3-62-layers", s).model->info().attention_scale, 0.25f);
+  s.n_layer = 26;
+  EXPECT_FLOAT_EQ(test::synthetic_model("gemma3-26-layers", s).model->info().attention_scale, 0.5f);
+  SyntheticModelSpec l = synthetic_preset("tiny");
+  l.n_layer = 62;
+  l.n_ctx = 256;
+  EXPECT_FLOAT_EQ(test::synthetic_model("llama-62-layers", l).model->info().attention_scale,
+                  1.0f / std::sqrt(static_cast<float>(l.head_dim)));
+}
+
 // Llama 3.1 files carry RoPE frequency factors (rope_freqs.weight). Factors
 // of 2 everywhere are linear scaling by 2, exactly (a power of two), so the
 // two files must give the same logits bit for bit through prefill, decode

@@ -276,6 +276,7 @@ Jamba::Jamba(const gguf::File& file) {
   info_.n_ctx_train = file.get_int(key("context_length")).value_or(1048576);
   info_.n_embd = n_embd_;
   info_.n_layer = n_layer;
+  info_.attention_scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   for (const auto& t : file.tensors()) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
@@ -301,7 +302,7 @@ void Jamba::attention(const Layer& L, int il, std::span<const PassSegment> segme
   for (const PassSegment& seg : segments) {
     per_sequence.push_back({&seg.batch, seg.memory, q.data() + seg.row0 * q_dim, attn.data() + seg.row0 * q_dim});
   }
-  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
+  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, info_.attention_scale};
   attend_layer_many(per_sequence, il, shape, pool);
   matmul(L.wo, attn.data(), n, out, pool);
 }
@@ -369,7 +370,7 @@ const float* Jamba::team_attention_layer(const Layer& L, int il, std::span<const
   thread_local std::vector<AttentionBatch> batches;
   if (static_cast<int64_t>(rows.size()) < n) rows.resize(n);
   batches.resize(n);
-  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, 1.0f / std::sqrt(static_cast<float>(head_dim_))};
+  const LayerAttentionShape shape{n_head_, L.n_head_kv, head_dim_, 0, info_.attention_scale};
   for (int64_t r = 0; r < n; ++r)
     batches[r] = one_token_attention(segments[r].batch, *segments[r].memory, il, shape, b.q.data() + r * q_dim,
                                      b.attn.data() + r * q_dim, rows[r]);

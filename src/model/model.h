@@ -26,6 +26,7 @@ struct ModelInfo {
   int64_t n_layer = 0;
   int64_t n_params = 0;
   uint64_t weight_bytes = 0;
+  float attention_scale = 0;  // attention layers' query-key scale; 0 without attention
   // 128-bit hash of the architecture, hyper-parameters, state layout and
   // every tensor's bytes: the model's execution identity (not its file name).
   std::array<uint64_t, 2> fingerprint{};

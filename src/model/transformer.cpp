@@ -150,6 +150,7 @@ class Transformer final : public SegmentedModel {
   StateSpec spec_;
   int64_t n_embd_ = 0, n_head_ = 0, n_head_kv_ = 0, head_dim_ = 0, n_rot_ = 0, n_ff_ = 0;
   float eps_ = 1e-5f;
+  float attn_scale_ = 1.0f;  // query-key scores' scale
   MatrixView token_embd_;
   PackedMatrix output_;
   std::vector<float> output_norm_;
@@ -175,6 +176,10 @@ Transformer::Transformer(const gguf::File& file) {
   n_rot_ = file.get_int(key("rope.dimension_count")).value_or(head_dim_);
   if (n_rot_ <= 0 || n_rot_ > head_dim_ || n_rot_ % 2) file.fail("invalid rope.dimension_count");
   n_ff_ = file.require_int(key("feed_forward_length"));
+  // Scores are scaled by 1/sqrt(head_dim), except Gemma 3 27B's (62 layers),
+  // whose query_pre_attn_scalar is n_embd / n_head (168, not its head_dim
+  // 128): llama.cpp picks that by the layer count too.
+  attn_scale_ = 1.0f / std::sqrt(static_cast<float>(arch == "gemma3" && n_layer == 62 ? n_embd_ / n_head_ : head_dim_));
   eps_ = static_cast<float>(file.get_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   const float rope_base = static_cast<float>(file.get_float(key("rope.freq_base")).value_or(10000.0));
   float rope_scale = 1.0f;
@@ -264,6 +269,7 @@ Transformer::Transformer(const gguf::File& file) {
   info_.n_ctx_train = file.get_int(key("context_length")).value_or(2048);
   info_.n_embd = n_embd_;
   info_.n_layer = n_layer;
+  info_.attention_scale = attn_scale_;
   for (const auto& t : file.tensors()) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
@@ -421,8 +427,7 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       prefetch_my_slots(layer);
       const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
       team_matmul_many(qkv, h.data(), m, st.plan, product++);
-      const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
-                                      1.0f / std::sqrt(static_cast<float>(head_dim_))};
+      const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window, attn_scale_};
       for (int64_t r = 0; r < n; ++r)
         batches[r] = one_token_attention(segments[r].batch, *segments[r].memory, layer, shape, q.data() + r * q_dim,
                                          attn.data() + r * q_dim, rows[r]);
@@ -516,8 +521,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
                   rope.cos_at(il, t), rope.sin_at(il, t));
     });
     store_kv(segments, il, n_head_kv_, head_dim_, k.data(), v.data(), pool);
-    const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window,
-                                    1.0f / std::sqrt(static_cast<float>(head_dim_))};
+    const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window, attn_scale_};
     // The last layer's output matters only for rows that produce logits (as
     // llama.cpp's inp_out_ids): rows [r0, n). Their K and V are written above.
     const int64_t r0 = il + 1 == static_cast<int>(layers_.size()) ? last_layer_first_row(segments) : 0;
