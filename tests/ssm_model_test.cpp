@@ -642,3 +642,76 @@ TEST(SsmMalformed, MissingKeysAndTensorsAreNamed) {
 }
 
 }  // namespace
+
+// A file holding a tensor its architecture's loader does not read is
+// refused, naming the tensor, as llama.cpp refuses it: run without it (a
+// bias, Llama 3.1's rope_freqs before reprise read them), the model would
+// give wrong output with no error.
+TEST(ModelLoading, TensorsTheLoaderDoesNotReadAreRefused) {
+  Rewriter rw;
+  struct Case {
+    const char* preset;
+    const char* extra;
+  };
+  for (const Case& c : {Case{"tiny", "blk.0.attn_output.bias"}, Case{"tiny-qwen2", "output.bias"},
+                        Case{"tiny-gemma3", "rope_freqs.weight"}, Case{"tiny-mamba", "blk.1.ssm_extra.weight"},
+                        Case{"tiny-jamba", "blk.0.ffn_gate.bias"}}) {
+    auto& m = test::synthetic_model(std::string("unknown-tensor-") + c.preset, synthetic_preset(c.preset));
+    EXPECT_EQ(load_error(rw.rewrite(*m.file, [](gguf::Writer&) {})), "") << c.preset;
+    const std::string error = load_error(rw.rewrite(*m.file, [&](gguf::Writer& w) {
+      w.add_tensor_f32(c.extra, {16}, DType::F32, std::vector<float>(16, 1.0f));
+    }));
+    EXPECT_NE(error.find(c.extra), std::string::npos) << c.preset << ": " << error;
+    EXPECT_NE(error.find("does not use"), std::string::npos) << c.preset << ": " << error;
+  }
+}
+
+// RoPE scaling keys as llama.cpp reads them: a factor without a type is
+// linear, and 2023 files carry it as rope.scale_linear. All three spellings
+// of "linear, factor 4" give the same logits, and they differ from none.
+TEST(ModelLoading, LinearRopeScalingInEverySpelling) {
+  Rewriter rw;
+  SyntheticModelSpec spec = synthetic_preset("tiny");
+  spec.rope_linear_scaling = 4.0f;
+  auto& m = test::synthetic_model("rope-linear-4", spec);
+  auto logits_of = [](const std::string& path) {
+    auto file = gguf::File::open(path);
+    auto model = load_model(*file);
+    ThreadPool pool(1);
+    FlatMemory memory(model->state_spec());
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 40; ++i) tokens.push_back(5 + (i * 37) % 900);
+    ForwardBatch batch;
+    batch.tokens = tokens;
+    batch.logits_for = LogitsFor::Last;
+    std::vector<float> logits;
+    model->forward(batch, memory, logits, pool);
+    return logits;
+  };
+  auto without = [](const std::string& key) { return [key](const std::string& k) { return k == key; }; };
+  const std::vector<float> typed = logits_of(rw.rewrite(*m.file, [](gguf::Writer&) {}));
+  const std::vector<float> untyped = logits_of(rw.rewrite(*m.file, [](gguf::Writer&) {}, without("llama.rope.scaling.type")));
+  const std::vector<float> legacy = logits_of(rw.rewrite(
+      *m.file, [](gguf::Writer& w) { w.set_f32("llama.rope.scale_linear", 4.0f); },
+      [](const std::string& k) { return k == "llama.rope.scaling.type" || k == "llama.rope.scaling.factor"; }));
+  const std::vector<float> unscaled = logits_of(rw.rewrite(
+      *m.file, [](gguf::Writer&) {},
+      [](const std::string& k) { return k == "llama.rope.scaling.type" || k == "llama.rope.scaling.factor"; }));
+  EXPECT_EQ(typed, untyped);
+  EXPECT_EQ(typed, legacy);
+  EXPECT_NE(typed, unscaled);
+}
+
+// Files this loader cannot run say why: a shard of a split GGUF, a
+// mixture-of-experts llama.
+TEST(ModelLoading, SplitShardsAndExpertLlamasAreRefusedClearly) {
+  Rewriter rw;
+  auto& m = test::synthetic_model("refusals-tiny", synthetic_preset("tiny"));
+  const std::string shard = load_error(rw.rewrite(*m.file, [](gguf::Writer& w) {
+    w.set("split.count", gguf::MetaValue::u16(3));
+    w.set("split.no", gguf::MetaValue::u16(0));
+  }));
+  EXPECT_NE(shard.find("llama-gguf-split --merge"), std::string::npos) << shard;
+  const std::string moe = load_error(rw.rewrite(*m.file, [](gguf::Writer& w) { w.set_u32("llama.expert_count", 8); }));
+  EXPECT_NE(moe.find("mixture-of-experts"), std::string::npos) << moe;
+}

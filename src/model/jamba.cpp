@@ -74,9 +74,10 @@ struct Layer {
 };
 
 // Slices a 3-D expert tensor [n_in, n_out, n_expert] into per-expert matrices.
-std::vector<PackedMatrix> expert_matrices(const gguf::File& file, const std::string& name, int64_t n_in,
+std::vector<PackedMatrix> expert_matrices(const WeightLoader& w, const std::string& name, int64_t n_in,
                                         int64_t n_out, int64_t n_expert) {
-  const gguf::TensorInfo& t = file.require_tensor(name);
+  const gguf::File& file = w.file();
+  const gguf::TensorInfo& t = w.tensor(name);
   const std::vector<uint64_t> want = {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out),
                                       static_cast<uint64_t>(n_expert)};
   if (t.shape != want)
@@ -259,9 +260,9 @@ Jamba::Jamba(const gguf::File& file) {
         file.fail("layer " + std::to_string(il) + " has experts but expert_count = " + std::to_string(n_expert_) +
                   ", expert_used_count = " + std::to_string(n_expert_used_));
       L.ffn.router = PackedMatrix(w.matrix(p + "ffn_gate_inp.weight", n_embd_, n_expert_));
-      L.ffn.gate_exps = expert_matrices(file, p + "ffn_gate_exps.weight", n_embd_, n_ff_, n_expert_);
-      L.ffn.up_exps = expert_matrices(file, p + "ffn_up_exps.weight", n_embd_, n_ff_, n_expert_);
-      L.ffn.down_exps = expert_matrices(file, p + "ffn_down_exps.weight", n_ff_, n_embd_, n_expert_);
+      L.ffn.gate_exps = expert_matrices(w, p + "ffn_gate_exps.weight", n_embd_, n_ff_, n_expert_);
+      L.ffn.up_exps = expert_matrices(w, p + "ffn_up_exps.weight", n_embd_, n_ff_, n_expert_);
+      L.ffn.down_exps = expert_matrices(w, p + "ffn_down_exps.weight", n_ff_, n_embd_, n_expert_);
     } else {
       L.ffn.gate = PackedMatrix(w.matrix(p + "ffn_gate.weight", n_embd_, n_ff_));
       L.ffn.up = PackedMatrix(w.matrix(p + "ffn_up.weight", n_embd_, n_ff_));
@@ -281,6 +282,7 @@ Jamba::Jamba(const gguf::File& file) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
   }
+  w.refuse_unknown_tensors();
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 

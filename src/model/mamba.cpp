@@ -569,6 +569,7 @@ Mamba::Mamba(const gguf::File& file) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
   }
+  w.refuse_unknown_tensors();
   info_.fingerprint = fingerprint.get();
 }
 

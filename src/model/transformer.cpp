@@ -183,14 +183,18 @@ Transformer::Transformer(const gguf::File& file) {
   eps_ = static_cast<float>(file.get_float(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   const float rope_base = static_cast<float>(file.get_float(key("rope.freq_base")).value_or(10000.0));
   float rope_scale = 1.0f;
-  if (auto type = file.get_string(key("rope.scaling.type"))) {
-    if (*type == "linear") {
-      double f = file.get_float(key("rope.scaling.factor")).value_or(1.0);
-      if (f > 0) rope_scale = static_cast<float>(1.0 / f);
-    } else if (*type != "none") {
-      file.fail("unsupported rope scaling type '" + *type + "'");
-    }
+  // As llama.cpp: no type means linear, and the factor may be the older
+  // rope.scale_linear key (2023 files of linearly scaled long-context models).
+  const std::string scaling = file.get_string(key("rope.scaling.type")).value_or("linear");
+  if (scaling == "linear") {
+    const double f = file.get_float(key("rope.scaling.factor")).value_or(file.get_float(key("rope.scale_linear")).value_or(0.0));
+    if (f > 0) rope_scale = static_cast<float>(1.0 / f);
+  } else if (scaling != "none") {
+    file.fail("unsupported rope scaling type '" + scaling + "'");
   }
+  if (file.get_int(key("expert_count")).value_or(0) > 0)
+    file.fail("mixture-of-experts " + arch + " models (expert_count " +
+              std::to_string(*file.get_int(key("expert_count"))) + ") are not supported");
 
   int swa_pattern = 0;
   int window = 0;
@@ -274,6 +278,7 @@ Transformer::Transformer(const gguf::File& file) {
     info_.n_params += static_cast<int64_t>(t.n_elements());
     info_.weight_bytes += t.n_bytes;
   }
+  w.refuse_unknown_tensors();
   info_.fingerprint = fingerprint.get();
 }
 

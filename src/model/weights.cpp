@@ -15,9 +15,31 @@ std::string shape_str(const std::vector<uint64_t>& s) {
 }
 }  // namespace
 
+const gguf::TensorInfo& WeightLoader::tensor(const std::string& name) const {
+  const gguf::TensorInfo& t = file_.require_tensor(name);
+  std::lock_guard<std::mutex> lock(mutex_);
+  read_.insert(name);
+  return t;
+}
+
+void WeightLoader::refuse_unknown_tensors() const {
+  std::vector<std::string> unknown;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& t : file_.tensors())
+      if (!read_.count(t.name)) unknown.push_back(t.name);
+  }
+  if (unknown.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < unknown.size() && i < 5; ++i) names += (i ? ", " : "") + unknown[i];
+  if (unknown.size() > 5) names += " and " + std::to_string(unknown.size() - 5) + " more";
+  file_.fail("the file holds tensors this architecture does not use here (" + names +
+             "): they would be ignored and the model would run wrong, so it is refused");
+}
+
 const gguf::TensorInfo& WeightLoader::checked(const std::string& name,
                                               const std::vector<int64_t>& shape) const {
-  const gguf::TensorInfo& t = file_.require_tensor(name);
+  const gguf::TensorInfo& t = tensor(name);
   bool ok = t.shape.size() <= shape.size();
   for (size_t i = 0; ok && i < shape.size(); ++i) {
     uint64_t have = i < t.shape.size() ? t.shape[i] : 1;
@@ -65,7 +87,7 @@ std::vector<float> WeightLoader::optional_vector(const std::string& name, int64_
 int64_t load_embedding_and_head(const WeightLoader& w, int64_t n_embd, MatrixView& token_embd, PackedMatrix& output,
                                 std::vector<float>& output_norm) {
   const gguf::File& file = w.file();
-  const gguf::TensorInfo& embd = file.require_tensor("token_embd.weight");
+  const gguf::TensorInfo& embd = w.tensor("token_embd.weight");
   if (embd.shape.size() != 2) file.fail("token_embd.weight must be 2-D");
   const int64_t n_vocab = static_cast<int64_t>(embd.shape[1]);
   token_embd = w.matrix("token_embd.weight", n_embd, n_vocab);

@@ -3,7 +3,9 @@
 #include <array>
 #include <cstdint>
 #include <future>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "gguf/gguf_file.h"
@@ -12,6 +14,11 @@
 
 namespace reprise {
 
+// Every tensor a loader reads through it is recorded, so that a loader can
+// refuse a file holding tensors it does not know (refuse_unknown_tensors):
+// llama.cpp refuses such files too, and running without a tensor the file's
+// author meant to be used (Llama 3.1's rope_freqs, a bias) gives wrong
+// output with no error.
 class WeightLoader {
  public:
   explicit WeightLoader(const gguf::File& file) : file_(file) {}
@@ -25,12 +32,20 @@ class WeightLoader {
   std::vector<float> optional_vector(const std::string& name, int64_t n) const;
   // Any tensor converted to f32 with its shape checked (ggml order).
   std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const;
+  // A tensor the loader checks and reads itself (throws when absent).
+  const gguf::TensorInfo& tensor(const std::string& name) const;
+
+  // Throws (gguf::File::fail) naming the file's tensors that no call above
+  // has read, if any. Call once a model is loaded.
+  void refuse_unknown_tensors() const;
 
   const gguf::File& file() const { return file_; }
 
  private:
   const gguf::TensorInfo& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   const gguf::File& file_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_set<std::string> read_;
 };
 
 // Reads the token embedding (used in place, for row lookups), the output

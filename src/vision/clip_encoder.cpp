@@ -111,7 +111,7 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
   {
     // The conv kernel [P, P, 3, D] flattens to rows of (channel, ky, kx),
     // the order patch vectors are gathered in below.
-    const gguf::TensorInfo& t = file.require_tensor("v.patch_embd.weight");
+    const gguf::TensorInfo& t = w.tensor("v.patch_embd.weight");
     if (t.shape.size() != 4 || t.shape[0] != static_cast<uint64_t>(P) || t.shape[1] != static_cast<uint64_t>(P) ||
         t.shape[2] != 3 || t.shape[3] != static_cast<uint64_t>(D))
       file.fail("tensor 'v.patch_embd.weight' has an unexpected shape");
@@ -152,7 +152,7 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
   {
     // Stored [n_embd_out, D] (ggml order); llama.cpp multiplies by its
     // transpose, so keep a transposed copy in the same dtype.
-    const gguf::TensorInfo& t = file.require_tensor("mm.input_projection.weight");
+    const gguf::TensorInfo& t = w.tensor("mm.input_projection.weight");
     if (t.shape.size() != 2 || t.shape[1] != static_cast<uint64_t>(D) || t.shape[0] == 0 || t.shape[0] > (1u << 20))
       file.fail("tensor 'mm.input_projection.weight' has an unexpected shape");
     if (t.type != DType::F32 && t.type != DType::F16 && t.type != DType::BF16)
@@ -172,6 +172,7 @@ ClipEncoder::ClipEncoder(const gguf::File& file) {
                              "/" + std::to_string(info_.n_head) + "/" + std::to_string(info_.n_ff) + "/" +
                              std::to_string(info_.pool) + "/" + std::to_string(info_.eps) + "/" +
                              preprocess_.describe();
+  w.refuse_unknown_tensors();
   info_.fingerprint = fingerprint_weights(file, layout);
 }
 
