@@ -339,3 +339,75 @@ TEST(Sampler, TopKDrawsWhatAFullSortGives) {
 }
 
 }  // namespace
+
+namespace {
+
+// llama.cpp's chain stated plainly: the logit bias, then per token in the
+// window the repetition penalty and count * frequency + presence.
+std::vector<float> reference_adjusted(std::vector<float> logits, const std::vector<int32_t>& history,
+                                      const SamplingParams& p) {
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id < static_cast<int32_t>(logits.size())) logits[id] += bias;
+  std::vector<int> count(logits.size(), 0);
+  for (size_t i = history.size() > size_t(p.repeat_last_n) ? history.size() - p.repeat_last_n : 0; i < history.size();
+       ++i)
+    ++count[history[i]];
+  for (size_t id = 0; id < logits.size(); ++id) {
+    if (!count[id]) continue;
+    float& l = logits[id];
+    if (p.repeat_penalty != 1.0f) l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
+    l -= static_cast<float>(count[id]) * p.frequency_penalty + p.presence_penalty;
+  }
+  return logits;
+}
+
+}  // namespace
+
+// Frequency and presence penalties and the logit bias (OpenAI's parameters,
+// in llama.cpp's order): greedy picks the adjusted maximum and sampling draws
+// the adjusted softmax, on random logits, windows and settings.
+TEST(Sampler, PenaltiesAndLogitBiasAdjustTheLogitsInLlamaCppsOrder) {
+  std::mt19937 rng(12);
+  auto uni = [&](float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n_vocab = std::uniform_int_distribution<int>(2, 300)(rng);
+    std::vector<float> logits(n_vocab);
+    for (auto& l : logits) l = uni(-6, 6);
+    std::vector<int32_t> history(std::uniform_int_distribution<int>(0, 100)(rng));
+    for (auto& h : history) h = std::uniform_int_distribution<int>(0, std::min(n_vocab, 20) - 1)(rng);
+    SamplingParams p;
+    p.frequency_penalty = trial % 4 == 0 ? 0.0f : uni(-2, 2);
+    p.presence_penalty = trial % 5 == 0 ? 0.0f : uni(-2, 2);
+    p.repeat_penalty = trial % 3 == 0 ? uni(0.5f, 2.0f) : 1.0f;
+    p.repeat_last_n = std::uniform_int_distribution<int>(0, 80)(rng);
+    for (int b = std::uniform_int_distribution<int>(0, 4)(rng); b > 0; --b)
+      p.logit_bias.emplace_back(std::uniform_int_distribution<int>(0, n_vocab + 5)(rng), uni(-100, 100));
+    ASSERT_EQ(p.validate(), "");
+    const std::vector<float> want = reference_adjusted(logits, history, p);
+
+    p.temperature = 0;
+    Sampler greedy(p);
+    EXPECT_EQ(greedy.sample(logits, history), static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin()))
+        << "trial " << trial;
+
+    p.temperature = 1;
+    p.top_k = 0;
+    p.top_p = 1;
+    p.min_p = 0;
+    Sampler sampler(p);
+    const std::vector<float> dist = sampler.distribution(logits, history);
+    const float max = *std::max_element(want.begin(), want.end());
+    double sum = 0;
+    for (float l : want) sum += std::exp(double(l) - max);
+    double total = 0;
+    for (float d : dist) total += d;
+    for (int i = 0; i < n_vocab; ++i)
+      EXPECT_NEAR(dist[i] / total, std::exp(double(want[i]) - max) / sum, 1e-5) << "trial " << trial << " id " << i;
+  }
+  SamplingParams bad;
+  bad.frequency_penalty = 2.5f;
+  EXPECT_NE(bad.validate(), "");
+  bad = {};
+  bad.logit_bias = {{3, 101.0f}};
+  EXPECT_NE(bad.validate(), "");
+}

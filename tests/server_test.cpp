@@ -301,8 +301,13 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages":[{"role":"user","content":"x"}],"stop":{"a":1}})", "stop"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
-      {R"({"messages":[{"role":"user","content":"x"}],"frequency_penalty":0.5})", "frequency_penalty"},
-      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"frequency_penalty":2.5})", "frequency_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":-3})", "presence_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"x1":5}})", "logit_bias.x1"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"-1":5}})", "logit_bias.-1"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":500}})", "logit_bias.1"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":"5"}})", "logit_bias.1"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[1]})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"cache_salt":5})", "cache_salt"},
@@ -316,6 +321,19 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
     EXPECT_EQ(r.error().param, c.param) << c.body << " -> " << r.error().message;
     EXPECT_FALSE(r.error().message.empty());
   }
+}
+
+TEST(OpenAIRequest, PenaltiesAndLogitBias) {
+  auto r = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":"x"}],"frequency_penalty":0.5,"presence_penalty":-0.25,)"
+      R"("logit_bias":{"17":-100,"4":2.5}})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const SamplingParams& s = r.value().options.sampling;
+  EXPECT_EQ(s.frequency_penalty, 0.5f);
+  EXPECT_EQ(s.presence_penalty, -0.25f);
+  std::vector<std::pair<int32_t, float>> bias = s.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{4, 2.5f}, {17, -100.0f}}));
 }
 
 TEST(OpenAIRequest, CompletionPromptForms) {
@@ -1012,6 +1030,40 @@ TEST(ServeHttp, ASecondServerOnAPortInUseFailsToStart) {
   HttpServer second(o, *s.registry);
   EXPECT_THROW(second.bind(), Error);
   EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// logit_bias reaches the sampler: +100 on one token makes greedy decoding
+// repeat it; a token outside the vocabulary is a 400 naming it. The
+// penalties are accepted and change a sampled reply's course.
+TEST(ServeHttp, LogitBiasAndPenaltiesReachTheSampler) {
+  TestServer s;
+  json forced = {{"prompt", "Once upon a time"}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 1},
+                 {"logit_bias", {{"300", 100}}}};
+  Reply r = post(s, "/v1/completions", forced);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json tokens = r.doc()["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(tokens[1], tokens[2]);
+  EXPECT_EQ(r.doc()["choices"][0]["text"], tokens[0].get<std::string>() + tokens[1].get<std::string>() +
+                                                tokens[2].get<std::string>());
+  forced["logit_bias"] = {{"301", 100}};
+  const json other = post(s, "/v1/completions", forced).doc()["choices"][0]["logprobs"]["tokens"];
+  EXPECT_NE(other[0], tokens[0]);
+
+  forced["logit_bias"] = {{"99999999", 1}};
+  Reply outside = post(s, "/v1/completions", forced);
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  EXPECT_EQ(outside.doc()["error"]["param"], "logit_bias.99999999");
+
+  json plain = {{"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 0}};
+  json penalised = plain;
+  penalised["frequency_penalty"] = 2;
+  penalised["presence_penalty"] = 2;
+  Reply a = post(s, "/v1/completions", plain), b = post(s, "/v1/completions", penalised);
+  ASSERT_EQ(a.status, 200);
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_NE(a.doc()["choices"][0]["text"], b.doc()["choices"][0]["text"]);
 }
 
 TEST(ServeHttp, ApiKey) {

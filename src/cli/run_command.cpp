@@ -128,7 +128,13 @@ void register_run(CLI::App& app) {
   cmd->add_option("--min-p", o->sampling.min_p, "Min-p (0 = off)")->capture_default_str();
   cmd->add_option("--repeat-penalty", o->sampling.repeat_penalty, "Repetition penalty (1 = off)")
       ->capture_default_str();
-  cmd->add_option("--repeat-last-n", o->sampling.repeat_last_n, "Tokens the penalty looks back over")
+  cmd->add_option("--frequency-penalty", o->sampling.frequency_penalty,
+                  "Subtracted from a token's logit per occurrence in the window ([-2, 2], 0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o->sampling.presence_penalty,
+                  "Subtracted once from the logit of a token in the window ([-2, 2], 0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", o->sampling.repeat_last_n, "Tokens the penalties look back over")
       ->capture_default_str();
   cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: one per physical core this process may use)");

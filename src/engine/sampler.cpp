@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace reprise {
 
@@ -17,6 +17,13 @@ std::string SamplingParams::validate() const {
   if (!std::isfinite(repeat_penalty) || repeat_penalty <= 0 || repeat_penalty > 10)
     return "repeat_penalty must be in (0, 10]";
   if (repeat_last_n < 0) return "repeat_last_n must be >= 0";
+  if (!std::isfinite(frequency_penalty) || frequency_penalty < -2 || frequency_penalty > 2)
+    return "frequency_penalty must be in [-2, 2]";
+  if (!std::isfinite(presence_penalty) || presence_penalty < -2 || presence_penalty > 2)
+    return "presence_penalty must be in [-2, 2]";
+  for (const auto& [id, bias] : logit_bias)
+    if (id < 0 || !std::isfinite(bias) || bias < -100 || bias > 100)
+      return "logit_bias needs token ids >= 0 and biases in [-100, 100]";
   return {};
 }
 
@@ -45,20 +52,30 @@ double Sampler::uniform() {
 
 void Sampler::prepare(std::span<const float> logits, std::span<const int32_t> history) {
   const int64_t n_vocab = static_cast<int64_t>(logits.size());
-  // Repetition penalty over the recent window, as llama.cpp applies it.
-  std::unordered_set<int32_t> seen;
-  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) {
+  // llama.cpp's chain: the logit bias, then the repetition, frequency and
+  // presence penalties over the recent window (each token's count in it).
+  std::unordered_map<int32_t, int> counts;
+  const bool penalties =
+      params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+  if (penalties && params_.repeat_last_n > 0) {
     const size_t start = history.size() > static_cast<size_t>(params_.repeat_last_n)
                              ? history.size() - params_.repeat_last_n : 0;
     for (size_t i = start; i < history.size(); ++i)
-      if (history[i] >= 0 && history[i] < n_vocab) seen.insert(history[i]);
+      if (history[i] >= 0 && history[i] < n_vocab) ++counts[history[i]];
   }
-  auto penalised = [&](float l) { return l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty; };
-  // The penalised logits (a copy only when a penalty applies).
+  auto penalised = [&](float l, int count) {
+    if (params_.repeat_penalty != 1.0f) l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    return l - (static_cast<float>(count) * params_.frequency_penalty + params_.presence_penalty);
+  };
+  // The biased and penalised logits (a copy only when something applies).
   std::span<const float> v = logits;
-  if (!seen.empty()) {
+  bool biased = false;
+  for (const auto& [id, bias] : params_.logit_bias) biased |= id < n_vocab;
+  if (!counts.empty() || biased) {
     penalised_logits_.assign(logits.begin(), logits.end());
-    for (int32_t id : seen) penalised_logits_[id] = penalised(penalised_logits_[id]);
+    for (const auto& [id, bias] : params_.logit_bias)
+      if (id < n_vocab) penalised_logits_[id] += bias;
+    for (const auto& [id, count] : counts) penalised_logits_[id] = penalised(penalised_logits_[id], count);
     v = penalised_logits_;
   }
   if (params_.temperature <= 0.0f) {

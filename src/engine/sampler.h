@@ -15,7 +15,14 @@ struct SamplingParams {
   float top_p = 0.95f;       // >= 1: disabled
   float min_p = 0.05f;       // <= 0: disabled
   float repeat_penalty = 1.0f;  // 1: disabled
-  int repeat_last_n = 64;
+  // OpenAI's penalties: a token's logit loses frequency_penalty per time it
+  // occurs in the window and presence_penalty once if it occurs (0: off).
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  int repeat_last_n = 64;  // the window of the three penalties (tokens; 0: none)
+  // Added to the listed tokens' logits before anything else (OpenAI's
+  // logit_bias); ids outside the vocabulary are ignored.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0xC0FFEE;
 
   // Empty when valid, otherwise a message naming the bad field.
@@ -64,7 +71,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
-  std::vector<float> penalised_logits_;  // greedy with a repetition penalty
+  std::vector<float> penalised_logits_;  // the logits after the bias and penalties, when any applies
   std::vector<std::pair<float, int32_t>> order_scratch_;
   std::vector<float> chunk_scratch_;  // select_top_k's
   std::vector<double> probs_;

@@ -42,6 +42,16 @@ const char* endpoint_label(const std::string& path) {
   return "other";
 }
 
+// logit_bias names tokens of the model's vocabulary (OpenAI refuses others).
+std::optional<ApiError> check_logit_bias(const GenerationOptions& o, int64_t n_vocab) {
+  for (const auto& [id, bias] : o.sampling.logit_bias)
+    if (id >= n_vocab)
+      return ApiError::invalid("logit_bias names token " + std::to_string(id) + ", outside the model's vocabulary of " +
+                                   std::to_string(n_vocab),
+                               "logit_bias." + std::to_string(id));
+  return std::nullopt;
+}
+
 // The routes that take a request body (POST).
 bool takes_body(const httplib::Request& req) {
   return req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
@@ -449,6 +459,8 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
   auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
   LoadedModel& model = **lease;
+  if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
+    return reply_error(res, *bad, model_id, endpoint);
   model.engine->expect_request();
   if (chat.first_image_message && !model.vision) {
     const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
@@ -481,6 +493,8 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
   auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
   LoadedModel& model = **lease;
+  if (auto bad = check_logit_bias(completion.options, model.bundle->model->info().n_vocab))
+    return reply_error(res, *bad, model_id, endpoint);
   model.engine->expect_request();
   Parsed<BuiltPrompt> prompt = build_completion_prompt(*model.bundle->tokenizer, model.engine->n_ctx(),
                                                        model.bundle->model->info().n_vocab, completion);

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -178,13 +179,24 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
     }
     o.seed_given = true;
   }
-  for (const char* name : {"frequency_penalty", "presence_penalty"}) {
-    if (auto v = f.number(name, -2, 2); v && *v != 0)
-      fail(std::string(name) + " is not supported (use repeat_penalty)", name, "unsupported_parameter");
-  }
+  // Over the last repeat_last_n tokens of the prompt and the reply, as
+  // llama.cpp's server applies them (docs/server.md).
+  if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = f.number("presence_penalty", -2, 2)) s.presence_penalty = static_cast<float>(*v);
   if (const ordered_json* bias = f.get("logit_bias")) {
     if (!bias->is_object()) fail("logit_bias must be an object", "logit_bias");
-    if (!bias->empty()) fail("logit_bias is not supported", "logit_bias", "unsupported_parameter");
+    if (bias->size() > 1024) fail("logit_bias holds at most 1024 tokens", "logit_bias");
+    for (const auto& [key, value] : bias->items()) {
+      const std::string param = "logit_bias." + key;
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+        fail("logit_bias keys must be token ids (decimal strings)", param);
+      if (!value.is_number()) fail("logit_bias values must be numbers", param);
+      const double b = value.get<double>();
+      if (!(b >= -100 && b <= 100)) fail("logit_bias values must be in [-100, 100]", param);
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
   }
   if (const ordered_json* rf = f.get("response_format")) {
     if (!rf->is_object()) fail("response_format must be an object", "response_format");
