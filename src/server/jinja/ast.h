@@ -85,7 +85,7 @@ struct Filter : Expr {  // input | name(args); input is null inside filter block
       : Expr(ExprKind::Filter, off), input(std::move(in)), name(std::move(n)), fn(f) {}
   ExprPtr input;
   std::string name;
-  FilterFn fn;
+  FilterFn fn;  // null: no such filter (an error if evaluated)
   Arguments args;
 };
 
@@ -94,7 +94,7 @@ struct Test : Expr {  // input is [not] name(args)
       : Expr(ExprKind::Test, off), input(std::move(in)), name(std::move(n)), fn(f), negated(neg) {}
   ExprPtr input;
   std::string name;
-  TestFn fn;
+  TestFn fn;  // null: no such test (an error if evaluated)
   bool negated;
   Arguments args;
 };

@@ -501,6 +501,10 @@ Value f_attr(Renderer&, const Value& in, const CallArgs& a) {
 // map / select / reject / selectattr / rejectattr
 
 Value f_map(Renderer& r, const Value& in, const CallArgs& a) {
+  // Jinja2's map, select and reject begin with `if value:`: a falsy input
+  // (none, 0, an empty string, an assistant turn's null content) yields
+  // nothing rather than failing.
+  if (!truthy(in)) return generator({});
   std::vector<Value> items = items_of(in, "map");
   std::vector<Value> out;
   out.reserve(items.size());
@@ -531,6 +535,7 @@ Value f_map(Renderer& r, const Value& in, const CallArgs& a) {
 // Shared by select/reject(/attr): keeps items whose test result == keep.
 Value select_items(Renderer& r, const Value& in, const CallArgs& a, bool keep, bool by_attribute,
                    std::string_view filter) {
+  if (!truthy(in)) return generator({});  // as map
   std::vector<Value> items = items_of(in, filter);
   size_t next_arg = 0;
   std::string attribute;
@@ -570,16 +575,22 @@ Value f_rejectattr(Renderer& r, const Value& in, const CallArgs& a) {
 
 // ---------------------------------------------------------------- rendering
 
-// HF's override: json.dumps(x, ensure_ascii=False, indent=indent,
-// separators=separators, sort_keys=sort_keys).
+// HF's override, with its parameters in its order (positional arguments
+// too): tojson(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False) = json.dumps with the same. Integer indents above 64 are
+// taken as 64 (a bound on output size).
 Value f_tojson(Renderer&, const Value& in, const CallArgs& a) {
-  BoundArgs b("tojson", a, {"indent", "ensure_ascii", "separators", "sort_keys"});
+  BoundArgs b("tojson", a, {"ensure_ascii", "indent", "separators", "sort_keys"});
   JsonStyle style;
-  if (b.given(0) && !b[0].is_none()) {
-    if (b[0].is_string()) throw Error("tojson: string indents are not supported");
-    style.indent = static_cast<int>(std::clamp<int64_t>(b.int_or(0, 0), 0, 64));
+  style.ensure_ascii = b.bool_or(0, false);
+  if (b.given(1) && !b[1].is_none()) {
+    if (b[1].is_string()) {
+      if (b[1].as_string().size() > 64) throw Error("tojson: an indent string is at most 64 bytes");
+      style.indent_text = b[1].as_string();
+    } else {
+      style.indent = static_cast<int>(std::clamp<int64_t>(b.int_or(1, 0), 0, 64));
+    }
   }
-  style.ensure_ascii = b.bool_or(1, false);
   if (b.given(2) && !b[2].is_none()) {
     if (!b[2].is_list() || b[2].as_list().items.size() != 2) throw Error("tojson: separators must be a pair");
     style.item_separator = to_str(b[2].as_list().items[0]);

@@ -395,6 +395,7 @@ std::string percent(std::string_view fmt, const Value& args) {
       case 's': case 'r': case 'a':
         spec.type = type == 's' ? 's' : 'r';
         spec.zero = false;
+        if (!spec.align) spec.align = '>';  // printf right-aligns strings (str.format left-aligns)
         out += apply_spec(arg, spec);
         break;
       case 'd': case 'i': case 'u':

@@ -85,10 +85,28 @@ int64_t floor_mod(int64_t a, int64_t b) {
   return r;
 }
 
+// Python's float divmod: the remainder takes the divisor's sign (a zero one
+// too), and the quotient is (a - remainder) / b rounded to the nearest
+// integer, which floor(a / b) is not when a / b rounds up to one (1 // 0.1
+// is 9.0: 0.1 is a little more than a tenth).
 double float_mod(double a, double b) {
   double r = std::fmod(a, b);
-  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  if (r != 0) {
+    if ((r < 0) != (b < 0)) r += b;
+  } else {
+    r = std::copysign(0.0, b);
+  }
   return r;
+}
+
+double float_floor_div(double a, double b) {
+  double r = std::fmod(a, b);
+  double q = (a - r) / b;
+  if (r != 0 && ((b < 0) != (r < 0))) q -= 1.0;
+  if (q == 0) return std::copysign(0.0, a / b);
+  double f = std::floor(q);
+  if (q - f > 0.5) f += 1.0;
+  return f;
 }
 
 Value power(const Value& a, const Value& b) {
@@ -168,7 +186,7 @@ Value apply_binary(BinaryOp op, const Value& a, const Value& b) {
     case BinaryOp::FloorDivide:
       if (!both_numeric) unsupported(op, a, b);
       if (b.as_double() == 0) throw Error("integer division or modulo by zero");
-      if (any_float) return Value::number(std::floor(a.as_double() / b.as_double()));
+      if (any_float) return Value::number(float_floor_div(a.as_double(), b.as_double()));
       return Value::integer(floor_div(a.as_int(), b.as_int()));
     case BinaryOp::Modulo:
       if (a.is_string()) return Value::string(format::percent(a.as_string(), b));

@@ -313,6 +313,7 @@ Value Renderer::apply_filters(const std::vector<std::unique_ptr<Filter>>& filter
   for (const auto& filter : filters) {
     current_offset_ = filter->offset;
     CallArgs args = eval_arguments(filter->args, scope);
+    if (!filter->fn) throw Error("no filter named '" + filter->name + "'");
     input = filter->fn(*this, input, args);
     account_result(input);
   }
@@ -517,6 +518,7 @@ Value Renderer::eval(const Expr& expr, Scope& scope) {
       Value input = node.input ? eval(*node.input, scope) : Value();
       CallArgs args = eval_arguments(node.args, scope);
       current_offset_ = node.offset;
+      if (!node.fn) throw Error("no filter named '" + node.name + "'");
       Value result = node.fn(*this, input, args);
       account_result(result);
       return result;
@@ -526,6 +528,7 @@ Value Renderer::eval(const Expr& expr, Scope& scope) {
       Value input = eval(*node.input, scope);
       CallArgs args = eval_arguments(node.args, scope);
       current_offset_ = node.offset;
+      if (!node.fn) throw Error("no test named '" + node.name + "'");
       return Value::boolean(node.fn(*this, input, args) != node.negated);
     }
     case ExprKind::Unary: {

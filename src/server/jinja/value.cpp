@@ -397,11 +397,15 @@ void append_repr(std::string& out, const Value& v) {
 void append_json(std::string& out, const Value& v, const JsonStyle& style, int level) {
   charge_steps(1);
   check_size(out.size());
-  const bool indented = style.indent >= 0;
+  const bool indented = style.indent >= 0 || style.indent_text;
   const std::string item_separator = style.item_separator.value_or(indented ? "," : ", ");
   auto newline = [&](int lvl) {
     out += '\n';
-    out.append(static_cast<size_t>(style.indent) * static_cast<size_t>(lvl), ' ');
+    if (style.indent_text) {
+      for (int i = 0; i < lvl; ++i) out += *style.indent_text;
+    } else {
+      out.append(static_cast<size_t>(style.indent) * static_cast<size_t>(lvl), ' ');
+    }
   };
   switch (v.kind()) {
     case Value::Kind::Undefined:

@@ -157,6 +157,7 @@ std::string repr(const Value& v);
 // Python's default separators (", " and ": "; "," when indenting).
 struct JsonStyle {
   int indent = -1;  // < 0: single line
+  std::optional<std::string> indent_text;  // a string indent (json.dumps's indent="\t"): this per level
   bool sort_keys = false;
   bool ensure_ascii = false;
   std::optional<std::string> item_separator;  // default: ", " or "," when indenting
