@@ -1008,6 +1008,16 @@ TEST(ServeHttp, BodyLimitHoldsForChunkedAndCompressedBodies) {
     const std::string reply = c.read_until("}}");
     EXPECT_EQ(reply.rfind("HTTP/1.1 404", 0), 0u) << reply.substr(0, 200);
   }
+  // Ambiguous framing, which a proxy in front might read differently: 400.
+  for (const std::string headers : {"Content-Length: 33\r\nContent-Length: 5\r\n",
+                                     "Content-Length: 33\r\nTransfer-Encoding: chunked\r\n",
+                                     "Content-Length: 33x\r\n"}) {
+    RawConnection c(s.port);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n" + small);
+    const std::string reply = c.read_until("}}");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << headers << reply.substr(0, 200);
+    EXPECT_NE(reply.find("bad_request_framing"), std::string::npos) << headers << reply.substr(0, 300);
+  }
   httplib::Client gz = s.client();
   gz.set_compress(true);  // gzip request bodies
   const std::string bomb = R"({"max_tokens":1,"prompt":")" + std::string(2 << 20, 'a') + "\"}";

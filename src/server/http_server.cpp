@@ -52,6 +52,18 @@ std::optional<ApiError> check_logit_bias(const GenerationOptions& o, int64_t n_v
   return std::nullopt;
 }
 
+// A request whose body length is ambiguous: several Content-Length headers,
+// one that is not a decimal number, or one beside Transfer-Encoding. A proxy
+// in front may frame such a request differently (request smuggling), and
+// cpp-httplib reads a malformed length as an empty body.
+bool ambiguous_length(const httplib::Request& req) {
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  if (lengths == 0) return false;
+  if (lengths > 1 || req.has_header("Transfer-Encoding")) return true;
+  const std::string v = req.get_header_value("Content-Length");
+  return v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos;
+}
+
 // The routes that take a request body (POST).
 bool takes_body(const httplib::Request& req) {
   return req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
@@ -206,6 +218,15 @@ void HttpServer::Impl::setup() {
     // before cpp-httplib reads the body (which it would, unbounded if chunked).
     const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
                              req.method == "DELETE" || req.method == "PRI";
+    if (ambiguous_length(req)) {
+      res.set_header("Connection", "close");
+      reply_error(res,
+                  ApiError::invalid("malformed request framing: one decimal Content-Length, or Transfer-Encoding "
+                                    "without it",
+                                    "", "bad_request_framing"),
+                  "", endpoint_label(req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (body_method && !takes_body(req)) {
       ApiError error{404, "Unknown endpoint: " + req.method + " " + req.path, "invalid_request_error", {},
                      "unknown_url"};
