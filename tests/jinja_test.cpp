@@ -799,6 +799,20 @@ TEST(JinjaPython, DifferencesFromJinja2Fixed) {
   EXPECT_EQ(render("{{ d|tojson(indent='\t') }}", {{"d", {{"a", {1}}}}}), "{\n\t\"a\": [\n\t\t1\n\t]\n}");
 }
 
+// JSON integers beyond int64 (up to 2^64 - 1) in the context stay exact, as
+// Python's ints: a tool schema's uint64 maximum printed as a float changed
+// the prompt of Llama 3.1's, Qwen3's and gpt-oss's templates.
+TEST(JinjaPython, WideContextIntegersStayExact) {
+  const json context = json::parse(R"({"a":{"id":18446744073709551615},"b":9223372036854775808,"s":[3,18446744073709551615,1]})");
+  EXPECT_EQ(render("{{ a|tojson }}", context), "{\"id\": 18446744073709551615}");
+  EXPECT_EQ(render("{{ a.id }} {{ a.id is integer }} {{ a.id > 5 }} {{ a.id == b }}", context),
+            "18446744073709551615 True True False");
+  EXPECT_EQ(render("{{ b|string }} {{ '{}'.format(b) }} {{ s|sort|list }} {{ s|max }} {{ b|float }}", context),
+            "9223372036854775808 9223372036854775808 [1, 3, 18446744073709551615] 18446744073709551615 "
+            "9.223372036854776e+18");
+  EXPECT_NE(error_of("{{ b + 1 }}", context).find("integer overflow"), std::string::npos);
+}
+
 TEST(JinjaErrors, RaiseExceptionCarriesTheTemplateMessage) {
   std::string e = error_of("{{ raise_exception('Conversation roles must alternate!') }}");
   EXPECT_NE(e.find("Conversation roles must alternate!"), std::string::npos) << e;

@@ -12,6 +12,19 @@
 
 namespace reprise::jinja {
 
+std::string wide_to_string(__int128 v) {
+  if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<int64_t>(v));
+  const bool negative = v < 0;
+  unsigned __int128 u = negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+  std::string digits;
+  while (u) {
+    digits += static_cast<char>('0' + static_cast<int>(u % 10));
+    u /= 10;
+  }
+  if (negative) digits += '-';
+  return {digits.rbegin(), digits.rend()};
+}
+
 // ---------------------------------------------------------------------------
 // Containers. Destroying a deeply nested structure recursively could overflow
 // the stack, so past a small depth children are parked in a thread-local list
@@ -136,6 +149,11 @@ Value Value::boolean(bool b) {
 }
 Value Value::integer(int64_t i) {
   Value v;
+  v.data_ = static_cast<__int128>(i);
+  return v;
+}
+Value Value::wide_integer(__int128 i) {
+  Value v;
   v.data_ = i;
   return v;
 }
@@ -179,7 +197,7 @@ Value convert_json(const Json& j) {
     case nlohmann::json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       uint64_t u = j.template get<uint64_t>();
-      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::number(static_cast<double>(u));
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::wide_integer(static_cast<__int128>(u));
       return Value::integer(static_cast<int64_t>(u));
     }
     case nlohmann::json::value_t::number_float: return Value::number(j.template get<double>());
@@ -207,12 +225,19 @@ Value Value::from_json(const nlohmann::json& j) { return convert_json(j); }
 
 int64_t Value::as_int() const {
   if (is_bool()) return as_bool() ? 1 : 0;
-  return std::get<int64_t>(data_);
+  const __int128 w = std::get<__int128>(data_);
+  if (w > INT64_MAX || w < INT64_MIN) throw Error("integer overflow (" + wide_to_string(w) + " needs more than 64 bits)");
+  return static_cast<int64_t>(w);
+}
+
+__int128 Value::as_wide() const {
+  if (is_bool()) return as_bool() ? 1 : 0;
+  return std::get<__int128>(data_);
 }
 
 double Value::as_double() const {
   if (is_float()) return std::get<double>(data_);
-  return static_cast<double>(as_int());
+  return static_cast<double>(as_wide());
 }
 
 std::string_view Value::undefined_hint() const {
@@ -237,7 +262,7 @@ bool truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::Undefined: case Value::Kind::None: return false;
     case Value::Kind::Bool: return v.as_bool();
-    case Value::Kind::Int: return v.as_int() != 0;
+    case Value::Kind::Int: return v.as_wide() != 0;
     case Value::Kind::Float: return v.as_double() != 0.0;
     case Value::Kind::String: return !v.as_string().empty();
     case Value::Kind::List: return v.as_list().is_generator || !v.as_list().items.empty();
@@ -274,7 +299,7 @@ bool equals(const Value& a, const Value& b) {
   charge_steps(1);
   if (numeric(a) && numeric(b)) {
     if (a.is_float() || b.is_float()) return a.as_double() == b.as_double();
-    return a.as_int() == b.as_int();
+    return a.as_wide() == b.as_wide();
   }
   if (a.kind() != b.kind()) return false;
   if (a.identity() && a.identity() == b.identity()) return true;
@@ -313,7 +338,7 @@ int compare(const Value& a, const Value& b) {
       double x = a.as_double(), y = b.as_double();
       return x < y ? -1 : (x > y ? 1 : 0);
     }
-    int64_t x = a.as_int(), y = b.as_int();
+    const __int128 x = a.as_wide(), y = b.as_wide();
     return x < y ? -1 : (x > y ? 1 : 0);
   }
   if (a.is_string() && b.is_string()) {
@@ -342,7 +367,7 @@ void append_str(std::string& out, const Value& v) {
     case Value::Kind::Undefined: return;
     case Value::Kind::None: out += "None"; return;
     case Value::Kind::Bool: out += v.as_bool() ? "True" : "False"; return;
-    case Value::Kind::Int: out += std::to_string(v.as_int()); return;
+    case Value::Kind::Int: out += wide_to_string(v.as_wide()); return;
     case Value::Kind::Float: out += format::float_repr(v.as_double()); return;
     case Value::Kind::String: out += v.as_string(); return;
     case Value::Kind::Callable: out += "<function " + v.as_callable().name() + ">"; return;
@@ -412,7 +437,7 @@ void append_json(std::string& out, const Value& v, const JsonStyle& style, int l
       throw Error("Object of type Undefined is not JSON serializable");
     case Value::Kind::None: out += "null"; return;
     case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::Int: out += std::to_string(v.as_int()); return;
+    case Value::Kind::Int: out += wide_to_string(v.as_wide()); return;
     case Value::Kind::Float: {
       double d = v.as_double();
       if (std::isnan(d)) out += "NaN";

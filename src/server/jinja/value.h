@@ -93,6 +93,11 @@ class Value {
   static Value none();
   static Value boolean(bool b);
   static Value integer(int64_t i);
+  // An integer of the input context beyond 64 bits (a JSON number up to
+  // 2^64 - 1, a uint64 field's maximum in a tool schema): printed and
+  // serialised exactly, compared exactly; arithmetic on it is an overflow
+  // error, as 64-bit arithmetic is (Python's would be exact).
+  static Value wide_integer(__int128 i);
   static Value number(double d);
   static Value string(std::string s);
   static Value list(std::vector<Value> items = {}, bool tuple = false);
@@ -116,7 +121,8 @@ class Value {
   bool is_callable() const { return kind() == Kind::Callable; }
 
   bool as_bool() const { return std::get<bool>(data_); }
-  int64_t as_int() const;    // Int or Bool
+  int64_t as_int() const;    // Int or Bool; throws for a wide integer
+  __int128 as_wide() const;  // Int or Bool, exactly
   double as_double() const;  // Int, Float or Bool
   const std::string& as_string() const { return *std::get<StringPtr>(data_); }
   ListData& as_list() const { return *std::get<ListPtr>(data_); }
@@ -138,9 +144,11 @@ class Value {
   using ListPtr = std::shared_ptr<ListData>;
   using DictPtr = std::shared_ptr<DictData>;
   using CallablePtr = std::shared_ptr<Callable>;
-  std::variant<Undefined, None, bool, int64_t, double, StringPtr, ListPtr, DictPtr, CallablePtr> data_;
+  std::variant<Undefined, None, bool, __int128, double, StringPtr, ListPtr, DictPtr, CallablePtr> data_;
 };
 
+// Decimal digits of an integer (wide ones included).
+std::string wide_to_string(__int128 v);
 // Python truthiness.
 bool truthy(const Value& v);
 // Python type name for messages: 'str', 'int', 'list', 'NoneType'...
