@@ -288,7 +288,7 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
       {R"({"messages":[{"role":"user","content":"x"}],"temperature":-1})", "temperature"},
       {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature"},
-      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":-0.1})", "top_p"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_p":1.5})", "top_p"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_k":-3})", "top_k"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_k":2.5})", "top_k"},
@@ -321,6 +321,22 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
     EXPECT_EQ(r.error().param, c.param) << c.body << " -> " << r.error().message;
     EXPECT_FALSE(r.error().message.empty());
   }
+}
+
+// OpenAI accepts top_p 0: the most likely token alone.
+TEST(OpenAIRequest, TopPZeroKeepsTheMostLikelyTokenAlone) {
+  auto r = parse_chat_completion_request(R"({"messages":[{"role":"user","content":"x"}],"top_p":0})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  SamplingParams s = r.value().options.sampling;
+  EXPECT_EQ(s.validate(), "");
+  s.temperature = 1.0f;
+  s.top_k = 0;
+  s.min_p = 0;
+  Sampler sampler(s);
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f};
+  const std::vector<float> dist = sampler.distribution(logits, {});
+  EXPECT_GT(dist[1], 0.0f);
+  EXPECT_EQ(dist[0] + dist[2] + dist[3], 0.0f);
 }
 
 TEST(OpenAIRequest, PenaltiesAndLogitBias) {
@@ -736,6 +752,7 @@ TEST(ServeHttp, HealthModelsAndCacheStats) {
   EXPECT_EQ(models["data"][0]["id"], "tiny-a");
   EXPECT_EQ(models["data"][1]["id"], "tiny-b");
   EXPECT_EQ(get(s, "/v1/models/tiny-b").doc()["id"], "tiny-b");
+  EXPECT_EQ(get(s, "/models/tiny-b").doc()["id"], "tiny-b");
   EXPECT_EQ(get(s, "/v1/models/nope").status, 404);
   json stats = get(s, "/v1/cache/stats").doc();
   ASSERT_EQ(stats["models"].size(), 2u);

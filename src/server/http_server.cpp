@@ -294,9 +294,11 @@ void HttpServer::Impl::setup() {
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });
   http.Get("/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res, {}); });
-  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+  auto one_model = [this](const httplib::Request& req, httplib::Response& res) {
     handle_models(res, req.matches[1].str());
-  });
+  };
+  http.Get(R"(/v1/models/(.+))", one_model);
+  http.Get(R"(/models/(.+))", one_model);
   http.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) { handle_cache_stats(res); });
   auto chat = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
     std::string body;

@@ -160,8 +160,9 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
   SamplingParams& s = o.sampling;
   if (auto v = f.number("temperature", 0, 2)) s.temperature = static_cast<float>(*v);
   if (auto v = f.number("top_p", 0, 1)) {
-    if (*v <= 0) fail("top_p must be greater than 0", "top_p");
-    s.top_p = static_cast<float>(*v);
+    // OpenAI accepts 0: the nucleus is then the most likely token alone,
+    // which the smallest positive top_p keeps.
+    s.top_p = *v > 0 ? static_cast<float>(*v) : std::numeric_limits<float>::min();
   }
   if (auto v = f.integer("top_k", 0, std::numeric_limits<int32_t>::max())) s.top_k = static_cast<int>(*v);
   if (auto v = f.number("min_p", 0, 1)) s.min_p = static_cast<float>(*v);
