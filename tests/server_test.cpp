@@ -639,7 +639,45 @@ ModelChatTemplate template_from(const std::string& source) {
   t.chat_template = std::make_unique<ChatTemplate>(source);
   t.origin = "file";
   t.bos_token = tiny_tokenizer().token_text(tiny_tokenizer().bos_id());
+  probe_chat_template(t, tiny_tokenizer().add_bos());
   return t;
+}
+
+// OpenAI clients send a tool call's arguments as a JSON string; a template
+// that prints them with `| tojson` (Qwen2.5's, Llama 3.1's) needs the object,
+// or the prompt shows the string quoted and escaped. Templates that handle
+// strings themselves get them as sent.
+TEST(PromptBuilder, ToolCallArgumentsReachTemplatesInTheFormTheyPrint) {
+  const std::string loop = "{% for m in messages %}{% for c in m.tool_calls or [] %}[";
+  const std::string end = "]{% endfor %}{% endfor %}";
+  ModelChatTemplate as_json = template_from(loop + "{{ c.function.arguments | tojson }}" + end);
+  ModelChatTemplate either = template_from(
+      loop + "{% if c.function.arguments is string %}{{ c.function.arguments }}{% else %}"
+             "{{ c.function.arguments | tojson }}{% endif %}" + end);
+  ModelChatTemplate concatenated = template_from(loop + "{{ 'args: ' + c.function.arguments }}" + end);
+  EXPECT_TRUE(as_json.wants_object_arguments);
+  EXPECT_FALSE(either.wants_object_arguments);
+  EXPECT_FALSE(concatenated.wants_object_arguments);
+
+  ChatCompletionRequest request;
+  request.messages = json::array(
+      {{{"role", "user"}, {"content", "weather?"}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", json::array({{{"id", "c1"},
+                                     {"type", "function"},
+                                     {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}},
+                                    {{"id", "c2"},
+                                     {"type", "function"},
+                                     {"function", {{"name", "f"}, {"arguments", "not json"}}}}})}}});
+  auto rendered = [&](const ModelChatTemplate& t) {
+    auto r = render_chat_prompt(t, tiny_tokenizer(), request);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return r.ok() ? r.value() : std::string();
+  };
+  EXPECT_EQ(rendered(as_json), "[{\"city\": \"Paris\"}][\"not json\"]");
+  EXPECT_EQ(rendered(either), "[{\"city\": \"Paris\"}][not json]");
+  EXPECT_EQ(rendered(concatenated), "[args: {\"city\": \"Paris\"}][args: not json]");
 }
 
 TEST(PromptBuilder, NeverDoublesBos) {
@@ -1559,3 +1597,27 @@ TEST(ServeHttp, ResolvesModelSourcesFromOptions) {
 }
 
 }  // namespace
+
+// Which of the fixture templates print tool-call arguments with `| tojson`
+// (they want objects), checked against their sources: Qwen2.5's, Llama
+// 3.1's, gpt-oss's and DeepSeek-R1-Distill's do; Qwen3's and Nemotron's test
+// `is string` first; the others print no tool calls.
+TEST(PromptBuilder, FixtureTemplatesThatWantObjectArguments) {
+  REPRISE_REQUIRE_SHARED(fixtures);
+  const std::set<std::string> want_objects = {"Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+                                              "openai-gpt-oss-120b.jinja",
+                                              "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"};
+  int templates = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtures + "/templates")) {
+    if (entry.path().extension() != ".jinja") continue;
+    ++templates;
+    std::ifstream in(entry.path());
+    std::stringstream source;
+    source << in.rdbuf();
+    const ModelChatTemplate t = template_from(source.str());
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(t.renders_plain_chat) << name;
+    EXPECT_EQ(t.wants_object_arguments, want_objects.count(name) == 1) << name;
+  }
+  EXPECT_GE(templates, 10);
+}

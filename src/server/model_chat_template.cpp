@@ -1,5 +1,7 @@
 #include "server/model_chat_template.h"
 
+#include <optional>
+
 #include "engine/model_bundle.h"
 #include "util/error.h"
 
@@ -14,6 +16,48 @@ const char* const kFallbackChatTemplate =
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 const char* const kFallbackChatTemplateStop = "<|im_end|>";
+
+void probe_chat_template(ModelChatTemplate& t, bool tokenizer_adds_bos) {
+  if (!t.chat_template) return;
+  using nlohmann::ordered_json;
+  auto render = [&](ordered_json messages, ordered_json tools) -> std::optional<std::string> {
+    ChatTemplateInputs in;
+    in.messages = std::move(messages);
+    in.tools = std::move(tools);
+    in.bos_token = t.bos_token;
+    in.eos_token = t.eos_token;
+    in.tokenizer_adds_bos = tokenizer_adds_bos;
+    try {
+      return t.chat_template->apply(in);
+    } catch (const std::exception&) {
+      return std::nullopt;  // a plain chat's failure is reported, with its message, on each request
+    }
+  };
+  t.renders_plain_chat = render(ordered_json::array({{{"role", "user"}, {"content", "Hello"}}}), nullptr).has_value();
+  if (!t.renders_plain_chat) return;
+  // A tool call whose arguments come as an object and as the JSON string an
+  // OpenAI client sends: a template that prints the string escaped
+  // (\"needle\") and the object as JSON wants objects.
+  auto with_arguments = [&](ordered_json arguments) {
+    const ordered_json call = {{"id", "call_1"},
+                               {"type", "function"},
+                               {"function", {{"name", "probe_tool"}, {"arguments", std::move(arguments)}}}};
+    const ordered_json messages = ordered_json::array(
+        {{{"role", "user"}, {"content", "Hello"}},
+         {{"role", "assistant"}, {"content", ""}, {"tool_calls", ordered_json::array({call})}},
+         {{"role", "tool"}, {"tool_call_id", "call_1"}, {"name", "probe_tool"}, {"content", "ok"}}});
+    const ordered_json tools = ordered_json::array(
+        {{{"type", "function"},
+          {"function", {{"name", "probe_tool"},
+                        {"description", "a tool"},
+                        {"parameters", {{"type", "object"}, {"properties", {{"needle", {{"type", "string"}}}}}}}}}}});
+    return render(messages, tools);
+  };
+  const auto as_object = with_arguments({{"needle", "reprise_probe"}});
+  const auto as_string = with_arguments("{\"needle\": \"reprise_probe\"}");
+  t.wants_object_arguments = as_object && as_object->find("\"needle\"") != std::string::npos && as_string &&
+                             as_string->find("\\\"needle\\\"") != std::string::npos;
+}
 
 ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std::optional<std::string>& override_source) {
   ModelChatTemplate out;
@@ -40,19 +84,7 @@ ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std:
   } catch (const std::exception& e) {
     out.error = e.what();
   }
-  if (out.chat_template) {
-    ChatTemplateInputs plain;
-    plain.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hello"}}});
-    plain.bos_token = out.bos_token;
-    plain.eos_token = out.eos_token;
-    plain.tokenizer_adds_bos = tok.add_bos();
-    try {
-      out.chat_template->apply(plain);
-      out.renders_plain_chat = true;
-    } catch (const std::exception&) {
-      // Reported, with the renderer's message, on each chat request.
-    }
-  }
+  probe_chat_template(out, tok.add_bos());
   return out;
 }
 

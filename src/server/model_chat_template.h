@@ -34,7 +34,17 @@ struct ModelChatTemplate {
   // request's doing (a tool without a field the template reads, a template
   // variable of the wrong type): a 400, not the server's 500.
   bool renders_plain_chat = false;
+  // Whether the template prints a tool call's arguments as JSON itself
+  // (`arguments | tojson`, as Qwen2.5's and Llama 3.1's do), so it needs
+  // them as an object: OpenAI clients send them as a JSON string, which
+  // such a template would print quoted and escaped. Templates that test
+  // `is string` or concatenate the string (Qwen3, DeepSeek-R1) get it as
+  // sent. Tried at load, as llama.cpp does.
+  bool wants_object_arguments = false;
 };
+
+// The load-time probes behind renders_plain_chat and wants_object_arguments.
+void probe_chat_template(ModelChatTemplate& t, bool tokenizer_adds_bos);
 
 // `override_source`: the --chat-template-file contents, if any.
 ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std::optional<std::string>& override_source);

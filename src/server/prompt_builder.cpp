@@ -34,6 +34,20 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
                             "chat_template_error");
   ChatTemplateInputs inputs;
   inputs.messages = request.messages;
+  if (chat.wants_object_arguments) {
+    // The template prints arguments as JSON itself: give it the object the
+    // client's JSON string holds (a string that is no JSON stays a string).
+    for (auto& message : inputs.messages) {
+      if (!message.is_object() || !message.contains("tool_calls") || !message["tool_calls"].is_array()) continue;
+      for (auto& call : message["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+        auto& function = call["function"];
+        if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
+        auto parsed = nlohmann::ordered_json::parse(function["arguments"].get<std::string>(), nullptr, false);
+        if (!parsed.is_discarded()) function["arguments"] = std::move(parsed);
+      }
+    }
+  }
   inputs.tools = request.tools;
   inputs.add_generation_prompt = true;
   inputs.bos_token = chat.bos_token;
