@@ -323,6 +323,25 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
   }
 }
 
+// A lone UTF-16 surrogate escape (a JavaScript string cut inside an emoji)
+// is accepted, as Python's json accepts it, and becomes U+FFFD; pairs and
+// escaped backslashes stay as they are.
+TEST(OpenAIRequest, LoneSurrogateEscapesBecomeReplacementCharacters) {
+  auto content_of = [](const std::string& body) {
+    auto r = parse_chat_completion_request(body);
+    EXPECT_TRUE(r.ok()) << body << " -> " << (r.ok() ? "" : r.error().message);
+    return r.ok() ? r.value().messages[0]["content"].get<std::string>() : std::string();
+  };
+  auto body = [](const std::string& content) {
+    return R"({"messages":[{"role":"user","content":")" + content + R"("}]})";
+  };
+  EXPECT_EQ(content_of(body("hi \\ud83d")), "hi \xef\xbf\xbd");
+  EXPECT_EQ(content_of(body("\\ude00 x \\ud83d\\ude00 \\ud83d")), "\xef\xbf\xbd x \xf0\x9f\x98\x80 \xef\xbf\xbd");
+  EXPECT_EQ(content_of(body("\\\\ud83d")), "\\ud83d");  // an escaped backslash, then text
+  EXPECT_EQ(content_of(body("\\ud83dx\\u0041")), "\xef\xbf\xbdxA");
+  EXPECT_FALSE(parse_chat_completion_request(body("\\ud83") + "}").ok());  // still invalid JSON
+}
+
 // OpenAI accepts top_p 0: the most likely token alone.
 TEST(OpenAIRequest, TopPZeroKeepsTheMostLikelyTokenAlone) {
   auto r = parse_chat_completion_request(R"({"messages":[{"role":"user","content":"x"}],"top_p":0})");
