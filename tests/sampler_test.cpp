@@ -204,13 +204,16 @@ TEST(Logprobs, TopLogprobsAreTheSortedIdsLogSoftmax) {
     const int want_n = std::min(n, n_vocab);
     ASSERT_EQ(static_cast<int>(got.size()), want_n) << trial;
     if (trial % 7 == 0) continue;  // NaN: the comparator defines no order to compare with
-    const float log_z = static_cast<float>(z.max + std::log(z.sum));
+    // log p = logit - (max + log sum), in double, rounded once.
+    const double log_z = double(z.max) + std::log(z.sum);
     for (int i = 0; i < want_n; ++i) {
       ASSERT_EQ(got[i].id, ids[i]) << "trial " << trial << " rank " << i;
-      ASSERT_EQ(got[i].logprob, logits[ids[i]] - log_z);
+      ASSERT_EQ(got[i].logprob, static_cast<float>(double(logits[ids[i]]) - log_z));
+      // A chosen token's logprob is its own top entry, bit for bit.
+      ASSERT_EQ(token_logprob(logits, got[i].id, z), got[i].logprob);
     }
     const int32_t id = static_cast<int32_t>(rng() % n_vocab);
-    EXPECT_EQ(token_logprob(logits, id, z), static_cast<float>(logits[id] - z.max - std::log(z.sum)));
+    EXPECT_EQ(token_logprob(logits, id, z), static_cast<float>(double(logits[id]) - log_z));
   }
 }
 

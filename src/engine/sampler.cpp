@@ -232,18 +232,22 @@ LogitNormaliser logit_normaliser(std::span<const float> logits) {
   return {max, exp_sum(logits, max)};
 }
 
+// One rule for both functions below, so that a chosen token's logprob equals
+// its own entry among the top ones bit for bit (clients compare them).
+float logprob_of(float logit, double log_z) { return static_cast<float>(double(logit) - log_z); }
+
 float token_logprob(std::span<const float> logits, int32_t id, const LogitNormaliser& z) {
-  return static_cast<float>(logits[id] - z.max - std::log(z.sum));
+  return logprob_of(logits[id], double(z.max) + std::log(z.sum));
 }
 
 std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n, const LogitNormaliser& z) {
-  const float log_z = static_cast<float>(z.max + std::log(z.sum));
+  const double log_z = double(z.max) + std::log(z.sum);
   n = std::clamp<int>(n, 0, static_cast<int>(logits.size()));
   std::vector<TokenProb> out;
   std::vector<std::pair<float, int32_t>> top;
   std::vector<float> scratch;
   if (n > 0 && static_cast<size_t>(n) < logits.size() && select_top_k(logits, static_cast<size_t>(n), top, scratch)) {
-    for (const auto& [l, id] : top) out.push_back({id, l - log_z});
+    for (const auto& [l, id] : top) out.push_back({id, logprob_of(l, log_z)});
     return out;
   }
   // NaN logits, or every token asked for: the comparator sort.
@@ -252,7 +256,7 @@ std::vector<TokenProb> top_logprobs(std::span<const float> logits, int n, const 
   std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   });
-  for (int i = 0; i < n; ++i) out.push_back({ids[i], logits[ids[i]] - log_z});
+  for (int i = 0; i < n; ++i) out.push_back({ids[i], logprob_of(logits[ids[i]], log_z)});
   return out;
 }
 
