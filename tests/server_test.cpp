@@ -1150,6 +1150,34 @@ TEST(ServeHttp, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_NE(a.doc()["choices"][0]["text"], b.doc()["choices"][0]["text"]);
 }
 
+// --cors-origin lets an allowed page call the API from a browser: its
+// preflight is answered (before the API key is asked for) and its requests
+// get its origin back; other origins get no CORS headers.
+TEST(ServeHttp, CorsForAllowedOrigins) {
+  ServeOptions o;
+  o.cors_origins = {"http://ui.example"};
+  o.api_key = "k";
+  TestServer s(o);
+  httplib::Client c = s.client();
+  auto preflight = c.Options("/v1/chat/completions", {{"Origin", "http://ui.example"},
+                                                      {"Access-Control-Request-Method", "POST"},
+                                                      {"Access-Control-Request-Headers", "authorization,content-type"}});
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204);
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  auto models = c.Get("/v1/models", {{"Origin", "http://ui.example"}, {"Authorization", "Bearer k"}});
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  EXPECT_EQ(models->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  auto other = c.Get("/v1/models", {{"Origin", "http://evil.example"}, {"Authorization", "Bearer k"}});
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+  auto other_preflight = c.Options("/v1/chat/completions", {{"Origin", "http://evil.example"}});
+  ASSERT_TRUE(other_preflight);
+  EXPECT_EQ(other_preflight->status, 404);
+}
+
 TEST(ServeHttp, ApiKey) {
   ServeOptions o;
   o.api_key = "sekret";

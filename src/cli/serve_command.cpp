@@ -98,6 +98,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--port", o->port, "Port (0 = pick a free one)")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Compute threads per model (default: one per physical core this process may use)");
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (all endpoints but /health)");
+  cmd->add_option("--cors-origin", o->cors_origins,
+                  "Let browser pages from this origin call the API (CORS; repeatable; '*' for any)");
   cmd->add_option("--parallel", o->parallel, "Sequences generated concurrently; more requests queue")
       ->capture_default_str();
   cmd->add_option("--decode-batch", o->decode_batch,

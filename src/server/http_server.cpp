@@ -155,6 +155,11 @@ struct HttpServer::Impl {
             "server_error", {}, "server_busy"};
   }
   static constexpr int kReservedHttpThreads = 8;
+  bool cors_allows(const std::string& origin) const {
+    for (const std::string& o : options.cors_origins)
+      if (o == "*" || o == origin) return true;
+    return false;
+  }
   static ApiError shutting_down_error() {
     return {503, "the server is shutting down; retry the request", "server_error", {}, "server_shutting_down"};
   }
@@ -214,6 +219,27 @@ void HttpServer::Impl::setup() {
   });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // CORS (--cors-origin): an allowed page's requests get its origin back;
+    // its preflight is answered here, before the API key is asked for
+    // (browsers send preflights without credentials).
+    const std::string origin = req.get_header_value("Origin");
+    const bool cors = !origin.empty() && cors_allows(origin);
+    if (cors) {
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Vary", "Origin");
+    }
+    if (req.method == "OPTIONS") {
+      if (!cors) {
+        reply_error(res, {404, "Unknown endpoint: OPTIONS " + req.path, "invalid_request_error", {}, "unknown_url"}, "",
+                    endpoint_label(req.path));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // A method that carries a body, to a path that takes none: answered
     // before cpp-httplib reads the body (which it would, unbounded if chunked).
     const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||

@@ -22,6 +22,9 @@ struct ServeOptions {
   int port = 8080;                 // 0: an ephemeral port
   int threads = 0;                 // compute threads per model; 0: default_thread_count()
   std::string api_key;             // "": no authentication
+  // Origins whose browser pages may call the API (CORS), e.g.
+  // "http://localhost:3000", or "*" for any; empty: no CORS headers.
+  std::vector<std::string> cors_origins;
   int parallel = 4;                // concurrent sequences across all models
   int decode_batch = 16;           // most sequences of one model sharing a decode pass; 1: no batching
   int prefill_chunk_decoding = 128;  // prompt chunk while others decode (bounds their inter-token delay)
