@@ -343,6 +343,17 @@ TEST(OpenAIRequest, LoneSurrogateEscapesBecomeReplacementCharacters) {
 }
 
 // OpenAI accepts top_p 0: the most likely token alone.
+TEST(OpenAIRequest, AnAssistantsRefusalPartIsItsText) {
+  auto r = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"refusal","refusal":"I can't."}]},)"
+      R"({"role":"user","content":"why"}]})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().messages[1]["content"], "I can't.");
+  auto user = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"}]}]})");
+  EXPECT_FALSE(user.ok());
+}
+
 TEST(OpenAIRequest, TopPZeroKeepsTheMostLikelyTokenAlone) {
   auto r = parse_chat_completion_request(R"({"messages":[{"role":"user","content":"x"}],"top_p":0})");
   ASSERT_TRUE(r.ok()) << r.error().message;
@@ -609,6 +620,11 @@ TEST(OpenAIResponse, CompletionShapeAndLegacyLogprobs) {
                                     {"\x85y", -1.0f, {}}, {"z", -1.0f, {}}};
   json w = json::parse(dump_json(completion_logprobs_json(wide, 3)));
   EXPECT_EQ(w["text_offset"], json::array({3, 4, 5, 6, 7}));
+  // The chosen token is in its top_logprobs dict even when not among the top.
+  std::vector<LogprobEntry> outside = {{"x", -3.0f, {{"a", -0.5f}, {"b", -1.0f}}}, {"y", -0.1f, {}}};
+  json o = json::parse(dump_json(completion_logprobs_json(outside)));
+  EXPECT_EQ(o["top_logprobs"][0], json({{"a", -0.5}, {"b", -1.0}, {"x", -3.0}}));
+  EXPECT_EQ(o["top_logprobs"][1], json({{"y", -0.1f}}));
   EXPECT_EQ(utf8_characters("h\xc3\xa9llo \xf0\x9f\x98\x80"), 7u);
 }
 
@@ -1131,6 +1147,10 @@ TEST(ServeHttp, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_EQ(tokens[1], tokens[2]);
   EXPECT_EQ(r.doc()["choices"][0]["text"], tokens[0].get<std::string>() + tokens[1].get<std::string>() +
                                                 tokens[2].get<std::string>());
+  // The response's id is its x-request-id too (the SDKs' request_id).
+  auto raw = s.client().Post("/v1/completions", forced.dump(), "application/json");
+  ASSERT_TRUE(raw);
+  EXPECT_EQ(raw->get_header_value("x-request-id"), json::parse(raw->body)["id"].get<std::string>());
   forced["logit_bias"] = {{"301", 100}};
   const json other = post(s, "/v1/completions", forced).doc()["choices"][0]["logprobs"]["tokens"];
   EXPECT_NE(other[0], tokens[0]);

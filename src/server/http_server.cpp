@@ -558,6 +558,8 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
 void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Response& res,
                                         std::shared_ptr<ModelLease> lease, GenerationPlan plan,
                                         ResponseContext context) {
+  // The response's id, as OpenAI's x-request-id (the SDKs' request_id).
+  res.set_header("x-request-id", context.meta.id);
   auto channel = std::make_shared<GenerationChannel>();
   {
     std::lock_guard<std::mutex> lock(live_mutex);

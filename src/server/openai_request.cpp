@@ -304,9 +304,12 @@ ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image,
       Fields pf(part, pwhere + ".");
       auto type = pf.string("type");
       if (!type) fail(pwhere + ".type is required", pwhere + ".type");
-      if (*type == "text") {
-        auto t = pf.string("text");
-        if (!t) fail(pwhere + ".text is required", pwhere + ".text");
+      if (*type == "text" || (*type == "refusal" && r == "assistant")) {
+        // An assistant's refusal part (OpenAI's) is its text, as the
+        // template would see a refusal written as content.
+        const char* field = *type == "text" ? "text" : "refusal";
+        auto t = pf.string(field);
+        if (!t) fail(pwhere + "." + field + " is required", pwhere + "." + field);
         if (!first) text += "\n";
         text += *t;
         first = false;

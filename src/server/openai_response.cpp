@@ -118,6 +118,9 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
     token_logprobs.push_back(e.logprob);
     ordered_json top = ordered_json::object();
     for (const auto& alt : e.top) top[alt.token] = alt.logprob;
+    // OpenAI's legacy shape holds the chosen token too (up to logprobs + 1
+    // entries), also when it is not among the most likely.
+    if (!top.contains(e.token)) top[e.token] = e.logprob;
     top_logprobs.push_back(std::move(top));
     text_offset.push_back(offset);
     offset += utf8_characters(e.token);

@@ -63,6 +63,7 @@ ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& 
 // text_offset counts characters (code points), as OpenAI's and vLLM's do, so
 // that text[offset:] starts at the token in any client's string type; a
 // character split across tokens counts in the token holding its first byte.
+// Each top_logprobs dict holds the chosen token too, as OpenAI's does.
 ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0 = 0);
 // The characters of UTF-8 text: its bytes that start one.
 size_t utf8_characters(std::string_view text);
