@@ -797,6 +797,11 @@ TEST(JinjaPython, DifferencesFromJinja2Fixed) {
   EXPECT_EQ(render("{{ d|tojson(true) }}", {{"d", {{"a", "\u00e9"}}}}), "{\"a\": \"\\u00e9\"}");
   EXPECT_EQ(render("{{ d|tojson(false, 2) }}", {{"d", {{"a", 1}}}}), "{\n  \"a\": 1\n}");
   EXPECT_EQ(render("{{ d|tojson(indent='\t') }}", {{"d", {{"a", {1}}}}}), "{\n\t\"a\": [\n\t\t1\n\t]\n}");
+  // loop.changed(*values): true on the first call and whenever they differ.
+  EXPECT_EQ(render("{% for x in [1,1,2,2,1] %}{{ loop.changed(x) }} {% endfor %}"), "True False True False True ");
+  EXPECT_EQ(render("{% for m in ms %}{% if loop.changed(m.role, m.n) %}[{{ m.role }}]{% endif %}{% endfor %}",
+                   {{"ms", json::array({{{"role", "a"}, {"n", 1}}, {{"role", "a"}, {"n", 1}}, {{"role", "a"}, {"n", 2}}})}}),
+            "[a][a]");
 }
 
 // JSON integers beyond int64 (up to 2^64 - 1) in the context stay exact, as

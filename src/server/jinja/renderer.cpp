@@ -1,6 +1,7 @@
 #include "server/jinja/renderer.h"
 
 #include <chrono>
+#include <optional>
 
 #include "server/jinja/access.h"
 #include "server/jinja/globals.h"
@@ -66,6 +67,22 @@ class CycleCallable : public Callable {
 
  private:
   std::shared_ptr<const size_t> index0_;
+};
+
+// loop.changed(*values): true when the values differ from the last call's
+// (always on the first call), as Jinja2's LoopContext.changed.
+class ChangedCallable : public Callable {
+ public:
+  Value call(Renderer&, CallArgs& args) override {
+    Value now = Value::list(args.positional);
+    const bool changed = !last_ || !equals(*last_, now);
+    last_ = std::move(now);
+    return Value::boolean(changed);
+  }
+  std::string name() const override { return "changed"; }
+
+ private:
+  std::optional<Value> last_;
 };
 
 // Points the renderer's output at a temporary buffer for the guard's lifetime.
@@ -253,6 +270,7 @@ Renderer::Flow Renderer::render_for(const ForStmt& node, Scope& scope) {
   fields.set("depth", Value::integer(1));
   fields.set("depth0", Value::integer(0));
   fields.set("cycle", Value::callable(std::make_shared<CycleCallable>(position)));
+  fields.set("changed", Value::callable(std::make_shared<ChangedCallable>()));
   Value* index0 = fields.slot("index0");
   Value* index1 = fields.slot("index");
   Value* revindex0 = fields.slot("revindex0");
