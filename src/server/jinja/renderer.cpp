@@ -80,6 +80,9 @@ class ChangedCallable : public Callable {
     return Value::boolean(changed);
   }
   std::string name() const override { return "changed"; }
+  // The values may hold the loop object itself (a reference cycle through
+  // this callable): the loop forgets them when it ends.
+  void forget() { last_.reset(); }
 
  private:
   std::optional<Value> last_;
@@ -270,7 +273,12 @@ Renderer::Flow Renderer::render_for(const ForStmt& node, Scope& scope) {
   fields.set("depth", Value::integer(1));
   fields.set("depth0", Value::integer(0));
   fields.set("cycle", Value::callable(std::make_shared<CycleCallable>(position)));
-  fields.set("changed", Value::callable(std::make_shared<ChangedCallable>()));
+  auto changed = std::make_shared<ChangedCallable>();
+  fields.set("changed", Value::callable(changed));
+  struct ForgetOnExit {
+    ChangedCallable& c;
+    ~ForgetOnExit() { c.forget(); }
+  } forget_changed{*changed};
   Value* index0 = fields.slot("index0");
   Value* index1 = fields.slot("index");
   Value* revindex0 = fields.slot("revindex0");
