@@ -192,9 +192,9 @@ Transformer::Transformer(const gguf::File& file) {
   } else if (scaling != "none") {
     file.fail("unsupported rope scaling type '" + scaling + "'");
   }
-  if (file.get_int(key("expert_count")).value_or(0) > 0)
-    file.fail("mixture-of-experts " + arch + " models (expert_count " +
-              std::to_string(*file.get_int(key("expert_count"))) + ") are not supported");
+  if (const int64_t experts = file.get_int(key("expert_count")).value_or(0); experts > 0)
+    file.fail("mixture-of-experts " + arch + " models (expert_count " + std::to_string(experts) +
+              ") are not supported");
 
   int swa_pattern = 0;
   int window = 0;

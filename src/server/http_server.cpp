@@ -160,6 +160,15 @@ struct HttpServer::Impl {
       if (o == "*" || o == origin) return true;
     return false;
   }
+  static ApiError unknown_endpoint_error(const httplib::Request& req) {
+    return {404, "Unknown endpoint: " + req.method + " " + req.path, "invalid_request_error", {}, "unknown_url"};
+  }
+  ApiError body_too_large_error() const {
+    return {413,
+            "Request body exceeds the server's limit of " + std::to_string(options.max_body_bytes) +
+                " bytes (--max-body-bytes)",
+            "invalid_request_error", {}, "request_too_large"};
+  }
   static ApiError shutting_down_error() {
     return {503, "the server is shutting down; retry the request", "server_error", {}, "server_shutting_down"};
   }
@@ -230,8 +239,7 @@ void HttpServer::Impl::setup() {
     }
     if (req.method == "OPTIONS") {
       if (!cors) {
-        reply_error(res, {404, "Unknown endpoint: OPTIONS " + req.path, "invalid_request_error", {}, "unknown_url"}, "",
-                    endpoint_label(req.path));
+        reply_error(res, unknown_endpoint_error(req), "", endpoint_label(req.path));
         return httplib::Server::HandlerResponse::Handled;
       }
       res.status = 204;
@@ -240,10 +248,6 @@ void HttpServer::Impl::setup() {
       res.set_header("Access-Control-Max-Age", "600");
       return httplib::Server::HandlerResponse::Handled;
     }
-    // A method that carries a body, to a path that takes none: answered
-    // before cpp-httplib reads the body (which it would, unbounded if chunked).
-    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
-                             req.method == "DELETE" || req.method == "PRI";
     if (ambiguous_length(req)) {
       res.set_header("Connection", "close");
       reply_error(res,
@@ -253,11 +257,13 @@ void HttpServer::Impl::setup() {
                   "", endpoint_label(req.path));
       return httplib::Server::HandlerResponse::Handled;
     }
+    // A method that carries a body, to a path that takes none: answered
+    // before cpp-httplib reads the body (which it would, unbounded if chunked).
+    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE" || req.method == "PRI";
     if (body_method && !takes_body(req)) {
-      ApiError error{404, "Unknown endpoint: " + req.method + " " + req.path, "invalid_request_error", {},
-                     "unknown_url"};
       res.set_header("Connection", "close");
-      reply_error(res, error, "", endpoint_label(req.path));
+      reply_error(res, unknown_endpoint_error(req), "", endpoint_label(req.path));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (options.api_key.empty() || req.path == "/health" || req.path == "/v1/health")
@@ -280,12 +286,9 @@ void HttpServer::Impl::setup() {
     ApiError error;
     error.status = res.status;
     if (res.status == 404) {
-      error.message = "Unknown endpoint: " + req.method + " " + req.path;
-      error.code = "unknown_url";
+      error = unknown_endpoint_error(req);
     } else if (res.status == 413) {
-      error.message = "Request body exceeds the server's limit of " + std::to_string(options.max_body_bytes) +
-                      " bytes (--max-body-bytes)";
-      error.code = "request_too_large";
+      error = body_too_large_error();
     } else if (res.status >= 500) {
       error.type = "server_error";
       error.message = "internal server error";
@@ -359,10 +362,7 @@ bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response&
   res.set_header("Connection", "close");
   const char* endpoint = endpoint_label(req.path);
   if (too_large || res.status == 413) {
-    reply_error(res,
-                {413, "Request body exceeds the server's limit of " + std::to_string(limit) + " bytes (--max-body-bytes)",
-                 "invalid_request_error", {}, "request_too_large"},
-                "", endpoint);
+    reply_error(res, body_too_large_error(), "", endpoint);
   } else {
     reply_error(res, ApiError::invalid("the request body could not be read (truncated, or a bad encoding)", "", "invalid_body"),
                 "", endpoint);

@@ -18,6 +18,21 @@ Parsed<BuiltPrompt> check_length(BuiltPrompt prompt, int64_t n_ctx, const char* 
   return prompt;
 }
 
+// Each tool call's `function.arguments` that is a JSON string, replaced by
+// the value it holds (a string that is no JSON stays a string).
+void parse_tool_call_arguments(nlohmann::ordered_json& messages) {
+  for (auto& message : messages) {
+    if (!message.is_object() || !message.contains("tool_calls") || !message["tool_calls"].is_array()) continue;
+    for (auto& call : message["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      auto& function = call["function"];
+      if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
+      auto parsed = nlohmann::ordered_json::parse(function["arguments"].get<std::string>(), nullptr, false);
+      if (!parsed.is_discarded()) function["arguments"] = std::move(parsed);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& text) {
@@ -34,20 +49,9 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
                             "chat_template_error");
   ChatTemplateInputs inputs;
   inputs.messages = request.messages;
-  if (chat.wants_object_arguments) {
-    // The template prints arguments as JSON itself: give it the object the
-    // client's JSON string holds (a string that is no JSON stays a string).
-    for (auto& message : inputs.messages) {
-      if (!message.is_object() || !message.contains("tool_calls") || !message["tool_calls"].is_array()) continue;
-      for (auto& call : message["tool_calls"]) {
-        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
-        auto& function = call["function"];
-        if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
-        auto parsed = nlohmann::ordered_json::parse(function["arguments"].get<std::string>(), nullptr, false);
-        if (!parsed.is_discarded()) function["arguments"] = std::move(parsed);
-      }
-    }
-  }
+  // The template prints arguments as JSON itself: give it the object the
+  // client's JSON string holds.
+  if (chat.wants_object_arguments) parse_tool_call_arguments(inputs.messages);
   inputs.tools = request.tools;
   inputs.add_generation_prompt = true;
   inputs.bos_token = chat.bos_token;
