@@ -17,18 +17,14 @@ std::string shape_str(const std::vector<uint64_t>& s) {
 
 const gguf::TensorInfo& WeightLoader::tensor(const std::string& name) const {
   const gguf::TensorInfo& t = file_.require_tensor(name);
-  std::lock_guard<std::mutex> lock(mutex_);
   read_.insert(name);
   return t;
 }
 
 void WeightLoader::refuse_unknown_tensors() const {
   std::vector<std::string> unknown;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& t : file_.tensors())
-      if (!read_.count(t.name)) unknown.push_back(t.name);
-  }
+  for (const auto& t : file_.tensors())
+    if (!read_.count(t.name)) unknown.push_back(t.name);
   if (unknown.empty()) return;
   std::string names;
   for (size_t i = 0; i < unknown.size() && i < 5; ++i) names += (i ? ", " : "") + unknown[i];

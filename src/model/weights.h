@@ -3,7 +3,6 @@
 #include <array>
 #include <cstdint>
 #include <future>
-#include <mutex>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -44,8 +43,7 @@ class WeightLoader {
  private:
   const gguf::TensorInfo& checked(const std::string& name, const std::vector<int64_t>& shape) const;
   const gguf::File& file_;
-  mutable std::mutex mutex_;
-  mutable std::unordered_set<std::string> read_;
+  mutable std::unordered_set<std::string> read_;  // one loader per model load, on one thread
 };
 
 // Reads the token embedding (used in place, for row lookups), the output
