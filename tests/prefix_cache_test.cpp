@@ -222,7 +222,9 @@ TEST(RopeFrequencyFactors, AllTwoFactorsEqualLinearScalingByTwo) {
   for (int turn = 0; turn < 2; ++turn) {  // the second turn is a prefix hit
     const StepOutput a = run(e_twos, prompt, 12), b = run(e_linear, prompt, 12);
     EXPECT_TRUE(bit_identical(a, b)) << "turn " << turn;
-    if (turn == 1) EXPECT_EQ(a.result.cached_tokens, static_cast<int64_t>(prompt.size()) - 1);
+    if (turn == 1) {
+      EXPECT_EQ(a.result.cached_tokens, static_cast<int64_t>(prompt.size()) - 1);
+    }
   }
   const StepOutput with = run(e_llama3, prompt, 4), without = run(e_plain, prompt, 4);
   EXPECT_FALSE(bit_identical(with, without));
@@ -380,7 +382,8 @@ TEST(PrefixCache, HeldPositionsAreIndexedOnlyOnceSettled) {
   PrefixCacheConfig cfg;
   cfg.block_tokens = 4;
   PrefixCache cache(model.state_spec(), cfg);
-  const NamespaceKey ns{model.info().fingerprint, "", ""};
+  NamespaceKey ns;
+  ns.model_fingerprint = model.info().fingerprint;
   std::vector<int32_t> tokens(24);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(10 + i);
   const std::span<const int32_t> all(tokens);

@@ -253,7 +253,7 @@ class Planner {
     }
   }
   void add(const std::string& name, std::vector<uint64_t> shape, DType t, Init init, float scale) {
-    plan_.push_back(PlannedTensor{name, std::move(shape), t, init, scale});
+    plan_.push_back(PlannedTensor{name, std::move(shape), t, init, scale, {}});
   }
   const SyntheticModelSpec& s_;
   std::vector<PlannedTensor> plan_;
