@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "engine/active_sequence.h"
 #include "util/error.h"
@@ -103,7 +104,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
       if (e.begin <= pos && pos < e.end) return &e;
     return nullptr;
   };
-  const int draft_max = !req.embedded.empty() ? 0 : req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
+  const int draft_max = !req.embedded.empty() || req.constraint ? 0 : req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
   const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
 
   GenerateResult result;
@@ -216,6 +217,33 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   return result;
 }
 
+namespace {
+
+// The logits with every token the constraint does not allow next at -inf.
+struct ConstrainedLogits {
+  std::vector<float> logits;
+  std::vector<uint8_t> allowed;
+
+  // False when no token may follow (the output is complete and there are no
+  // stop tokens to end it with); throws when the output is incomplete and
+  // no token continues it (a vocabulary without the bytes it needs).
+  bool mask(TokenConstraint& constraint, std::span<const float> raw, std::span<const int32_t> stop_tokens) {
+    bool may_end = false;
+    constraint.allowed_tokens(allowed, may_end);
+    logits.assign(raw.begin(), raw.end());
+    constexpr float kNever = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (i >= allowed.size() || !allowed[i]) logits[i] = kNever;
+    for (int32_t t : stop_tokens)
+      if (t >= 0 && static_cast<size_t>(t) < logits.size()) logits[t] = may_end ? raw[t] : kNever;
+    if (std::any_of(logits.begin(), logits.end(), [](float v) { return v != kNever; })) return true;
+    if (may_end) return false;
+    throw Error("structured output: no token of the vocabulary continues the output");
+  }
+};
+
+}  // namespace
+
 void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, std::vector<float>& logits,
                           GenerateResult& result, const TokenCallback& on_token) {
   Sampler sampler(req.sampling);
@@ -226,10 +254,22 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
   // waits for members' steps, so a sequence leaves as soon as it knows its
   // last token is next (or at any other stop).
   PassBatcher::Decoder decoder(*batcher_);
+  ConstrainedLogits constrained;
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     const bool last = i + 1 == req.max_tokens || target.position() + 1 >= n_ctx_;
     target.set_decoding(!last);
-    const int32_t token = sampler.sample(logits, history);
+    std::span<const float> choose_from = logits;
+    if (req.constraint) {
+      if (!constrained.mask(*req.constraint, logits, req.stop_tokens)) {
+        result.finish_reason = "stop";  // the output is complete and nothing may follow
+        break;
+      }
+      choose_from = constrained.logits;
+    }
+    const int32_t token = sampler.sample(choose_from, history);
+    if (req.constraint && std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) == req.stop_tokens.end() &&
+        !req.constraint->accept(token))
+      throw Error("structured output: sampled a token the constraint does not allow");
     result.tokens.push_back(token);
     history.push_back(token);
     const bool keep_going = on_token ? on_token(token, logits) : true;

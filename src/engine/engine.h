@@ -22,6 +22,7 @@
 #include "engine/inflight_prefixes.h"
 #include "engine/pass_batcher.h"
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 #include "model/model.h"
 #include "tensor/thread_pool.h"
 
@@ -74,6 +75,10 @@ struct GenerateRequest {
   // embedded spans never use it).
   int draft_max = -1;
   std::vector<EmbeddedSpan> embedded;  // in position order, non-overlapping
+  // Structured output: only tokens it allows are sampled, and stop tokens
+  // only where it may end (a request with one never decodes speculatively).
+  // Null: unconstrained. Used by one request at a time.
+  std::shared_ptr<TokenConstraint> constraint;
   const std::atomic<bool>* cancelled = nullptr;
 };
 

@@ -1,0 +1,70 @@
+// Structured output: a TokenConstraint that keeps a generation inside the
+// JSON documents a schema allows (JsonMatcher), over one model's vocabulary.
+//
+// The allowed set is computed by walking the matcher over the vocabulary's
+// trie. Inside a string, where most of a document's tokens are and almost
+// every token is allowed, the walk would visit the whole trie; there the
+// tokens that stay inside the string depend only on the string's own state,
+// so JsonVocabulary remembers them per state and only the tokens that close
+// the string are checked against the rest of the document.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/token_constraint.h"
+#include "grammar/json_matcher.h"
+#include "grammar/json_schema.h"
+#include "grammar/token_trie.h"
+
+namespace reprise {
+
+// One model's vocabulary for structured output, shared by its requests.
+// Thread-safe.
+class JsonVocabulary {
+ public:
+  explicit JsonVocabulary(std::vector<std::string> pieces) : trie_(std::move(pieces)) {}
+  const TokenTrie& trie() const { return trie_; }
+
+  // Tokens that, from a string in the state of `frame` (top of `stack`),
+  // stay inside it (`inside`, indexed by id), and those whose bytes close it
+  // somewhere (`closing`), which the caller checks against the whole stack.
+  struct StringTokens {
+    std::vector<uint8_t> inside;
+    std::vector<int32_t> closing;
+  };
+  std::shared_ptr<const StringTokens> string_tokens(const JsonMatcher& matcher, const JsonStack& stack);
+
+ private:
+  TokenTrie trie_;
+  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, int32_t, int64_t, int64_t>;
+  std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const StringTokens>> strings_;
+};
+
+class JsonConstraint final : public TokenConstraint {
+ public:
+  JsonConstraint(std::shared_ptr<const JsonSchema> schema, std::shared_ptr<JsonVocabulary> vocabulary);
+
+  void allowed_tokens(std::vector<uint8_t>& allowed, bool& may_end) override;
+  bool accept(int32_t token) override;
+
+  // The same set, found by trying every token on its own (for tests).
+  void allowed_tokens_one_by_one(std::vector<uint8_t>& allowed, bool& may_end) const;
+  const JsonMatcher& matcher() const { return matcher_; }
+
+ private:
+  JsonMatcher matcher_;
+  std::shared_ptr<JsonVocabulary> vocabulary_;
+  std::vector<std::vector<JsonStack>> forks_;  // per trie depth
+
+  bool accepts(const std::string& bytes) const;
+  void walk_one_stack(int32_t trie_node, JsonStack& stack, size_t depth, std::vector<uint8_t>& allowed);
+  void walk_stacks(int32_t trie_node, const std::vector<JsonStack>& stacks, std::vector<uint8_t>& allowed) const;
+};
+
+}  // namespace reprise

@@ -1,0 +1,391 @@
+#include "grammar/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "util/error.h"
+
+namespace reprise {
+
+using nlohmann::json;
+
+namespace {
+
+// Keywords that only describe: ignored (JSON Schema 2020-12 treats `format`
+// as an annotation unless a validator opts in).
+const std::set<std::string, std::less<>> kAnnotations = {
+    "$schema", "$id", "$comment", "$anchor", "title", "description", "default", "examples", "format",
+    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "strict", "discriminator"};
+const std::set<std::string, std::less<>> kEnforced = {
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "minLength", "maxLength", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+    "nullable"};
+constexpr size_t kMaxProperties = 64;   // SchemaNode::required is a 64-bit set
+constexpr size_t kMaxNodes = 4096;
+constexpr size_t kMaxLiterals = 4096;
+
+std::string where(const std::string& pointer) { return pointer.empty() ? "the root" : "'" + pointer + "'"; }
+
+// Code points of valid UTF-8 (nlohmann's parser has validated it).
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Property names are matched byte for byte while the model writes them, and
+// keys are written without escapes, so a name that needs one cannot be written.
+bool needs_escape(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+  });
+}
+
+class Compiler {
+ public:
+  Compiler(const json& document, JsonSchema& out) : document_(document), out_(out) {}
+
+  int32_t compile(const json& schema, const std::string& pointer) {
+    if (out_.node_count() > kMaxNodes) throw Error("the schema is too large (over 4096 nodes)");
+    if (schema.is_boolean()) {
+      SchemaNode node;
+      if (schema.get<bool>()) node.types = kJsonAnyType, node.items = -2, node.additional = -2;
+      return finish_any(out_.add_node(std::move(node)));
+    }
+    if (!schema.is_object()) throw Error("the schema at " + where(pointer) + " must be an object or a boolean");
+    for (const auto& [key, value] : schema.items()) {
+      if (kAnnotations.count(key) || kEnforced.count(key)) continue;
+      throw Error("JSON Schema keyword '" + key + "' (at " + where(pointer) +
+                  ") is not supported for structured output: reprise enforces type, enum, const, properties, "
+                  "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, "
+                  "anyOf, oneOf, allOf (one schema) and $ref");
+    }
+    if (schema.contains("$ref")) return compile_ref(schema, pointer);
+    for (const char* key : {"anyOf", "oneOf", "allOf"})
+      if (schema.contains(key)) return compile_union(schema, key, pointer);
+    if (schema.contains("enum") || schema.contains("const")) return compile_literals(schema, pointer);
+    return compile_plain(schema, pointer);
+  }
+
+  // `pointer` is a JSON pointer into the document ("" is the root).
+  int32_t compile_pointer(const std::string& pointer) {
+    if (auto it = by_pointer_.find(pointer); it != by_pointer_.end()) return it->second;
+    const json* target = &document_;
+    if (!pointer.empty()) {
+      try {
+        target = &document_.at(json::json_pointer(pointer));
+      } catch (const json::exception&) {
+        throw Error("$ref '#" + pointer + "' does not point into the schema");
+      }
+    }
+    // Reserve the id first, so a schema that refers to itself (a tree) ends
+    // in a cycle of nodes rather than endless compiling.
+    const int32_t id = out_.add_node({});
+    by_pointer_[pointer] = id;
+    const int32_t body = compile(*target, pointer);
+    out_.mutable_node(id).any_of = {body};
+    return id;
+  }
+
+ private:
+  const json& document_;
+  JsonSchema& out_;
+  std::map<std::string, int32_t> by_pointer_;
+
+  // The "any value" node refers to itself for items and other keys.
+  int32_t finish_any(int32_t id) {
+    SchemaNode& n = out_.mutable_node(id);
+    if (n.items == -2) n.items = id;
+    if (n.additional == -2) n.additional = id;
+    return id;
+  }
+
+  static void only(const json& schema, const std::string& pointer, const std::string& keyword,
+                   std::initializer_list<const char*> allowed) {
+    for (const auto& [key, value] : schema.items()) {
+      if (kAnnotations.count(key) || key == keyword || key == "$defs" || key == "definitions") continue;
+      if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) != allowed.end())
+        continue;
+      throw Error("'" + keyword + "' beside '" + key + "' (at " + where(pointer) +
+                  ") is not supported for structured output: put the other keywords inside its schemas");
+    }
+  }
+
+  int32_t compile_ref(const json& schema, const std::string& pointer) {
+    only(schema, pointer, "$ref", {});
+    const json& ref = schema["$ref"];
+    if (!ref.is_string()) throw Error("$ref at " + where(pointer) + " must be a string");
+    const std::string r = ref.get<std::string>();
+    if (r.empty() || r[0] != '#')
+      throw Error("$ref '" + r + "' is not supported: only references into the same schema ('#/...') are");
+    return compile_pointer(r.substr(1));
+  }
+
+  int32_t compile_union(const json& schema, const char* key, const std::string& pointer) {
+    only(schema, pointer, key, {"nullable"});
+    const json& list = schema[key];
+    if (!list.is_array() || list.empty()) throw Error(std::string(key) + " at " + where(pointer) + " must be a non-empty array");
+    if (std::string(key) == "allOf" && list.size() != 1)
+      throw Error("allOf with more than one schema (at " + where(pointer) + ") is not supported for structured output");
+    SchemaNode node;
+    for (size_t i = 0; i < list.size(); ++i)
+      node.any_of.push_back(compile(list[i], pointer + "/" + key + "/" + std::to_string(i)));
+    if (schema.value("nullable", false)) {
+      SchemaNode null_node;
+      null_node.types = kJsonNull;
+      node.any_of.push_back(out_.add_node(std::move(null_node)));
+    }
+    return out_.add_node(std::move(node));
+  }
+
+  int32_t compile_literals(const json& schema, const std::string& pointer) {
+    if (schema.contains("enum") && schema.contains("const"))
+      throw Error("enum beside const (at " + where(pointer) + ") is not supported");
+    std::vector<json> values;
+    if (schema.contains("const")) {
+      values.push_back(schema["const"]);
+    } else {
+      const json& e = schema["enum"];
+      if (!e.is_array() || e.empty()) throw Error("enum at " + where(pointer) + " must be a non-empty array");
+      if (e.size() > kMaxLiterals) throw Error("enum at " + where(pointer) + " has more than 4096 values");
+      values.assign(e.begin(), e.end());
+    }
+    // The other keywords still apply: keep the values they accept.
+    json rest = schema;
+    rest.erase("enum");
+    rest.erase("const");
+    const int32_t rest_node = compile_plain(rest, pointer, /*untyped_means_any=*/true);
+    std::vector<std::string> literals;
+    for (const json& v : values)
+      if (out_.validates(v, rest_node)) literals.push_back(v.dump());
+    if (literals.empty())
+      throw Error("no value of the enum or const at " + where(pointer) + " satisfies the schema's other keywords");
+    SchemaNode node;
+    node.literal_set = out_.add_literals(std::move(literals));
+    return out_.add_node(std::move(node));
+  }
+
+  static int64_t count_of(const json& schema, const char* key, const std::string& pointer) {
+    const json& v = schema[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      throw Error(std::string(key) + " at " + where(pointer) + " must be a non-negative integer");
+    return v.get<int64_t>();
+  }
+
+  int32_t compile_plain(const json& schema, const std::string& pointer, bool untyped_means_any = false) {
+    SchemaNode node;
+    if (schema.contains("type")) {
+      const json& t = schema["type"];
+      std::vector<json> names = t.is_array() ? std::vector<json>(t.begin(), t.end()) : std::vector<json>{t};
+      if (names.empty()) throw Error("type at " + where(pointer) + " must not be empty");
+      for (const json& name : names) {
+        const std::string s = name.is_string() ? name.get<std::string>() : "";
+        if (s == "null") node.types |= kJsonNull;
+        else if (s == "boolean") node.types |= kJsonBoolean;
+        else if (s == "integer") node.types |= kJsonInteger;
+        else if (s == "number") node.types |= kJsonNumber | kJsonInteger;
+        else if (s == "string") node.types |= kJsonString;
+        else if (s == "array") node.types |= kJsonArray;
+        else if (s == "object") node.types |= kJsonObject;
+        else throw Error("type at " + where(pointer) + " must name JSON types (got " + name.dump() + ")");
+      }
+    } else if (untyped_means_any) {
+      node.types = kJsonAnyType;
+    } else {
+      for (const char* k : {"properties", "required", "additionalProperties"})
+        if (schema.contains(k)) node.types |= kJsonObject;
+      for (const char* k : {"items", "prefixItems", "minItems", "maxItems"})
+        if (schema.contains(k)) node.types |= kJsonArray;
+      for (const char* k : {"minLength", "maxLength"})
+        if (schema.contains(k)) node.types |= kJsonString;
+      if (node.types == 0) node.types = kJsonAnyType;
+    }
+    if (schema.value("nullable", false)) node.types |= kJsonNull;
+
+    if (schema.contains("minLength")) node.min_length = count_of(schema, "minLength", pointer);
+    if (schema.contains("maxLength")) node.max_length = count_of(schema, "maxLength", pointer);
+    if (schema.contains("minItems")) node.min_items = count_of(schema, "minItems", pointer);
+    if (schema.contains("maxItems")) node.max_items = count_of(schema, "maxItems", pointer);
+
+    const int32_t id = out_.add_node({});
+    // Arrays.
+    if (schema.contains("prefixItems")) {
+      const json& p = schema["prefixItems"];
+      if (!p.is_array()) throw Error("prefixItems at " + where(pointer) + " must be an array");
+      for (size_t i = 0; i < p.size(); ++i)
+        node.prefix_items.push_back(compile(p[i], pointer + "/prefixItems/" + std::to_string(i)));
+    }
+    if (schema.contains("items")) {
+      const json& items = schema["items"];
+      if (items.is_array())
+        throw Error("items as an array (at " + where(pointer) + ") is not supported: use prefixItems");
+      node.items = items.is_boolean() && !items.get<bool>() ? -1 : compile(items, pointer + "/items");
+    } else {
+      node.items = compile(json(true), pointer + "/items");
+    }
+    // Objects.
+    std::map<std::string, int32_t> properties;
+    if (schema.contains("properties")) {
+      const json& props = schema["properties"];
+      if (!props.is_object()) throw Error("properties at " + where(pointer) + " must be an object");
+      for (const auto& [name, sub] : props.items()) {
+        if (needs_escape(name))
+          throw Error("property name " + json(name).dump() + " (at " + where(pointer) +
+                      ") needs a JSON escape, which structured output does not write");
+        properties[name] = compile(sub, pointer + "/properties/" + name);
+      }
+    }
+    if (schema.contains("additionalProperties")) {
+      const json& a = schema["additionalProperties"];
+      node.additional = a.is_boolean() && !a.get<bool>() ? -1 : compile(a, pointer + "/additionalProperties");
+    }
+    std::vector<std::string> required;
+    if (schema.contains("required")) {
+      const json& r = schema["required"];
+      if (!r.is_array()) throw Error("required at " + where(pointer) + " must be an array");
+      for (const json& name : r) {
+        if (!name.is_string()) throw Error("required at " + where(pointer) + " must list strings");
+        const std::string s = name.get<std::string>();
+        if (!properties.count(s)) {
+          // A required key the schema does not describe: other keys' schema.
+          if (node.additional < 0)
+            throw Error("required property '" + s + "' (at " + where(pointer) +
+                        ") is not in properties and additionalProperties allows no other keys");
+          if (needs_escape(s)) throw Error("required property " + json(s).dump() + " needs a JSON escape");
+          properties[s] = node.additional;
+        }
+        required.push_back(s);
+      }
+    }
+    if (properties.size() > kMaxProperties)
+      throw Error("an object schema (at " + where(pointer) + ") with more than 64 properties is not supported");
+    for (const auto& [name, sub] : properties) {
+      node.property_names.push_back(name);
+      node.property_nodes.push_back(sub);
+    }
+    for (const std::string& name : required) {
+      const auto it = std::lower_bound(node.property_names.begin(), node.property_names.end(), name);
+      node.required |= uint64_t{1} << (it - node.property_names.begin());
+    }
+    out_.mutable_node(id) = std::move(node);
+    return id;
+  }
+};
+
+// A satisfiable node has a finite derivation: the least fixed point.
+bool satisfiable_now(const JsonSchema& s, const SchemaNode& n) {
+  auto sat = [&](int32_t id) { return id >= 0 && s.node(id).satisfiable; };
+  if (!n.any_of.empty()) return std::any_of(n.any_of.begin(), n.any_of.end(), sat);
+  if (n.literal_set >= 0) return !s.literals(n.literal_set).empty();
+  if (n.types & (kJsonNull | kJsonBoolean | kJsonInteger | kJsonNumber)) return true;
+  if ((n.types & kJsonString) && (n.max_length < 0 || n.min_length <= n.max_length)) return true;
+  if ((n.types & kJsonArray) && (n.max_items < 0 || n.min_items <= n.max_items)) {
+    bool ok = true;
+    const int64_t need = std::min<int64_t>(n.min_items, static_cast<int64_t>(n.prefix_items.size()) + 1);
+    for (int64_t i = 0; i < need && ok; ++i) ok = sat(n.item_node(i));
+    if (ok) return true;
+  }
+  if (n.types & kJsonObject) {
+    bool ok = true;
+    for (size_t i = 0; i < n.property_names.size() && ok; ++i)
+      if (n.required >> i & 1) ok = sat(n.property_nodes[i]);
+    if (ok) return true;
+  }
+  return false;
+}
+
+int64_t utf8_code_points(const std::string& s) { return code_points(s); }
+
+}  // namespace
+
+JsonSchema::JsonSchema() {
+  literal_sets_.push_back({"false", "true"});
+  literal_sets_.push_back({"null"});
+}
+
+int32_t JsonSchema::add_node(SchemaNode node) {
+  nodes_.push_back(std::move(node));
+  return static_cast<int32_t>(nodes_.size() - 1);
+}
+
+int32_t JsonSchema::add_literals(std::vector<std::string> literals) {
+  std::sort(literals.begin(), literals.end());
+  literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+  literal_sets_.push_back(std::move(literals));
+  return static_cast<int32_t>(literal_sets_.size() - 1);
+}
+
+void JsonSchema::compute_satisfiable() {
+  for (auto& n : nodes_) n.satisfiable = false;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto& n : nodes_)
+      if (!n.satisfiable && satisfiable_now(*this, n)) n.satisfiable = changed = true;
+  }
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
+  auto out = std::make_shared<JsonSchema>();
+  Compiler compiler(schema, *out);
+  out->set_root(compiler.compile_pointer(""));
+  out->compute_satisfiable();
+  if (!out->node(out->root()).satisfiable) throw Error("no JSON document satisfies the schema");
+  return out;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
+  return compile(json{{"type", "object"}, {"additionalProperties", true}});
+}
+
+bool JsonSchema::validates(const json& v, int32_t id) const {
+  if (id < 0) return false;
+  const SchemaNode& n = nodes_[id];
+  if (!n.any_of.empty())
+    return std::any_of(n.any_of.begin(), n.any_of.end(), [&](int32_t alt) { return validates(v, alt); });
+  if (n.literal_set >= 0) {
+    const auto& lits = literal_sets_[n.literal_set];
+    return std::binary_search(lits.begin(), lits.end(), v.dump());
+  }
+  switch (v.type()) {
+    case json::value_t::null: return n.types & kJsonNull;
+    case json::value_t::boolean: return n.types & kJsonBoolean;
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return n.types & (kJsonInteger | kJsonNumber);
+    case json::value_t::number_float: {
+      const double d = v.get<double>();
+      return (n.types & kJsonNumber) || ((n.types & kJsonInteger) && d == static_cast<double>(static_cast<int64_t>(d)));
+    }
+    case json::value_t::string: {
+      if (!(n.types & kJsonString)) return false;
+      const int64_t len = utf8_code_points(v.get_ref<const std::string&>());
+      return len >= n.min_length && (n.max_length < 0 || len <= n.max_length);
+    }
+    case json::value_t::array: {
+      if (!(n.types & kJsonArray)) return false;
+      const auto size = static_cast<int64_t>(v.size());
+      if (size < n.min_items || (n.max_items >= 0 && size > n.max_items)) return false;
+      for (int64_t i = 0; i < size; ++i)
+        if (!validates(v[i], n.item_node(i))) return false;
+      return true;
+    }
+    case json::value_t::object: {
+      if (!(n.types & kJsonObject)) return false;
+      uint64_t seen = 0;
+      for (const auto& [key, value] : v.items()) {
+        const auto it = std::lower_bound(n.property_names.begin(), n.property_names.end(), key);
+        if (it != n.property_names.end() && *it == key) {
+          const auto i = it - n.property_names.begin();
+          seen |= uint64_t{1} << i;
+          if (!validates(value, n.property_nodes[i])) return false;
+        } else if (!validates(value, n.additional)) {
+          return false;
+        }
+      }
+      return (seen & n.required) == n.required;
+    }
+    default: return false;
+  }
+}
+
+}  // namespace reprise

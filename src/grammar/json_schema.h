@@ -1,0 +1,106 @@
+// A JSON Schema compiled for structured output: the node graph JsonMatcher
+// walks while a model writes a document, and a validator for finished ones.
+//
+// What is enforced (docs/server.md, Structured output): type (one or a list),
+// enum, const, properties, required, additionalProperties, items,
+// prefixItems, minItems, maxItems, minLength, maxLength, anyOf, oneOf (as
+// anyOf), allOf of one schema, $ref into the same document ($defs,
+// definitions, any JSON pointer), nullable. Annotations (title,
+// description, default, examples, format, ...) are ignored. Any other
+// keyword is refused with reprise::Error rather than silently not enforced.
+//
+// Two choices where JSON Schema is looser than a useful generation:
+// additionalProperties absent means none (as llama.cpp's grammars do: the
+// model writes the declared keys, not invented ones), and a schema without
+// `type` that uses object, array or string keywords is that type.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace reprise {
+
+// Bits of SchemaNode::types.
+enum JsonTypeBit : uint8_t {
+  kJsonNull = 1,
+  kJsonBoolean = 2,
+  kJsonInteger = 4,
+  kJsonNumber = 8,  // any number (integers too)
+  kJsonString = 16,
+  kJsonArray = 32,
+  kJsonObject = 64,
+  kJsonAnyType = 127,
+};
+
+struct SchemaNode {
+  // Non-empty: the node is the union of these nodes; nothing else is set.
+  std::vector<int32_t> any_of;
+  // >= 0: the value is one of JsonSchema::literals(literal_set), written
+  // exactly so; nothing else is set.
+  int32_t literal_set = -1;
+  uint8_t types = 0;  // JsonTypeBit
+
+  int64_t min_length = 0, max_length = -1;  // strings, in code points; -1: no limit
+
+  std::vector<int32_t> prefix_items;  // arrays: the first items' nodes
+  int32_t items = -1;                 // the rest's node; -1: no more items
+  int64_t min_items = 0, max_items = -1;
+
+  // Objects: declared properties sorted by name (bytes), their nodes, the
+  // required ones as bits over that order, and the node of other keys (-1:
+  // none allowed).
+  std::vector<std::string> property_names;
+  std::vector<int32_t> property_nodes;
+  uint64_t required = 0;
+  int32_t additional = -1;
+
+  // Whether some finite document matches (computed by compile); generation
+  // never enters a node that is not.
+  bool satisfiable = false;
+
+  bool has_length_limits() const { return min_length > 0 || max_length >= 0; }
+  int32_t item_node(int64_t index) const {
+    return index < static_cast<int64_t>(prefix_items.size()) ? prefix_items[index] : items;
+  }
+};
+
+class JsonSchema {
+ public:
+  // Throws reprise::Error naming the keyword and where it is for schemas
+  // using what is not enforced, for malformed schemas, and for schemas no
+  // document satisfies.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  // Any JSON object (OpenAI's response_format json_object).
+  static std::shared_ptr<const JsonSchema> any_object();
+
+  int32_t root() const { return root_; }
+  const SchemaNode& node(int32_t id) const { return nodes_[id]; }
+  size_t node_count() const { return nodes_.size(); }
+  // Sorted, distinct serialisations.
+  const std::vector<std::string>& literals(int32_t set) const { return literal_sets_[set]; }
+  // The literal sets of booleans ("false", "true") and of null.
+  static constexpr int32_t kBooleanLiterals = 0;
+  static constexpr int32_t kNullLiterals = 1;
+
+  // Whether `value` matches the schema as compiled (the choices above included).
+  bool validates(const nlohmann::json& value) const { return validates(value, root_); }
+  bool validates(const nlohmann::json& value, int32_t node) const;
+
+  // Public for the compiler in json_schema.cpp; use compile().
+  JsonSchema();
+  int32_t add_node(SchemaNode node);
+  int32_t add_literals(std::vector<std::string> literals);
+  SchemaNode& mutable_node(int32_t id) { return nodes_[id]; }
+  void set_root(int32_t root) { root_ = root; }
+  void compute_satisfiable();
+
+ private:
+  std::vector<SchemaNode> nodes_;
+  std::vector<std::vector<std::string>> literal_sets_;
+  int32_t root_ = -1;
+};
+
+}  // namespace reprise

@@ -1,0 +1,468 @@
+// Structured output: the schema compiler, the byte-level JSON matcher and
+// the token-level constraint.
+//
+// Randomized properties, over random schemas:
+// * soundness: every document the matcher accepts whole parses (nlohmann)
+//   and validates against the schema, including documents produced by a
+//   random walk over the matcher's own allowed bytes and mutants of valid
+//   documents;
+// * no dead ends: every prefix the walk reaches has an allowed byte or is a
+//   whole document, and a steered walk always finishes;
+// * completeness: random documents that satisfy the schema, written in the
+//   documented style, are accepted whole;
+// * the trie walk with remembered string states allows exactly the tokens
+//   that trying every token on its own allows.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "grammar/json_constraint.h"
+#include "grammar/json_matcher.h"
+#include "grammar/json_schema.h"
+#include "util/error.h"
+
+using namespace reprise;
+using nlohmann::json;
+
+namespace {
+
+std::shared_ptr<const JsonSchema> compile(const std::string& text) { return JsonSchema::compile(json::parse(text)); }
+
+bool accepts_whole(const std::shared_ptr<const JsonSchema>& schema, const std::string& doc) {
+  JsonMatcher m(schema);
+  return m.advance(doc) && m.can_end();
+}
+
+// Whether every byte of `doc` is accepted (a prefix of some document).
+bool accepts_prefix(const std::shared_ptr<const JsonSchema>& schema, const std::string& doc) {
+  JsonMatcher m(schema);
+  return m.advance(doc);
+}
+
+// ---- random schemas --------------------------------------------------------
+
+const std::vector<std::string> kNames = {"a", "ab", "abc", "b", "name", "names", "id", "x_y", "\xC3\xA9t\xC3\xA9", "n"};
+
+json random_scalar_value(std::mt19937& rng) {
+  switch (rng() % 6) {
+    case 0: return json(nullptr);
+    case 1: return json(rng() % 2 == 0);
+    case 2: return json(static_cast<int>(rng() % 2000) - 1000);
+    case 3: return json(static_cast<double>(static_cast<int>(rng() % 4000) - 2000) / 8.0);
+    case 4: return json(kNames[rng() % kNames.size()]);
+    default: return json::array({static_cast<int>(rng() % 3), "v"});
+  }
+}
+
+json random_schema(std::mt19937& rng, int depth) {
+  const int kind = static_cast<int>(rng() % (depth <= 0 ? 7 : 12));
+  switch (kind) {
+    case 0: return {{"type", "string"}};
+    case 1: {
+      json s = {{"type", "string"}};
+      const int lo = static_cast<int>(rng() % 3);
+      s["minLength"] = lo;
+      if (rng() % 2) s["maxLength"] = lo + static_cast<int>(rng() % 4);
+      return s;
+    }
+    case 2: return {{"type", rng() % 2 ? "integer" : "number"}};
+    case 3: return {{"type", "boolean"}};
+    case 4: return {{"type", "null"}};
+    case 5: {
+      json values = json::array();
+      const int n = 1 + static_cast<int>(rng() % 4);
+      for (int i = 0; i < n; ++i) values.push_back(random_scalar_value(rng));
+      return {{"enum", values}};
+    }
+    case 6: return json::object();  // anything
+    case 7:
+    case 8: {
+      json s = {{"type", "object"}};
+      json props = json::object();
+      json required = json::array();
+      const int n = static_cast<int>(rng() % 4);
+      for (int i = 0; i < n; ++i) {
+        const std::string& name = kNames[rng() % kNames.size()];
+        props[name] = random_schema(rng, depth - 1);
+        if (rng() % 2) required.push_back(name);
+      }
+      s["properties"] = props;
+      if (!required.empty()) {
+        std::sort(required.begin(), required.end());
+        required.erase(std::unique(required.begin(), required.end()), required.end());
+        s["required"] = required;
+      }
+      switch (rng() % 4) {
+        case 0: break;
+        case 1: s["additionalProperties"] = true; break;
+        case 2: s["additionalProperties"] = false; break;
+        default: s["additionalProperties"] = random_schema(rng, depth - 1); break;
+      }
+      return s;
+    }
+    case 9: {
+      json s = {{"type", "array"}};
+      if (rng() % 3 == 0) {
+        s["prefixItems"] = json::array({random_schema(rng, depth - 1), random_schema(rng, depth - 1)});
+        if (rng() % 2) s["items"] = false;
+      }
+      if (rng() % 4) s["items"] = random_schema(rng, depth - 1);
+      if (rng() % 2) s["minItems"] = static_cast<int>(rng() % 3);
+      if (rng() % 2) s["maxItems"] = 1 + static_cast<int>(rng() % 3);
+      return s;
+    }
+    case 10: return {{"anyOf", json::array({random_schema(rng, depth - 1), random_schema(rng, depth - 1)})}};
+    default: {
+      json s = random_schema(rng, depth - 1);
+      if (s.contains("type") && s["type"].is_string()) s["type"] = json::array({s["type"], "null"});
+      return s;
+    }
+  }
+}
+
+// A schema that compiles (random ones may be unsatisfiable: drawn again).
+std::shared_ptr<const JsonSchema> random_compiled(std::mt19937& rng, json& source) {
+  for (;;) {
+    source = random_schema(rng, 3);
+    if (rng() % 5 == 0) {  // a recursive tree through $defs
+      source = {{"$defs", {{"node", {{"type", "object"},
+                                     {"properties", {{"v", random_schema(rng, 1)},
+                                                     {"kids", {{"type", "array"}, {"items", {{"$ref", "#/$defs/node"}}}}}}},
+                                     {"required", json::array({"v"})}}}}},
+                {"$ref", "#/$defs/node"}};
+    }
+    try {
+      return JsonSchema::compile(source);
+    } catch (const Error&) {
+      // unsatisfiable (e.g. maxItems below minItems) or an empty enum after filtering
+    }
+  }
+}
+
+// ---- random valid documents, in the matcher's style ------------------------
+
+std::string whitespace(std::mt19937& rng) {
+  switch (rng() % 6) {
+    case 0: return " ";
+    case 1: return "\n" + std::string(rng() % 5, ' ');
+    case 2: return "\n\t";
+    default: return "";
+  }
+}
+
+std::string random_string_content(std::mt19937& rng, int64_t min_len, int64_t max_len) {
+  const int64_t hi = max_len >= 0 ? max_len : min_len + 6;
+  const int64_t len = min_len + static_cast<int64_t>(rng() % (hi - min_len + 1));
+  static const std::vector<std::string> chars = {"a", "Z", " ", "\\n", "\\\"", "\\\\", "\\u00e9", "\\uD7FF",
+                                                 "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "/", "\\/", "{"};
+  std::string s;
+  for (int64_t i = 0; i < len; ++i) s += chars[rng() % chars.size()];
+  return s;
+}
+
+// A document for `node`, or nullopt when the draw failed (a union's pick or a
+// depth limit); callers retry.
+std::optional<std::string> random_document(const JsonSchema& schema, int32_t id, std::mt19937& rng, int depth) {
+  const SchemaNode& n = schema.node(id);
+  if (!n.satisfiable || depth > 8) return std::nullopt;
+  if (!n.any_of.empty()) return random_document(schema, n.any_of[rng() % n.any_of.size()], rng, depth + 1);
+  if (n.literal_set >= 0) {
+    const auto& lits = schema.literals(n.literal_set);
+    return lits[rng() % lits.size()];
+  }
+  std::vector<uint8_t> types;
+  for (uint8_t bit = 1; bit < 128; bit <<= 1)
+    if (n.types & bit) types.push_back(bit);
+  const uint8_t type = types[rng() % types.size()];
+  switch (type) {
+    case kJsonNull: return "null";
+    case kJsonBoolean: return rng() % 2 ? "true" : "false";
+    case kJsonInteger: return std::to_string(static_cast<int>(rng() % 100000) - 50000);
+    case kJsonNumber: {
+      static const std::vector<std::string> numbers = {"0", "-0", "1.5", "-2.25e3", "7E+2", "0.001", "123456", "9e-3"};
+      return numbers[rng() % numbers.size()];
+    }
+    case kJsonString:
+      if (n.max_length >= 0 && n.min_length > n.max_length) return std::nullopt;
+      return "\"" + random_string_content(rng, n.min_length, n.max_length) + "\"";
+    case kJsonArray: {
+      const int64_t hi = n.max_items >= 0 ? n.max_items : n.min_items + 3;
+      if (hi < n.min_items) return std::nullopt;
+      int64_t count = n.min_items + static_cast<int64_t>(rng() % (hi - n.min_items + 1));
+      std::string out = "[" + whitespace(rng);
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t item = n.item_node(i);
+        if (item < 0) return std::nullopt;
+        auto v = random_document(schema, item, rng, depth + 1);
+        if (!v) return std::nullopt;
+        if (i > 0) out += "," + whitespace(rng);
+        out += *v + whitespace(rng);
+      }
+      return out + "]";
+    }
+    default: {  // object
+      std::vector<std::pair<std::string, int32_t>> members;
+      for (size_t i = 0; i < n.property_names.size(); ++i)
+        if ((n.required >> i & 1) || rng() % 2) members.push_back({n.property_names[i], n.property_nodes[i]});
+      if (n.additional >= 0 && rng() % 2) {
+        const std::string key = "extra_" + std::to_string(rng() % 1000);
+        members.push_back({key, n.additional});
+      }
+      std::shuffle(members.begin(), members.end(), rng);
+      std::string out = "{" + whitespace(rng);
+      for (size_t i = 0; i < members.size(); ++i) {
+        auto v = random_document(schema, members[i].second, rng, depth + 1);
+        if (!v) return std::nullopt;
+        if (i > 0) out += "," + whitespace(rng);
+        out += "\"" + members[i].first + "\"" + whitespace(rng) + ":" + whitespace(rng) + *v + whitespace(rng);
+      }
+      return out + "}";
+    }
+  }
+}
+
+// Random walk over the bytes the matcher allows; after `budget` bytes it is
+// steered towards closing. Returns the document, or fails the test.
+std::string walk(const std::shared_ptr<const JsonSchema>& schema, std::mt19937& rng, int budget) {
+  JsonMatcher m(schema);
+  std::string doc;
+  const std::string closing_first = "]}\":0ntfa1,";
+  for (int step = 0; step < 20000; ++step) {
+    std::vector<uint8_t> allowed;
+    for (int c = 0; c < 256; ++c) {
+      JsonMatcher probe = m;
+      if (probe.advance(std::string(1, static_cast<char>(c)))) allowed.push_back(static_cast<uint8_t>(c));
+    }
+    const bool can_end = m.can_end();
+    EXPECT_TRUE(can_end || !allowed.empty()) << "dead end after " << json(doc).dump();
+    if (allowed.empty() || (can_end && (step >= budget || rng() % 8 == 0))) return doc;
+    uint8_t c = allowed[rng() % allowed.size()];
+    auto is_allowed = [&](uint8_t b) { return std::find(allowed.begin(), allowed.end(), b) != allowed.end(); };
+    const JsonFrame& top = m.stacks().front().back();
+    bool steered = false;
+    if (step >= budget && top.kind == JsonFrame::Object && top.phase == 1 /* a key */) {
+      // Spell the first declared key still possible; the byte priorities
+      // below would write new other keys forever.
+      const SchemaNode& n = schema->node(top.node);
+      for (int32_t i = top.lo; i < top.hi && !steered; ++i) {
+        if ((top.seen >> i & 1) || !schema->node(n.property_nodes[i]).satisfiable) continue;
+        const std::string& name = n.property_names[i];
+        const uint8_t want = top.pos == static_cast<int32_t>(name.size()) ? '"' : static_cast<uint8_t>(name[top.pos]);
+        if (is_allowed(want)) c = want, steered = true;
+      }
+    }
+    const bool in_text = top.kind == JsonFrame::String || (top.kind == JsonFrame::Object && top.phase == 1);
+    if (step >= budget && !steered && in_text && is_allowed('"')) c = '"', steered = true;
+    if (step >= budget && !steered) {
+      // Prefer bytes that close things, then any.
+      for (char want : closing_first)
+        if (is_allowed(static_cast<uint8_t>(want))) {
+          c = static_cast<uint8_t>(want);
+          break;
+        }
+    }
+    EXPECT_TRUE(m.advance(std::string(1, static_cast<char>(c))));
+    doc += static_cast<char>(c);
+  }
+  ADD_FAILURE() << "the steered walk did not finish: " << json(doc).dump();
+  return doc;
+}
+
+void expect_valid(const JsonSchema& schema, const std::string& doc, const json& source) {
+  json parsed;
+  try {
+    parsed = json::parse(doc);
+  } catch (const json::exception& e) {
+    ADD_FAILURE() << "accepted a document that does not parse: " << doc << "\nschema " << source.dump();
+    return;
+  }
+  EXPECT_TRUE(schema.validates(parsed)) << "accepted " << doc << "\nagainst " << source.dump();
+}
+
+}  // namespace
+
+TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
+  for (const char* text : {R"({"type":"string","pattern":"a+"})", R"({"type":"integer","minimum":3})",
+                           R"({"not":{}})", R"({"allOf":[{"type":"string"},{"minLength":2}]})",
+                           R"({"$ref":"http://example.com/s.json"})", R"({"$ref":"#/$defs/missing"})",
+                           R"({"type":"strin"})", R"({"type":"object","properties":{"a\"b":{}}})",
+                           R"({"type":"object","required":["z"]})", R"({"enum":[]})",
+                           R"({"type":"string","enum":[1,2]})", R"({"type":"array","minItems":3,"maxItems":2})",
+                           R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
+                           R"({"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]})", "3"}) {
+    EXPECT_THROW(compile(text), Error) << text;
+  }
+  try {
+    compile(R"({"type":"object","properties":{"n":{"type":"number","minimum":0}}})");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/properties/n"), std::string::npos) << e.what();
+  }
+}
+
+TEST(JsonSchemaCompile, AnnotationsAndPydanticShapesCompile) {
+  auto s = compile(R"({
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Person", "type": "object",
+    "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}},
+    "properties": {
+      "name": {"type": "string", "description": "full name", "format": "email"},
+      "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": null},
+      "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}},
+      "best": {"allOf": [{"$ref": "#/$defs/Pet"}]}
+    },
+    "required": ["name", "pets"]})");
+  EXPECT_TRUE(s->validates(json::parse(R"({"name":"x","pets":[{"kind":"cat"}],"age":null})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x","pets":[{"kind":"cow"}]})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x"})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x","pets":[],"other":1})")));  // no other keys by default
+}
+
+TEST(JsonMatcher, AnyObject) {
+  auto s = JsonSchema::any_object();
+  EXPECT_TRUE(accepts_whole(s, R"({"a": [1, -2.5e3, "x\u00e9\n", true, null, {"b": {}}], "c":0})"));
+  EXPECT_TRUE(accepts_whole(s, "{\n  \"k\": \"\xE2\x82\xAC\"\n}"));
+  EXPECT_TRUE(accepts_whole(s, "{}"));
+  for (const char* bad : {"[1]", " {}", "{} ", "{\"a\":01}", "{\"a\":\"\\ud800\"}", "{\"a\":1,}", "{\"a\" 1}",
+                          "{\"a\":1}{", "{'a':1}", "{\"a\":tru}", "{\"a\":\"\x01\"}", "{\"a\":\"\xC0\xAF\"}",
+                          "{\"a\":\"\xED\xA0\x80\"}", "{\"a\\u0062\":1}", "{\"a\":  1}", "{\"a\":\n\n1}",
+                          "{\"a\":1.}", "{\"a\":.5}", "{\"a\":12345678901234567}", "{\"a\":NaN}"})
+    EXPECT_FALSE(accepts_whole(s, bad)) << bad;
+  EXPECT_TRUE(accepts_prefix(s, "{\"a\": 12"));
+  EXPECT_FALSE(accepts_whole(s, "{\"a\": 12"));
+}
+
+TEST(JsonMatcher, PropertiesRequiredAndEnums) {
+  auto s = compile(R"({"type":"object","properties":{"name":{"type":"string","maxLength":3},
+    "names":{"type":"array","items":{"type":"integer"},"maxItems":2},"color":{"enum":["red","green",7]}},
+    "required":["name"]})");
+  EXPECT_TRUE(accepts_whole(s, R"({"name":"abc"})"));
+  EXPECT_TRUE(accepts_whole(s, R"({"names":[1,2],"name":"\u00e9","color":7})"));
+  EXPECT_TRUE(accepts_whole(s, R"({"color":"green","name":""})"));
+  for (const char* bad : {R"({})", R"({"name":"abcd"})", R"({"name":"a","name":"b"})", R"({"nam":"a"})",
+                          R"({"name":"a","names":[1,2,3]})", R"({"name":"a","names":[1.5]})",
+                          R"({"name":"a","color":"blue"})", R"({"name":"a","color":70})", R"({"name":"a","x":1})"})
+    EXPECT_FALSE(accepts_whole(s, bad)) << bad;
+  // Prefixes that cannot become a declared key are refused at once.
+  EXPECT_FALSE(accepts_prefix(s, R"({"q)"));
+  EXPECT_FALSE(accepts_prefix(s, R"({"name":"a","name")"));  // "name" is written already
+  EXPECT_TRUE(accepts_prefix(s, R"({"name":"a","name)"));     // "names" is still possible
+}
+
+TEST(JsonMatcher, UnionsKeepEveryAlternativeUntilTheBytesDecide) {
+  auto s = compile(R"({"anyOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+                                {"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}]})");
+  EXPECT_TRUE(accepts_whole(s, R"({"a":1})"));
+  EXPECT_TRUE(accepts_whole(s, R"({"a":"x"})"));
+  EXPECT_FALSE(accepts_whole(s, R"({"a":true})"));
+  JsonMatcher m(s);
+  ASSERT_TRUE(m.advance(R"({"a":)"));
+  EXPECT_EQ(m.stacks().size(), 2u);
+  ASSERT_TRUE(m.advance("1"));
+  EXPECT_EQ(m.stacks().size(), 1u);
+}
+
+TEST(JsonMatcher, RandomWalksAreValidAndNeverStuck) {
+  std::mt19937 rng(20261128);
+  for (int trial = 0; trial < 400; ++trial) {
+    json source;
+    auto schema = random_compiled(rng, source);
+    const std::string doc = walk(schema, rng, static_cast<int>(rng() % 60));
+    ASSERT_TRUE(accepts_whole(schema, doc)) << doc;
+    expect_valid(*schema, doc, source);
+    if (HasFailure()) break;
+  }
+}
+
+TEST(JsonMatcher, ValidDocumentsAreAcceptedAndMutantsStaySound) {
+  std::mt19937 rng(7);
+  int accepted = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    json source;
+    auto schema = random_compiled(rng, source);
+    std::optional<std::string> doc;
+    for (int attempt = 0; attempt < 20 && !doc; ++attempt) doc = random_document(*schema, schema->root(), rng, 0);
+    if (!doc) continue;
+    ASSERT_TRUE(accepts_whole(schema, *doc)) << *doc << "\nschema " << source.dump();
+    expect_valid(*schema, *doc, source);
+    ++accepted;
+    // Mutants: whatever the matcher accepts whole must still be valid.
+    for (int m = 0; m < 20; ++m) {
+      std::string mutant = *doc;
+      const size_t at = rng() % (mutant.size() + 1);
+      static const std::string bytes = "{}[]\",:0123-.eE tfn\\u\xC3\xA9";
+      switch (rng() % 3) {
+        case 0: if (at < mutant.size()) mutant.erase(at, 1); break;
+        case 1: mutant.insert(at, 1, bytes[rng() % bytes.size()]); break;
+        default: if (at < mutant.size()) mutant[at] = bytes[rng() % bytes.size()]; break;
+      }
+      if (accepts_whole(schema, mutant)) expect_valid(*schema, mutant, source);
+    }
+    if (HasFailure()) break;
+  }
+  EXPECT_GT(accepted, 400);
+}
+
+namespace {
+
+// A vocabulary of JSON-ish fragments, partial UTF-8 and single bytes.
+std::vector<std::string> random_vocabulary(std::mt19937& rng) {
+  std::vector<std::string> pieces;
+  for (int c = 0; c < 256; ++c) pieces.push_back(std::string(1, static_cast<char>(c)));  // byte fallback
+  static const std::vector<std::string> fragments = {
+      "{\"", "\":", "\": ", "\",", "\", \"", "\"}", "\"]", "}]", "},", "\n", "\n  ", " \"", "true", "false", "null",
+      "nul", "name", "names", "\"name\"", "id", "\\n", "\\\"", "\\u", "00e9", "d800", "12", "3.5", "e+", "-1",
+      "\xC3", "\xA9", "\xC3\xA9", "\xE2\x82", "\xAC\"", "abc", "ab", " a", "\"a", "a\"", ",\"", "[1", "]}", "\"\"",
+      "\"red\"", "red", "7", "x_y", "extra", "\":{\"", "\":[", "\t", "  ", ""};
+  for (const auto& f : fragments) pieces.push_back(f);
+  for (int i = 0; i < 200; ++i) {
+    std::string p;
+    const int len = 1 + static_cast<int>(rng() % 5);
+    for (int j = 0; j < len; ++j) p += fragments[rng() % fragments.size()];
+    pieces.push_back(p);
+  }
+  return pieces;
+}
+
+}  // namespace
+
+TEST(JsonConstraint, TrieWalkAllowsExactlyWhatEachTokenAloneAllows) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 120; ++trial) {
+    json source;
+    auto schema = trial % 6 == 0 ? JsonSchema::any_object() : random_compiled(rng, source);
+    auto vocabulary = std::make_shared<JsonVocabulary>(random_vocabulary(rng));
+    JsonConstraint constraint(schema, vocabulary);
+    std::vector<uint8_t> fast, slow;
+    for (int step = 0; step < 80; ++step) {
+      bool may_end_fast = false, may_end_slow = false;
+      constraint.allowed_tokens(fast, may_end_fast);
+      constraint.allowed_tokens_one_by_one(slow, may_end_slow);
+      ASSERT_EQ(may_end_fast, may_end_slow);
+      for (size_t id = 0; id < slow.size(); ++id)
+        ASSERT_EQ(fast[id], slow[id]) << "token " << json(vocabulary->trie().piece(id)).dump() << " trial " << trial
+                                      << " step " << step;
+      std::vector<int32_t> ids;
+      for (size_t id = 0; id < fast.size(); ++id)
+        if (fast[id]) ids.push_back(static_cast<int32_t>(id));
+      ASSERT_TRUE(may_end_fast || !ids.empty()) << "dead end";
+      if (ids.empty() || (may_end_fast && rng() % 4 == 0)) break;
+      ASSERT_TRUE(constraint.accept(ids[rng() % ids.size()]));
+    }
+  }
+}
+
+TEST(JsonConstraint, RefusesTokensItDoesNotAllow) {
+  auto vocabulary = std::make_shared<JsonVocabulary>(std::vector<std::string>{"{", "}", "\"", "a", "", "]"});
+  JsonConstraint c(JsonSchema::any_object(), vocabulary);
+  EXPECT_FALSE(c.accept(5));  // "]" cannot start an object
+  EXPECT_FALSE(c.accept(4));  // an empty (control) token
+  EXPECT_TRUE(c.accept(0));
+  EXPECT_TRUE(c.accept(1));
+  bool may_end = false;
+  std::vector<uint8_t> allowed;
+  c.allowed_tokens(allowed, may_end);
+  EXPECT_TRUE(may_end);
+  EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1), 0);
+}
