@@ -291,9 +291,16 @@ TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
                            R"({"type":"object","required":["z"]})", R"({"enum":[]})",
                            R"({"type":"string","enum":[1,2]})", R"({"type":"array","minItems":3,"maxItems":2})",
                            R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
-                           R"({"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]})", "3"}) {
+                           R"({"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]})", "3",
+                           R"({"type":"string","nullable":"yes"})", R"({"$ref":"#abc"})", R"({"items":[{}]})",
+                           R"({"type":"object","properties":{"a":{"type":"string","maxLength":-1}}})"}) {
     EXPECT_THROW(compile(text), Error) << text;
   }
+  // A long chain of references is refused, not followed to a stack overflow.
+  json chain = {{"$defs", json::object()}, {"$ref", "#/$defs/d0"}};
+  for (int i = 0; i < 1000; ++i) chain["$defs"]["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  chain["$defs"]["d1000"] = {{"type", "string"}};
+  EXPECT_THROW(JsonSchema::compile(chain), Error);
   try {
     compile(R"({"type":"object","properties":{"n":{"type":"number","minimum":0}}})");
   } catch (const Error& e) {

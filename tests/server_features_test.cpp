@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include "grammar/json_matcher.h"
+#include "grammar/json_schema.h"
 #include "model_fixtures.h"
 #include "server/http_server.h"
 #include "server/model_registry.h"
@@ -274,3 +276,127 @@ TEST(ServerSpeculative, ConcurrentRequestsGetWhatEachGetsAlone) {
 }
 
 }  // namespace
+
+// Structured output (response_format): every finished reply is a document
+// the schema allows, an unfinished one is a prefix of one, the prefix cache
+// gives the same replies as a cold run, and what reprise does not enforce
+// is refused.
+namespace {
+
+const json kPersonSchema = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 12},
+    "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+    "pet": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                                          "required": ["kind"]}]}
+  },
+  "required": ["name", "age"]})");
+
+json structured_request(uint64_t seed) {
+  return {{"messages", {{{"role", "user"}, {"content", "Describe a person as JSON."}}}},
+          {"max_tokens", 160},
+          {"temperature", 1.0},
+          {"seed", seed},
+          {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "person"}, {"schema", kPersonSchema}}}}}};
+}
+
+}  // namespace
+
+TEST(ServerStructuredOutput, RepliesAreDocumentsTheSchemaAllows) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  ServeOptions options;
+  options.model_path = test::synthetic_model("structured-output", spec).path;
+  Server s(options);
+  const auto schema = JsonSchema::compile(kPersonSchema);
+  int finished = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    auto [st, r] = s.post("/v1/chat/completions", structured_request(seed));
+    ASSERT_EQ(st, 200) << r.dump();
+    const std::string text = r["choices"][0]["message"]["content"];
+    const std::string finish = r["choices"][0]["finish_reason"];
+    JsonMatcher matcher(schema);
+    ASSERT_TRUE(matcher.advance(text)) << "seed " << seed << ": " << text;
+    if (finish == "stop") {
+      ++finished;
+      ASSERT_TRUE(matcher.can_end()) << text;
+      const json doc = json::parse(text, nullptr, false);
+      ASSERT_FALSE(doc.is_discarded()) << text;
+      EXPECT_TRUE(doc.contains("name") && doc["name"].is_string() && doc.contains("age")) << text;
+      EXPECT_TRUE(schema->validates(doc)) << text;
+    } else {
+      EXPECT_EQ(finish, "length");
+    }
+  }
+  // Every string, array and key is bounded, so random weights finish too.
+  EXPECT_GE(finished, 20);
+
+  // json_object: an object, whatever the model.
+  json object_request = structured_request(5);
+  object_request["response_format"] = {{"type", "json_object"}};
+  object_request["max_tokens"] = 48;
+  auto [st, r] = s.post("/v1/chat/completions", object_request);
+  ASSERT_EQ(st, 200);
+  const std::string text = r["choices"][0]["message"]["content"];
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text[0], '{');
+  JsonMatcher any(JsonSchema::any_object());
+  EXPECT_TRUE(any.advance(text)) << text;
+}
+
+TEST(ServerStructuredOutput, CachedRepliesEqualColdOnes) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  ServeOptions options;
+  options.model_path = test::synthetic_model("structured-output", spec).path;
+  std::vector<std::string> cold;
+  {
+    Server s(options);
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      auto [st, r] = s.post("/v1/chat/completions", structured_request(seed * 7));
+      ASSERT_EQ(st, 200);
+      cold.push_back(r["choices"][0]["message"]["content"]);
+    }
+  }
+  Server s(options);
+  for (int round = 0; round < 2; ++round)
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      auto [st, r] = s.post("/v1/chat/completions", structured_request(seed * 7));
+      ASSERT_EQ(st, 200);
+      EXPECT_EQ(r["choices"][0]["message"]["content"], cold[seed - 1]) << "seed " << seed * 7 << " round " << round;
+      if (round == 1 || seed > 1) {
+        EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+      }
+    }
+}
+
+TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  ServeOptions options;
+  options.model_path = test::synthetic_model("structured-output", spec).path;
+  Server s(options);
+  auto with_format = [](json format) {
+    json r = structured_request(1);
+    r["response_format"] = std::move(format);
+    return r;
+  };
+  const json pattern = {{"type", "json_schema"},
+                        {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}};
+  auto [st, r] = s.post("/v1/chat/completions", with_format(pattern));
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(r["error"]["param"], "response_format.json_schema.schema");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << r.dump();
+  EXPECT_EQ(s.post("/v1/chat/completions", with_format({{"type", "xml"}})).first, 400);
+  EXPECT_EQ(s.post("/v1/chat/completions", with_format({{"type", "json_schema"}})).first, 400);
+  EXPECT_EQ(s.post("/v1/chat/completions", with_format({{"type", "json_schema"}, {"json_schema", {{"schema", 3}}}})).first,
+            400);
+  EXPECT_EQ(s.post("/v1/chat/completions", with_format({{"type", "text"}})).first, 200);
+  // Text completions take it too.
+  json completion = {{"prompt", "{"}, {"max_tokens", 16}, {"response_format", {{"type", "json_object"}}}};
+  auto [st2, r2] = s.post("/v1/completions", completion);
+  ASSERT_EQ(st2, 200);
+  EXPECT_EQ(r2["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
+}

@@ -308,7 +308,19 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":500}})", "logit_bias.1"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":"5"}})", "logit_bias.1"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[1]})", "logit_bias"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":"json"})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format.json_schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+          "json_schema":{"name":"x","schema":{"type":"object","minProperties":1}}}})",
+       "response_format.json_schema.schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object",
+          "schema":{"type":"string","format":"date","pattern":"x"}}})",
+       "response_format.schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+          "json_schema":{"name":7,"schema":{}}}})",
+       "response_format.json_schema.name"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"cache_salt":5})", "cache_salt"},
       {R"({"messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed"},
@@ -429,6 +441,7 @@ TEST(OpenAIRequest, MutationFuzz) {
       R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"t"}]}],"stream":true,"stream_options":{"include_usage":true},"stop":["x","y"],"logprobs":true,"top_logprobs":2,"seed":3,"top_k":5,"min_p":0.1,"cache_salt":"c","tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"k":[1,{"a":null}]}})",
       R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0.7,"top_p":0.5,"stop":"\n","logprobs":1})",
       R"({"prompt":[1,2,3],"stream":false,"seed":-5,"repeat_penalty":1.2})",
+      R"({"prompt":"p","response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","$defs":{"d":{"type":["string","null"],"maxLength":3}},"properties":{"a":{"$ref":"#/$defs/d"},"b":{"type":"array","items":{"enum":[1,"x",null]},"minItems":1,"prefixItems":[{"const":2}]},"c":{"anyOf":[{"type":"integer"},{"nullable":true,"type":"number"}]}},"required":["a"],"additionalProperties":{"type":"boolean"}}}}})",
   };
   const std::vector<json> replacement_values = {
       nullptr, true, false, 0, -1, 1, 2, 1e308, -1e308, 0.5, 4294967296LL, -9223372036854775807LL - 1,
@@ -439,7 +452,9 @@ TEST(OpenAIRequest, MutationFuzz) {
       "model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
       "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "seed", "stop", "n", "logprobs", "top_logprobs",
       "cache_salt", "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "chat_template_kwargs",
-      "role", "content", "type", "text", "include_usage", "echo", "suffix", "best_of", "tool_calls", "name"};
+      "role", "content", "type", "text", "include_usage", "echo", "suffix", "best_of", "tool_calls", "name",
+      "json_schema", "schema", "$ref", "$defs", "properties", "items", "prefixItems", "required", "enum", "const",
+      "anyOf", "allOf", "nullable", "minItems", "maxLength", "additionalProperties"};
 
   std::mt19937_64 rng(1234);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };

@@ -29,19 +29,22 @@ struct StackTop {
 std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_tokens(const JsonMatcher& matcher,
                                                                                    const JsonStack& stack) {
   const JsonFrame& top = stack.back();
-  const SchemaNode& limits = matcher.schema().node(top.node);
   // A string's next tokens depend on its escape and UTF-8 state and, when
-  // its length is bounded, on its length and bounds.
-  const bool bounded = limits.has_length_limits();
-  const Key key{top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, bounded ? top.count : 0,
-                bounded ? limits.min_length : 0, bounded ? limits.max_length : -1};
+  // its length is bounded, on its length and bounds; a free key's on its
+  // UTF-8 state.
+  const bool is_string = top.kind == JsonFrame::String;
+  const bool bounded = is_string && matcher.schema().node(top.node).has_length_limits();
+  const SchemaNode* limits = bounded ? &matcher.schema().node(top.node) : nullptr;
+  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, bounded ? top.count : 0,
+                bounded ? limits->min_length : 0, bounded ? limits->max_length : -1};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = strings_.find(key); it != strings_.end()) return it->second;
   }
   auto result = std::make_shared<StringTokens>();
   result->inside.assign(trie_.vocabulary_size(), 0);
-  // A probe: the string alone in a document; a byte that closes it pops it.
+  // A probe: the text's frame alone in a document; a byte that closes the
+  // text pops the string or moves the key's object on.
   JsonStack probe{JsonFrame{}, top};
   std::vector<JsonStack> forks;
   auto walk = [&](auto& self, int32_t trie_node, const JsonStack& at) -> void {
@@ -51,7 +54,7 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
       JsonStack next = at;
       forks.clear();
       if (!matcher.step(next, child.byte, forks)) continue;
-      if (next.size() < 2) {
+      if (next.size() < 2 || !JsonMatcher::in_free_text(next.back())) {
         const auto tokens = trie_.subtree_tokens(child);
         result->closing.insert(result->closing.end(), tokens.begin(), tokens.end());
         continue;
@@ -128,11 +131,25 @@ void JsonConstraint::allowed_tokens(std::vector<uint8_t>& allowed, bool& may_end
   const auto& stacks = matcher_.stacks();
   if (stacks.size() > 1) return walk_stacks(TokenTrie::kRoot, stacks, allowed);
   JsonStack stack = stacks.front();
-  if (stack.back().kind == JsonFrame::String) {
+  if (JsonMatcher::in_free_text(stack.back())) {
     const auto strings = vocabulary_->string_tokens(matcher_, stack);
     allowed = strings->inside;
-    for (int32_t id : strings->closing)
-      if (accepts(trie.piece(id))) allowed[id] = 1;
+    JsonStack scratch;
+    std::vector<JsonStack> forks;
+    for (int32_t id : strings->closing) {
+      // One stack, stepped in place (a copy into reused memory); a token
+      // that forks the state is rare and checked by a whole matcher.
+      scratch = stack;
+      bool ok = true, forked = false;
+      for (char c : trie.piece(id)) {
+        forks.clear();
+        ok = matcher_.step(scratch, static_cast<uint8_t>(c), forks);
+        forked = !forks.empty();
+        if (!ok || forked) break;
+      }
+      if (forked) ok = accepts(trie.piece(id));
+      if (ok) allowed[id] = 1;
+    }
     return;
   }
   walk_one_stack(TokenTrie::kRoot, stack, 0, allowed);

@@ -6,7 +6,8 @@
 // every token is allowed, the walk would visit the whole trie; there the
 // tokens that stay inside the string depend only on the string's own state,
 // so JsonVocabulary remembers them per state and only the tokens that close
-// the string are checked against the rest of the document.
+// the string are checked against the rest of the document. Keys that are
+// not declared names (json_object's) are remembered alike.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -30,9 +31,10 @@ class JsonVocabulary {
   explicit JsonVocabulary(std::vector<std::string> pieces) : trie_(std::move(pieces)) {}
   const TokenTrie& trie() const { return trie_; }
 
-  // Tokens that, from a string in the state of `frame` (top of `stack`),
-  // stay inside it (`inside`, indexed by id), and those whose bytes close it
-  // somewhere (`closing`), which the caller checks against the whole stack.
+  // Tokens that, from free text (JsonMatcher::in_free_text) on top of
+  // `stack`, stay inside it (`inside`, indexed by id), and those whose bytes
+  // close it somewhere (`closing`), which the caller checks against the
+  // whole stack.
   struct StringTokens {
     std::vector<uint8_t> inside;
     std::vector<int32_t> closing;
@@ -41,7 +43,7 @@ class JsonVocabulary {
 
  private:
   TokenTrie trie_;
-  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, int32_t, int64_t, int64_t>;
+  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int32_t, int64_t, int64_t>;
   std::mutex mutex_;
   std::map<Key, std::shared_ptr<const StringTokens>> strings_;
 };

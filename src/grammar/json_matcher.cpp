@@ -454,6 +454,10 @@ bool JsonMatcher::stack_can_end(JsonStack stack) const {
   return stack.back().kind == JsonFrame::Document && stack.back().phase == kDocumentDone;
 }
 
+bool JsonMatcher::in_free_text(const JsonFrame& f) {
+  return f.kind == JsonFrame::String || (f.kind == JsonFrame::Object && f.phase == kObjectKey && f.lo >= f.hi);
+}
+
 bool JsonMatcher::can_end() const {
   return std::any_of(stacks_.begin(), stacks_.end(), [&](const JsonStack& s) { return stack_can_end(s); });
 }

@@ -60,6 +60,10 @@ class JsonMatcher {
   // `forks`. Frames below the top three are never changed.
   bool step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& forks) const;
   bool stack_can_end(JsonStack stack) const;
+  // Whether `f` is inside text whose next bytes depend on nothing but `f`'s
+  // own state until the text closes: a string value, or a key that no
+  // declared property name begins like.
+  static bool in_free_text(const JsonFrame& f);
   // Replaces the stacks (deduplicated); for TokenMask's multi-stack walk.
   static void dedupe(std::vector<JsonStack>& stacks);
   void set_stacks(std::vector<JsonStack> stacks) { stacks_ = std::move(stacks); }

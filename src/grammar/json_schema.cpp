@@ -24,6 +24,7 @@ const std::set<std::string, std::less<>> kEnforced = {
 constexpr size_t kMaxProperties = 64;   // SchemaNode::required is a 64-bit set
 constexpr size_t kMaxNodes = 4096;
 constexpr size_t kMaxLiterals = 4096;
+constexpr int kMaxDepth = 128;
 
 std::string where(const std::string& pointer) { return pointer.empty() ? "the root" : "'" + pointer + "'"; }
 
@@ -48,6 +49,13 @@ class Compiler {
 
   int32_t compile(const json& schema, const std::string& pointer) {
     if (out_.node_count() > kMaxNodes) throw Error("the schema is too large (over 4096 nodes)");
+    // References can chain without nesting in the text: bound the recursion.
+    if (depth_ >= kMaxDepth) throw Error("the schema nests or chains references too deeply (over 128 levels)");
+    ++depth_;
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
     if (schema.is_boolean()) {
       SchemaNode node;
       if (schema.get<bool>()) node.types = kJsonAnyType, node.items = -2, node.additional = -2;
@@ -92,6 +100,7 @@ class Compiler {
   const json& document_;
   JsonSchema& out_;
   std::map<std::string, int32_t> by_pointer_;
+  int depth_ = 0;
 
   // The "any value" node refers to itself for items and other keys.
   int32_t finish_any(int32_t id) {
@@ -131,7 +140,7 @@ class Compiler {
     SchemaNode node;
     for (size_t i = 0; i < list.size(); ++i)
       node.any_of.push_back(compile(list[i], pointer + "/" + key + "/" + std::to_string(i)));
-    if (schema.value("nullable", false)) {
+    if (nullable(schema, pointer)) {
       SchemaNode null_node;
       null_node.types = kJsonNull;
       node.any_of.push_back(out_.add_node(std::move(null_node)));
@@ -164,6 +173,12 @@ class Compiler {
     SchemaNode node;
     node.literal_set = out_.add_literals(std::move(literals));
     return out_.add_node(std::move(node));
+  }
+
+  static bool nullable(const json& schema, const std::string& pointer) {
+    if (!schema.contains("nullable")) return false;
+    if (!schema["nullable"].is_boolean()) throw Error("nullable at " + where(pointer) + " must be a boolean");
+    return schema["nullable"].get<bool>();
   }
 
   static int64_t count_of(const json& schema, const char* key, const std::string& pointer) {
@@ -201,7 +216,7 @@ class Compiler {
         if (schema.contains(k)) node.types |= kJsonString;
       if (node.types == 0) node.types = kJsonAnyType;
     }
-    if (schema.value("nullable", false)) node.types |= kJsonNull;
+    if (nullable(schema, pointer)) node.types |= kJsonNull;
 
     if (schema.contains("minLength")) node.min_length = count_of(schema, "minLength", pointer);
     if (schema.contains("maxLength")) node.max_length = count_of(schema, "maxLength", pointer);
@@ -328,7 +343,11 @@ void JsonSchema::compute_satisfiable() {
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
   auto out = std::make_shared<JsonSchema>();
   Compiler compiler(schema, *out);
-  out->set_root(compiler.compile_pointer(""));
+  try {
+    out->set_root(compiler.compile_pointer(""));
+  } catch (const json::exception& e) {
+    throw Error(std::string("malformed schema: ") + e.what());
+  }
   out->compute_satisfiable();
   if (!out->node(out->root()).satisfiable) throw Error("no JSON document satisfies the schema");
   return out;

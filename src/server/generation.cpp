@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "grammar/json_constraint.h"
 #include "server/model_registry.h"
 #include "server/stop_matcher.h"
 #include "util/error.h"
@@ -69,6 +70,18 @@ LogprobEntry make_logprob_entry(const Tokenizer& tokenizer, int32_t token, std::
   return e;
 }
 
+std::shared_ptr<JsonVocabulary> json_vocabulary(LoadedModel& model) {
+  std::lock_guard<std::mutex> lock(model.json_vocabulary_mutex);
+  if (!model.json_vocabulary) {
+    const Tokenizer& tokenizer = *model.bundle->tokenizer;
+    std::vector<std::string> pieces(tokenizer.n_vocab());
+    for (int32_t id = 0; id < tokenizer.n_vocab(); ++id)
+      if (!tokenizer.is_control(id)) pieces[id] = tokenizer.token_to_piece(id);
+    model.json_vocabulary = std::make_shared<JsonVocabulary>(std::move(pieces));
+  }
+  return model.json_vocabulary;
+}
+
 void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel& channel, GenerationOutcome& outcome) {
   const Tokenizer& tokenizer = *model.bundle->tokenizer;
   GenerateRequest request;
@@ -81,6 +94,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.prompt_keys = plan.prompt_keys;
   request.embedded = plan.embedded;
   request.cancelled = channel.cancel_flag();
+  if (plan.json_schema) request.constraint = std::make_shared<JsonConstraint>(plan.json_schema, json_vocabulary(model));
 
   StreamDecoder decoder(tokenizer);
   StopMatcher matcher(plan.stop);

@@ -20,6 +20,7 @@
 #include "cache/cache_key.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "grammar/json_schema.h"
 #include "server/api_error.h"
 #include "server/openai_response.h"
 
@@ -37,6 +38,7 @@ struct GenerationPlan {
   std::string cache_salt;
   int draft_max = -1;       // -1: the engine's default; 0: no speculative decoding
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
+  std::shared_ptr<const JsonSchema> json_schema;  // structured output; null: free text
   // Images: per-position cache keys (image digests), the embedded spans and
   // the embeddings they point into (kept alive by the plan).
   std::vector<Hash128> prompt_keys;

@@ -454,6 +454,7 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   plan.cache_salt = o.cache_salt;
   plan.draft_max = o.draft_max;
   plan.ignore_eos = o.ignore_eos;
+  plan.json_schema = o.json_schema;
   return plan;
 }
 

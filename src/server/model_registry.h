@@ -24,6 +24,7 @@
 #include "cache/prefix_cache.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
+#include "grammar/json_constraint.h"
 #include "server/api_error.h"
 #include "server/model_chat_template.h"
 #include "tensor/thread_pool.h"
@@ -75,6 +76,10 @@ struct LoadedModel {
   std::unique_ptr<VisionPipeline> vision;
   ModelChatTemplate chat;
   std::string fingerprint_hex;  // short, for system_fingerprint
+  // Structured output's view of the vocabulary (a trie of every token's
+  // bytes): built by the first request that asks for it, then shared.
+  std::mutex json_vocabulary_mutex;
+  std::shared_ptr<JsonVocabulary> json_vocabulary;
 };
 
 class ModelRegistry;

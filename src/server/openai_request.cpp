@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "util/error.h"
+
 namespace reprise {
 
 namespace {
@@ -15,6 +17,16 @@ using ordered_json = nlohmann::ordered_json;
 struct RequestError {
   ApiError error;
 };
+
+// Compiled once: every json_object request shares them.
+std::shared_ptr<const JsonSchema> any_json_object() {
+  static const auto schema = JsonSchema::any_object();
+  return schema;
+}
+std::shared_ptr<const JsonSchema> any_json_value() {
+  static const auto schema = JsonSchema::compile(nlohmann::json(true));
+  return schema;
+}
 
 [[noreturn]] void fail(std::string message, std::string param, std::string code = {}) {
   throw RequestError{ApiError::invalid(std::move(message), std::move(param), std::move(code))};
@@ -195,6 +207,46 @@ void parse_stop(const Fields& f, const RequestLimits& limits, std::vector<std::s
   }
 }
 
+// Structured output: OpenAI's {"type": "json_object"} and {"type":
+// "json_schema", "json_schema": {"name", "schema", "strict"}}, and
+// llama.cpp's {"type": "json_object", "schema": ...}.
+void parse_response_format(const ordered_json& rf, GenerationOptions& o) {
+  if (!rf.is_object()) fail("response_format must be an object", "response_format");
+  Fields f(rf, "response_format.");
+  const std::string type = f.string("type").value_or("text");
+  const ordered_json* schema = nullptr;
+  std::string param = "response_format.schema";
+  if (type == "text") return;
+  if (type == "json_object") {
+    schema = f.get("schema");
+    if (!schema) {
+      o.json_schema = any_json_object();
+      return;
+    }
+  } else if (type == "json_schema") {
+    const ordered_json* js = f.get("json_schema");
+    if (!js || !js->is_object()) fail("response_format.json_schema must be an object", "response_format.json_schema");
+    Fields jf(*js, "response_format.json_schema.");
+    jf.string("name");  // type-checked; the schema is what is enforced
+    jf.string("description");
+    jf.boolean("strict");
+    schema = jf.get("schema");
+    param = "response_format.json_schema.schema";
+    if (!schema) {
+      o.json_schema = any_json_value();
+      return;
+    }
+  } else {
+    fail("response_format type '" + type + "' is not supported (text, json_object or json_schema)",
+         "response_format.type", "unsupported_parameter");
+  }
+  try {
+    o.json_schema = JsonSchema::compile(nlohmann::json::parse(schema->dump()));
+  } catch (const Error& e) {
+    fail(param + ": " + e.what(), param, "unsupported_schema");
+  }
+}
+
 // Fields both endpoints accept. Logprobs differ (chat: bool + top_logprobs,
 // completions: an integer) and are parsed by the callers.
 void parse_common(const Fields& f, const RequestLimits& limits, GenerationOptions& o) {
@@ -253,14 +305,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
       s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
     }
   }
-  if (const ordered_json* rf = f.get("response_format")) {
-    if (!rf->is_object()) fail("response_format must be an object", "response_format");
-    Fields rff(*rf, "response_format.");
-    auto type = rff.string("type");
-    if (type && *type != "text")
-      fail("response_format type '" + *type + "' is not supported (only 'text')", "response_format",
-           "unsupported_parameter");
-  }
+  if (const ordered_json* rf = f.get("response_format")) parse_response_format(*rf, o);
   parse_stop(f, limits, o.stop);
   if (auto v = f.string("cache_salt")) {
     if (v->size() > limits.max_cache_salt_bytes)

@@ -8,19 +8,20 @@
 //
 // Fields set to null are treated as absent, as OpenAI does. Unknown fields are
 // ignored (clients and agent frameworks send many). Fields reprise cannot
-// honour with a non-default value (frequency_penalty, logit_bias, n > 1,
-// response_format other than text, ...) are rejected rather than silently
-// ignored.
+// honour with a non-default value (n > 1, a JSON Schema keyword it does not
+// enforce, ...) are rejected rather than silently ignored.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "grammar/json_schema.h"
 #include "server/api_error.h"
 
 namespace reprise {
@@ -39,6 +40,9 @@ struct GenerationOptions {
   std::string cache_salt;               // goes into the prefix cache namespace
   int draft_max = -1;                   // speculative decoding per request: 0 off, -1 the server's --draft-max
   bool ignore_eos = false;              // keep generating past end-of-generation tokens (benchmarks)
+  // response_format json_object / json_schema: the output is a JSON
+  // document this schema allows (structured output); null: free text.
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 // An image content part: its URL (data: URLs are decoded by the vision
