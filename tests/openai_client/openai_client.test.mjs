@@ -1,7 +1,8 @@
 // The official `openai` npm client against `reprise serve` on the real
 // stories260K model from ../shared: chat completions streamed and not,
 // text completions, usage (with cached prompt tokens on a repeated request),
-// model listing and error mapping. Run through run.sh, which installs the
+// structured output (response_format, checked with ajv and the client's own
+// zod helper), model listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -10,6 +11,9 @@ import { existsSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
+import { zodResponseFormat } from "openai/helpers/zod";
+import Ajv from "ajv";
+import { z } from "zod";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = resolve(here, "../..");
@@ -158,4 +162,66 @@ test("errors map to the client's exception types", { skip }, async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.param === "messages");
   const wrongKey = new OpenAI({ baseURL: client.baseURL, apiKey: "wrong", maxRetries: 0 });
   await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+});
+
+// Structured output: a 260K-parameter story model knows no JSON, so the
+// documents it writes come from the constraint alone; an independent
+// validator (ajv) checks each finished one against the schema.
+test("response_format json_schema: replies validate with ajv", { skip }, async () => {
+  const schema = {
+    type: "object",
+    properties: {
+      hero: { type: "string", minLength: 1, maxLength: 10 },
+      age: { type: "integer" },
+      mood: { enum: ["happy", "sad"] },
+      friends: { type: "array", items: { type: "string", maxLength: 6 }, maxItems: 2 },
+    },
+    required: ["hero", "age", "mood"],
+    additionalProperties: false,
+  };
+  const validate = new Ajv().compile(schema);
+  let finished = 0;
+  for (let seed = 1; seed <= 8; ++seed) {
+    const r = await client.chat.completions.create({
+      model, messages, max_tokens: 120, temperature: 1, seed,
+      response_format: { type: "json_schema", json_schema: { name: "story", schema, strict: true } },
+    });
+    const { content } = r.choices[0].message;
+    if (r.choices[0].finish_reason !== "stop") continue;
+    finished += 1;
+    const doc = JSON.parse(content);
+    assert.ok(validate(doc), `${content}: ${JSON.stringify(validate.errors)}`);
+  }
+  assert.ok(finished >= 6, `${finished} of 8 replies finished`);
+});
+
+test("response_format from the client's zod helper parses", { skip }, async () => {
+  const Story = z.object({ title: z.string().max(12), pages: z.number().int(), done: z.boolean() });
+  const r = await client.chat.completions.parse({
+    model, messages, max_tokens: 80, temperature: 0.8, seed: 3,
+    response_format: zodResponseFormat(Story, "story"),
+  });
+  const parsed = r.choices[0].message.parsed;
+  assert.ok(parsed, r.choices[0].message.content);
+  assert.deepEqual(Object.keys(parsed).sort(), ["done", "pages", "title"]);
+  assert.ok(Story.safeParse(parsed).success);
+});
+
+test("response_format json_object streams an object", { skip }, async () => {
+  const stream = await client.chat.completions.create({
+    model, messages, max_tokens: 24, temperature: 0, stream: true, response_format: { type: "json_object" },
+  });
+  let text = "";
+  for await (const chunk of stream) for (const c of chunk.choices) text += c.delta.content ?? "";
+  assert.ok(text.startsWith("{"), text);
+});
+
+test("unsupported schema keywords are a 400 naming the parameter", { skip }, async () => {
+  await assert.rejects(
+    client.chat.completions.create({
+      model, messages, max_tokens: 4,
+      response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a+" } } },
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format.json_schema.schema" &&
+           e.message.includes("pattern"));
 });
