@@ -37,10 +37,7 @@ std::shared_ptr<JsonVocabulary> vocabulary(int index) {
     const auto path = shared / "fixtures" / kFiles[index];
     if (!std::filesystem::exists(path)) return nullptr;
     const auto tok = Tokenizer::from_gguf(*gguf::File::open(path.string()));
-    std::vector<std::string> pieces(tok->n_vocab());
-    for (int32_t id = 0; id < tok->n_vocab(); ++id)
-      if (!tok->is_control(id)) pieces[id] = tok->token_to_piece(id);
-    slot = std::make_shared<JsonVocabulary>(std::move(pieces));
+    slot = std::make_shared<JsonVocabulary>(output_pieces(*tok));
   }
   return slot;
 }

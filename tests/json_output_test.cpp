@@ -18,9 +18,15 @@
 #include <random>
 #include <string>
 
+#include <xxhash.h>
+
+#include "cache/prefix_cache.h"
+#include "engine/engine.h"
 #include "grammar/json_constraint.h"
 #include "grammar/json_matcher.h"
 #include "grammar/json_schema.h"
+#include "model_fixtures.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 using namespace reprise;
@@ -472,4 +478,76 @@ TEST(JsonConstraint, RefusesTokensItDoesNotAllow) {
   c.allowed_tokens(allowed, may_end);
   EXPECT_TRUE(may_end);
   EXPECT_EQ(std::count(allowed.begin(), allowed.end(), 1), 0);
+}
+
+// The engine with a constraint: the prefix cache and a draft model change
+// nothing (same tokens, bit-identical logits at every token), the draft
+// proposes nothing, and every reply is a valid document or a prefix of one.
+TEST(ConstrainedGeneration, CachedEqualsColdAndSpeculationStandsAside) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  test::LoadedModel& target = test::synthetic_model("json-target", spec);
+  SyntheticModelSpec draft_spec = spec;
+  draft_spec.seed = 77;
+  draft_spec.n_layer = 1;
+  test::LoadedModel& draft = test::synthetic_model("json-draft", draft_spec);
+  const auto tokenizer = Tokenizer::from_gguf(*target.file);
+  const auto vocabulary = std::make_shared<JsonVocabulary>(output_pieces(*tokenizer));
+  const auto schema = compile(R"({"type":"object","properties":{"k":{"type":"string","maxLength":6},
+      "v":{"type":"array","items":{"type":"integer"},"maxItems":3}},"required":["k","v"]})");
+
+  ThreadPool pool(2);
+  PrefixCacheConfig pc;
+  pc.block_tokens = 8;
+  PrefixCache cache(target.model->state_spec(), pc), draft_cache(draft.model->state_spec(), pc);
+  Engine cold(*target.model, pool, nullptr);
+  Engine cached(*target.model, pool, &cache);
+  Engine speculative(*target.model, pool, &cache);
+  speculative.set_draft(*draft.model, &draft_cache, 4);
+
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<uint64_t> logit_hashes;
+    GenerateResult result;
+  };
+  auto run = [&](Engine& engine, GenerateRequest req) {
+    req.constraint = std::make_shared<JsonConstraint>(schema, vocabulary);
+    Run r;
+    r.result = engine.generate(req, [&](int32_t, std::span<const float> logits) {
+      r.logit_hashes.push_back(XXH3_64bits(logits.data(), logits.size_bytes()));
+      return true;
+    });
+    r.tokens = r.result.tokens;
+    return r;
+  };
+  std::mt19937 rng(5);
+  int finished = 0;
+  for (int trial = 0; trial < 10; ++trial) {
+    GenerateRequest req;
+    const int len = 4 + static_cast<int>(rng() % 20);
+    for (int i = 0; i < len; ++i) req.prompt.push_back(3 + static_cast<int32_t>(rng() % 590));
+    req.max_tokens = 60;
+    req.stop_tokens = {tokenizer->eos_id()};
+    req.sampling.temperature = trial % 3 == 0 ? 0.0f : 1.0f;
+    req.sampling.seed = rng();
+    const Run reference = run(cold, req);
+    for (Engine* engine : {&cached, &cached, &speculative}) {
+      const Run again = run(*engine, req);
+      ASSERT_EQ(again.tokens, reference.tokens) << "trial " << trial;
+      ASSERT_EQ(again.logit_hashes, reference.logit_hashes) << "trial " << trial;
+      EXPECT_EQ(again.result.drafted_tokens, 0);
+    }
+    std::string text;
+    for (int32_t t : reference.tokens)
+      if (t != tokenizer->eos_id()) text += tokenizer->token_to_piece(t);
+    JsonMatcher m(schema);
+    ASSERT_TRUE(m.advance(text)) << text;
+    if (reference.result.finish_reason == "stop") {
+      ++finished;
+      EXPECT_TRUE(m.can_end()) << text;
+      expect_valid(*schema, text, json());
+    }
+  }
+  EXPECT_GE(finished, 8);
+  EXPECT_GT(cache.stats().tokens_reused, 0u);
 }

@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
@@ -9,6 +11,8 @@
 #include "cli/run_vision.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
+#include "grammar/json_constraint.h"
+#include "util/error.h"
 
 namespace reprise::cli {
 
@@ -30,7 +34,23 @@ struct RunOptions {
   int draft_max = 8;
   std::string mmproj;               // vision projector: prompts may carry --image files
   std::vector<std::string> images;
+  bool json = false;                // structured output: a JSON object
+  std::string json_schema_file;     // structured output: a document this schema allows
 };
+
+// The schema --json / --json-schema ask for, or null.
+std::shared_ptr<const JsonSchema> output_schema(const RunOptions& o) {
+  if (!o.json_schema_file.empty()) {
+    std::ifstream in(o.json_schema_file);
+    if (!in) throw Error("cannot read --json-schema file " + o.json_schema_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    const nlohmann::json schema = nlohmann::json::parse(text.str(), nullptr, false);
+    if (schema.is_discarded()) throw Error("--json-schema file " + o.json_schema_file + " is not JSON");
+    return JsonSchema::compile(schema);
+  }
+  return o.json ? JsonSchema::any_object() : nullptr;
+}
 
 void run(const RunOptions& o) {
   const std::string path = o.model.empty() ? default_model_path() : o.model;
@@ -41,6 +61,10 @@ void run(const RunOptions& o) {
   PrefixCacheConfig cfg;
   cfg.budget_bytes = static_cast<uint64_t>(o.cache_ram_mib * 1024 * 1024);
   PrefixCache cache(bundle->model->state_spec(), cfg);
+  const std::shared_ptr<const JsonSchema> schema = output_schema(o);
+  const auto vocabulary = schema ? std::make_shared<JsonVocabulary>(output_pieces(*bundle->tokenizer)) : nullptr;
+  if (schema && (!o.mmproj.empty() || !o.images.empty()))
+    throw Error("--json and --json-schema are for text prompts (use the server's response_format with images)");
   if (!o.mmproj.empty() || !o.images.empty()) {
     run_with_images(*bundle, pool, cache,
                     VisionRunOptions{o.mmproj, o.images, o.prompts, o.n_predict, o.sampling, o.cache_salt, 256, o.verbose});
@@ -71,6 +95,7 @@ void run(const RunOptions& o) {
     req.max_tokens = o.n_predict;
     req.stop_tokens = bundle->eog_tokens;
     req.cache_salt = o.cache_salt;
+    if (schema) req.constraint = std::make_shared<JsonConstraint>(schema, vocabulary);
     StreamDecoder decoder(*bundle->tokenizer);
     PacedOutput out;
     out.write(text);
@@ -146,6 +171,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept")->capture_default_str();
   cmd->add_option("--snapshot-ttl", o->snapshot_ttl_seconds, "Seconds a snapshot stays usable (0 = no limit)")
       ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Write a JSON object (structured output)");
+  cmd->add_option("--json-schema", o->json_schema_file,
+                  "Write a JSON document this JSON Schema file allows (structured output; docs/server.md)");
   cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding (same vocabulary)");
   cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
   cmd->add_option("--mmproj", o->mmproj, "Vision projector GGUF (mmproj) for --image");

@@ -72,13 +72,8 @@ LogprobEntry make_logprob_entry(const Tokenizer& tokenizer, int32_t token, std::
 
 std::shared_ptr<JsonVocabulary> json_vocabulary(LoadedModel& model) {
   std::lock_guard<std::mutex> lock(model.json_vocabulary_mutex);
-  if (!model.json_vocabulary) {
-    const Tokenizer& tokenizer = *model.bundle->tokenizer;
-    std::vector<std::string> pieces(tokenizer.n_vocab());
-    for (int32_t id = 0; id < tokenizer.n_vocab(); ++id)
-      if (!tokenizer.is_control(id)) pieces[id] = tokenizer.token_to_piece(id);
-    model.json_vocabulary = std::make_shared<JsonVocabulary>(std::move(pieces));
-  }
+  if (!model.json_vocabulary)
+    model.json_vocabulary = std::make_shared<JsonVocabulary>(output_pieces(*model.bundle->tokenizer));
   return model.json_vocabulary;
 }
 

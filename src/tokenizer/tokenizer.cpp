@@ -93,4 +93,11 @@ std::string Tokenizer::detokenize(std::span<const int32_t> ids, bool remove_spec
   return c;
 }
 
+std::vector<std::string> output_pieces(const Tokenizer& tokenizer) {
+  std::vector<std::string> pieces(tokenizer.n_vocab());
+  for (int32_t id = 0; id < tokenizer.n_vocab(); ++id)
+    if (!tokenizer.is_control(id)) pieces[id] = tokenizer.token_to_piece(id);
+  return pieces;
+}
+
 }  // namespace reprise

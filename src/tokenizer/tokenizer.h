@@ -72,6 +72,11 @@ class Tokenizer {
   tok::Vocab vocab_;
 };
 
+// Every token's bytes as it appears in output text (token_to_piece), with
+// control and unknown tokens empty: what constraining output to a language
+// (structured output) walks over.
+std::vector<std::string> output_pieces(const Tokenizer& tokenizer);
+
 // Streams detokenized text: returns only complete UTF-8 sequences, holding
 // back an incomplete tail until later tokens complete it; flush() returns the
 // rest. Invalid bytes are replaced with U+FFFD, so all output is valid UTF-8.
