@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -399,4 +400,95 @@ TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
   auto [st2, r2] = s.post("/v1/completions", completion);
   ASSERT_EQ(st2, 200);
   EXPECT_EQ(r2["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
+}
+
+// tool_choice "required" or a named function: the reply is one call of an
+// allowed tool, returned as message.tool_calls with arguments that satisfy
+// the tool's parameters, streamed as one tool_calls delta.
+TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  ServeOptions options;
+  options.model_path = test::synthetic_model("structured-output", spec).path;
+  Server s(options);
+  const json weather_params = json::parse(R"({"type":"object","properties":{
+      "city":{"type":"string","maxLength":10},"unit":{"enum":["c","f"]},
+      "days":{"$ref":"#/$defs/count"}},"required":["city","unit"],"$defs":{"count":{"type":"integer"}}})");
+  const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", weather_params}}}},
+                      {{"type", "function"},
+                       {"function", {{"name", "stop"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}};
+  const auto weather = JsonSchema::compile(weather_params);
+  std::set<std::string> names;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    json req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+                {"tools", tools},
+                {"tool_choice", seed % 3 == 0 ? json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}
+                                              : json("required")},
+                {"max_tokens", 120},
+                {"temperature", 1.0},
+                {"seed", seed}};
+    auto [st, r] = s.post("/v1/chat/completions", req);
+    ASSERT_EQ(st, 200) << r.dump();
+    const json& choice = r["choices"][0];
+    ASSERT_EQ(choice["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_TRUE(choice["message"]["content"].is_null());
+    const json& call = choice["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+    const std::string name = call["function"]["name"];
+    names.insert(name);
+    const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+    if (name == "get_weather") {
+      EXPECT_TRUE(weather->validates(arguments)) << arguments.dump();
+    } else {
+      EXPECT_NE(seed % 3, 0u) << "a named choice called " << name;
+      EXPECT_EQ(name, "stop");
+      EXPECT_EQ(arguments, json::object());
+    }
+  }
+  EXPECT_TRUE(names.count("get_weather"));
+
+  // Streamed: one delta with the whole call, then finish_reason tool_calls.
+  httplib::Client c("127.0.0.1", s.port);
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"tools", tools},
+              {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+              {"max_tokens", 120}, {"seed", 4}, {"stream", true}};
+  auto streamed = c.Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  int calls = 0;
+  std::string finish;
+  std::istringstream lines(streamed->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    for (const auto& ch : chunk["choices"]) {
+      if (ch["delta"].contains("tool_calls")) {
+        ++calls;
+        EXPECT_EQ(ch["delta"]["tool_calls"][0]["index"], 0);
+        EXPECT_EQ(ch["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+        EXPECT_TRUE(weather->validates(json::parse(ch["delta"]["tool_calls"][0]["function"]["arguments"].get<std::string>())));
+      }
+      EXPECT_FALSE(ch["delta"].contains("content") && !ch["delta"]["content"].get<std::string>().empty());
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(finish, "tool_calls");
+
+  // What cannot be honoured is refused.
+  json bad = req;
+  bad["stream"] = false;
+  bad["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  EXPECT_EQ(s.post("/v1/chat/completions", bad).first, 400);
+  bad["tool_choice"] = "required";
+  bad.erase("tools");
+  EXPECT_EQ(s.post("/v1/chat/completions", bad).first, 400);
+  bad["tools"] = tools;
+  bad["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(s.post("/v1/chat/completions", bad).first, 400);
+  bad.erase("response_format");
+  bad["tools"][0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  auto [st, r] = s.post("/v1/chat/completions", bad);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(r["error"]["param"], "tools[0].function.parameters") << r.dump();
 }

@@ -661,6 +661,13 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
     finish_metrics(ctx, outcome, kClientClosed);
     return;
   }
+  if (ctx.options.tool_call_reply && outcome.finish_reason == "stop") {
+    if (const std::optional<ToolCall> call = tool_call_from_reply(text)) {
+      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, *call, outcome.usage));
+      finish_metrics(ctx, outcome, 200);
+      return;
+    }
+  }
   std::optional<std::vector<LogprobEntry>> lp;
   if (ctx.options.logprobs) lp = std::move(logprobs);
   const ordered_json body = ctx.endpoint == Endpoint::Chat
@@ -690,6 +697,10 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     write(sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt, usage_field)));
   size_t text_offset = 0;
   std::vector<GenerationDelta> deltas;
+  // A tool-call reply is sent whole once complete (as one tool_calls delta),
+  // or as text if it was cut short.
+  const bool hold_text = ctx.options.tool_call_reply;
+  std::string held;
   // Runs until the generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
   // metrics.
@@ -700,6 +711,10 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     events.clear();
     if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
     for (GenerationDelta& d : deltas) {
+      if (hold_text) {
+        held += d.text;
+        continue;
+      }
       const size_t n = utf8_characters(d.text);
       events += chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "",
                                                  logprobs_of(std::move(d.logprobs)), usage_field))
@@ -727,7 +742,14 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
     write(sse_event(error_json(*outcome.error)));
   } else {
-    write(chat ? sse_event(chat_chunk_json(ctx.meta, ordered_json::object(), outcome.finish_reason, std::nullopt,
+    std::string finish_reason = outcome.finish_reason;
+    if (hold_text) {
+      const std::optional<ToolCall> call = finish_reason == "stop" ? tool_call_from_reply(held) : std::nullopt;
+      if (call) finish_reason = "tool_calls";
+      write(sse_event(chat_chunk_json(ctx.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held}}, "",
+                                      std::nullopt, usage_field)));
+    }
+    write(chat ? sse_event(chat_chunk_json(ctx.meta, ordered_json::object(), finish_reason, std::nullopt,
                                            usage_field))
                : sse_event(completion_chunk_json(ctx.meta, "", outcome.finish_reason, std::nullopt, text_offset,
                                                  usage_field)));

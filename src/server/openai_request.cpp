@@ -247,6 +247,79 @@ void parse_response_format(const ordered_json& rf, GenerationOptions& o) {
   }
 }
 
+// A tool's parameters with its references moved to where the combined
+// schema keeps it ("#/..." -> "#/$defs/<name>/...").
+nlohmann::json rebase_refs(const nlohmann::json& schema, const std::string& base) {
+  if (schema.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& v : schema) out.push_back(rebase_refs(v, base));
+    return out;
+  }
+  if (!schema.is_object()) return schema;
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : schema.items()) {
+    if (key == "$ref" && value.is_string() && value.get<std::string>().rfind('#', 0) == 0)
+      out[key] = base + value.get<std::string>().substr(1);
+    else
+      out[key] = rebase_refs(value, base);
+  }
+  return out;
+}
+
+// tool_choice: "auto" and "none" leave the reply free ("none" still renders
+// the tools); "required" and {"type": "function", "function": {"name"}}
+// constrain it to one call, {"name": ..., "arguments": {...}}, of the allowed
+// tools, each tool's arguments to its parameters schema.
+void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
+  if (choice.is_string() && (choice == "auto" || choice == "none")) return;
+  std::string only;  // a named function
+  if (choice.is_object()) {
+    Fields cf(choice, "tool_choice.");
+    if (cf.string("type").value_or("") != "function")
+      fail("tool_choice.type must be \"function\"", "tool_choice.type");
+    const ordered_json* fn = cf.get("function");
+    if (!fn || !fn->is_object()) fail("tool_choice.function must be an object", "tool_choice.function");
+    Fields ff(*fn, "tool_choice.function.");
+    only = ff.string("name").value_or("");
+    if (only.empty()) fail("tool_choice.function.name is required", "tool_choice.function.name");
+  } else if (!choice.is_string() || choice != "required") {
+    fail("tool_choice must be \"auto\", \"none\", \"required\" or a function", "tool_choice");
+  }
+  if (!req.tools.is_array() || req.tools.empty()) fail("tool_choice needs tools", "tool_choice");
+  if (req.options.json_schema) fail("tool_choice and response_format cannot both constrain the reply", "tool_choice");
+  nlohmann::json combined = {{"$defs", nlohmann::json::object()}, {"anyOf", nlohmann::json::array()}};
+  for (size_t i = 0; i < req.tools.size(); ++i) {
+    const std::string param = "tools[" + std::to_string(i) + "]";
+    const ordered_json& tool = req.tools[i];
+    const ordered_json* fn = tool.contains("function") ? &tool["function"] : nullptr;
+    const bool typed_function = !tool.contains("type") || (tool["type"].is_string() && tool["type"] == "function");
+    if (!typed_function || !fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+      fail(param + " must be {\"type\": \"function\", \"function\": {\"name\", ...}}", param);
+    const std::string name = (*fn)["name"].get<std::string>();
+    if (!only.empty() && name != only) continue;
+    nlohmann::json parameters = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+    if (fn->contains("parameters") && !(*fn)["parameters"].is_null())
+      parameters = nlohmann::json::parse((*fn)["parameters"].dump());
+    try {
+      JsonSchema::compile(parameters);  // its own errors, named by its own paths
+    } catch (const Error& e) {
+      fail(param + ".function.parameters: " + e.what(), param + ".function.parameters", "unsupported_schema");
+    }
+    const std::string def = "p" + std::to_string(i);
+    combined["$defs"][def] = rebase_refs(parameters, "#/$defs/" + def);
+    combined["anyOf"].push_back({{"type", "object"},
+                                 {"properties", {{"name", {{"const", name}}}, {"arguments", {{"$ref", "#/$defs/" + def}}}}},
+                                 {"required", {"name", "arguments"}}});
+  }
+  if (combined["anyOf"].empty()) fail("tool_choice names no function in tools", "tool_choice.function.name");
+  try {
+    req.options.json_schema = JsonSchema::compile(combined);
+  } catch (const Error& e) {
+    fail(std::string("tools: ") + e.what(), "tools", "unsupported_schema");
+  }
+  req.options.tool_call_reply = true;
+}
+
 // Fields both endpoints accept. Logprobs differ (chat: bool + top_logprobs,
 // completions: an integer) and are parsed by the callers.
 void parse_common(const Fields& f, const RequestLimits& limits, GenerationOptions& o) {
@@ -464,12 +537,7 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
         if (!t.is_object()) fail("tools entries must be objects", "tools");
       if (!tools->empty()) req.tools = *tools;
     }
-    if (const ordered_json* choice = f.get("tool_choice")) {
-      // reprise renders tools into the prompt but does not constrain output,
-      // so it cannot force a call.
-      if (!choice->is_string() || (*choice != "auto" && *choice != "none"))
-        fail("tool_choice must be \"auto\" or \"none\"", "tool_choice", "unsupported_parameter");
-    }
+    if (const ordered_json* choice = f.get("tool_choice")) parse_tool_choice(*choice, req);
     if (const ordered_json* kwargs = f.get("chat_template_kwargs")) {
       if (!kwargs->is_object()) fail("chat_template_kwargs must be an object", "chat_template_kwargs");
       // The conversation itself only comes through the validated fields.

@@ -43,6 +43,10 @@ struct GenerationOptions {
   // response_format json_object / json_schema: the output is a JSON
   // document this schema allows (structured output); null: free text.
   std::shared_ptr<const JsonSchema> json_schema;
+  // tool_choice "required" or a named function: json_schema holds
+  // {"name", "arguments"} for the allowed tools, and the reply is returned
+  // as message.tool_calls (finish_reason "tool_calls").
+  bool tool_call_reply = false;
 };
 
 // An image content part: its URL (data: URLs are decoded by the vision

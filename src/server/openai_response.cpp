@@ -83,6 +83,48 @@ ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& t
   return out;
 }
 
+std::optional<ToolCall> tool_call_from_reply(const std::string& text) {
+  const ordered_json doc = ordered_json::parse(text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("name") || !doc["name"].is_string() ||
+      !doc.contains("arguments") || !doc["arguments"].is_object())
+    return std::nullopt;
+  return ToolCall{make_response_id("call_"), doc["name"].get<std::string>(), dump_json(doc["arguments"])};
+}
+
+namespace {
+
+ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
+  ordered_json out = ordered_json::object();
+  if (index) out["index"] = *index;
+  out["id"] = call.id;
+  out["type"] = "function";
+  out["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return out;
+}
+
+}  // namespace
+
+ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const ToolCall& call, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "chat.completion");
+  ordered_json message = ordered_json::object();
+  message["role"] = "assistant";
+  message["content"] = nullptr;
+  message["refusal"] = nullptr;
+  message["tool_calls"] = ordered_json::array({tool_call_json(call, std::nullopt)});
+  ordered_json choice = ordered_json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = "tool_calls";
+  out["choices"] = ordered_json::array({std::move(choice)});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json tool_call_delta(const ToolCall& call) {
+  return {{"tool_calls", ordered_json::array({tool_call_json(call, 0)})}};
+}
+
 ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,
                              const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field) {
   ordered_json out = meta_object(meta, "chat.completion.chunk");

@@ -52,6 +52,21 @@ ordered_json usage_json(const UsageCounts& usage);
 ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries);
 ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                                   const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
+// A reply constrained to a tool call (tool_choice "required" or named):
+// the model's text is {"name": ..., "arguments": {...}}.
+struct ToolCall {
+  std::string id;         // call_...
+  std::string name;
+  std::string arguments;  // the arguments object as a JSON string, as OpenAI sends it
+};
+// The call a finished tool-call reply holds, or nullopt when the text is not
+// one (a reply cut short by max_tokens).
+std::optional<ToolCall> tool_call_from_reply(const std::string& text);
+// message.content null, message.tool_calls, finish_reason "tool_calls".
+ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const ToolCall& call, const UsageCounts& usage);
+// The streamed delta carrying a whole tool call.
+ordered_json tool_call_delta(const ToolCall& call);
+
 // A streamed chunk. `delta` is {"role": ...} / {"content": ...} / {}; a
 // non-empty finish_reason marks the last choice chunk. When the client asked
 // for usage, every chunk carries "usage": null except the final usage chunk.

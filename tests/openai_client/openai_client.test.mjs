@@ -225,3 +225,30 @@ test("unsupported schema keywords are a 400 naming the parameter", { skip }, asy
     (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format.json_schema.schema" &&
            e.message.includes("pattern"));
 });
+
+test("tool_choice required: the client reads message.tool_calls", { skip }, async () => {
+  const tools = [{
+    type: "function",
+    function: {
+      name: "add", description: "Adds two integers",
+      parameters: { type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } },
+                    required: ["a", "b"], additionalProperties: false },
+    },
+  }];
+  const r = await client.chat.completions.create({
+    model, messages, tools, tool_choice: "required", max_tokens: 200, temperature: 0.7, seed: 2,
+  });
+  const choice = r.choices[0];
+  assert.equal(choice.finish_reason, "tool_calls");
+  assert.equal(choice.message.content, null);
+  const [call] = choice.message.tool_calls;
+  assert.equal(call.function.name, "add");
+  const args = JSON.parse(call.function.arguments);
+  assert.ok(Number.isInteger(args.a) && Number.isInteger(args.b), call.function.arguments);
+  // The call goes back as an assistant turn with a tool result, as agents send it.
+  const next = await client.chat.completions.create({
+    model, max_tokens: 8, temperature: 0, tools,
+    messages: [...messages, choice.message, { role: "tool", tool_call_id: call.id, content: "3" }],
+  });
+  assert.equal(next.choices[0].message.role, "assistant");
+});
