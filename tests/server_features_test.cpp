@@ -492,3 +492,108 @@ TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
   EXPECT_EQ(st, 400);
   EXPECT_EQ(r["error"]["param"], "tools[0].function.parameters") << r.dump();
 }
+
+// tool_choice auto: calls the model writes in its template's syntax come
+// back as message.tool_calls, streamed or not; text around them stays
+// content; tool_choice "none", a request without tools, and markup that does
+// not parse leave the reply as text. The synthetic model is made to write
+// exact text with logit_bias: token A, then (A repetition-penalised) B, and
+// a stop string at B's end.
+TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
+  const std::string hermes = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                             "</tool_call>@@";
+  const std::string broken = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": </tool_call>@@";
+  const std::string mistral_args = "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]@@";
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  spec.control_tokens = {"[TOOL_CALLS]"};
+  spec.user_defined_tokens = {hermes, broken, mistral_args};
+  const std::string path = test::synthetic_model("tool-calls", spec).path;
+  const int32_t id_control = 596, id_hermes = 597, id_broken = 598, id_mistral = 599;
+  const std::string dir = ::testing::TempDir();
+  auto write_template = [&](const std::string& name, const std::string& marker) {
+    const std::string file = dir + "/" + name + ".jinja";
+    std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                           "{% if tools %}Call tools as " << marker << ".{% endif %}<|im_start|>assistant\n";
+    return file;
+  };
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  auto request = [&](std::vector<std::pair<int32_t, double>> bias, bool stream) {
+    json b = json::object();
+    for (auto [id, v] : bias) b[std::to_string(id)] = v;
+    return json{{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+                {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}, {"logit_bias", b},
+                {"repeat_penalty", 10}, {"stop", json::array({"@@"})}, {"stream", stream}};
+  };
+  auto streamed = [](const Server& s, const json& req) {
+    httplib::Client c("127.0.0.1", s.port);
+    auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
+    std::string content, finish;
+    std::vector<json> calls;
+    std::istringstream lines(r ? r->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      for (const auto& ch : chunk["choices"]) {
+        if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+        if (ch["delta"].contains("tool_calls")) calls.push_back(ch["delta"]["tool_calls"][0]);
+        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+      }
+    }
+    return std::make_tuple(content, calls, finish);
+  };
+
+  {
+    ServeOptions options;
+    options.model_path = path;
+    options.chat_template_file = write_template("hermes", "<tool_call>{...}</tool_call>");
+    Server s(options);
+    auto [st, r] = s.post("/v1/chat/completions", request({{id_hermes, 100}}, false));
+    ASSERT_EQ(st, 200) << r.dump();
+    const json& choice = r["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_EQ(choice["message"]["content"], "Checking.");
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+    EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              json({{"city", "Paris"}}));
+
+    auto [content, calls, finish] = streamed(s, request({{id_hermes, 100}}, true));
+    EXPECT_EQ(content, "Checking.");
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["index"], 0);
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(finish, "tool_calls");
+
+    // Markup that does not parse, tool_choice none, no tools: text.
+    auto [st2, r2] = s.post("/v1/chat/completions", request({{id_broken, 100}}, false));
+    EXPECT_EQ(r2["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(r2["choices"][0]["message"]["content"], broken.substr(0, broken.size() - 2));
+    auto [content2, calls2, finish2] = streamed(s, request({{id_broken, 100}}, true));
+    EXPECT_EQ(content2, broken.substr(0, broken.size() - 2));
+    EXPECT_TRUE(calls2.empty());
+    json none = request({{id_hermes, 100}}, false);
+    none["tool_choice"] = "none";
+    EXPECT_EQ(s.post("/v1/chat/completions", none).second["choices"][0]["message"]["content"],
+              hermes.substr(0, hermes.size() - 2));
+    json no_tools = request({{id_hermes, 100}}, false);
+    no_tools.erase("tools");
+    EXPECT_EQ(s.post("/v1/chat/completions", no_tools).second["choices"][0]["finish_reason"], "stop");
+  }
+  {
+    // Mistral: [TOOL_CALLS] is a control token, shown so the call is read.
+    ServeOptions options;
+    options.model_path = path;
+    // (The marker in a comment: rendered into the prompt it would be the
+    // control token, which the repetition penalty would then hold back.)
+    options.chat_template_file = write_template("mistral", "a list{# [TOOL_CALLS][...] #}");
+    Server s(options);
+    auto [st, r] = s.post("/v1/chat/completions", request({{id_control, 100}, {id_mistral, 90}}, false));
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_TRUE(r["choices"][0]["message"]["content"].is_null());
+    EXPECT_EQ(json::parse(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              json({{"city", "Oslo"}}));
+  }
+}

@@ -431,6 +431,14 @@ void write_metadata(gguf::Writer& w, const SyntheticModelSpec& s) {
   types[1] = types[2] = 3;                       // CONTROL
   for (size_t i = 3; i < 259; ++i) types[i] = 6;  // BYTE
   for (size_t i = 259; i < tokens.size(); ++i) scores[i] = -static_cast<float>(i - 259);
+  const size_t n_added = s.user_defined_tokens.size() + s.control_tokens.size();
+  if (n_added + 259 > tokens.size()) throw Error("too many added tokens for n_vocab");
+  for (size_t k = 0; k < n_added; ++k) {
+    const size_t id = tokens.size() - n_added + k;
+    const bool control = k < s.control_tokens.size();
+    tokens[id] = control ? s.control_tokens[k] : s.user_defined_tokens[k - s.control_tokens.size()];
+    types[id] = control ? 3 : 4;  // CONTROL, USER_DEFINED
+  }
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_string("tokenizer.ggml.pre", "default");
   w.set("tokenizer.ggml.tokens", MetaValue::string_array(std::move(tokens)));

@@ -52,6 +52,12 @@ struct SyntheticModelSpec {
   // llama: `rope_freqs.weight` (head_dim / 2 factors dividing each rotation
   // pair's frequency), as Llama 3.1 and later files carry; empty = none.
   std::vector<float> rope_freq_factors;
+  // Pieces written as the vocabulary's last tokens, typed USER_DEFINED (as
+  // converters type added tokens such as Qwen's <tool_call>): tests make a
+  // model write exactly this text with logit_bias.
+  std::vector<std::string> user_defined_tokens;
+  // Likewise typed CONTROL (as Mistral's [TOOL_CALLS]), before those.
+  std::vector<std::string> control_tokens;
 
   // gemma3: every `sliding_window_pattern`-th layer is global, the rest use a
   // window of `sliding_window` tokens.

@@ -1,5 +1,6 @@
 #include "server/generation.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "grammar/json_constraint.h"
@@ -102,7 +103,11 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   GenerateResult result = model.engine->generate(request, [&](int32_t token, std::span<const float> logits) {
     if (tokenizer.is_eog(token) || token >= tokenizer.n_vocab()) return true;  // never shown
     if (plan.logprobs) pending_logprobs.push_back(make_logprob_entry(tokenizer, token, logits, plan.top_logprobs));
-    std::string text = matcher.push(decoder.push(token));
+    const bool visible_control =
+        std::find(plan.visible_control_tokens.begin(), plan.visible_control_tokens.end(), token) !=
+        plan.visible_control_tokens.end();
+    std::string text =
+        matcher.push(visible_control ? decoder.flush() + tokenizer.token_to_piece(token, true) : decoder.push(token));
     if (!text.empty() || matcher.stopped()) emit(std::move(text));
     return !matcher.stopped() && !channel.cancelled();
   });

@@ -39,6 +39,9 @@ struct GenerationPlan {
   int draft_max = -1;       // -1: the engine's default; 0: no speculative decoding
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
   std::shared_ptr<const JsonSchema> json_schema;  // structured output; null: free text
+  // Control tokens shown as their text (a tool-call syntax's markers that
+  // the vocabulary holds as control tokens, e.g. Mistral's [TOOL_CALLS]).
+  std::vector<int32_t> visible_control_tokens;
   // Images: per-position cache keys (image digests), the embedded spans and
   // the embeddings they point into (kept alive by the plan).
   std::vector<Hash128> prompt_keys;

@@ -18,6 +18,7 @@
 #include "server/openai_response.h"
 #include "server/prompt_builder.h"
 #include "server/scheduler.h"
+#include "server/tool_call_parser.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -110,7 +111,31 @@ struct ResponseContext {
   ResponseMeta meta;
   GenerationOptions options;
   uint64_t job = 0;  // the generation's Scheduler ticket
+  // Tool calls to read out of the reply (tool_choice auto with tools): the
+  // model's syntax and the request's tool names.
+  ToolCallSyntax tool_syntax = ToolCallSyntax::None;
+  std::vector<std::string> tool_names;
 };
+
+// Tool calls are read back when the request has tools, leaves the reply
+// free and allows calls, and the template shows the model a syntax; marker
+// tokens the vocabulary holds as control tokens are shown as text.
+void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& model, ResponseContext& ctx,
+                       GenerationPlan& plan) {
+  const ToolCallSyntax syntax = model.chat.tool_call_syntax;
+  if (!chat.tools.is_array() || chat.tools.empty() || chat.tool_choice_none || chat.options.tool_call_reply ||
+      chat.options.json_schema || syntax == ToolCallSyntax::None)
+    return;
+  ctx.tool_syntax = syntax;
+  for (const auto& tool : chat.tools)
+    if (tool.contains("function") && tool["function"].is_object() && tool["function"].contains("name") &&
+        tool["function"]["name"].is_string())
+      ctx.tool_names.push_back(tool["function"]["name"].get<std::string>());
+  const Tokenizer& tok = *model.bundle->tokenizer;
+  for (const char* marker : {"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|tool_call|>", "<TOOLCALL>",
+                             "</TOOLCALL>", "<|python_tag|>"})
+    if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
+}
 
 }  // namespace
 
@@ -519,7 +544,7 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   }
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      chat.options};
+                      chat.options, 0, ToolCallSyntax::None, {}};
   if (chat.first_image_message) {
     Parsed<GenerationPlan> plan = make_image_plan(model, chat);
     if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
@@ -527,7 +552,9 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   }
   Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
-  start_generation(req, res, std::move(lease), make_plan(chat.options, std::move(prompt.value())), std::move(ctx));
+  GenerationPlan plan = make_plan(chat.options, std::move(prompt.value()));
+  expect_tool_calls(chat, model, ctx, plan);
+  start_generation(req, res, std::move(lease), std::move(plan), std::move(ctx));
 }
 
 void HttpServer::Impl::handle_completions(const httplib::Request& req, const std::string& body,
@@ -551,7 +578,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   ResponseContext ctx{Endpoint::Completions,
                       {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      completion.options};
+                      completion.options, 0, ToolCallSyntax::None, {}};
   start_generation(req, res, std::move(lease), make_plan(completion.options, std::move(prompt.value())),
                    std::move(ctx));
 }
@@ -663,7 +690,14 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
   }
   if (ctx.options.tool_call_reply && outcome.finish_reason == "stop") {
     if (const std::optional<ToolCall> call = tool_call_from_reply(text)) {
-      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, *call, outcome.usage));
+      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, "", {*call}, outcome.usage));
+      finish_metrics(ctx, outcome, 200);
+      return;
+    }
+  }
+  if (ctx.tool_syntax != ToolCallSyntax::None && outcome.finish_reason == "stop") {
+    if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names)) {
+      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, outcome.usage));
       finish_metrics(ctx, outcome, 200);
       return;
     }
@@ -701,6 +735,12 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   // or as text if it was cut short.
   const bool hold_text = ctx.options.tool_call_reply;
   std::string held;
+  // Tool calls in the model's syntax: text is sent up to where a call may
+  // start, the rest once the reply is complete.
+  const bool read_calls = ctx.tool_syntax != ToolCallSyntax::None;
+  std::string reply;
+  size_t sent = 0;
+  std::vector<LogprobEntry> unsent_logprobs;
   // Runs until the generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
   // metrics.
@@ -714,6 +754,15 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
       if (hold_text) {
         held += d.text;
         continue;
+      }
+      if (read_calls) {
+        reply += d.text;
+        for (LogprobEntry& e : d.logprobs) unsent_logprobs.push_back(std::move(e));
+        const size_t free = tool_call_free_prefix(ctx.tool_syntax, reply);
+        if (free <= sent) continue;
+        d.text = reply.substr(sent, free - sent);
+        d.logprobs = std::exchange(unsent_logprobs, {});
+        sent = free;
       }
       const size_t n = utf8_characters(d.text);
       events += chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "",
@@ -748,6 +797,21 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
       if (call) finish_reason = "tool_calls";
       write(sse_event(chat_chunk_json(ctx.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held}}, "",
                                       std::nullopt, usage_field)));
+    }
+    if (read_calls) {
+      const auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx.tool_syntax, reply, ctx.tool_names)
+                                                  : std::nullopt;
+      // Text not sent yet: what follows the calls, or the held tail.
+      const std::string rest = parsed ? parsed->trailing() : reply.substr(sent);
+      if (!rest.empty() || !unsent_logprobs.empty())
+        write(sse_event(chat_chunk_json(ctx.meta, {{"content", rest}}, "", logprobs_of(std::move(unsent_logprobs)),
+                                        usage_field)));
+      if (parsed) {
+        for (size_t i = 0; i < parsed->calls.size(); ++i)
+          write(sse_event(chat_chunk_json(ctx.meta, tool_call_delta(parsed->calls[i], static_cast<int>(i)), "",
+                                          std::nullopt, usage_field)));
+        finish_reason = "tool_calls";
+      }
     }
     write(chat ? sse_event(chat_chunk_json(ctx.meta, ordered_json::object(), finish_reason, std::nullopt,
                                            usage_field))

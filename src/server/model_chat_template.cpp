@@ -79,6 +79,7 @@ ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std:
     auto id = tok.find_token(kFallbackChatTemplateStop);
     if (!id || !tok.is_eog(*id)) out.implicit_stops.push_back(kFallbackChatTemplateStop);
   }
+  out.tool_call_syntax = detect_tool_call_syntax(source);
   try {
     out.chat_template = std::make_unique<ChatTemplate>(source);
   } catch (const std::exception& e) {

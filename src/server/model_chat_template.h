@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "server/chat_template.h"
+#include "server/tool_call_parser.h"
 
 namespace reprise {
 
@@ -41,6 +42,9 @@ struct ModelChatTemplate {
   // `is string` or concatenate the string (Qwen3, DeepSeek-R1) get it as
   // sent. Tried at load, as llama.cpp does.
   bool wants_object_arguments = false;
+  // How the template teaches the model to write tool calls (read back out
+  // of replies to requests with tools; tool_call_parser.h).
+  ToolCallSyntax tool_call_syntax = ToolCallSyntax::None;
 };
 
 // The load-time probes behind renders_plain_chat and wants_object_arguments.

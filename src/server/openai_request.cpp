@@ -271,7 +271,10 @@ nlohmann::json rebase_refs(const nlohmann::json& schema, const std::string& base
 // constrain it to one call, {"name": ..., "arguments": {...}}, of the allowed
 // tools, each tool's arguments to its parameters schema.
 void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
-  if (choice.is_string() && (choice == "auto" || choice == "none")) return;
+  if (choice.is_string() && (choice == "auto" || choice == "none")) {
+    req.tool_choice_none = choice == "none";
+    return;
+  }
   std::string only;  // a named function
   if (choice.is_object()) {
     Fields cf(choice, "tool_choice.");

@@ -63,6 +63,7 @@ struct ChatCompletionRequest {
   // name / tool_calls / tool_call_id / reasoning_content when given.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools = nullptr;  // passed to the template as given
+  bool tool_choice_none = false;           // tool_choice "none": calls in the reply stay text
   // chat_template_kwargs (and reasoning_effort): extra template variables.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   // Index of the first message with an image part, if any (the model decides

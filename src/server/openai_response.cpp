@@ -104,13 +104,15 @@ ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
 
 }  // namespace
 
-ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const ToolCall& call, const UsageCounts& usage) {
+ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
+                                            const std::vector<ToolCall>& calls, const UsageCounts& usage) {
   ordered_json out = meta_object(meta, "chat.completion");
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
-  message["content"] = nullptr;
+  message["content"] = content.empty() ? ordered_json(nullptr) : ordered_json(content);
   message["refusal"] = nullptr;
-  message["tool_calls"] = ordered_json::array({tool_call_json(call, std::nullopt)});
+  message["tool_calls"] = ordered_json::array();
+  for (const ToolCall& call : calls) message["tool_calls"].push_back(tool_call_json(call, std::nullopt));
   ordered_json choice = ordered_json::object();
   choice["index"] = 0;
   choice["message"] = std::move(message);
@@ -121,8 +123,8 @@ ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const Tool
   return out;
 }
 
-ordered_json tool_call_delta(const ToolCall& call) {
-  return {{"tool_calls", ordered_json::array({tool_call_json(call, 0)})}};
+ordered_json tool_call_delta(const ToolCall& call, int index) {
+  return {{"tool_calls", ordered_json::array({tool_call_json(call, index)})}};
 }
 
 ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,

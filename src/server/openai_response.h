@@ -62,10 +62,12 @@ struct ToolCall {
 // The call a finished tool-call reply holds, or nullopt when the text is not
 // one (a reply cut short by max_tokens).
 std::optional<ToolCall> tool_call_from_reply(const std::string& text);
-// message.content null, message.tool_calls, finish_reason "tool_calls".
-ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const ToolCall& call, const UsageCounts& usage);
-// The streamed delta carrying a whole tool call.
-ordered_json tool_call_delta(const ToolCall& call);
+// message.tool_calls with the calls, message.content the text beside them
+// (null when empty), finish_reason "tool_calls".
+ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
+                                            const std::vector<ToolCall>& calls, const UsageCounts& usage);
+// The streamed delta carrying a whole tool call, the reply's `index`th.
+ordered_json tool_call_delta(const ToolCall& call, int index = 0);
 
 // A streamed chunk. `delta` is {"role": ...} / {"content": ...} / {}; a
 // non-empty finish_reason marks the last choice chunk. When the client asked
