@@ -551,3 +551,74 @@ TEST(ConstrainedGeneration, CachedEqualsColdAndSpeculationStandsAside) {
   EXPECT_GE(finished, 8);
   EXPECT_GT(cache.stats().tokens_reused, 0u);
 }
+
+// Found by review (session 48): each of these crashed, hung, dead-ended or
+// refused a valid document before.
+TEST(JsonSchemaReview, UnionsThatReachThemselvesAreTriedOnce) {
+  // Checking an enum value against a union that refers to itself recursed
+  // without end; 40 levels of two-way unions took 2^40 steps.
+  EXPECT_THROW(compile(R"({"$defs":{"D":{"anyOf":[{"type":"null"},{"$ref":"#/$defs/D"}]}},
+                           "items":{"$ref":"#/$defs/D"},"enum":[[1]]})"),
+               Error);
+  json dag = {{"$defs", json::object()}, {"type", "array"}, {"items", {{"$ref", "#/$defs/L0"}}}, {"enum", {{1}}}};
+  for (int i = 0; i < 40; ++i) {
+    const json next = {{"$ref", "#/$defs/L" + std::to_string(i + 1)}};
+    dag["$defs"]["L" + std::to_string(i)] = {{"anyOf", {next, next}}};
+  }
+  dag["$defs"]["L40"] = {{"type", "null"}};
+  EXPECT_THROW(JsonSchema::compile(dag), Error);
+  dag["enum"] = {{nullptr}};
+  EXPECT_TRUE(JsonSchema::compile(dag)->validates(json::array({nullptr})));
+  // The matcher expanded every path of a five-way self-union for each byte.
+  auto s = compile(R"({"$defs":{"D":{"anyOf":[{"$ref":"#/$defs/D"},{"$ref":"#/$defs/D"},{"$ref":"#/$defs/D"},
+                        {"$ref":"#/$defs/D"},{"$ref":"#/$defs/D"},{"type":"null"}]}},"$ref":"#/$defs/D"})");
+  EXPECT_FALSE(accepts_prefix(s, "x"));
+  EXPECT_TRUE(accepts_whole(s, "null"));
+  // A chain of 40 references (the union depth limit refused every byte past 31).
+  json chain = {{"$defs", json::object()}, {"$ref", "#/$defs/r0"}};
+  for (int i = 0; i < 40; ++i) chain["$defs"]["r" + std::to_string(i)] = {{"$ref", "#/$defs/r" + std::to_string(i + 1)}};
+  chain["$defs"]["r40"] = {{"type", "null"}};
+  EXPECT_TRUE(accepts_whole(JsonSchema::compile(chain), "null"));
+}
+
+TEST(JsonSchemaReview, NoDeadEndsFromImpossibleFormsOrNesting) {
+  // The node could be satisfied (null), its array or object form could not.
+  EXPECT_FALSE(accepts_prefix(compile(R"({"type":["array","null"],"minItems":1,"items":false})"), "["));
+  EXPECT_FALSE(accepts_prefix(compile(R"({"type":"object","nullable":true,"properties":{"a":false},"required":["a"]})"), "{"));
+  // Nesting: a key whose value could not be finished below the limit is not written.
+  auto tree = compile(R"({"type":"object","properties":{"c":{"$ref":"#"}}})");
+  JsonMatcher m(tree);
+  int levels = 0;
+  while (m.advance("{\"c\":")) ++levels;
+  EXPECT_GT(levels, 100);
+  ASSERT_TRUE(m.advance("{"));
+  EXPECT_FALSE(m.advance("\"c"));
+  EXPECT_TRUE(m.advance(std::string(levels + 1, '}')));
+  EXPECT_TRUE(m.can_end());
+  // A schema whose every document nests past the limit is refused, even
+  // when its text does not nest that deep (a chain of shared $defs).
+  json deep = {{"$defs", json::object()}, {"$ref", "#/$defs/a0"}};
+  for (int i = 0; i < 150; ++i)
+    deep["$defs"]["a" + std::to_string(i)] = {{"type", "array"}, {"minItems", 1},
+                                              {"items", {{"$ref", "#/$defs/a" + std::to_string(i + 1)}}}};
+  deep["$defs"]["a150"] = {{"type", "null"}};
+  EXPECT_THROW(JsonSchema::compile(deep), Error);
+}
+
+TEST(JsonSchemaReview, ValidDocumentsOnceRefused) {
+  // The 17th alternative starting with the same byte was dropped.
+  json tools = {{"anyOf", json::array()}};
+  for (int i = 0; i < 17; ++i)
+    tools["anyOf"].push_back({{"type", "object"},
+                              {"properties", {{"name", {{"const", "tool" + std::to_string(i)}}}, {"arguments", {{"type", "object"}}}}},
+                              {"required", {"name", "arguments"}}});
+  EXPECT_TRUE(accepts_whole(JsonSchema::compile(tools), R"({"name":"tool16","arguments":{}})"));
+  // enum and const values that are objects with keys.
+  EXPECT_TRUE(accepts_whole(compile(R"({"const":{"a":1}})"), R"({"a":1})"));
+  EXPECT_TRUE(accepts_whole(compile(R"({"enum":[{"a":1},{}]})"), R"({"a":1})"));
+  // Numbers compare by value; integers past 2^63.
+  EXPECT_TRUE(compile(R"({"type":"object","properties":{"a":{"const":1}},"enum":[{"a":1.0}]})")
+                  ->validates(json::parse(R"({"a":1})")));
+  EXPECT_TRUE(compile(R"({"type":"integer","enum":[1e300]})")->validates(json::parse("1e300")));
+  EXPECT_FALSE(compile(R"({"type":"integer"})")->validates(json::parse("1.5")));
+}

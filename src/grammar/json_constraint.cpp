@@ -1,12 +1,13 @@
 #include "grammar/json_constraint.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace reprise {
 
 namespace {
 
-constexpr size_t kMaxRememberedStrings = 1024;
+constexpr size_t kMaxRememberedStrings = 256;
 
 // The frames one step may change (JsonMatcher::step changes none below the
 // top three), so a walk can undo a step without copying the stack.
@@ -26,23 +27,31 @@ struct StackTop {
 
 }  // namespace
 
+JsonVocabulary::JsonVocabulary(std::vector<std::string> pieces) : trie_(std::move(pieces)) {
+  for (int32_t id = 0; id < trie_.vocabulary_size(); ++id)
+    longest_piece_ = std::max(longest_piece_, static_cast<int32_t>(trie_.piece(id).size()));
+}
+
 std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_tokens(const JsonMatcher& matcher,
                                                                                    const JsonStack& stack) {
   const JsonFrame& top = stack.back();
   // A string's next tokens depend on its escape and UTF-8 state and, when
   // its length is bounded, on its length and bounds; a free key's on its
   // UTF-8 state.
+  // A token adds at most longest_piece_ characters, so bounds further away
+  // than that act alike: the key holds the distances to them, clipped.
   const bool is_string = top.kind == JsonFrame::String;
-  const bool bounded = is_string && matcher.schema().node(top.node).has_length_limits();
-  const SchemaNode* limits = bounded ? &matcher.schema().node(top.node) : nullptr;
-  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, bounded ? top.count : 0,
-                bounded ? limits->min_length : 0, bounded ? limits->max_length : -1};
+  const SchemaNode* limits = is_string ? &matcher.schema().node(top.node) : nullptr;
+  const int64_t far = longest_piece_ + 1;
+  const int64_t to_min = limits ? std::clamp<int64_t>(limits->min_length - top.count, 0, far) : 0;
+  const int64_t to_max = limits && limits->max_length >= 0 ? std::min<int64_t>(limits->max_length - top.count, far) : -1;
+  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, 0, to_min, to_max};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = strings_.find(key); it != strings_.end()) return it->second;
   }
   auto result = std::make_shared<StringTokens>();
-  result->inside.assign(trie_.vocabulary_size(), 0);
+  result->inside.assign((trie_.vocabulary_size() + 63) / 64, 0);
   // A probe: the text's frame alone in a document; a byte that closes the
   // text pops the string or moves the key's object on.
   JsonStack probe{JsonFrame{}, top};
@@ -59,7 +68,7 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
         result->closing.insert(result->closing.end(), tokens.begin(), tokens.end());
         continue;
       }
-      for (int32_t id : trie_.own_tokens(child)) result->inside[id] = 1;
+      for (int32_t id : trie_.own_tokens(child)) result->inside[id / 64] |= uint64_t{1} << (id % 64);
       self(self, c, next);
     }
   };
@@ -124,21 +133,39 @@ void JsonConstraint::walk_stacks(int32_t trie_node, const std::vector<JsonStack>
   }
 }
 
-void JsonConstraint::allowed_tokens(std::vector<uint8_t>& allowed, bool& may_end) {
+bool JsonConstraint::stack_accepts(const JsonStack& stack, const std::string& bytes) const {
+  std::vector<JsonStack> current{stack}, next, forks;
+  for (char c : bytes) {
+    next.clear();
+    for (JsonStack& s : current) {
+      forks.clear();
+      if (matcher_.step(s, static_cast<uint8_t>(c), forks)) next.push_back(std::move(s));
+      for (auto& f : forks) next.push_back(std::move(f));
+    }
+    if (next.empty()) return false;
+    std::swap(current, next);
+  }
+  return true;
+}
+
+void JsonConstraint::add_allowed(const JsonStack& stack, std::vector<uint8_t>& allowed) {
   const TokenTrie& trie = vocabulary_->trie();
-  allowed.assign(trie.vocabulary_size(), 0);
-  may_end = matcher_.can_end();
-  const auto& stacks = matcher_.stacks();
-  if (stacks.size() > 1) return walk_stacks(TokenTrie::kRoot, stacks, allowed);
-  JsonStack stack = stacks.front();
   if (JsonMatcher::in_free_text(stack.back())) {
     const auto strings = vocabulary_->string_tokens(matcher_, stack);
-    allowed = strings->inside;
+    for (size_t w = 0; w < strings->inside.size(); ++w) {
+      const uint64_t bits = strings->inside[w];
+      if (bits == ~uint64_t{0} && (w + 1) * 64 <= allowed.size()) {
+        std::memset(allowed.data() + w * 64, 1, 64);  // most words inside a string
+        continue;
+      }
+      for (uint64_t b = bits; b != 0; b &= b - 1) allowed[w * 64 + static_cast<size_t>(__builtin_ctzll(b))] = 1;
+    }
     JsonStack scratch;
     std::vector<JsonStack> forks;
     for (int32_t id : strings->closing) {
-      // One stack, stepped in place (a copy into reused memory); a token
-      // that forks the state is rare and checked by a whole matcher.
+      if (allowed[id]) continue;
+      // Stepped in place on a copy in reused memory; a token that forks
+      // the stack is checked with its forks.
       scratch = stack;
       bool ok = true, forked = false;
       for (char c : trie.piece(id)) {
@@ -147,12 +174,21 @@ void JsonConstraint::allowed_tokens(std::vector<uint8_t>& allowed, bool& may_end
         forked = !forks.empty();
         if (!ok || forked) break;
       }
-      if (forked) ok = accepts(trie.piece(id));
+      if (forked) ok = stack_accepts(stack, trie.piece(id));
       if (ok) allowed[id] = 1;
     }
     return;
   }
-  walk_one_stack(TokenTrie::kRoot, stack, 0, allowed);
+  JsonStack walked = stack;
+  walk_one_stack(TokenTrie::kRoot, walked, 0, allowed);
+}
+
+// A token is allowed when some stack allows it: each stack is walked alone,
+// so strings' remembered tokens serve every alternative.
+void JsonConstraint::allowed_tokens(std::vector<uint8_t>& allowed, bool& may_end) {
+  allowed.assign(vocabulary_->trie().vocabulary_size(), 0);
+  may_end = matcher_.can_end();
+  for (const JsonStack& stack : matcher_.stacks()) add_allowed(stack, allowed);
 }
 
 void JsonConstraint::allowed_tokens_one_by_one(std::vector<uint8_t>& allowed, bool& may_end) const {

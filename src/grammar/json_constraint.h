@@ -28,7 +28,7 @@ namespace reprise {
 // Thread-safe.
 class JsonVocabulary {
  public:
-  explicit JsonVocabulary(std::vector<std::string> pieces) : trie_(std::move(pieces)) {}
+  explicit JsonVocabulary(std::vector<std::string> pieces);
   const TokenTrie& trie() const { return trie_; }
 
   // Tokens that, from free text (JsonMatcher::in_free_text) on top of
@@ -36,13 +36,14 @@ class JsonVocabulary {
   // close it somewhere (`closing`), which the caller checks against the
   // whole stack.
   struct StringTokens {
-    std::vector<uint8_t> inside;
+    std::vector<uint64_t> inside;  // a bit per token id
     std::vector<int32_t> closing;
   };
   std::shared_ptr<const StringTokens> string_tokens(const JsonMatcher& matcher, const JsonStack& stack);
 
  private:
   TokenTrie trie_;
+  int32_t longest_piece_ = 0;  // bytes
   using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int32_t, int64_t, int64_t>;
   std::mutex mutex_;
   std::map<Key, std::shared_ptr<const StringTokens>> strings_;
@@ -65,6 +66,10 @@ class JsonConstraint final : public TokenConstraint {
   std::vector<std::vector<JsonStack>> forks_;  // per trie depth
 
   bool accepts(const std::string& bytes) const;
+  // Whether `stack` alone accepts the bytes (its forks included).
+  bool stack_accepts(const JsonStack& stack, const std::string& bytes) const;
+  // Adds the tokens `stack` alone allows next.
+  void add_allowed(const JsonStack& stack, std::vector<uint8_t>& allowed);
   void walk_one_stack(int32_t trie_node, JsonStack& stack, size_t depth, std::vector<uint8_t>& allowed);
   void walk_stacks(int32_t trie_node, const std::vector<JsonStack>& stacks, std::vector<uint8_t>& allowed) const;
 };

@@ -13,10 +13,25 @@ enum ArrayPhase : uint8_t { kArrayStart, kArrayAfterValue, kArrayNext };
 enum NumberPhase : uint8_t { kSign, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigits };
 
 constexpr int32_t kMaxIntegerDigits = 16, kMaxFractionDigits = 16, kMaxExponentDigits = 2;  // nlohmann refuses doubles beyond 1e308
-constexpr size_t kMaxDepth = 128;   // open values; deeper containers are not started
-constexpr size_t kMaxStacks = 64;   // alternatives kept at once
-constexpr int kMaxStarts = 16;      // alternatives one byte may start
-constexpr int kMaxUnionDepth = 32;  // unions nested in unions
+// Alternatives kept at once; past it the later ones are dropped (the
+// accepted language shrinks but stays sound and free of dead ends).
+constexpr size_t kMaxStacks = 256;
+
+// Whether a value of a form needing `depth` more containers fits when its
+// frame would be pushed onto `open` frames (JsonSchema::kMaxNesting).
+bool fits(size_t open, int32_t depth) {
+  return depth < SchemaNode::kUnsatisfiable && static_cast<int64_t>(open) + depth <= JsonSchema::kMaxNesting;
+}
+
+// Scratch for start_value (one call at a time per thread): the frames a byte
+// starts, and which unions this call has expanded (a union reached twice, or
+// through itself, is expanded once).
+struct StartScratch {
+  std::vector<JsonFrame> starts;
+  std::vector<uint32_t> expanded;  // epoch per node
+  uint32_t epoch = 0;
+};
+thread_local StartScratch start_scratch;
 
 enum class Step { Consumed, Rejected, Closed, Done /* complete before this byte: reprocess it */ };
 
@@ -222,11 +237,14 @@ JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std
   stacks_.push_back({JsonFrame{}});  // a Document frame expecting the value
 }
 
-void JsonMatcher::collect_starts(int32_t id, uint8_t c, size_t open, JsonFrame* out, int& n, int depth) const {
+void JsonMatcher::collect_starts(int32_t id, uint8_t c, size_t open, std::vector<JsonFrame>& out) const {
   const SchemaNode& node = schema_->node(id);
-  if (!node.satisfiable || n >= kMaxStarts || depth > kMaxUnionDepth) return;
+  if (!fits(open, node.depth_needed)) return;
   if (!node.any_of.empty()) {
-    for (int32_t alt : node.any_of) collect_starts(alt, c, open, out, n, depth + 1);
+    StartScratch& scratch = start_scratch;
+    if (scratch.expanded[id] == scratch.epoch) return;
+    scratch.expanded[id] = scratch.epoch;
+    for (int32_t alt : node.any_of) collect_starts(alt, c, open, out);
     return;
   }
   JsonFrame f;
@@ -239,25 +257,24 @@ void JsonMatcher::collect_starts(int32_t id, uint8_t c, size_t open, JsonFrame* 
     f.hi = static_cast<int32_t>(lits.size());
     if (!narrow(lits, f.lo, f.hi, 0, c)) return;
     f.pos = 1;
-    out[n++] = f;
+    out.push_back(f);
   };
   if (node.literal_set >= 0) return literal(node.literal_set);
-  if (c == '{' && (node.types & kJsonObject) && open < kMaxDepth) {
+  if (c == '{' && (node.types & kJsonObject) && fits(open, node.object_depth_needed)) {
     f.kind = JsonFrame::Object;
-    out[n++] = f;
-  } else if (c == '[' && (node.types & kJsonArray) && open < kMaxDepth &&
-             (node.max_items < 0 || node.min_items <= node.max_items)) {
+    out.push_back(f);
+  } else if (c == '[' && (node.types & kJsonArray) && fits(open, node.array_depth_needed)) {
     f.kind = JsonFrame::Array;
-    out[n++] = f;
+    out.push_back(f);
   } else if (c == '"' && (node.types & kJsonString) &&
              (node.max_length < 0 || node.min_length <= node.max_length)) {
     f.kind = JsonFrame::String;
-    out[n++] = f;
+    out.push_back(f);
   } else if ((c == '-' || is_digit(c)) && (node.types & (kJsonInteger | kJsonNumber))) {
     f.kind = JsonFrame::Number;
     f.phase = c == '-' ? kSign : c == '0' ? kZero : kInt;
     f.count = c == '-' ? 0 : 1;
-    out[n++] = f;
+    out.push_back(f);
   } else if ((c == 't' || c == 'f') && (node.types & kJsonBoolean)) {
     literal(JsonSchema::kBooleanLiterals);
   } else if (c == 'n' && (node.types & kJsonNull)) {
@@ -267,11 +284,17 @@ void JsonMatcher::collect_starts(int32_t id, uint8_t c, size_t open, JsonFrame* 
 
 bool JsonMatcher::start_value(JsonStack& stack, int32_t node, uint8_t c, std::vector<JsonStack>& forks) const {
   if (node < 0) return false;
-  JsonFrame starts[kMaxStarts];
-  int n = 0;
-  collect_starts(node, c, stack.size(), starts, n, 0);
-  if (n == 0) return false;
-  for (int i = 1; i < n; ++i) {
+  StartScratch& scratch = start_scratch;
+  if (scratch.expanded.size() < schema_->node_count()) scratch.expanded.resize(schema_->node_count(), 0);
+  if (++scratch.epoch == 0) {  // wrapped: forget every mark
+    std::fill(scratch.expanded.begin(), scratch.expanded.end(), 0);
+    scratch.epoch = 1;
+  }
+  std::vector<JsonFrame>& starts = scratch.starts;
+  starts.clear();
+  collect_starts(node, c, stack.size(), starts);
+  if (starts.empty()) return false;
+  for (size_t i = 1; i < starts.size(); ++i) {
     forks.push_back(stack);
     forks.back().push_back(starts[i]);
   }
@@ -297,19 +320,24 @@ void JsonMatcher::child_done(JsonStack& stack) const {
   }
 }
 
-bool JsonMatcher::can_add_key(const JsonFrame& f) const {
+bool JsonMatcher::value_fits(int32_t node, size_t open) const {
+  return node >= 0 && fits(open, schema_->node(node).depth_needed);
+}
+
+bool JsonMatcher::can_add_key(const JsonFrame& f, size_t open) const {
   const SchemaNode& n = schema_->node(f.node);
-  if (n.additional >= 0 && schema_->node(n.additional).satisfiable) return true;
+  if (value_fits(n.additional, open)) return true;
   for (size_t i = 0; i < n.property_names.size(); ++i)
-    if (!(f.seen >> i & 1) && schema_->node(n.property_nodes[i]).satisfiable) return true;
+    if (!(f.seen >> i & 1) && value_fits(n.property_nodes[i], open)) return true;
   return false;
 }
 
 bool JsonMatcher::object_step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& forks) const {
   JsonFrame& f = stack.back();
   const SchemaNode& n = schema_->node(f.node);
+  const size_t open = stack.size();  // where the member's value would be pushed
   auto open_key = [&] {
-    if (!can_add_key(f)) return false;
+    if (!can_add_key(f, open)) return false;
     f.phase = kObjectKey;
     f.lo = 0;
     f.hi = static_cast<int32_t>(n.property_names.size());
@@ -322,13 +350,13 @@ bool JsonMatcher::object_step(JsonStack& stack, uint8_t c, std::vector<JsonStack
     child_done(stack);
     return true;
   };
-  const bool others_allowed = n.additional >= 0 && schema_->node(n.additional).satisfiable;
+  const bool others_allowed = value_fits(n.additional, open);
   switch (f.phase) {
     case kObjectKey: {
       if (f.utf8_left == 0 && c == '"') {
         const bool exact = f.lo < f.hi && static_cast<int32_t>(n.property_names[f.lo].size()) == f.pos;
         if (exact) {
-          if ((f.seen >> f.lo & 1) || !schema_->node(n.property_nodes[f.lo]).satisfiable) return false;
+          if ((f.seen >> f.lo & 1) || !value_fits(n.property_nodes[f.lo], open)) return false;
           f.property = f.lo;
         } else {
           if (!others_allowed) return false;
@@ -344,7 +372,7 @@ bool JsonMatcher::object_step(JsonStack& stack, uint8_t c, std::vector<JsonStack
       ++f.pos;
       if (others_allowed) return true;
       for (int32_t i = f.lo; i < f.hi; ++i)
-        if (!(f.seen >> i & 1) && schema_->node(n.property_nodes[i]).satisfiable) return true;
+        if (!(f.seen >> i & 1) && value_fits(n.property_nodes[i], open)) return true;
       return false;
     }
     case kObjectStart:
@@ -370,7 +398,7 @@ bool JsonMatcher::object_step(JsonStack& stack, uint8_t c, std::vector<JsonStack
     }
     case kObjectAfterValue:
       if (c == ',') {
-        if (!can_add_key(f)) return false;
+        if (!can_add_key(f, open)) return false;
         f.phase = kObjectNext;
         f.whitespace = 0;
         return true;
@@ -388,7 +416,7 @@ bool JsonMatcher::array_step(JsonStack& stack, uint8_t c, std::vector<JsonStack>
   auto next_item = [&]() -> int32_t {
     if (n.max_items >= 0 && f.count >= n.max_items) return -1;
     const int32_t item = n.item_node(f.count);
-    return item >= 0 && schema_->node(item).satisfiable ? item : -1;
+    return value_fits(item, stack.size()) ? item : -1;
   };
   auto close = [&] {
     if (f.count < n.min_items) return false;

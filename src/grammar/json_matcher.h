@@ -74,12 +74,14 @@ class JsonMatcher {
 
   bool start_value(JsonStack& stack, int32_t node, uint8_t c, std::vector<JsonStack>& forks) const;
   // The frames that start a value of `node` with byte `c` (unions give one
-  // per alternative accepting it); `open` is the stack's depth.
-  void collect_starts(int32_t node, uint8_t c, size_t open, JsonFrame* out, int& n, int depth) const;
+  // per alternative accepting it) on a stack of `open` frames.
+  void collect_starts(int32_t node, uint8_t c, size_t open, std::vector<JsonFrame>& out) const;
+  // Whether a value of `node` can be finished when pushed onto `open` frames.
+  bool value_fits(int32_t node, size_t open) const;
   void child_done(JsonStack& stack) const;
   bool object_step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& forks) const;
   bool array_step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& forks) const;
-  bool can_add_key(const JsonFrame& f) const;
+  bool can_add_key(const JsonFrame& f, size_t open) const;
 };
 
 }  // namespace reprise

@@ -1,6 +1,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -78,7 +79,9 @@ class Compiler {
 
   // `pointer` is a JSON pointer into the document ("" is the root).
   int32_t compile_pointer(const std::string& pointer) {
-    if (auto it = by_pointer_.find(pointer); it != by_pointer_.end()) return it->second;
+    // A schema reached while checking enum values has other defaults.
+    const std::string key = validation_defaults_ ? pointer + "\n(validation)" : pointer;
+    if (auto it = by_pointer_.find(key); it != by_pointer_.end()) return it->second;
     const json* target = &document_;
     if (!pointer.empty()) {
       try {
@@ -90,7 +93,7 @@ class Compiler {
     // Reserve the id first, so a schema that refers to itself (a tree) ends
     // in a cycle of nodes rather than endless compiling.
     const int32_t id = out_.add_node({});
-    by_pointer_[pointer] = id;
+    by_pointer_[key] = id;
     const int32_t body = compile(*target, pointer);
     out_.mutable_node(id).any_of = {body};
     return id;
@@ -101,6 +104,7 @@ class Compiler {
   JsonSchema& out_;
   std::map<std::string, int32_t> by_pointer_;
   int depth_ = 0;
+  bool validation_defaults_ = false;  // absent additionalProperties allows any keys
 
   // The "any value" node refers to itself for items and other keys.
   int32_t finish_any(int32_t id) {
@@ -112,7 +116,8 @@ class Compiler {
 
   static void only(const json& schema, const std::string& pointer, const std::string& keyword,
                    std::initializer_list<const char*> allowed) {
-    for (const auto& [key, value] : schema.items()) {
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      const std::string& key = it.key();
       if (kAnnotations.count(key) || key == keyword || key == "$defs" || key == "definitions") continue;
       if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) != allowed.end())
         continue;
@@ -164,7 +169,12 @@ class Compiler {
     json rest = schema;
     rest.erase("enum");
     rest.erase("const");
+    // Checked with JSON Schema's own defaults (other keys allowed), not the
+    // generation's: an enum value {"a": 1} beside no `properties` is valid.
+    const bool saved = validation_defaults_;
+    validation_defaults_ = true;
     const int32_t rest_node = compile_plain(rest, pointer, /*untyped_means_any=*/true);
+    validation_defaults_ = saved;
     std::vector<std::string> literals;
     for (const json& v : values)
       if (out_.validates(v, rest_node)) literals.push_back(v.dump());
@@ -254,6 +264,8 @@ class Compiler {
     if (schema.contains("additionalProperties")) {
       const json& a = schema["additionalProperties"];
       node.additional = a.is_boolean() && !a.get<bool>() ? -1 : compile(a, pointer + "/additionalProperties");
+    } else if (validation_defaults_) {
+      node.additional = compile(json(true), pointer + "/additionalProperties");
     }
     std::vector<std::string> required;
     if (schema.contains("required")) {
@@ -288,26 +300,46 @@ class Compiler {
   }
 };
 
-// A satisfiable node has a finite derivation: the least fixed point.
-bool satisfiable_now(const JsonSchema& s, const SchemaNode& n) {
-  auto sat = [&](int32_t id) { return id >= 0 && s.node(id).satisfiable; };
-  if (!n.any_of.empty()) return std::any_of(n.any_of.begin(), n.any_of.end(), sat);
-  if (n.literal_set >= 0) return !s.literals(n.literal_set).empty();
-  if (n.types & (kJsonNull | kJsonBoolean | kJsonInteger | kJsonNumber)) return true;
-  if ((n.types & kJsonString) && (n.max_length < 0 || n.min_length <= n.max_length)) return true;
+// The nesting a node's values need, from the current estimates of the
+// nodes it refers to (iterated to the least fixed point by compute_depths).
+struct Depths {
+  int32_t any, object, array;
+};
+
+Depths depths_now(const JsonSchema& s, const SchemaNode& n) {
+  constexpr int32_t kNo = SchemaNode::kUnsatisfiable;
+  auto need = [&](int32_t id) { return id < 0 ? kNo : s.node(id).depth_needed; };
+  Depths d{kNo, kNo, kNo};
+  if (!n.any_of.empty()) {
+    for (int32_t alt : n.any_of) {
+      const SchemaNode& a = s.node(alt);
+      d.any = std::min(d.any, a.depth_needed);
+      d.object = std::min(d.object, a.object_depth_needed);
+      d.array = std::min(d.array, a.array_depth_needed);
+    }
+    return d;
+  }
+  if (n.literal_set >= 0) {  // written as one literal, whatever its content
+    if (!s.literals(n.literal_set).empty()) d.any = 0;
+    return d;
+  }
+  if ((n.types & (kJsonNull | kJsonBoolean | kJsonInteger | kJsonNumber)) ||
+      ((n.types & kJsonString) && (n.max_length < 0 || n.min_length <= n.max_length)))
+    d.any = 0;
   if ((n.types & kJsonArray) && (n.max_items < 0 || n.min_items <= n.max_items)) {
-    bool ok = true;
-    const int64_t need = std::min<int64_t>(n.min_items, static_cast<int64_t>(n.prefix_items.size()) + 1);
-    for (int64_t i = 0; i < need && ok; ++i) ok = sat(n.item_node(i));
-    if (ok) return true;
+    int32_t deepest = 0;
+    const int64_t count = std::min<int64_t>(n.min_items, static_cast<int64_t>(n.prefix_items.size()) + 1);
+    for (int64_t i = 0; i < count; ++i) deepest = std::max(deepest, need(n.item_node(i)));
+    if (deepest < kNo) d.array = deepest + 1;
   }
   if (n.types & kJsonObject) {
-    bool ok = true;
-    for (size_t i = 0; i < n.property_names.size() && ok; ++i)
-      if (n.required >> i & 1) ok = sat(n.property_nodes[i]);
-    if (ok) return true;
+    int32_t deepest = 0;
+    for (size_t i = 0; i < n.property_names.size(); ++i)
+      if (n.required >> i & 1) deepest = std::max(deepest, need(n.property_nodes[i]));
+    if (deepest < kNo) d.object = deepest + 1;
   }
-  return false;
+  d.any = std::min({d.any, d.object, d.array});
+  return d;
 }
 
 int64_t utf8_code_points(const std::string& s) { return code_points(s); }
@@ -315,8 +347,8 @@ int64_t utf8_code_points(const std::string& s) { return code_points(s); }
 }  // namespace
 
 JsonSchema::JsonSchema() {
-  literal_sets_.push_back({"false", "true"});
-  literal_sets_.push_back({"null"});
+  add_literals({"false", "true"});
+  add_literals({"null"});
 }
 
 int32_t JsonSchema::add_node(SchemaNode node) {
@@ -327,17 +359,28 @@ int32_t JsonSchema::add_node(SchemaNode node) {
 int32_t JsonSchema::add_literals(std::vector<std::string> literals) {
   std::sort(literals.begin(), literals.end());
   literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+  std::vector<json> values;
+  for (const std::string& l : literals) values.push_back(json::parse(l));
   literal_sets_.push_back(std::move(literals));
+  literal_values_.push_back(std::move(values));
   return static_cast<int32_t>(literal_sets_.size() - 1);
 }
 
-void JsonSchema::compute_satisfiable() {
-  for (auto& n : nodes_) n.satisfiable = false;
+void JsonSchema::compute_depths() {
+  // Estimates only fall, from "unsatisfiable", until nothing changes.
   for (bool changed = true; changed;) {
     changed = false;
-    for (auto& n : nodes_)
-      if (!n.satisfiable && satisfiable_now(*this, n)) n.satisfiable = changed = true;
+    for (auto& n : nodes_) {
+      const Depths d = depths_now(*this, n);
+      if (d.any < n.depth_needed || d.object < n.object_depth_needed || d.array < n.array_depth_needed) {
+        n.depth_needed = std::min(n.depth_needed, d.any);
+        n.object_depth_needed = std::min(n.object_depth_needed, d.object);
+        n.array_depth_needed = std::min(n.array_depth_needed, d.array);
+        changed = true;
+      }
+    }
   }
+  for (auto& n : nodes_) n.satisfiable = n.depth_needed < SchemaNode::kUnsatisfiable;
 }
 
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
@@ -348,8 +391,11 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
   } catch (const json::exception& e) {
     throw Error(std::string("malformed schema: ") + e.what());
   }
-  out->compute_satisfiable();
-  if (!out->node(out->root()).satisfiable) throw Error("no JSON document satisfies the schema");
+  out->compute_depths();
+  const SchemaNode& root = out->node(out->root());
+  if (!root.satisfiable) throw Error("no JSON document satisfies the schema");
+  if (root.depth_needed >= kMaxNesting)
+    throw Error("every document the schema allows nests deeper than 127 levels");
   return out;
 }
 
@@ -358,13 +404,21 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
 }
 
 bool JsonSchema::validates(const json& v, int32_t id) const {
+  std::vector<int32_t> tried;
+  return validates(v, id, tried);
+}
+
+bool JsonSchema::validates(const json& v, int32_t id, std::vector<int32_t>& tried) const {
   if (id < 0) return false;
   const SchemaNode& n = nodes_[id];
-  if (!n.any_of.empty())
-    return std::any_of(n.any_of.begin(), n.any_of.end(), [&](int32_t alt) { return validates(v, alt); });
+  if (!n.any_of.empty()) {
+    if (std::find(tried.begin(), tried.end(), id) != tried.end()) return false;  // tried, or being tried
+    tried.push_back(id);
+    return std::any_of(n.any_of.begin(), n.any_of.end(), [&](int32_t alt) { return validates(v, alt, tried); });
+  }
   if (n.literal_set >= 0) {
-    const auto& lits = literal_sets_[n.literal_set];
-    return std::binary_search(lits.begin(), lits.end(), v.dump());
+    const auto& values = literal_values_[n.literal_set];
+    return std::find(values.begin(), values.end(), v) != values.end();  // numbers compare by value
   }
   switch (v.type()) {
     case json::value_t::null: return n.types & kJsonNull;
@@ -373,7 +427,7 @@ bool JsonSchema::validates(const json& v, int32_t id) const {
     case json::value_t::number_unsigned: return n.types & (kJsonInteger | kJsonNumber);
     case json::value_t::number_float: {
       const double d = v.get<double>();
-      return (n.types & kJsonNumber) || ((n.types & kJsonInteger) && d == static_cast<double>(static_cast<int64_t>(d)));
+      return (n.types & kJsonNumber) || ((n.types & kJsonInteger) && std::isfinite(d) && std::floor(d) == d);
     }
     case json::value_t::string: {
       if (!(n.types & kJsonString)) return false;

@@ -57,9 +57,16 @@ struct SchemaNode {
   uint64_t required = 0;
   int32_t additional = -1;
 
-  // Whether some finite document matches (computed by compile); generation
-  // never enters a node that is not.
-  bool satisfiable = false;
+  // Computed by compile: how many containers deep a finished value of this
+  // node must nest at least (0: a scalar will do; kUnsatisfiable: no finite
+  // document matches), and the same for its object and array forms alone.
+  // Generation never starts a value it could not finish below the matcher's
+  // nesting limit, so no accepted prefix is a dead end.
+  static constexpr int32_t kUnsatisfiable = 1 << 30;
+  int32_t depth_needed = kUnsatisfiable;
+  int32_t object_depth_needed = kUnsatisfiable;
+  int32_t array_depth_needed = kUnsatisfiable;
+  bool satisfiable = false;  // depth_needed < kUnsatisfiable
 
   bool has_length_limits() const { return min_length > 0 || max_length >= 0; }
   int32_t item_node(int64_t index) const {
@@ -81,6 +88,9 @@ class JsonSchema {
   size_t node_count() const { return nodes_.size(); }
   // Sorted, distinct serialisations.
   const std::vector<std::string>& literals(int32_t set) const { return literal_sets_[set]; }
+  // The values of a set, in the same order (for validation: compared as
+  // values, so 1.0 matches 1).
+  const std::vector<nlohmann::json>& literal_values(int32_t set) const { return literal_values_[set]; }
   // The literal sets of booleans ("false", "true") and of null.
   static constexpr int32_t kBooleanLiterals = 0;
   static constexpr int32_t kNullLiterals = 1;
@@ -88,6 +98,8 @@ class JsonSchema {
   // Whether `value` matches the schema as compiled (the choices above included).
   bool validates(const nlohmann::json& value) const { return validates(value, root_); }
   bool validates(const nlohmann::json& value, int32_t node) const;
+  // The largest nesting generation may reach (JsonMatcher's limit).
+  static constexpr int32_t kMaxNesting = 128;
 
   // Public for the compiler in json_schema.cpp; use compile().
   JsonSchema();
@@ -95,11 +107,16 @@ class JsonSchema {
   int32_t add_literals(std::vector<std::string> literals);
   SchemaNode& mutable_node(int32_t id) { return nodes_[id]; }
   void set_root(int32_t root) { root_ = root; }
-  void compute_satisfiable();
+  void compute_depths();
 
  private:
   std::vector<SchemaNode> nodes_;
   std::vector<std::vector<std::string>> literal_sets_;
+  std::vector<std::vector<nlohmann::json>> literal_values_;
+
+  // `tried`: union nodes already tried for this value (a union reaching
+  // itself, or the same node by two paths, is tried once).
+  bool validates(const nlohmann::json& value, int32_t node, std::vector<int32_t>& tried) const;
   int32_t root_ = -1;
 };
 

@@ -303,6 +303,13 @@ void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
     nlohmann::json parameters = {{"type", "object"}, {"properties", nlohmann::json::object()}};
     if (fn->contains("parameters") && !(*fn)["parameters"].is_null())
       parameters = nlohmann::json::parse((*fn)["parameters"].dump());
+    // Arguments are an object (OpenAI sends them as one's JSON text): a
+    // schema that says nothing of its type ({} included) is an object's.
+    if (parameters.is_object() && !parameters.contains("type")) {
+      bool bare = true;
+      for (const char* k : {"$ref", "anyOf", "oneOf", "allOf", "enum", "const"}) bare = bare && !parameters.contains(k);
+      if (bare) parameters["type"] = "object";
+    }
     try {
       JsonSchema::compile(parameters);  // its own errors, named by its own paths
     } catch (const Error& e) {
