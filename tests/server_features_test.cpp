@@ -487,6 +487,9 @@ TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
   bad["response_format"] = {{"type", "json_object"}};
   EXPECT_EQ(s.post("/v1/chat/completions", bad).first, 400);
   bad.erase("response_format");
+  json string_params = bad;
+  string_params["tools"][0]["function"]["parameters"] = {{"type", "string"}};
+  EXPECT_EQ(s.post("/v1/chat/completions", string_params).first, 400);
   bad["tools"][0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
   auto [st, r] = s.post("/v1/chat/completions", bad);
   EXPECT_EQ(st, 400);
@@ -559,6 +562,13 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
     EXPECT_EQ(json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
               json({{"city", "Paris"}}));
 
+    // Logprobs come with the calls.
+    json with_logprobs = request({{id_hermes, 100}}, false);
+    with_logprobs["logprobs"] = true;
+    auto [stl, rl] = s.post("/v1/chat/completions", with_logprobs);
+    EXPECT_EQ(rl["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_EQ(rl["choices"][0]["logprobs"]["content"].size(), 1u) << rl.dump();
+
     auto [content, calls, finish] = streamed(s, request({{id_hermes, 100}}, true));
     EXPECT_EQ(content, "Checking.");
     ASSERT_EQ(calls.size(), 1u);
@@ -595,5 +605,15 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
     EXPECT_TRUE(r["choices"][0]["message"]["content"].is_null());
     EXPECT_EQ(json::parse(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
               json({{"city", "Oslo"}}));
+    // Mistral's templates accept only 9-alphanumeric call ids.
+    EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["id"].get<std::string>().size(), 9u);
+    json forced = request({}, false);
+    forced["tool_choice"] = "required";
+    forced["max_tokens"] = 200;
+    forced.erase("stop");
+    forced.erase("repeat_penalty");
+    auto [stf, rf] = s.post("/v1/chat/completions", forced);
+    ASSERT_EQ(rf["choices"][0]["finish_reason"], "tool_calls") << rf.dump();
+    EXPECT_EQ(rf["choices"][0]["message"]["tool_calls"][0]["id"].get<std::string>().size(), 9u);
   }
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cctype>
 #include <random>
 
 #include "server/tool_call_parser.h"
@@ -41,7 +43,6 @@ TEST(ToolCallParser, HermesBlocksWithTextAround) {
   EXPECT_EQ(arguments_of(p->calls[1]), json({{"a", 1}, {"b", 2}}));
   EXPECT_NE(p->calls[0].id, p->calls[1].id);
   EXPECT_EQ(p->content(), "Let me look.");
-  EXPECT_EQ(p->trailing(), "");
 }
 
 TEST(ToolCallParser, ArraySyntaxes) {
@@ -60,7 +61,7 @@ TEST(ToolCallParser, ArraySyntaxes) {
   const auto n = parse_tool_calls(ToolCallSyntax::Nemotron,
                                   "<TOOLCALL>[{\"name\":\"add\",\"arguments\":{\"a\":2}}]</TOOLCALL> done", kTools);
   ASSERT_TRUE(n);
-  EXPECT_EQ(n->trailing(), "done");
+  EXPECT_EQ(n->content(), " done");
 }
 
 TEST(ToolCallParser, LlamaJsonOnlyForDeclaredTools) {
@@ -84,33 +85,83 @@ TEST(ToolCallParser, MalformedMarkupStaysText) {
   EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Mistral, "[TOOL_CALLS]{\"name\":\"add\"}", kTools));
 }
 
-// Streaming: the free prefix of every prefix of a reply never reaches into
-// a call, never shrinks as the reply grows, and covers all text before the
-// first call once the call's marker is complete.
-TEST(ToolCallParser, FreePrefixNeverReleasesACallsStart) {
+// Found by review (session 48).
+TEST(ToolCallParser, MarkersInsideStringsAndReasoningAreText) {
+  // A closing marker inside an argument string does not end the call.
+  const auto p = parse_tool_calls(
+      ToolCallSyntax::Hermes, "<tool_call>{\"name\":\"add\",\"arguments\":{\"t\":\"</tool_call>\"}}</tool_call>", kTools);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(arguments_of(p->calls[0]), json({{"t", "</tool_call>"}}));
+  // Qwen3 reasoning that mentions the marker.
+  const auto q = parse_tool_calls(ToolCallSyntax::Hermes,
+                                  "<think>I must answer inside <tool_call></tool_call> tags.</think>\n"
+                                  "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>",
+                                  kTools);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->content(), "<think>I must answer inside <tool_call></tool_call> tags.</think>");
+  ToolCallTextGate gate(ToolCallSyntax::Hermes);
+  EXPECT_EQ(gate.free_prefix("<think>use <tool_call> tags"), std::string("<think>use <tool_call> tags").size());
+  // Calls nested past 64 levels are text (the parser and serialiser recurse).
+  const std::string deep = "<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":" + std::string(100000, '[') +
+                           std::string(100000, ']') + "}}</tool_call>";
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Hermes, deep, kTools));
+  // Mistral's templates require 9-alphanumeric ids.
+  const auto m = parse_tool_calls(ToolCallSyntax::Mistral, "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{}}]", kTools);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->calls[0].id.size(), 9u);
+  EXPECT_TRUE(std::all_of(m->calls[0].id.begin(), m->calls[0].id.end(), [](char c) { return std::isalnum(c); }));
+  EXPECT_EQ(make_tool_call_id(ToolCallSyntax::Hermes).rfind("call_", 0), 0u);
+}
+
+// Streaming: replies built from text, whitespace, reasoning and calls, fed
+// to a gate in random pieces. Released text never reaches a call's start,
+// never shrinks, and released text plus what is sent at the end equals the
+// non-streamed content exactly; a reply without calls is released whole.
+TEST(ToolCallParser, StreamedTextEqualsTheReplysContent) {
   std::mt19937 rng(3);
-  const std::vector<std::pair<ToolCallSyntax, std::string>> cases = {
-      {ToolCallSyntax::Hermes, "<tool_call>"}, {ToolCallSyntax::Mistral, "[TOOL_CALLS]"},
-      {ToolCallSyntax::Granite, "<|tool_call|>"}, {ToolCallSyntax::Nemotron, "<TOOLCALL>"}};
-  const std::vector<std::string> bits = {"a", "<", "<tool", "[", "[TOOL", "<|", "x y", "\n", "<TOOL", "|"};
-  for (const auto& [syntax, marker] : cases) {
-    for (int trial = 0; trial < 300; ++trial) {
-      std::string before;
-      for (int i = static_cast<int>(rng() % 8); i > 0; --i) before += bits[rng() % bits.size()];
-      if (before.find(marker) != std::string::npos) continue;
-      const std::string reply = before + marker + "{\"name\":\"add\",\"arguments\":{}}";
-      size_t last = 0;
-      for (size_t n = 0; n <= reply.size(); ++n) {
-        const size_t free = tool_call_free_prefix(syntax, std::string_view(reply).substr(0, n));
-        ASSERT_LE(free, before.size()) << reply.substr(0, n);
-        ASSERT_GE(free, last) << reply.substr(0, n);
-        last = free;
+  const std::vector<std::pair<ToolCallSyntax, std::pair<std::string, std::string>>> syntaxes = {
+      {ToolCallSyntax::Hermes, {"<tool_call>", "</tool_call>"}},
+      {ToolCallSyntax::Mistral, {"[TOOL_CALLS]", ""}},
+      {ToolCallSyntax::Granite, {"<|tool_call|>", ""}},
+      {ToolCallSyntax::Nemotron, {"<TOOLCALL>", "</TOOLCALL>"}}};
+  const std::vector<std::string> bits = {"a", "<", "<tool", "[", "[TOOL", "<|", "x y", "\n", " ", "<TOOL", "|",
+                                         "<think>", "</think>", "<thi", "}", "\"", "é"};
+  int with_calls = 0;
+  for (const auto& [syntax, markers] : syntaxes) {
+    const bool array = syntax != ToolCallSyntax::Hermes;
+    for (int trial = 0; trial < 400; ++trial) {
+      std::string reply;
+      for (int i = static_cast<int>(rng() % 8); i > 0; --i) reply += bits[rng() % bits.size()];
+      if (rng() % 3 != 0) {
+        const std::string call = "{\"name\":\"add\",\"arguments\":{\"s\":\"" + bits[rng() % bits.size()] + "\"}}";
+        reply += markers.first + (array ? "[" + call + "]" : call) + markers.second;
+        for (int i = static_cast<int>(rng() % 3); i > 0; --i) reply += bits[rng() % bits.size()];
       }
-      EXPECT_EQ(last, before.size());
+      const auto parsed = parse_tool_calls(syntax, reply, kTools);
+      ToolCallTextGate gate(syntax);
+      size_t sent = 0;
+      for (size_t n = 0; n < reply.size();) {
+        n = std::min(reply.size(), n + 1 + rng() % 6);
+        const size_t free = gate.free_prefix(std::string_view(reply).substr(0, n));
+        ASSERT_GE(free, sent) << reply;
+        if (parsed) {
+          ASSERT_LE(free, parsed->before.size()) << reply;
+        }
+        sent = free;
+      }
+      const std::string streamed = reply.substr(0, sent) + (parsed ? parsed->content_from(sent) : reply.substr(sent));
+      if (parsed) {
+        ++with_calls;
+        EXPECT_EQ(streamed, parsed->content()) << reply;
+      } else {
+        EXPECT_EQ(streamed, reply);
+      }
     }
   }
-  EXPECT_EQ(tool_call_free_prefix(ToolCallSyntax::Llama3, "  {\"na"), 0u);
-  EXPECT_EQ(tool_call_free_prefix(ToolCallSyntax::Llama3, "<|pyt"), 0u);
-  EXPECT_EQ(tool_call_free_prefix(ToolCallSyntax::Llama3, "Hello"), 5u);
-  EXPECT_EQ(tool_call_free_prefix(ToolCallSyntax::None, "<tool_call>"), 11u);
+  EXPECT_GT(with_calls, 400);
+  ToolCallTextGate llama(ToolCallSyntax::Llama3);
+  EXPECT_EQ(llama.free_prefix("  {\"na"), 0u);
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Llama3).free_prefix("<|pyt"), 0u);
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Llama3).free_prefix("Hello"), 5u);
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::None).free_prefix("<tool_call>"), 11u);
 }

@@ -102,10 +102,13 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
 
   GenerateResult result = model.engine->generate(request, [&](int32_t token, std::span<const float> logits) {
     if (tokenizer.is_eog(token) || token >= tokenizer.n_vocab()) return true;  // never shown
-    if (plan.logprobs) pending_logprobs.push_back(make_logprob_entry(tokenizer, token, logits, plan.top_logprobs));
     const bool visible_control =
         std::find(plan.visible_control_tokens.begin(), plan.visible_control_tokens.end(), token) !=
         plan.visible_control_tokens.end();
+    if (plan.logprobs) {
+      pending_logprobs.push_back(make_logprob_entry(tokenizer, token, logits, plan.top_logprobs));
+      if (visible_control) pending_logprobs.back().token = tokenizer.token_to_piece(token, true);
+    }
     std::string text =
         matcher.push(visible_control ? decoder.flush() + tokenizer.token_to_piece(token, true) : decoder.push(token));
     if (!text.empty() || matcher.stopped()) emit(std::move(text));

@@ -115,6 +115,7 @@ struct ResponseContext {
   // model's syntax and the request's tool names.
   ToolCallSyntax tool_syntax = ToolCallSyntax::None;
   std::vector<std::string> tool_names;
+  ToolCallSyntax id_syntax = ToolCallSyntax::None;  // the template's: what its call ids look like
 };
 
 // Tool calls are read back when the request has tools, leaves the reply
@@ -123,6 +124,7 @@ struct ResponseContext {
 void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& model, ResponseContext& ctx,
                        GenerationPlan& plan) {
   const ToolCallSyntax syntax = model.chat.tool_call_syntax;
+  ctx.id_syntax = syntax;
   if (!chat.tools.is_array() || chat.tools.empty() || chat.tool_choice_none || chat.options.tool_call_reply ||
       chat.options.json_schema || syntax == ToolCallSyntax::None)
     return;
@@ -132,8 +134,7 @@ void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& mod
         tool["function"]["name"].is_string())
       ctx.tool_names.push_back(tool["function"]["name"].get<std::string>());
   const Tokenizer& tok = *model.bundle->tokenizer;
-  for (const char* marker : {"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|tool_call|>", "<TOOLCALL>",
-                             "</TOOLCALL>", "<|python_tag|>"})
+  for (const std::string& marker : tool_call_markers(syntax))
     if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
 }
 
@@ -544,10 +545,11 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   }
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      chat.options, 0, ToolCallSyntax::None, {}};
+                      chat.options, 0, ToolCallSyntax::None, {}, ToolCallSyntax::None};
   if (chat.first_image_message) {
     Parsed<GenerationPlan> plan = make_image_plan(model, chat);
     if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+    expect_tool_calls(chat, model, ctx, plan.value());
     return start_generation(req, res, std::move(lease), std::move(plan.value()), std::move(ctx));
   }
   Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
@@ -578,7 +580,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   ResponseContext ctx{Endpoint::Completions,
                       {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      completion.options, 0, ToolCallSyntax::None, {}};
+                      completion.options, 0, ToolCallSyntax::None, {}, ToolCallSyntax::None};
   start_generation(req, res, std::move(lease), make_plan(completion.options, std::move(prompt.value())),
                    std::move(ctx));
 }
@@ -688,22 +690,23 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
     finish_metrics(ctx, outcome, kClientClosed);
     return;
   }
+  std::optional<std::vector<LogprobEntry>> lp;
+  if (ctx.options.logprobs) lp = std::move(logprobs);
   if (ctx.options.tool_call_reply && outcome.finish_reason == "stop") {
-    if (const std::optional<ToolCall> call = tool_call_from_reply(text)) {
-      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, "", {*call}, outcome.usage));
+    if (std::optional<ToolCall> call = tool_call_from_reply(text)) {
+      call->id = make_tool_call_id(ctx.id_syntax);
+      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, "", {*call}, lp, outcome.usage));
       finish_metrics(ctx, outcome, 200);
       return;
     }
   }
   if (ctx.tool_syntax != ToolCallSyntax::None && outcome.finish_reason == "stop") {
     if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names)) {
-      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, outcome.usage));
+      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, lp, outcome.usage));
       finish_metrics(ctx, outcome, 200);
       return;
     }
   }
-  std::optional<std::vector<LogprobEntry>> lp;
-  if (ctx.options.logprobs) lp = std::move(logprobs);
   const ordered_json body = ctx.endpoint == Endpoint::Chat
                                 ? chat_completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage)
                                 : completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage);
@@ -735,11 +738,13 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   // or as text if it was cut short.
   const bool hold_text = ctx.options.tool_call_reply;
   std::string held;
+  std::vector<LogprobEntry> held_logprobs;
   // Tool calls in the model's syntax: text is sent up to where a call may
   // start, the rest once the reply is complete.
   const bool read_calls = ctx.tool_syntax != ToolCallSyntax::None;
   std::string reply;
   size_t sent = 0;
+  ToolCallTextGate gate(ctx.tool_syntax);
   std::vector<LogprobEntry> unsent_logprobs;
   // Runs until the generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
@@ -753,12 +758,13 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
     for (GenerationDelta& d : deltas) {
       if (hold_text) {
         held += d.text;
+        for (LogprobEntry& e : d.logprobs) held_logprobs.push_back(std::move(e));
         continue;
       }
       if (read_calls) {
         reply += d.text;
         for (LogprobEntry& e : d.logprobs) unsent_logprobs.push_back(std::move(e));
-        const size_t free = tool_call_free_prefix(ctx.tool_syntax, reply);
+        const size_t free = gate.free_prefix(reply);
         if (free <= sent) continue;
         d.text = reply.substr(sent, free - sent);
         d.logprobs = std::exchange(unsent_logprobs, {});
@@ -793,16 +799,19 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   } else {
     std::string finish_reason = outcome.finish_reason;
     if (hold_text) {
-      const std::optional<ToolCall> call = finish_reason == "stop" ? tool_call_from_reply(held) : std::nullopt;
-      if (call) finish_reason = "tool_calls";
+      std::optional<ToolCall> call = finish_reason == "stop" ? tool_call_from_reply(held) : std::nullopt;
+      if (call) {
+        call->id = make_tool_call_id(ctx.id_syntax);
+        finish_reason = "tool_calls";
+      }
       write(sse_event(chat_chunk_json(ctx.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held}}, "",
-                                      std::nullopt, usage_field)));
+                                      logprobs_of(std::move(held_logprobs)), usage_field)));
     }
     if (read_calls) {
       const auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx.tool_syntax, reply, ctx.tool_names)
                                                   : std::nullopt;
       // Text not sent yet: what follows the calls, or the held tail.
-      const std::string rest = parsed ? parsed->trailing() : reply.substr(sent);
+      const std::string rest = parsed ? parsed->content_from(sent) : reply.substr(sent);
       if (!rest.empty() || !unsent_logprobs.empty())
         write(sse_event(chat_chunk_json(ctx.meta, {{"content", rest}}, "", logprobs_of(std::move(unsent_logprobs)),
                                         usage_field)));

@@ -260,6 +260,8 @@ nlohmann::json rebase_refs(const nlohmann::json& schema, const std::string& base
   for (const auto& [key, value] : schema.items()) {
     if (key == "$ref" && value.is_string() && value.get<std::string>().rfind('#', 0) == 0)
       out[key] = base + value.get<std::string>().substr(1);
+    else if (key == "const" || key == "enum")
+      out[key] = value;  // values, not schemas
     else
       out[key] = rebase_refs(value, base);
   }
@@ -304,8 +306,13 @@ void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
     if (fn->contains("parameters") && !(*fn)["parameters"].is_null())
       parameters = nlohmann::json::parse((*fn)["parameters"].dump());
     // Arguments are an object (OpenAI sends them as one's JSON text): a
-    // schema that says nothing of its type ({} included) is an object's.
-    if (parameters.is_object() && !parameters.contains("type")) {
+    // schema that says nothing of its type ({} included) is an object's,
+    // and one that says another type is refused, as OpenAI refuses it.
+    if (!parameters.is_object() ||
+        (parameters.contains("type") && parameters["type"] != "object"))
+      fail(param + ".function.parameters must be an object schema (arguments are a JSON object)",
+           param + ".function.parameters");
+    if (!parameters.contains("type")) {
       bool bare = true;
       for (const char* k : {"$ref", "anyOf", "oneOf", "allOf", "enum", "const"}) bare = bare && !parameters.contains(k);
       if (bare) parameters["type"] = "object";

@@ -107,7 +107,9 @@ ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
 }  // namespace
 
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
-                                            const std::vector<ToolCall>& calls, const UsageCounts& usage) {
+                                            const std::vector<ToolCall>& calls,
+                                            const std::optional<std::vector<LogprobEntry>>& logprobs,
+                                            const UsageCounts& usage) {
   ordered_json out = meta_object(meta, "chat.completion");
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
@@ -118,7 +120,7 @@ ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std:
   ordered_json choice = ordered_json::object();
   choice["index"] = 0;
   choice["message"] = std::move(message);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = chat_logprobs_or_null(logprobs);
   choice["finish_reason"] = "tool_calls";
   out["choices"] = ordered_json::array({std::move(choice)});
   out["usage"] = usage_json(usage);

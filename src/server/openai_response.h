@@ -60,12 +60,15 @@ struct ToolCall {
   std::string arguments;  // the arguments object as a JSON string, as OpenAI sends it
 };
 // The call a finished tool-call reply holds, or nullopt when the text is not
-// one (a reply cut short by max_tokens).
+// one (a reply cut short by max_tokens). Its id is OpenAI's form; callers
+// replace it where the model's template wants another.
 std::optional<ToolCall> tool_call_from_reply(const std::string& text);
 // message.tool_calls with the calls, message.content the text beside them
 // (null when empty), finish_reason "tool_calls".
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
-                                            const std::vector<ToolCall>& calls, const UsageCounts& usage);
+                                            const std::vector<ToolCall>& calls,
+                                            const std::optional<std::vector<LogprobEntry>>& logprobs,
+                                            const UsageCounts& usage);
 // The streamed delta carrying a whole tool call, the reply's `index`th.
 ordered_json tool_call_delta(const ToolCall& call, int index = 0);
 

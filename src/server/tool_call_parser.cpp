@@ -1,6 +1,7 @@
 #include "server/tool_call_parser.h"
 
 #include <algorithm>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -9,6 +10,9 @@ namespace reprise {
 using nlohmann::ordered_json;
 
 namespace {
+
+constexpr int kMaxCallDepth = 64;  // JSON nesting read out of a reply
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 
 struct Markers {
   std::string_view open, close;  // close empty: the call list runs to the end
@@ -34,8 +38,36 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+// `s` is shorter than `marker` and begins it (more bytes may complete it).
+bool may_begin(std::string_view s, std::string_view marker) {
+  return !marker.empty() && s.size() < marker.size() && marker.substr(0, s.size()) == s;
+}
+
+// The end of the JSON object or array starting at `pos` (after whitespace):
+// brackets balanced outside strings, at most kMaxCallDepth deep; npos when
+// there is none. The text is validated by the parser afterwards.
+size_t json_value_end(std::string_view s, size_t pos) {
+  while (pos < s.size() && is_space(s[pos])) ++pos;
+  if (pos >= s.size() || (s[pos] != '{' && s[pos] != '[')) return std::string_view::npos;
+  int depth = 0;
+  for (size_t i = pos; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      for (++i; i < s.size() && s[i] != '"'; ++i)
+        if (s[i] == '\\') ++i;
+      if (i >= s.size()) return std::string_view::npos;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxCallDepth) return std::string_view::npos;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
 // {"name": string, "arguments" | "parameters": object or JSON string} -> a call.
-std::optional<ToolCall> call_from(const ordered_json& v) {
+std::optional<ToolCall> call_from(const ordered_json& v, ToolCallSyntax syntax) {
   if (!v.is_object() || !v.contains("name") || !v["name"].is_string() || v["name"].get<std::string>().empty())
     return std::nullopt;
   const char* key = v.contains("arguments") ? "arguments" : v.contains("parameters") ? "parameters" : nullptr;
@@ -46,7 +78,7 @@ std::optional<ToolCall> call_from(const ordered_json& v) {
     else if (a.is_string()) arguments = a.get<std::string>();
     else return std::nullopt;
   }
-  ToolCall call{make_response_id("call_"), v["name"].get<std::string>(), std::move(arguments)};
+  ToolCall call{make_tool_call_id(syntax), v["name"].get<std::string>(), std::move(arguments)};
   // Mistral's calls carry their own ids (9 alphanumerics): keep them.
   if (v.contains("id") && v["id"].is_string() && !v["id"].get<std::string>().empty()) call.id = v["id"];
   return call;
@@ -54,19 +86,19 @@ std::optional<ToolCall> call_from(const ordered_json& v) {
 
 // Appends the calls `body` holds (an object, or an array of objects when
 // `array`); false when it holds anything else.
-bool append_calls(std::string_view body, bool array, std::vector<ToolCall>& out) {
+bool append_calls(std::string_view body, bool array, ToolCallSyntax syntax, std::vector<ToolCall>& out) {
   const ordered_json v = ordered_json::parse(trim(body), nullptr, false);
   if (v.is_discarded()) return false;
   if (array != v.is_array()) return false;
   if (!array) {
-    auto call = call_from(v);
+    auto call = call_from(v, syntax);
     if (!call) return false;
     out.push_back(std::move(*call));
     return true;
   }
   if (v.empty()) return false;
   for (const auto& item : v) {
-    auto call = call_from(item);
+    auto call = call_from(item, syntax);
     if (!call) return false;
     out.push_back(std::move(*call));
   }
@@ -75,8 +107,11 @@ bool append_calls(std::string_view body, bool array, std::vector<ToolCall>& out)
 
 }  // namespace
 
-std::string ParsedToolCalls::content() const { return std::string(trim(before + after)); }
-std::string ParsedToolCalls::trailing() const { return std::string(trim(after)); }
+std::string ParsedToolCalls::content_from(size_t from) const {
+  std::string text = before.substr(std::min(from, before.size())) + after;
+  while (!text.empty() && is_space(text.back())) text.pop_back();
+  return text;
+}
 
 ToolCallSyntax detect_tool_call_syntax(std::string_view source) {
   auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
@@ -88,15 +123,61 @@ ToolCallSyntax detect_tool_call_syntax(std::string_view source) {
   return ToolCallSyntax::None;
 }
 
-const char* tool_call_syntax_name(ToolCallSyntax s) {
-  switch (s) {
-    case ToolCallSyntax::Hermes: return "hermes";
-    case ToolCallSyntax::Mistral: return "mistral";
-    case ToolCallSyntax::Granite: return "granite";
-    case ToolCallSyntax::Nemotron: return "nemotron";
-    case ToolCallSyntax::Llama3: return "llama3";
-    default: return "none";
+std::vector<std::string> tool_call_markers(ToolCallSyntax syntax) {
+  const Markers m = markers_of(syntax);
+  std::vector<std::string> out;
+  if (!m.open.empty()) out.emplace_back(m.open);
+  if (!m.close.empty()) out.emplace_back(m.close);
+  return out;
+}
+
+std::string make_tool_call_id(ToolCallSyntax syntax) {
+  if (syntax != ToolCallSyntax::Mistral) return make_response_id("call_");
+  static constexpr char kAlphanumerics[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id(9, 'a');
+  for (char& c : id) c = kAlphanumerics[rng() % (sizeof(kAlphanumerics) - 1)];
+  return id;
+}
+
+size_t ToolCallTextGate::free_prefix(std::string_view reply) {
+  if (syntax_ == ToolCallSyntax::None) return reply.size();
+  if (syntax_ == ToolCallSyntax::Llama3) {
+    // A call is the whole reply: text once its first visible byte shows otherwise.
+    const std::string_view t = trim(reply);
+    if (t.empty() || t.front() == '{' || starts_with(t, "<|python_tag|>") || may_begin(t, "<|python_tag|>")) return 0;
+    return reply.size();
   }
+  const std::string_view open = markers_of(syntax_).open;
+  size_t i = scanned_;
+  while (!found_ && i < reply.size()) {
+    const std::string_view rest = reply.substr(i);
+    if (in_think_) {
+      if (starts_with(rest, kThinkClose)) {
+        in_think_ = false;
+        i += kThinkClose.size();
+      } else if (may_begin(rest, kThinkClose)) {
+        break;  // wait for the bytes that tell
+      } else {
+        ++i;
+      }
+      continue;
+    }
+    if (starts_with(rest, kThinkOpen)) {
+      in_think_ = true;
+      i += kThinkOpen.size();
+    } else if (starts_with(rest, open)) {
+      found_ = true;
+    } else if (may_begin(rest, open) || may_begin(rest, kThinkOpen)) {
+      break;
+    } else {
+      ++i;
+    }
+  }
+  scanned_ = i;
+  size_t free = i;
+  while (free > 0 && is_space(reply[free - 1])) --free;
+  return free;
 }
 
 std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::string_view reply,
@@ -105,47 +186,35 @@ std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::stri
   ParsedToolCalls out;
   if (syntax == ToolCallSyntax::Llama3) {
     std::string_view body = trim(reply);
-    if (body.substr(0, 14) == "<|python_tag|>") body.remove_prefix(14);
-    if (!append_calls(body, false, out.calls)) return std::nullopt;
+    if (starts_with(body, "<|python_tag|>")) body.remove_prefix(14);
+    if (json_value_end(body, 0) != body.size()) return std::nullopt;
+    if (!append_calls(body, false, syntax, out.calls)) return std::nullopt;
     if (std::find(tool_names.begin(), tool_names.end(), out.calls.front().name) == tool_names.end())
       return std::nullopt;
     return out;
   }
   const Markers m = markers_of(syntax);
-  size_t at = reply.find(m.open);
+  // The first marker outside reasoning starts the calls.
+  ToolCallTextGate gate(syntax);
+  gate.free_prefix(reply);
+  size_t at = gate.call_start().value_or(std::string_view::npos);
   if (at == std::string_view::npos) return std::nullopt;
   out.before = std::string(reply.substr(0, at));
   while (at != std::string_view::npos) {
     const size_t body_begin = at + m.open.size();
-    size_t body_end = reply.size(), next = reply.size();
+    const size_t body_end = json_value_end(reply, body_begin);
+    if (body_end == std::string_view::npos) return std::nullopt;
+    if (!append_calls(reply.substr(body_begin, body_end - body_begin), m.array, syntax, out.calls)) return std::nullopt;
+    size_t next = body_end;
     if (!m.close.empty()) {
-      body_end = reply.find(m.close, body_begin);
-      if (body_end == std::string_view::npos) return std::nullopt;  // an unclosed call: text
-      next = body_end + m.close.size();
+      while (next < reply.size() && is_space(reply[next])) ++next;
+      if (!starts_with(reply.substr(next), m.close)) return std::nullopt;  // an unclosed call: text
+      next += m.close.size();
     }
-    if (!append_calls(reply.substr(body_begin, body_end - body_begin), m.array, out.calls)) return std::nullopt;
     at = m.close.empty() ? std::string_view::npos : reply.find(m.open, next);
     out.after += std::string(reply.substr(next, (at == std::string_view::npos ? reply.size() : at) - next));
   }
   return out;
-}
-
-size_t tool_call_free_prefix(ToolCallSyntax syntax, std::string_view reply) {
-  if (syntax == ToolCallSyntax::None) return reply.size();
-  if (syntax == ToolCallSyntax::Llama3) {
-    // A call is the whole reply: text once its first visible byte shows otherwise.
-    const std::string_view t = trim(reply);
-    if (t.empty()) return 0;
-    constexpr std::string_view tag = "<|python_tag|>";
-    if (t.front() == '{' || tag.substr(0, std::min(tag.size(), t.size())) == t.substr(0, tag.size())) return 0;
-    return reply.size();
-  }
-  const std::string_view open = markers_of(syntax).open;
-  if (const size_t at = reply.find(open); at != std::string_view::npos) return at;
-  // Hold back a tail that is the start of the marker.
-  for (size_t keep = std::min(open.size() - 1, reply.size()); keep > 0; --keep)
-    if (reply.substr(reply.size() - keep) == open.substr(0, keep)) return reply.size() - keep;
-  return reply.size();
 }
 
 }  // namespace reprise

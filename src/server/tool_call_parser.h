@@ -11,7 +11,10 @@
 //   Llama 3.1  the whole reply is {"name": ..., "parameters": {...}}, perhaps
 //              after <|python_tag|>; read only when the name is a tool the
 //              request declared, so a plain JSON answer stays text
-// A reply whose markup does not hold well-formed calls stays text.
+// A reply whose markup does not hold well-formed calls stays text. Markers
+// inside <think>...</think> reasoning are reasoning, not calls. Call bodies
+// are read as JSON values (a closing marker inside a string is text), at
+// most 64 levels deep.
 #pragma once
 #include <optional>
 #include <string>
@@ -26,17 +29,23 @@ enum class ToolCallSyntax { None, Hermes, Mistral, Granite, Nemotron, Llama3 };
 
 // The syntax a chat template's source shows its model; None when it shows none.
 ToolCallSyntax detect_tool_call_syntax(std::string_view template_source);
-const char* tool_call_syntax_name(ToolCallSyntax syntax);
+// The syntax's markers (to show them when a vocabulary holds them as
+// control tokens).
+std::vector<std::string> tool_call_markers(ToolCallSyntax syntax);
+// A fresh call id in the form the syntax's templates accept: Mistral's
+// templates require 9 alphanumerics, others get OpenAI's call_ + 24.
+std::string make_tool_call_id(ToolCallSyntax syntax);
 
 struct ParsedToolCalls {
   std::string before;  // the reply's text before the first call
   std::string after;   // its text after the first call's start, outside the calls
   std::vector<ToolCall> calls;
 
-  // The reply's text beside the calls, and the part after the first call's
-  // start, without surrounding whitespace.
-  std::string content() const;
-  std::string trailing() const;
+  // The reply's text beside the calls from byte `from` of `before` on,
+  // without trailing whitespace (what streaming sends after the text it
+  // released; content() is all of it).
+  std::string content_from(size_t from) const;
+  std::string content() const { return content_from(0); }
 };
 
 // The calls in a finished reply, or nullopt when it holds none (or markup
@@ -45,8 +54,24 @@ struct ParsedToolCalls {
 std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::string_view reply,
                                                 const std::vector<std::string>& tool_names);
 
-// For streaming: how many leading bytes of the reply so far are text for
-// certain (before a call's start, or before a tail that may begin one).
-size_t tool_call_free_prefix(ToolCallSyntax syntax, std::string_view reply);
+// For streaming: how much of a growing reply is text for certain (before a
+// call's start or a tail that may begin one, without trailing whitespace,
+// which a call would drop). Fed the whole reply so far each time; costs only
+// the new bytes.
+class ToolCallTextGate {
+ public:
+  explicit ToolCallTextGate(ToolCallSyntax syntax) : syntax_(syntax) {}
+  size_t free_prefix(std::string_view reply);
+  // Where the first call starts, once free_prefix has seen its marker.
+  std::optional<size_t> call_start() const {
+    return found_ ? std::optional<size_t>(scanned_) : std::nullopt;
+  }
+
+ private:
+  ToolCallSyntax syntax_;
+  size_t scanned_ = 0;   // bytes classified so far
+  bool in_think_ = false;
+  bool found_ = false;   // a call starts at scanned_
+};
 
 }  // namespace reprise
