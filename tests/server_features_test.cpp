@@ -295,6 +295,15 @@ const json kPersonSchema = json::parse(R"({
   },
   "required": ["name", "age"]})");
 
+// A server on a small random model (its vocabulary holds every byte).
+ServeOptions structured_output_options() {
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  ServeOptions options;
+  options.model_path = test::synthetic_model("structured-output", spec).path;
+  return options;
+}
+
 json structured_request(uint64_t seed) {
   return {{"messages", {{{"role", "user"}, {"content", "Describe a person as JSON."}}}},
           {"max_tokens", 160},
@@ -306,11 +315,7 @@ json structured_request(uint64_t seed) {
 }  // namespace
 
 TEST(ServerStructuredOutput, RepliesAreDocumentsTheSchemaAllows) {
-  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
-  spec.n_vocab = 600;
-  ServeOptions options;
-  options.model_path = test::synthetic_model("structured-output", spec).path;
-  Server s(options);
+  Server s(structured_output_options());
   const auto schema = JsonSchema::compile(kPersonSchema);
   int finished = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
@@ -348,10 +353,7 @@ TEST(ServerStructuredOutput, RepliesAreDocumentsTheSchemaAllows) {
 }
 
 TEST(ServerStructuredOutput, CachedRepliesEqualColdOnes) {
-  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
-  spec.n_vocab = 600;
-  ServeOptions options;
-  options.model_path = test::synthetic_model("structured-output", spec).path;
+  const ServeOptions options = structured_output_options();
   std::vector<std::string> cold;
   {
     Server s(options);
@@ -374,11 +376,7 @@ TEST(ServerStructuredOutput, CachedRepliesEqualColdOnes) {
 }
 
 TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
-  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
-  spec.n_vocab = 600;
-  ServeOptions options;
-  options.model_path = test::synthetic_model("structured-output", spec).path;
-  Server s(options);
+  Server s(structured_output_options());
   auto with_format = [](json format) {
     json r = structured_request(1);
     r["response_format"] = std::move(format);
@@ -406,11 +404,7 @@ TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
 // allowed tool, returned as message.tool_calls with arguments that satisfy
 // the tool's parameters, streamed as one tool_calls delta.
 TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
-  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
-  spec.n_vocab = 600;
-  ServeOptions options;
-  options.model_path = test::synthetic_model("structured-output", spec).path;
-  Server s(options);
+  Server s(structured_output_options());
   const json weather_params = json::parse(R"({"type":"object","properties":{
       "city":{"type":"string","maxLength":10},"unit":{"enum":["c","f"]},
       "days":{"$ref":"#/$defs/count"}},"required":["city","unit"],"$defs":{"count":{"type":"integer"}}})");
