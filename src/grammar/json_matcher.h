@@ -8,11 +8,15 @@
 // \u escapes outside the surrogate range (other characters as UTF-8); up to
 // 16 integer and 16 fraction digits and 2 exponent digits; declared keys
 // once each (other keys are not checked for repeats); enum and const
-// values written as JsonSchema::literals spells them (compact).
+// values written as JsonSchema::literals spells them (compact); at most
+// JsonSchema::kMaxNesting frames deep (a value is started only if it can be
+// finished within that).
 //
 // The state is a set of stacks of frames, one per open value. Most schemas
 // keep one stack; a union whose alternatives both accept a byte keeps one per
-// alternative until the bytes tell them apart.
+// alternative until the bytes tell them apart (at most 256 at once: past
+// that, later alternatives are dropped, which can refuse a valid document
+// of a pathological schema but never accept an invalid one).
 #pragma once
 #include <cstdint>
 #include <memory>
