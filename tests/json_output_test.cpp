@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 
@@ -73,7 +75,19 @@ json random_schema(std::mt19937& rng, int depth) {
       if (rng() % 2) s["maxLength"] = lo + static_cast<int>(rng() % 4);
       return s;
     }
-    case 2: return {{"type", rng() % 2 ? "integer" : "number"}};
+    case 2: {
+      json s = {{"type", rng() % 2 ? "integer" : "number"}};
+      // Bounds, sometimes exclusive, sometimes a single point or fractional.
+      const double lo = static_cast<double>(static_cast<int>(rng() % 400) - 200) / (rng() % 2 ? 1 : 4);
+      switch (rng() % 5) {
+        case 0: s["minimum"] = lo; break;
+        case 1: s["maximum"] = lo; break;
+        case 2: s["minimum"] = lo, s["maximum"] = lo + static_cast<double>(rng() % 50) / (rng() % 2 ? 1 : 8); break;
+        case 3: s["exclusiveMinimum"] = lo, s["exclusiveMaximum"] = lo + 1 + static_cast<double>(rng() % 30); break;
+        default: break;
+      }
+      return s;
+    }
     case 3: return {{"type", "boolean"}};
     case 4: return {{"type", "null"}};
     case 5: {
@@ -185,8 +199,22 @@ std::optional<std::string> random_document(const JsonSchema& schema, int32_t id,
   switch (type) {
     case kJsonNull: return "null";
     case kJsonBoolean: return rng() % 2 ? "true" : "false";
-    case kJsonInteger: return std::to_string(static_cast<int>(rng() % 100000) - 50000);
+    case kJsonInteger:
     case kJsonNumber: {
+      if (n.has_bounds()) {  // a value inside, written without an exponent
+        const double lo = std::max(n.minimum, -1000.0), hi = std::min(n.maximum, 1000.0);
+        for (int attempt = 0; attempt < 50; ++attempt) {
+          const double t = lo + (hi - lo) * static_cast<double>(rng() % 1001) / 1000.0;
+          const bool integer = type == kJsonInteger || rng() % 2;
+          const double v = integer ? std::round(t) : std::round(t * 100) / 100;
+          if (!n.in_bounds(v) || (type == kJsonInteger && v != std::floor(v))) continue;
+          char buf[64];
+          std::snprintf(buf, sizeof buf, integer ? "%.0f" : "%.2f", v);
+          return std::string(buf);
+        }
+        return std::nullopt;
+      }
+      if (type == kJsonInteger) return std::to_string(static_cast<int>(rng() % 100000) - 50000);
       static const std::vector<std::string> numbers = {"0", "-0", "1.5", "-2.25e3", "7E+2", "0.001", "123456", "9e-3"};
       return numbers[rng() % numbers.size()];
     }
@@ -290,7 +318,7 @@ void expect_valid(const JsonSchema& schema, const std::string& doc, const json& 
 }  // namespace
 
 TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
-  for (const char* text : {R"({"type":"string","pattern":"a+"})", R"({"type":"integer","minimum":3})",
+  for (const char* text : {R"({"type":"string","pattern":"a+"})", R"({"type":"integer","multipleOf":3})",
                            R"({"not":{}})", R"({"allOf":[{"type":"string"},{"minLength":2}]})",
                            R"({"$ref":"http://example.com/s.json"})", R"({"$ref":"#/$defs/missing"})",
                            R"({"type":"strin"})", R"({"type":"object","properties":{"a\"b":{}}})",
@@ -308,9 +336,10 @@ TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
   chain["$defs"]["d1000"] = {{"type", "string"}};
   EXPECT_THROW(JsonSchema::compile(chain), Error);
   try {
-    compile(R"({"type":"object","properties":{"n":{"type":"number","minimum":0}}})");
+    compile(R"({"type":"object","properties":{"n":{"type":"number","multipleOf":2}}})");
+    ADD_FAILURE() << "multipleOf was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("minimum"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multipleOf"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("/properties/n"), std::string::npos) << e.what();
   }
 }
@@ -603,6 +632,28 @@ TEST(JsonSchemaReview, NoDeadEndsFromImpossibleFormsOrNesting) {
                                               {"items", {{"$ref", "#/$defs/a" + std::to_string(i + 1)}}}};
   deep["$defs"]["a150"] = {{"type", "null"}};
   EXPECT_THROW(JsonSchema::compile(deep), Error);
+}
+
+TEST(JsonMatcher, NumericBoundsSteerTheDigits) {
+  auto s = compile(R"({"type":"object","properties":{"n":{"type":"integer","minimum":3,"maximum":42},
+      "x":{"type":"number","exclusiveMinimum":-1.5,"maximum":0.25}},"required":["n","x"]})");
+  EXPECT_TRUE(accepts_whole(s, R"({"n":3,"x":0.25})"));
+  EXPECT_TRUE(accepts_whole(s, R"({"n":42,"x":-1.49})"));
+  EXPECT_TRUE(accepts_whole(s, R"({"n":17,"x":-0})"));
+  for (const char* bad : {R"({"n":2,"x":0})", R"({"n":43,"x":0})", R"({"n":5,"x":-1.5})", R"({"n":5,"x":0.26})",
+                          R"({"n":5,"x":1e-3})", R"({"n":-3,"x":0})"})
+    EXPECT_FALSE(accepts_whole(s, bad)) << bad;
+  // Digits that leave no way into the bounds are refused at once.
+  EXPECT_FALSE(accepts_prefix(s, R"({"n":5)" "0"));  // 50..: all above 42
+  EXPECT_TRUE(accepts_prefix(s, R"({"n":4)"));        // 4 or 40..42
+  EXPECT_FALSE(accepts_prefix(s, R"({"n":0)"));
+  EXPECT_FALSE(accepts_prefix(s, R"({"n":-)"));
+  EXPECT_FALSE(accepts_prefix(s, R"({"n":5,"x":0.3)"));
+  EXPECT_FALSE(accepts_prefix(s, R"({"n":5,"x":-2)"));
+  EXPECT_THROW(compile(R"({"type":"integer","minimum":1.5,"maximum":1.9})"), Error);
+  EXPECT_THROW(compile(R"({"type":"number","exclusiveMinimum":1,"exclusiveMaximum":1})"), Error);
+  EXPECT_TRUE(compile(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})")->validates(json(6)));
+  EXPECT_FALSE(compile(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})")->validates(json(5)));
 }
 
 TEST(JsonSchemaReview, ValidDocumentsOnceRefused) {

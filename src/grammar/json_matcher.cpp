@@ -1,6 +1,9 @@
 #include "grammar/json_matcher.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 namespace reprise {
 
@@ -133,20 +136,101 @@ Step string_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
   return Step::Consumed;
 }
 
-Step number_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
+// The number the frame's digits spell, as a JSON parser reads it (an
+// integer exactly; a fraction as the double nearest its decimal), so bounds
+// compare as validators compare them.
+long double number_value(const JsonFrame& f) {
+  long double v = static_cast<long double>(f.int_part);
+  if (f.phase == kFrac) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%llu.%0*llu", static_cast<unsigned long long>(f.int_part),
+                  static_cast<int>(f.count), static_cast<unsigned long long>(f.frac_part));
+    v = std::strtod(text, nullptr);
+  }
+  return f.negative ? -v : v;
+}
+
+// Numbers with bounds: whether some number this prefix can still become lies
+// within them. Each phase reaches a set of magnitudes (a union of intervals,
+// one per count of digits still to come), signed by the prefix's sign.
+bool number_feasible(const JsonFrame& f, const SchemaNode& n) {
+  if (!n.has_bounds()) return true;
   const bool fraction = n.types & kJsonNumber;
-  const bool exponent_mark = fraction && (c == 'e' || c == 'E');
+  const bool integers = !fraction;
+  // Whether signed magnitudes [a, b) (integers: [a, b - 1]) meet the bounds.
+  auto meets = [&](long double a, long double b) {
+    long double lo = f.negative ? -b : a, hi = f.negative ? -a : b;
+    bool lo_open = f.negative && !integers, hi_open = !f.negative && !integers;
+    if (integers) {
+      if (f.negative) lo = -(b - 1);
+      else hi = b - 1;
+      const long double min = n.exclusive_minimum ? std::floor(static_cast<long double>(n.minimum)) + 1
+                                                  : std::ceil(static_cast<long double>(n.minimum));
+      const long double max = n.exclusive_maximum ? std::ceil(static_cast<long double>(n.maximum)) - 1
+                                                  : std::floor(static_cast<long double>(n.maximum));
+      return std::max(lo, min) <= std::min(hi, max);
+    }
+    // A magnitude interval always holds its own start (the prefix's value
+    // itself, or an integer), so for negatives the closed end is -a.
+    long double low = lo, high = hi;
+    bool low_open = lo_open, high_open = hi_open;
+    if (n.minimum > low || (n.minimum == low && n.exclusive_minimum)) low = n.minimum, low_open = n.exclusive_minimum;
+    if (n.maximum < high || (n.maximum == high && n.exclusive_maximum)) high = n.maximum, high_open = n.exclusive_maximum;
+    return low < high || (low == high && !low_open && !high_open);
+  };
+  constexpr long double kDigits = 1e16L;
+  switch (f.phase) {
+    case kSign: return meets(0, kDigits);
+    case kZero: return meets(0, 1);  // 0, or 0.x with a fraction
+    case kInt:
+    case kDot: {
+      if (f.phase == kDot) return meets(f.int_part, f.int_part + 1.0L);
+      long double scale = 1;
+      for (int32_t digits = f.count; digits <= kMaxIntegerDigits; ++digits, scale *= 10)
+        if (meets(f.int_part * scale, (f.int_part + 1.0L) * scale)) return true;
+      return false;
+    }
+    case kFrac: {
+      const long double step = std::pow(10.0L, -static_cast<long double>(f.count));
+      const long double v = std::fabs(number_value(f));
+      return f.count < kMaxFractionDigits ? meets(v, v + step) : n.in_bounds(f.negative ? -v : v);
+    }
+    default: return true;  // exponents are not written under bounds
+  }
+}
+
+Step number_step_unchecked(JsonFrame& f, const SchemaNode& n, uint8_t c);
+
+// A number's next byte; under bounds, digits that would leave no way into
+// them are refused, and the number ends only within them.
+Step number_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
+  const JsonFrame before = f;
+  const Step r = number_step_unchecked(f, n, c);
+  if (!n.has_bounds()) return r;
+  if (r == Step::Done) return n.in_bounds(number_value(f)) ? Step::Done : Step::Rejected;
+  if (r == Step::Consumed && !number_feasible(f, n)) {
+    f = before;
+    return Step::Rejected;
+  }
+  return r;
+}
+
+Step number_step_unchecked(JsonFrame& f, const SchemaNode& n, uint8_t c) {
+  const bool fraction = n.types & kJsonNumber;
+  const bool exponent_mark = fraction && !n.has_bounds() && (c == 'e' || c == 'E');
   switch (f.phase) {
     case kSign:
       if (!is_digit(c)) return Step::Rejected;
       f.phase = c == '0' ? kZero : kInt;
       f.count = 1;
+      f.int_part = static_cast<uint64_t>(c - '0');
       return Step::Consumed;
     case kZero:
     case kInt:
       if (is_digit(c)) {
         if (f.phase == kZero || f.count >= kMaxIntegerDigits) return Step::Rejected;
         ++f.count;
+        f.int_part = f.int_part * 10 + static_cast<uint64_t>(c - '0');
         return Step::Consumed;
       }
       if (fraction && c == '.') {
@@ -162,11 +246,13 @@ Step number_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
       if (!is_digit(c)) return Step::Rejected;
       f.phase = kFrac;
       f.count = 1;
+      f.frac_part = static_cast<uint64_t>(c - '0');
       return Step::Consumed;
     case kFrac:
       if (is_digit(c)) {
         if (f.count >= kMaxFractionDigits) return Step::Rejected;
         ++f.count;
+        f.frac_part = f.frac_part * 10 + static_cast<uint64_t>(c - '0');
         return Step::Consumed;
       }
       if (exponent_mark) {
@@ -270,11 +356,13 @@ void JsonMatcher::collect_starts(int32_t id, uint8_t c, size_t open, std::vector
              (node.max_length < 0 || node.min_length <= node.max_length)) {
     f.kind = JsonFrame::String;
     out.push_back(f);
-  } else if ((c == '-' || is_digit(c)) && (node.types & (kJsonInteger | kJsonNumber))) {
+  } else if ((c == '-' || is_digit(c)) && (node.types & (kJsonInteger | kJsonNumber)) && node.numbers_possible()) {
     f.kind = JsonFrame::Number;
     f.phase = c == '-' ? kSign : c == '0' ? kZero : kInt;
     f.count = c == '-' ? 0 : 1;
-    out.push_back(f);
+    f.negative = c == '-';
+    f.int_part = c == '-' ? 0 : static_cast<uint64_t>(c - '0');
+    if (number_feasible(f, node)) out.push_back(f);
   } else if ((c == 't' || c == 'f') && (node.types & kJsonBoolean)) {
     literal(JsonSchema::kBooleanLiterals);
   } else if (c == 'n' && (node.types & kJsonNull)) {
@@ -473,7 +561,8 @@ bool JsonMatcher::step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& fork
 bool JsonMatcher::stack_can_end(JsonStack stack) const {
   for (;;) {
     const JsonFrame& f = stack.back();
-    const bool complete = (f.kind == JsonFrame::Number && number_complete(f)) ||
+    const bool complete = (f.kind == JsonFrame::Number && number_complete(f) &&
+                           (!schema_->node(f.node).has_bounds() || schema_->node(f.node).in_bounds(number_value(f)))) ||
                           (f.kind == JsonFrame::Literal && literal_complete(f, schema_->literals(f.node)));
     if (!complete) break;
     stack.pop_back();

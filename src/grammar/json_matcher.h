@@ -6,7 +6,8 @@
 // no whitespace before or after the document; between tokens at most one
 // space, or a newline and up to 20 spaces or tabs; keys without escapes;
 // \u escapes outside the surrogate range (other characters as UTF-8); up to
-// 16 integer and 16 fraction digits and 2 exponent digits; declared keys
+// 16 integer and 16 fraction digits and 2 exponent digits (none for numbers
+// with bounds, whose digits are steered into them); declared keys
 // once each (other keys are not checked for repeats); enum and const
 // values written as JsonSchema::literals spells them (compact); at most
 // JsonSchema::kMaxNesting frames deep (a value is started only if it can be
@@ -40,6 +41,10 @@ struct JsonFrame {
   int32_t lo = 0, hi = 0, pos = 0;  // declared keys / literals still matching, bytes matched
   int32_t property = -1;   // objects: whose value is being read (-2: another key's)
   uint64_t seen = 0;       // objects: declared properties written
+  // Numbers: the digits so far, as integer and fraction parts (the fraction's
+  // digit count is `count` while in it), and the sign.
+  uint64_t int_part = 0, frac_part = 0;
+  bool negative = false;
 
   bool operator==(const JsonFrame&) const = default;
 };

@@ -20,8 +20,8 @@ const std::set<std::string, std::less<>> kAnnotations = {
     "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "strict", "discriminator"};
 const std::set<std::string, std::less<>> kEnforced = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "minLength", "maxLength", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "nullable"};
+    "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "nullable"};
 constexpr size_t kMaxProperties = 64;   // SchemaNode::required is a 64-bit set
 constexpr size_t kMaxNodes = 4096;
 constexpr size_t kMaxLiterals = 4096;
@@ -68,7 +68,7 @@ class Compiler {
       throw Error("JSON Schema keyword '" + key + "' (at " + where(pointer) +
                   ") is not supported for structured output: reprise enforces type, enum, const, properties, "
                   "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, "
-                  "anyOf, oneOf, allOf (one schema) and $ref");
+                  "minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf, oneOf, allOf (one schema) and $ref");
     }
     if (schema.contains("$ref")) return compile_ref(schema, pointer);
     for (const char* key : {"anyOf", "oneOf", "allOf"})
@@ -191,6 +191,35 @@ class Compiler {
     return schema["nullable"].get<bool>();
   }
 
+  // minimum / maximum, and exclusiveMinimum / exclusiveMaximum as numbers
+  // (2020-12) or as booleans qualifying minimum / maximum (draft 4).
+  static void read_bounds(const json& schema, const std::string& pointer, SchemaNode& node) {
+    auto number = [&](const char* key) {
+      const json& v = schema[key];
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        throw Error(std::string(key) + " at " + where(pointer) + " must be a finite number");
+      return v.get<double>();
+    };
+    if (schema.contains("minimum")) node.minimum = number("minimum");
+    if (schema.contains("maximum")) node.maximum = number("maximum");
+    for (const auto& [key, is_min] : {std::pair<const char*, bool>{"exclusiveMinimum", true}, {"exclusiveMaximum", false}}) {
+      if (!schema.contains(key)) continue;
+      const json& v = schema[key];
+      bool& exclusive = is_min ? node.exclusive_minimum : node.exclusive_maximum;
+      double& bound = is_min ? node.minimum : node.maximum;
+      if (v.is_boolean()) {
+        exclusive = v.get<bool>() && std::isfinite(bound);
+        continue;
+      }
+      const double x = number(key);
+      // Both given: the tighter one holds.
+      if (is_min ? x >= bound : x <= bound) {
+        bound = x;
+        exclusive = true;
+      }
+    }
+  }
+
   static int64_t count_of(const json& schema, const char* key, const std::string& pointer) {
     const json& v = schema[key];
     if (!v.is_number_integer() || v.get<int64_t>() < 0)
@@ -228,6 +257,7 @@ class Compiler {
     }
     if (nullable(schema, pointer)) node.types |= kJsonNull;
 
+    read_bounds(schema, pointer, node);
     if (schema.contains("minLength")) node.min_length = count_of(schema, "minLength", pointer);
     if (schema.contains("maxLength")) node.max_length = count_of(schema, "maxLength", pointer);
     if (schema.contains("minItems")) node.min_items = count_of(schema, "minItems", pointer);
@@ -323,7 +353,7 @@ Depths depths_now(const JsonSchema& s, const SchemaNode& n) {
     if (!s.literals(n.literal_set).empty()) d.any = 0;
     return d;
   }
-  if ((n.types & (kJsonNull | kJsonBoolean | kJsonInteger | kJsonNumber)) ||
+  if ((n.types & (kJsonNull | kJsonBoolean)) || ((n.types & (kJsonInteger | kJsonNumber)) && n.numbers_possible()) ||
       ((n.types & kJsonString) && (n.max_length < 0 || n.min_length <= n.max_length)))
     d.any = 0;
   if ((n.types & kJsonArray) && (n.max_items < 0 || n.min_items <= n.max_items)) {
@@ -345,6 +375,19 @@ Depths depths_now(const JsonSchema& s, const SchemaNode& n) {
 int64_t utf8_code_points(const std::string& s) { return code_points(s); }
 
 }  // namespace
+
+bool SchemaNode::numbers_possible() const {
+  constexpr long double kLargest = 1e16L;  // 16 integer digits, as the matcher writes
+  if (!(types & kJsonNumber)) {  // integers only: some integer within the bounds
+    const long double lo = exclusive_minimum ? std::floor(static_cast<long double>(minimum)) + 1
+                                             : std::ceil(static_cast<long double>(minimum));
+    const long double hi = exclusive_maximum ? std::ceil(static_cast<long double>(maximum)) - 1
+                                             : std::floor(static_cast<long double>(maximum));
+    return std::max(lo, -kLargest + 1) <= std::min(hi, kLargest - 1);
+  }
+  const long double lo = std::max<long double>(minimum, -kLargest), hi = std::min<long double>(maximum, kLargest);
+  return lo < hi || (lo == hi && !exclusive_minimum && !exclusive_maximum);
+}
 
 JsonSchema::JsonSchema() {
   add_literals({"false", "true"});
@@ -424,10 +467,12 @@ bool JsonSchema::validates(const json& v, int32_t id, std::vector<int32_t>& trie
     case json::value_t::null: return n.types & kJsonNull;
     case json::value_t::boolean: return n.types & kJsonBoolean;
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return n.types & (kJsonInteger | kJsonNumber);
+    case json::value_t::number_unsigned:
+      return (n.types & (kJsonInteger | kJsonNumber)) && n.in_bounds(v.get<long double>());
     case json::value_t::number_float: {
       const double d = v.get<double>();
-      return (n.types & kJsonNumber) || ((n.types & kJsonInteger) && std::isfinite(d) && std::floor(d) == d);
+      const bool kind = (n.types & kJsonNumber) || ((n.types & kJsonInteger) && std::isfinite(d) && std::floor(d) == d);
+      return kind && n.in_bounds(d);
     }
     case json::value_t::string: {
       if (!(n.types & kJsonString)) return false;

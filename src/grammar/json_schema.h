@@ -3,7 +3,8 @@
 //
 // What is enforced (docs/server.md, Structured output): type (one or a list),
 // enum, const, properties, required, additionalProperties, items,
-// prefixItems, minItems, maxItems, minLength, maxLength, anyOf, oneOf (as
+// prefixItems, minItems, maxItems, minLength, maxLength, minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum, anyOf, oneOf (as
 // anyOf), allOf of one schema, $ref into the same document ($defs,
 // definitions, any JSON pointer), nullable. Annotations (title,
 // description, default, examples, format, ...) are ignored. Any other
@@ -14,7 +15,9 @@
 // model writes the declared keys, not invented ones), and a schema without
 // `type` that uses object, array or string keywords is that type.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +47,19 @@ struct SchemaNode {
   uint8_t types = 0;  // JsonTypeBit
 
   int64_t min_length = 0, max_length = -1;  // strings, in code points; -1: no limit
+
+  // Numbers: minimum and maximum (infinite when absent), each inclusive
+  // unless exclusive_*.
+  double minimum = -std::numeric_limits<double>::infinity();
+  double maximum = std::numeric_limits<double>::infinity();
+  bool exclusive_minimum = false, exclusive_maximum = false;
+  bool has_bounds() const { return std::isfinite(minimum) || std::isfinite(maximum); }
+  bool in_bounds(long double v) const {
+    return (exclusive_minimum ? v > minimum : v >= minimum) && (exclusive_maximum ? v < maximum : v <= maximum);
+  }
+  // Whether some number of the allowed kind (integer only, or any) with at
+  // most 16 integer digits lies within the bounds.
+  bool numbers_possible() const;
 
   std::vector<int32_t> prefix_items;  // arrays: the first items' nodes
   int32_t items = -1;                 // the rest's node; -1: no more items

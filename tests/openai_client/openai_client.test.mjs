@@ -196,7 +196,7 @@ test("response_format json_schema: replies validate with ajv", { skip }, async (
 });
 
 test("response_format from the client's zod helper parses", { skip }, async () => {
-  const Story = z.object({ title: z.string().max(12), pages: z.number().int(), done: z.boolean() });
+  const Story = z.object({ title: z.string().max(12), pages: z.number().int().min(1).max(500), done: z.boolean() });
   const r = await client.chat.completions.parse({
     model, messages, max_tokens: 80, temperature: 0.8, seed: 3,
     response_format: zodResponseFormat(Story, "story"),
