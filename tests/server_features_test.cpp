@@ -375,6 +375,41 @@ TEST(ServerStructuredOutput, CachedRepliesEqualColdOnes) {
     }
 }
 
+// Concurrent constrained requests share decode passes (and the model's
+// vocabulary trie and remembered string states): each gets what it gets alone.
+TEST(ServerStructuredOutput, ConcurrentRequestsGetWhatEachGetsAlone) {
+  ServeOptions options = structured_output_options();
+  options.parallel = 4;
+  Server s(options);
+  std::vector<json> reqs;
+  for (uint64_t i = 0; i < 6; ++i) {
+    json r = structured_request(40 + i);
+    if (i % 3 == 2) r["response_format"] = {{"type", "json_object"}};
+    if (i % 2) r["temperature"] = 0;
+    r["max_tokens"] = 60;
+    reqs.push_back(r);
+  }
+  std::vector<std::string> alone(reqs.size()), together(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto [st, r] = s.post("/v1/chat/completions", reqs[i]);
+    ASSERT_EQ(st, 200);
+    alone[i] = r["choices"][0]["message"]["content"];
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> status(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    threads.emplace_back([&, i] {
+      auto [st, r] = s.post("/v1/chat/completions", reqs[i]);
+      status[i] = st;
+      if (st == 200) together[i] = r["choices"][0]["message"]["content"];
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(status[i], 200) << i;
+    EXPECT_EQ(together[i], alone[i]) << "request " << i;
+  }
+}
+
 TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
   Server s(structured_output_options());
   auto with_format = [](json format) {
