@@ -652,6 +652,17 @@ TEST(JsonMatcher, NumericBoundsSteerTheDigits) {
   EXPECT_FALSE(accepts_prefix(s, R"({"n":5,"x":-2)"));
   EXPECT_THROW(compile(R"({"type":"integer","minimum":1.5,"maximum":1.9})"), Error);
   EXPECT_THROW(compile(R"({"type":"number","exclusiveMinimum":1,"exclusiveMaximum":1})"), Error);
+  // Found by review: fractions decided on the exact grid of writable
+  // values, compared as a parser reads them (no dead ends, none refused).
+  EXPECT_FALSE(accepts_prefix(compile(R"({"type":"number","minimum":0.5})"), "0.4"));
+  EXPECT_TRUE(accepts_whole(compile(R"({"type":"number","minimum":0.5})"), "0.50"));
+  EXPECT_FALSE(accepts_prefix(compile(R"({"type":"number","minimum":0.3})"), "0.299999999999999"));
+  EXPECT_FALSE(accepts_prefix(compile(R"({"type":"number","exclusiveMinimum":100})"), "100.000000000000000"));
+  EXPECT_TRUE(accepts_whole(compile(R"({"type":"number","exclusiveMinimum":100})"), "100.0000000000001"));
+  EXPECT_TRUE(accepts_whole(compile(R"({"type":"number","minimum":0})"), "1000000000000000.12345"));
+  EXPECT_TRUE(accepts_whole(compile(R"({"type":"number","maximum":5})"), "5.0000000000000001"));  // the double is 5
+  EXPECT_THROW(compile(R"({"type":"number","minimum":1e-20,"maximum":2e-20})"), Error);  // nothing writable
+  EXPECT_THROW(compile(R"({"type":"number","exclusiveMinimum":0.1,"exclusiveMaximum":0.10000000000000002})"), Error);
   EXPECT_TRUE(compile(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})")->validates(json(6)));
   EXPECT_FALSE(compile(R"({"type":"integer","minimum":5,"exclusiveMinimum":true})")->validates(json(5)));
 }

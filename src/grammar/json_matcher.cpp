@@ -155,47 +155,54 @@ long double number_value(const JsonFrame& f) {
 // one per count of digits still to come), signed by the prefix's sign.
 bool number_feasible(const JsonFrame& f, const SchemaNode& n) {
   if (!n.has_bounds()) return true;
-  const bool fraction = n.types & kJsonNumber;
-  const bool integers = !fraction;
-  // Whether signed magnitudes [a, b) (integers: [a, b - 1]) meet the bounds.
-  auto meets = [&](long double a, long double b) {
-    long double lo = f.negative ? -b : a, hi = f.negative ? -a : b;
-    bool lo_open = f.negative && !integers, hi_open = !f.negative && !integers;
-    if (integers) {
-      if (f.negative) lo = -(b - 1);
-      else hi = b - 1;
-      const long double min = n.exclusive_minimum ? std::floor(static_cast<long double>(n.minimum)) + 1
-                                                  : std::ceil(static_cast<long double>(n.minimum));
-      const long double max = n.exclusive_maximum ? std::ceil(static_cast<long double>(n.maximum)) - 1
-                                                  : std::floor(static_cast<long double>(n.maximum));
-      return std::max(lo, min) <= std::min(hi, max);
+  if (n.types & kJsonNumber) {
+    // On the grid of writable values (SchemaNode::grid_min): whether the
+    // signed magnitudes [a, b] the prefix can still become meet the range.
+    auto meets = [&](__int128 a, __int128 b) {
+      const __int128 lo = f.negative ? -b : a, hi = f.negative ? -a : b;
+      return std::max(lo, n.grid_min) <= std::min(hi, n.grid_max);
+    };
+    constexpr __int128 kUnit = SchemaNode::kGridUnit;
+    const auto whole = static_cast<__int128>(f.int_part);
+    switch (f.phase) {
+      case kSign: return meets(0, SchemaNode::kGridLimit);
+      case kZero: return meets(0, kUnit - 1);  // 0, or 0.x
+      case kDot: return meets(whole * kUnit, (whole + 1) * kUnit - 1);
+      case kInt: {
+        __int128 scale = 1;
+        for (int32_t digits = f.count; digits <= kMaxIntegerDigits; ++digits, scale *= 10)
+          if (meets(whole * scale * kUnit, (whole + 1) * scale * kUnit - 1)) return true;
+        return false;
+      }
+      case kFrac: {
+        __int128 scale = 1, digits = whole;
+        for (int32_t i = 0; i < kMaxFractionDigits - f.count; ++i) scale *= 10;
+        for (int32_t i = 0; i < f.count; ++i) digits *= 10;
+        digits += f.frac_part;
+        return meets(digits * scale, (digits + 1) * scale - 1);
+      }
+      default: return true;  // exponents are not written under bounds
     }
-    // A magnitude interval always holds its own start (the prefix's value
-    // itself, or an integer), so for negatives the closed end is -a.
-    long double low = lo, high = hi;
-    bool low_open = lo_open, high_open = hi_open;
-    if (n.minimum > low || (n.minimum == low && n.exclusive_minimum)) low = n.minimum, low_open = n.exclusive_minimum;
-    if (n.maximum < high || (n.maximum == high && n.exclusive_maximum)) high = n.maximum, high_open = n.exclusive_maximum;
-    return low < high || (low == high && !low_open && !high_open);
+  }
+  // Integers only: whether signed magnitudes [a, b - 1] meet the bounds.
+  auto meets = [&](long double a, long double b) {
+    const long double lo = f.negative ? -(b - 1) : a, hi = f.negative ? -a : b - 1;
+    const long double min = n.exclusive_minimum ? std::floor(static_cast<long double>(n.minimum)) + 1
+                                                : std::ceil(static_cast<long double>(n.minimum));
+    const long double max = n.exclusive_maximum ? std::ceil(static_cast<long double>(n.maximum)) - 1
+                                                : std::floor(static_cast<long double>(n.maximum));
+    return std::max(lo, min) <= std::min(hi, max);
   };
-  constexpr long double kDigits = 1e16L;
   switch (f.phase) {
-    case kSign: return meets(0, kDigits);
-    case kZero: return meets(0, 1);  // 0, or 0.x with a fraction
-    case kInt:
-    case kDot: {
-      if (f.phase == kDot) return meets(f.int_part, f.int_part + 1.0L);
+    case kSign: return meets(0, 1e16L);
+    case kZero: return meets(0, 1);
+    case kInt: {
       long double scale = 1;
       for (int32_t digits = f.count; digits <= kMaxIntegerDigits; ++digits, scale *= 10)
         if (meets(f.int_part * scale, (f.int_part + 1.0L) * scale)) return true;
       return false;
     }
-    case kFrac: {
-      const long double step = std::pow(10.0L, -static_cast<long double>(f.count));
-      const long double v = std::fabs(number_value(f));
-      return f.count < kMaxFractionDigits ? meets(v, v + step) : n.in_bounds(f.negative ? -v : v);
-    }
-    default: return true;  // exponents are not written under bounds
+    default: return true;  // integers have no fraction or exponent
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -26,6 +28,44 @@ constexpr size_t kMaxProperties = 64;   // SchemaNode::required is a 64-bit set
 constexpr size_t kMaxNodes = 4096;
 constexpr size_t kMaxLiterals = 4096;
 constexpr int kMaxDepth = 128;
+
+// The double a JSON parser reads from grid value `g`'s decimal text.
+double grid_double(__int128 g) {
+  const bool negative = g < 0;
+  const __int128 m = negative ? -g : g;
+  char text[64];
+  std::snprintf(text, sizeof text, "%s%llu.%016llu", negative ? "-" : "",
+                static_cast<unsigned long long>(m / SchemaNode::kGridUnit),
+                static_cast<unsigned long long>(m % SchemaNode::kGridUnit));
+  return std::strtod(text, nullptr);
+}
+
+// The first grid value in [lo, hi] where `holds` (monotone: false, then
+// true) holds, or hi + 1.
+template <typename Pred>
+__int128 first_where(__int128 lo, __int128 hi, Pred holds) {
+  while (lo <= hi) {
+    const __int128 mid = lo + (hi - lo) / 2;
+    if (holds(mid)) hi = mid - 1;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+void compute_number_grid(SchemaNode& n) {
+  if (!(n.types & kJsonNumber) || !n.has_bounds()) return;
+  const __int128 limit = SchemaNode::kGridLimit;
+  auto above_min = [&](__int128 g) {
+    const double d = grid_double(g);
+    return n.exclusive_minimum ? d > n.minimum : d >= n.minimum;
+  };
+  auto above_max = [&](__int128 g) {
+    const double d = grid_double(g);
+    return n.exclusive_maximum ? d >= n.maximum : d > n.maximum;
+  };
+  n.grid_min = std::isfinite(n.minimum) ? first_where(-limit, limit, above_min) : -limit;
+  n.grid_max = std::isfinite(n.maximum) ? first_where(-limit, limit, above_max) - 1 : limit;
+}
 
 std::string where(const std::string& pointer) { return pointer.empty() ? "the root" : "'" + pointer + "'"; }
 
@@ -258,6 +298,7 @@ class Compiler {
     if (nullable(schema, pointer)) node.types |= kJsonNull;
 
     read_bounds(schema, pointer, node);
+    compute_number_grid(node);
     if (schema.contains("minLength")) node.min_length = count_of(schema, "minLength", pointer);
     if (schema.contains("maxLength")) node.max_length = count_of(schema, "maxLength", pointer);
     if (schema.contains("minItems")) node.min_items = count_of(schema, "minItems", pointer);
@@ -385,8 +426,7 @@ bool SchemaNode::numbers_possible() const {
                                              : std::floor(static_cast<long double>(maximum));
     return std::max(lo, -kLargest + 1) <= std::min(hi, kLargest - 1);
   }
-  const long double lo = std::max<long double>(minimum, -kLargest), hi = std::min<long double>(maximum, kLargest);
-  return lo < hi || (lo == hi && !exclusive_minimum && !exclusive_maximum);
+  return grid_min <= grid_max;
 }
 
 JsonSchema::JsonSchema() {

@@ -60,6 +60,15 @@ struct SchemaNode {
   // Whether some number of the allowed kind (integer only, or any) with at
   // most 16 integer digits lies within the bounds.
   bool numbers_possible() const;
+  // Numbers with a fraction, under bounds: the values that can be written
+  // (at most 16 integer and 16 fraction digits) as integers in units of
+  // 1e-16, and the closed range of them whose double (as a JSON parser
+  // reads the text) lies within the bounds: [grid_min, grid_max], empty when
+  // grid_min > grid_max. Doubles grow with the text's value, so the range is
+  // one interval; JsonSchema::compile finds its ends by bisection.
+  static constexpr __int128 kGridUnit = 10000000000000000;  // 1e16 units per 1
+  static constexpr __int128 kGridLimit = kGridUnit * kGridUnit - 1;
+  __int128 grid_min = -kGridLimit, grid_max = kGridLimit;
 
   std::vector<int32_t> prefix_items;  // arrays: the first items' nodes
   int32_t items = -1;                 // the rest's node; -1: no more items
