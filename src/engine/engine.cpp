@@ -267,13 +267,13 @@ void Engine::decode_plain(const GenerateRequest& req, ActiveSequence& target, st
       choose_from = constrained.logits;
     }
     const int32_t token = sampler.sample(choose_from, history);
-    if (req.constraint && std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) == req.stop_tokens.end() &&
-        !req.constraint->accept(token))
+    const bool stop = std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) != req.stop_tokens.end();
+    if (req.constraint && !stop && !req.constraint->accept(token))
       throw Error("structured output: sampled a token the constraint does not allow");
     result.tokens.push_back(token);
     history.push_back(token);
     const bool keep_going = on_token ? on_token(token, logits) : true;
-    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), token) != req.stop_tokens.end() || !keep_going) {
+    if (stop || !keep_going) {
       result.finish_reason = "stop";
       break;
     }

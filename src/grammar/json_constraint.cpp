@@ -45,7 +45,7 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
   const int64_t far = longest_piece_ + 1;
   const int64_t to_min = limits ? std::clamp<int64_t>(limits->min_length - top.count, 0, far) : 0;
   const int64_t to_max = limits && limits->max_length >= 0 ? std::min<int64_t>(limits->max_length - top.count, far) : -1;
-  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, 0, to_min, to_max};
+  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, to_min, to_max};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = strings_.find(key); it != strings_.end()) return it->second;
@@ -82,9 +82,13 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
 JsonConstraint::JsonConstraint(std::shared_ptr<const JsonSchema> schema, std::shared_ptr<JsonVocabulary> vocabulary)
     : matcher_(std::move(schema)), vocabulary_(std::move(vocabulary)) {}
 
-bool JsonConstraint::accepts(const std::string& bytes) const {
-  JsonMatcher m = matcher_;
-  return m.advance(bytes);
+bool JsonConstraint::accepts(const std::vector<JsonStack>& stacks, const std::string& bytes) const {
+  std::vector<JsonStack> current = stacks, next;
+  for (char c : bytes) {
+    if (!matcher_.step_all(current, static_cast<uint8_t>(c), next)) return false;
+    std::swap(current, next);
+  }
+  return true;
 }
 
 void JsonConstraint::walk_one_stack(int32_t trie_node, JsonStack& stack, size_t depth, std::vector<uint8_t>& allowed) {
@@ -116,36 +120,13 @@ void JsonConstraint::walk_stacks(int32_t trie_node, const std::vector<JsonStack>
                                  std::vector<uint8_t>& allowed) const {
   const TokenTrie& trie = vocabulary_->trie();
   const TokenTrie::Node& n = trie.node(trie_node);
-  std::vector<JsonStack> next, forks;
+  std::vector<JsonStack> next;
   for (int32_t c = n.child_begin; c < n.child_end; ++c) {
     const TokenTrie::Node& child = trie.node(c);
-    next.clear();
-    for (const JsonStack& s : stacks) {
-      JsonStack copy = s;
-      forks.clear();
-      if (matcher_.step(copy, child.byte, forks)) next.push_back(std::move(copy));
-      for (auto& f : forks) next.push_back(std::move(f));
-    }
-    if (next.empty()) continue;
-    JsonMatcher::dedupe(next);
+    if (!matcher_.step_all(stacks, child.byte, next)) continue;
     for (int32_t id : trie.own_tokens(child)) allowed[id] = 1;
     walk_stacks(c, next, allowed);
   }
-}
-
-bool JsonConstraint::stack_accepts(const JsonStack& stack, const std::string& bytes) const {
-  std::vector<JsonStack> current{stack}, next, forks;
-  for (char c : bytes) {
-    next.clear();
-    for (JsonStack& s : current) {
-      forks.clear();
-      if (matcher_.step(s, static_cast<uint8_t>(c), forks)) next.push_back(std::move(s));
-      for (auto& f : forks) next.push_back(std::move(f));
-    }
-    if (next.empty()) return false;
-    std::swap(current, next);
-  }
-  return true;
 }
 
 void JsonConstraint::add_allowed(const JsonStack& stack, std::vector<uint8_t>& allowed) {
@@ -174,7 +155,7 @@ void JsonConstraint::add_allowed(const JsonStack& stack, std::vector<uint8_t>& a
         forked = !forks.empty();
         if (!ok || forked) break;
       }
-      if (forked) ok = stack_accepts(stack, trie.piece(id));
+      if (forked) ok = accepts({stack}, trie.piece(id));
       if (ok) allowed[id] = 1;
     }
     return;
@@ -196,7 +177,7 @@ void JsonConstraint::allowed_tokens_one_by_one(std::vector<uint8_t>& allowed, bo
   allowed.assign(trie.vocabulary_size(), 0);
   may_end = matcher_.can_end();
   for (int32_t id = 0; id < trie.vocabulary_size(); ++id)
-    allowed[id] = !trie.piece(id).empty() && accepts(trie.piece(id));
+    allowed[id] = !trie.piece(id).empty() && accepts(matcher_.stacks(), trie.piece(id));
 }
 
 bool JsonConstraint::accept(int32_t token) {

@@ -44,7 +44,7 @@ class JsonVocabulary {
  private:
   TokenTrie trie_;
   int32_t longest_piece_ = 0;  // bytes
-  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int32_t, int64_t, int64_t>;
+  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int64_t, int64_t>;
   std::mutex mutex_;
   std::map<Key, std::shared_ptr<const StringTokens>> strings_;
 };
@@ -65,9 +65,8 @@ class JsonConstraint final : public TokenConstraint {
   std::shared_ptr<JsonVocabulary> vocabulary_;
   std::vector<std::vector<JsonStack>> forks_;  // per trie depth
 
-  bool accepts(const std::string& bytes) const;
-  // Whether `stack` alone accepts the bytes (its forks included).
-  bool stack_accepts(const JsonStack& stack, const std::string& bytes) const;
+  // Whether the stacks (with their forks) accept every byte.
+  bool accepts(const std::vector<JsonStack>& stacks, const std::string& bytes) const;
   // Adds the tokens `stack` alone allows next.
   void add_allowed(const JsonStack& stack, std::vector<uint8_t>& allowed);
   void walk_one_stack(int32_t trie_node, JsonStack& stack, size_t depth, std::vector<uint8_t>& allowed);

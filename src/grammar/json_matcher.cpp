@@ -595,17 +595,23 @@ void JsonMatcher::dedupe(std::vector<JsonStack>& stacks) {
   stacks = std::move(kept);
 }
 
+bool JsonMatcher::step_all(const std::vector<JsonStack>& stacks, uint8_t c, std::vector<JsonStack>& next) const {
+  next.clear();
+  std::vector<JsonStack> forks;
+  for (const JsonStack& s : stacks) {
+    JsonStack stepped = s;
+    forks.clear();
+    if (step(stepped, c, forks)) next.push_back(std::move(stepped));
+    for (auto& f : forks) next.push_back(std::move(f));
+  }
+  if (next.size() > 1) dedupe(next);
+  return !next.empty();
+}
+
 bool JsonMatcher::advance(std::string_view bytes) {
-  std::vector<JsonStack> current = stacks_, next, forks;
+  std::vector<JsonStack> current = stacks_, next;
   for (char ch : bytes) {
-    next.clear();
-    for (JsonStack& s : current) {
-      forks.clear();
-      if (step(s, static_cast<uint8_t>(ch), forks)) next.push_back(std::move(s));
-      for (auto& f : forks) next.push_back(std::move(f));
-    }
-    if (next.empty()) return false;
-    if (next.size() > 1) dedupe(next);
+    if (!step_all(current, static_cast<uint8_t>(ch), next)) return false;
     std::swap(current, next);
   }
   stacks_ = std::move(current);

@@ -68,6 +68,9 @@ class JsonMatcher {
   // several ways, the first is applied to `stack` and the others appended to
   // `forks`. Frames below the top three are never changed.
   bool step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& forks) const;
+  // Every stack of `stacks` stepped by `c` (forks included, deduplicated)
+  // into `next`; false when none accepts it.
+  bool step_all(const std::vector<JsonStack>& stacks, uint8_t c, std::vector<JsonStack>& next) const;
   bool stack_can_end(JsonStack stack) const;
   // Whether `f` is inside text whose next bytes depend on nothing but `f`'s
   // own state until the text closes: a string value, or a key that no

@@ -413,7 +413,6 @@ Depths depths_now(const JsonSchema& s, const SchemaNode& n) {
   return d;
 }
 
-int64_t utf8_code_points(const std::string& s) { return code_points(s); }
 
 }  // namespace
 
@@ -516,7 +515,7 @@ bool JsonSchema::validates(const json& v, int32_t id, std::vector<int32_t>& trie
     }
     case json::value_t::string: {
       if (!(n.types & kJsonString)) return false;
-      const int64_t len = utf8_code_points(v.get_ref<const std::string&>());
+      const int64_t len = code_points(v.get_ref<const std::string&>());
       return len >= n.min_length && (n.max_length < 0 || len <= n.max_length);
     }
     case json::value_t::array: {
