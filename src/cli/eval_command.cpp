@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "engine/prompt_eval.h"
 #include "util/error.h"
+#include "util/read_file.h"
 
 namespace reprise::cli {
 
@@ -28,14 +28,12 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--greedy", o->n_greedy, "Greedy tokens per prompt")->capture_default_str();
   cmd->callback([o] {
     namespace fs = std::filesystem;
-    std::ifstream in(o->prompts_file, std::ios::binary);
-    if (!in) throw Error(o->prompts_file + ": cannot open prompts file");
-    std::stringstream ss;
-    ss << in.rdbuf();
+    const std::optional<std::string> prompts = read_whole_file(o->prompts_file);
+    if (!prompts) throw Error(o->prompts_file + ": cannot open prompts file");
     auto bundle = load_model_bundle(o->model, [](const std::string& s) { std::fprintf(stderr, "[load] %s\n", s.c_str()); });
     ThreadPool pool(resolve_threads(o->threads));
     std::vector<PromptEvaluation> evals;
-    for (const std::string& text : split_prompts_file(ss.str())) {
+    for (const std::string& text : split_prompts_file(*prompts)) {
       evals.push_back(evaluate_prompt(*bundle, text, o->n_greedy, pool));
       if (static_cast<int64_t>(evals.back().tokens.size()) >= bundle->model->info().n_ctx_train)
         throw Error("prompt " + std::to_string(evals.size() - 1) + " is longer than the context");

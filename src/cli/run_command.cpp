@@ -2,8 +2,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
@@ -13,6 +11,7 @@
 #include "engine/model_bundle.h"
 #include "grammar/json_constraint.h"
 #include "util/error.h"
+#include "util/read_file.h"
 
 namespace reprise::cli {
 
@@ -41,11 +40,9 @@ struct RunOptions {
 // The schema --json / --json-schema ask for, or null.
 std::shared_ptr<const JsonSchema> output_schema(const RunOptions& o) {
   if (!o.json_schema_file.empty()) {
-    std::ifstream in(o.json_schema_file);
-    if (!in) throw Error("cannot read --json-schema file " + o.json_schema_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    const nlohmann::json schema = nlohmann::json::parse(text.str(), nullptr, false);
+    const std::optional<std::string> text = read_whole_file(o.json_schema_file);
+    if (!text) throw Error("cannot read --json-schema file " + o.json_schema_file);
+    const nlohmann::json schema = nlohmann::json::parse(*text, nullptr, false);
     if (schema.is_discarded()) throw Error("--json-schema file " + o.json_schema_file + " is not JSON");
     return JsonSchema::compile(schema);
   }
@@ -62,9 +59,9 @@ void run(const RunOptions& o) {
   cfg.budget_bytes = static_cast<uint64_t>(o.cache_ram_mib * 1024 * 1024);
   PrefixCache cache(bundle->model->state_spec(), cfg);
   const std::shared_ptr<const JsonSchema> schema = output_schema(o);
-  const auto vocabulary = schema ? std::make_shared<JsonVocabulary>(output_pieces(*bundle->tokenizer)) : nullptr;
   if (schema && (!o.mmproj.empty() || !o.images.empty()))
     throw Error("--json and --json-schema are for text prompts (use the server's response_format with images)");
+  const auto vocabulary = schema ? std::make_shared<JsonVocabulary>(output_pieces(*bundle->tokenizer)) : nullptr;
   if (!o.mmproj.empty() || !o.images.empty()) {
     run_with_images(*bundle, pool, cache,
                     VisionRunOptions{o.mmproj, o.images, o.prompts, o.n_predict, o.sampling, o.cache_salt, 256, o.verbose});

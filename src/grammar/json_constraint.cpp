@@ -44,7 +44,8 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
   const SchemaNode* limits = is_string ? &matcher.schema().node(top.node) : nullptr;
   const int64_t far = longest_piece_ + 1;
   const int64_t to_min = limits ? std::clamp<int64_t>(limits->min_length - top.count, 0, far) : 0;
-  const int64_t to_max = limits && limits->max_length >= 0 ? std::min<int64_t>(limits->max_length - top.count, far) : -1;
+  const int64_t to_max =
+      limits && limits->max_length >= 0 ? std::min<int64_t>(limits->max_length - top.count, far) : -1;
   const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, to_min, to_max};
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -114,7 +114,7 @@ struct ResponseContext {
   // Tool calls to read out of the reply (tool_choice auto with tools): the
   // model's syntax and the request's tool names.
   ToolCallSyntax tool_syntax = ToolCallSyntax::None;
-  std::vector<std::string> tool_names;
+  std::vector<std::string> tool_names{};
   ToolCallSyntax id_syntax = ToolCallSyntax::None;  // the template's: what its call ids look like
 };
 
@@ -545,7 +545,7 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   }
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      chat.options, 0, ToolCallSyntax::None, {}, ToolCallSyntax::None};
+                      chat.options};
   if (chat.first_image_message) {
     Parsed<GenerationPlan> plan = make_image_plan(model, chat);
     if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
@@ -580,7 +580,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   ResponseContext ctx{Endpoint::Completions,
                       {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      completion.options, 0, ToolCallSyntax::None, {}, ToolCallSyntax::None};
+                      completion.options};
   start_generation(req, res, std::move(lease), make_plan(completion.options, std::move(prompt.value())),
                    std::move(ctx));
 }
@@ -693,8 +693,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
   std::optional<std::vector<LogprobEntry>> lp;
   if (ctx.options.logprobs) lp = std::move(logprobs);
   if (ctx.options.tool_call_reply && outcome.finish_reason == "stop") {
-    if (std::optional<ToolCall> call = tool_call_from_reply(text)) {
-      call->id = make_tool_call_id(ctx.id_syntax);
+    if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax)) {
       reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, "", {*call}, lp, outcome.usage));
       finish_metrics(ctx, outcome, 200);
       return;
@@ -702,7 +701,8 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel&
   }
   if (ctx.tool_syntax != ToolCallSyntax::None && outcome.finish_reason == "stop") {
     if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names)) {
-      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, lp, outcome.usage));
+      reply_json(res, 200,
+                 chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, lp, outcome.usage));
       finish_metrics(ctx, outcome, 200);
       return;
     }
@@ -799,11 +799,9 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channe
   } else {
     std::string finish_reason = outcome.finish_reason;
     if (hold_text) {
-      std::optional<ToolCall> call = finish_reason == "stop" ? tool_call_from_reply(held) : std::nullopt;
-      if (call) {
-        call->id = make_tool_call_id(ctx.id_syntax);
-        finish_reason = "tool_calls";
-      }
+      const std::optional<ToolCall> call =
+          finish_reason == "stop" ? forced_tool_call(held, ctx.id_syntax) : std::nullopt;
+      if (call) finish_reason = "tool_calls";
       write(sse_event(chat_chunk_json(ctx.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held}}, "",
                                       logprobs_of(std::move(held_logprobs)), usage_field)));
     }

@@ -241,7 +241,7 @@ void parse_response_format(const ordered_json& rf, GenerationOptions& o) {
          "response_format.type", "unsupported_parameter");
   }
   try {
-    o.json_schema = JsonSchema::compile(nlohmann::json::parse(schema->dump()));
+    o.json_schema = JsonSchema::compile(nlohmann::json(*schema));
   } catch (const Error& e) {
     fail(param + ": " + e.what(), param, "unsupported_schema");
   }
@@ -304,7 +304,7 @@ void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
     if (!only.empty() && name != only) continue;
     nlohmann::json parameters = {{"type", "object"}, {"properties", nlohmann::json::object()}};
     if (fn->contains("parameters") && !(*fn)["parameters"].is_null())
-      parameters = nlohmann::json::parse((*fn)["parameters"].dump());
+      parameters = nlohmann::json((*fn)["parameters"]);
     // Arguments are an object (OpenAI sends them as one's JSON text): a
     // schema that says nothing of its type ({} included) is an object's,
     // and one that says another type is refused, as OpenAI refuses it.

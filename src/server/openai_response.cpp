@@ -83,16 +83,6 @@ ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& t
   return out;
 }
 
-std::optional<ToolCall> tool_call_from_reply(const std::string& text) {
-  const ordered_json doc = ordered_json::parse(text, nullptr, false);
-  // Arguments are an object unless a tool's schema (a $ref or a union)
-  // allowed another value: any JSON value is passed on as its text.
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("name") || !doc["name"].is_string() ||
-      !doc.contains("arguments"))
-    return std::nullopt;
-  return ToolCall{make_response_id("call_"), doc["name"].get<std::string>(), dump_json(doc["arguments"])};
-}
-
 namespace {
 
 ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {

@@ -52,17 +52,12 @@ ordered_json usage_json(const UsageCounts& usage);
 ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries);
 ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                                   const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
-// A reply constrained to a tool call (tool_choice "required" or named):
-// the model's text is {"name": ..., "arguments": {...}}.
+// One call of message.tool_calls (tool_call_parser.h reads them out of replies).
 struct ToolCall {
-  std::string id;         // call_...
+  std::string id;         // call_... (or the form the model's template wants)
   std::string name;
   std::string arguments;  // the arguments object as a JSON string, as OpenAI sends it
 };
-// The call a finished tool-call reply holds, or nullopt when the text is not
-// one (a reply cut short by max_tokens). Its id is OpenAI's form; callers
-// replace it where the model's template wants another.
-std::optional<ToolCall> tool_call_from_reply(const std::string& text);
 // message.tool_calls with the calls, message.content the text beside them
 // (null when empty), finish_reason "tool_calls".
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,

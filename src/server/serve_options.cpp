@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tensor/cpu_topology.h"
 #include "util/error.h"
+#include "util/read_file.h"
 
 namespace reprise {
 
@@ -97,11 +96,8 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.n_ctx = options.ctx_size;
   r.max_ram_bytes = static_cast<uint64_t>(options.models_max_ram_mib * 1024 * 1024);
   if (!options.chat_template_file.empty()) {
-    std::ifstream in(options.chat_template_file, std::ios::binary);
-    if (!in) throw Error("--chat-template-file " + options.chat_template_file + ": cannot read");
-    std::ostringstream text;
-    text << in.rdbuf();
-    r.chat_template_override = text.str();
+    r.chat_template_override = read_whole_file(options.chat_template_file);
+    if (!r.chat_template_override) throw Error("--chat-template-file " + options.chat_template_file + ": cannot read");
   }
   return r;
 }

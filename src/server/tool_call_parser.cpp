@@ -107,6 +107,16 @@ bool append_calls(std::string_view body, bool array, ToolCallSyntax syntax, std:
 
 }  // namespace
 
+std::optional<ToolCall> forced_tool_call(std::string_view reply, ToolCallSyntax id_syntax) {
+  const ordered_json doc = ordered_json::parse(reply, nullptr, false);
+  // Arguments are an object unless a tool's schema (a $ref or a union)
+  // allowed another value: any JSON value is passed on as its text.
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("name") || !doc["name"].is_string() ||
+      !doc.contains("arguments"))
+    return std::nullopt;
+  return ToolCall{make_tool_call_id(id_syntax), doc["name"].get<std::string>(), dump_json(doc["arguments"])};
+}
+
 std::string ParsedToolCalls::content_from(size_t from) const {
   std::string text = before.substr(std::min(from, before.size())) + after;
   while (!text.empty() && is_space(text.back())) text.pop_back();

@@ -36,6 +36,12 @@ std::vector<std::string> tool_call_markers(ToolCallSyntax syntax);
 // templates require 9 alphanumerics, others get OpenAI's call_ + 24.
 std::string make_tool_call_id(ToolCallSyntax syntax);
 
+// The call a reply constrained to one (tool_choice "required" or named)
+// holds: {"name": ..., "arguments": ...}; nullopt when the text is not one
+// (a reply cut short by max_tokens). Its id takes the form `id_syntax`'s
+// templates accept.
+std::optional<ToolCall> forced_tool_call(std::string_view reply, ToolCallSyntax id_syntax);
+
 struct ParsedToolCalls {
   std::string before;  // the reply's text before the first call
   std::string after;   // its text after the first call's start, outside the calls
