@@ -221,13 +221,13 @@ std::string sse_event(const ordered_json& value) { return "data: " + dump_json(v
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
-std::string make_response_id(const std::string& prefix) {
+std::string make_response_id(const std::string& prefix, int length) {
   static std::mutex mutex;
   static std::mt19937_64 rng{std::random_device{}()};
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   std::string id = prefix;
   std::lock_guard<std::mutex> lock(mutex);
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+  for (int i = 0; i < length; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
   return id;
 }
 

@@ -97,7 +97,7 @@ std::string sse_event(const ordered_json& value);
 // "data: [DONE]\n\n"
 std::string sse_done();
 
-// Random ids like OpenAI's: prefix + 24 alphanumerics.
-std::string make_response_id(const std::string& prefix);
+// Random ids like OpenAI's: prefix + 24 alphanumerics (or `length`).
+std::string make_response_id(const std::string& prefix, int length = 24);
 
 }  // namespace reprise

@@ -1,7 +1,6 @@
 #include "server/tool_call_parser.h"
 
 #include <algorithm>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -142,20 +141,15 @@ std::vector<std::string> tool_call_markers(ToolCallSyntax syntax) {
 }
 
 std::string make_tool_call_id(ToolCallSyntax syntax) {
-  if (syntax != ToolCallSyntax::Mistral) return make_response_id("call_");
-  static constexpr char kAlphanumerics[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id(9, 'a');
-  for (char& c : id) c = kAlphanumerics[rng() % (sizeof(kAlphanumerics) - 1)];
-  return id;
+  return syntax == ToolCallSyntax::Mistral ? make_response_id("", 9) : make_response_id("call_");
 }
 
 size_t ToolCallTextGate::free_prefix(std::string_view reply) {
   if (syntax_ == ToolCallSyntax::None) return reply.size();
   if (syntax_ == ToolCallSyntax::Llama3) {
     // A call is the whole reply: text once its first visible byte shows otherwise.
-    const std::string_view t = trim(reply);
-    if (t.empty() || t.front() == '{' || starts_with(t, "<|python_tag|>") || may_begin(t, "<|python_tag|>")) return 0;
+    const std::string_view t = trim(reply), tag = markers_of(syntax_).open;
+    if (t.empty() || t.front() == '{' || starts_with(t, tag) || may_begin(t, tag)) return 0;
     return reply.size();
   }
   const std::string_view open = markers_of(syntax_).open;
@@ -196,7 +190,7 @@ std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::stri
   ParsedToolCalls out;
   if (syntax == ToolCallSyntax::Llama3) {
     std::string_view body = trim(reply);
-    if (starts_with(body, "<|python_tag|>")) body.remove_prefix(14);
+    if (const std::string_view tag = markers_of(syntax).open; starts_with(body, tag)) body.remove_prefix(tag.size());
     if (json_value_end(body, 0) != body.size()) return std::nullopt;
     if (!append_calls(body, false, syntax, out.calls)) return std::nullopt;
     if (std::find(tool_names.begin(), tool_names.end(), out.calls.front().name) == tool_names.end())
