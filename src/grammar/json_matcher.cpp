@@ -185,12 +185,9 @@ bool number_feasible(const JsonFrame& f, const SchemaNode& n) {
     }
   }
   // Integers only: whether signed magnitudes [a, b - 1] meet the bounds.
-  auto meets = [&](long double a, long double b) {
+  const auto [min, max] = n.integer_range();
+  auto meets = [&, min = min, max = max](long double a, long double b) {
     const long double lo = f.negative ? -(b - 1) : a, hi = f.negative ? -a : b - 1;
-    const long double min = n.exclusive_minimum ? std::floor(static_cast<long double>(n.minimum)) + 1
-                                                : std::ceil(static_cast<long double>(n.minimum));
-    const long double max = n.exclusive_maximum ? std::ceil(static_cast<long double>(n.maximum)) - 1
-                                                : std::floor(static_cast<long double>(n.maximum));
     return std::max(lo, min) <= std::min(hi, max);
   };
   switch (f.phase) {

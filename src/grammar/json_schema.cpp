@@ -416,13 +416,18 @@ Depths depths_now(const JsonSchema& s, const SchemaNode& n) {
 
 }  // namespace
 
+std::pair<long double, long double> SchemaNode::integer_range() const {
+  const long double lo = exclusive_minimum ? std::floor(static_cast<long double>(minimum)) + 1
+                                           : std::ceil(static_cast<long double>(minimum));
+  const long double hi = exclusive_maximum ? std::ceil(static_cast<long double>(maximum)) - 1
+                                           : std::floor(static_cast<long double>(maximum));
+  return {lo, hi};
+}
+
 bool SchemaNode::numbers_possible() const {
   constexpr long double kLargest = 1e16L;  // 16 integer digits, as the matcher writes
   if (!(types & kJsonNumber)) {  // integers only: some integer within the bounds
-    const long double lo = exclusive_minimum ? std::floor(static_cast<long double>(minimum)) + 1
-                                             : std::ceil(static_cast<long double>(minimum));
-    const long double hi = exclusive_maximum ? std::ceil(static_cast<long double>(maximum)) - 1
-                                             : std::floor(static_cast<long double>(maximum));
+    const auto [lo, hi] = integer_range();
     return std::max(lo, -kLargest + 1) <= std::min(hi, kLargest - 1);
   }
   return grid_min <= grid_max;

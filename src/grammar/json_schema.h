@@ -20,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,6 +61,9 @@ struct SchemaNode {
   // Whether some number of the allowed kind (integer only, or any) with at
   // most 16 integer digits lies within the bounds.
   bool numbers_possible() const;
+  // Integers only: the least and greatest integers within the bounds
+  // (infinite when unbounded).
+  std::pair<long double, long double> integer_range() const;
   // Numbers with a fraction, under bounds: the values that can be written
   // (at most 16 integer and 16 fraction digits) as integers in units of
   // 1e-16, and the closed range of them whose double (as a JSON parser
