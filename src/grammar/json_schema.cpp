@@ -145,6 +145,14 @@ class Compiler {
   std::map<std::string, int32_t> by_pointer_;
   int depth_ = 0;
   bool validation_defaults_ = false;  // absent additionalProperties allows any keys
+  int32_t any_value_ = -1;
+
+  // The node of "any JSON value", made once: every array without `items`
+  // (and, while checking enum values, every object) shares it.
+  int32_t any_value() {
+    if (any_value_ < 0) any_value_ = compile(json(true), "");
+    return any_value_;
+  }
 
   // The "any value" node refers to itself for items and other keys.
   int32_t finish_any(int32_t id) {
@@ -318,7 +326,7 @@ class Compiler {
         throw Error("items as an array (at " + where(pointer) + ") is not supported: use prefixItems");
       node.items = items.is_boolean() && !items.get<bool>() ? -1 : compile(items, pointer + "/items");
     } else {
-      node.items = compile(json(true), pointer + "/items");
+      node.items = any_value();
     }
     // Objects.
     std::map<std::string, int32_t> properties;
@@ -336,7 +344,7 @@ class Compiler {
       const json& a = schema["additionalProperties"];
       node.additional = a.is_boolean() && !a.get<bool>() ? -1 : compile(a, pointer + "/additionalProperties");
     } else if (validation_defaults_) {
-      node.additional = compile(json(true), pointer + "/additionalProperties");
+      node.additional = any_value();
     }
     std::vector<std::string> required;
     if (schema.contains("required")) {
