@@ -296,7 +296,9 @@ TEST(OpenAIRequest, RejectsBadInputWithTheFieldNamed) {
       {R"({"messages":[{"role":"user","content":"x"}],"repeat_penalty":0})", "repeat_penalty"},
       {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", "max_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1e300})", "max_tokens"},
-      {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":17})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":2.5})", "n"},
       {R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})", "stop"},
       {R"({"messages":[{"role":"user","content":"x"}],"stop":{"a":1}})", "stop"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
@@ -932,6 +934,143 @@ TEST(ServeHttp, ChatCompletionNonStreamingAndStreamingAgree) {
   EXPECT_GE(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() - 1);
 }
 
+// n choices: each is the reply its seed (the request's plus its index)
+// gives alone on a cold cache, and the prompt is computed once: the other
+// choices read it from the cache.
+TEST(ServeHttpChoices, EachChoiceIsWhatItsSeedGivesAloneAndThePromptIsComputedOnce) {
+  std::string prompt = "Once upon a time there was a";
+  for (int i = 0; i < 12; ++i) prompt += " little story about a cat number " + std::to_string(i);
+  json body = {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0.9}, {"seed", 50}, {"n", 4}};
+  ServeOptions options;
+  options.parallel = 3;  // three at once, the fourth queued
+  TestServer s(options);
+  Reply reply = post(s, "/v1/completions", body);
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const json j = reply.doc();
+  ASSERT_EQ(j["choices"].size(), 4u);
+  std::set<std::string> distinct;
+  int64_t completion_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    const json& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    distinct.insert(c["text"].get<std::string>());
+    // Alone, on a cold cache (a salt of its own), with the choice's seed.
+    json alone = body;
+    alone.erase("n");
+    alone["seed"] = 50 + i;
+    alone["cache_salt"] = "cold-" + std::to_string(i);
+    Reply single = post(s, "/v1/completions", alone);
+    ASSERT_EQ(single.status, 200) << single.body;
+    const json sj = single.doc();
+    EXPECT_EQ(sj["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(c["text"], sj["choices"][0]["text"]) << "choice " << i;
+    EXPECT_EQ(c["finish_reason"], sj["choices"][0]["finish_reason"]) << "choice " << i;
+    EXPECT_EQ(j["usage"]["prompt_tokens"], sj["usage"]["prompt_tokens"]);
+    completion_tokens += sj["usage"]["completion_tokens"].get<int64_t>();
+  }
+  EXPECT_GE(distinct.size(), 2u) << "four sampled choices all alike";
+  // The prompt once, the completions summed, nothing cached before the request.
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // The cache: of the four sequences' prompts, three were read back from
+  // the first one's blocks (all but the part after the last full block).
+  const json stats = json::parse(get(s, "/v1/cache/stats").body);
+  const int64_t block = stats["models"][0]["block_tokens"];
+  const int64_t prompt_tokens = j["usage"]["prompt_tokens"];
+  ASSERT_GT(prompt_tokens, 2 * block);
+  // The four cold singles used other salts, so they neither hit nor were hit.
+  EXPECT_GE(stats["totals"]["tokens_reused"].get<int64_t>(), 3 * (prompt_tokens - block));
+
+  // n=1 and no n are the same request.
+  json one = body;
+  one["n"] = 1;
+  Reply r1 = post(s, "/v1/completions", one);
+  ASSERT_EQ(r1.status, 200);
+  EXPECT_EQ(r1.doc()["choices"].size(), 1u);
+  EXPECT_EQ(r1.doc()["choices"][0]["text"], j["choices"][0]["text"]);
+}
+
+// Streamed choices: every chunk names its choice, each choice opens with
+// the role and ends with one finish_reason, and its text is what the whole
+// reply holds; the usage chunk counts all of them.
+TEST(ServeHttpChoices, StreamedChoicesAreTheCompleteReplysChoices) {
+  TestServer s;
+  json body = {{"messages", {{{"role", "user"}, {"content", "Tell me three things."}}}},
+               {"max_tokens", 12},
+               {"temperature", 1.0},
+               {"seed", 7},
+               {"n", 3},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
+  Reply whole = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json j = whole.doc();
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["role"], "assistant");
+    ASSERT_TRUE(j["choices"][i]["logprobs"]["content"].is_array());
+    EXPECT_GE(j["choices"][i]["logprobs"]["content"].size(), 1u);
+  }
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Reply streamed = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200);
+  const std::vector<std::string> events = sse_payloads(streamed.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<std::string> text(3), finish(3);
+  std::vector<int> roles(3, 0), finishes(3, 0);
+  std::vector<size_t> logprob_tokens(3, 0);
+  json usage;
+  for (size_t e = 0; e + 1 < events.size(); ++e) {
+    const json chunk = json::parse(events[e]);
+    EXPECT_EQ(chunk["id"], json::parse(events[0])["id"]);
+    if (chunk["choices"].empty()) {
+      usage = chunk["usage"];
+      continue;
+    }
+    ASSERT_EQ(chunk["choices"].size(), 1u);
+    const json& c = chunk["choices"][0];
+    const int i = c["index"];
+    ASSERT_TRUE(i >= 0 && i < 3) << chunk.dump();
+    EXPECT_EQ(finishes[i], 0) << "a chunk after choice " << i << " finished";
+    if (c["delta"].contains("role")) ++roles[i];
+    if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+    if (c["logprobs"].is_object()) logprob_tokens[i] += c["logprobs"]["content"].size();
+    if (!c["finish_reason"].is_null()) {
+      ++finishes[i];
+      finish[i] = c["finish_reason"];
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(text[i], j["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(finish[i], j["choices"][i]["finish_reason"]) << i;
+    EXPECT_EQ(logprob_tokens[i], j["choices"][i]["logprobs"]["content"].size()) << i;
+  }
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["completion_tokens"], j["usage"]["completion_tokens"]);
+  EXPECT_EQ(usage["prompt_tokens"], j["usage"]["prompt_tokens"]);
+  // The same prompt again: every choice's prompt came from the cache.
+  EXPECT_GE(usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+            j["usage"]["prompt_tokens"].get<int64_t>() - 1);
+
+  // Text completions stream their choices the same way.
+  json completion = {{"prompt", "The cat"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 3}, {"n", 2}};
+  const json whole_completion = post(s, "/v1/completions", completion).doc();
+  completion["stream"] = true;
+  std::vector<std::string> streamed_text(2);
+  for (const std::string& e : sse_payloads(post(s, "/v1/completions", completion).body)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    streamed_text[chunk["choices"][0]["index"].get<int>()] += chunk["choices"][0]["text"].get<std::string>();
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(streamed_text[i], whole_completion["choices"][i]["text"]) << i;
+}
+
 TEST(ServeHttp, CompletionsStreamingMatchesNonStreaming) {
   TestServer s;
   json body = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
@@ -1040,7 +1179,7 @@ TEST(ServeHttp, BadRequestsGetOpenAIErrorsAndTheServerKeepsServing) {
       {"/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})", 404,
        "model_not_found"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":9})", 400, ""},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":3})", 400, "unsupported_parameter"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":99})", 400, ""},
       {"/v1/chat/completions",
        R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]})", 400,
        "images_not_supported"},

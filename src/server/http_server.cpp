@@ -2,12 +2,14 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -110,13 +112,32 @@ struct ResponseContext {
   Endpoint endpoint;
   ResponseMeta meta;
   GenerationOptions options;
-  uint64_t job = 0;  // the generation's Scheduler ticket
   // Tool calls to read out of the reply (tool_choice auto with tools): the
   // model's syntax and the request's tool names.
   ToolCallSyntax tool_syntax = ToolCallSyntax::None;
   std::vector<std::string> tool_names{};
   ToolCallSyntax id_syntax = ToolCallSyntax::None;  // the template's: what its call ids look like
 };
+
+// One of a request's choices (n): its generation's channel, and its job's
+// Scheduler ticket.
+struct ChoiceRun {
+  std::shared_ptr<GenerationChannel> channel;
+  uint64_t job = 0;
+};
+
+// The usage a request reports for its choices: the prompt once, the
+// completions summed, and as cached the prompt tokens that came from the
+// cache before this request (the choice that computed the prompt; the
+// others read it back from the cache).
+UsageCounts request_usage(std::span<const GenerationOutcome> outcomes) {
+  UsageCounts usage = outcomes.front().usage;
+  for (const GenerationOutcome& o : outcomes.subspan(1)) {
+    usage.cached_tokens = std::min(usage.cached_tokens, o.usage.cached_tokens);
+    usage.completion_tokens += o.usage.completion_tokens;
+  }
+  return usage;
+}
 
 // Tool calls are read back when the request has tools, leaves the reply
 // free and allows calls, and the template shows the model a syntax; marker
@@ -219,14 +240,15 @@ struct HttpServer::Impl {
 
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
                         GenerationPlan plan, ResponseContext context);
-  void reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx);
-  bool stream(httplib::DataSink& sink, GenerationChannel& channel, const ResponseContext& ctx);
-  void finish_metrics(const ResponseContext& ctx, const GenerationOutcome& outcome, int status);
+  void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  // One request (status) and its choices' generations (tokens, timings).
+  void finish_metrics(const ResponseContext& ctx, std::span<const GenerationOutcome> outcomes, int status);
   // A cancelled request (its client gone) whose job still waits for a slot:
   // the job leaves the queue and runs here, finishing at once as cancelled.
-  void leave_queue_if_cancelled(GenerationChannel& channel, const ResponseContext& ctx) {
-    if (!channel.cancelled()) return;
-    if (std::function<void()> job = scheduler.withdraw(ctx.job)) job();
+  void leave_queue_if_cancelled(const ChoiceRun& run) {
+    if (!run.channel->cancelled()) return;
+    if (std::function<void()> job = scheduler.withdraw(run.job)) job();
   }
 };
 
@@ -590,26 +612,42 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
                                         ResponseContext context) {
   // The response's id, as OpenAI's x-request-id (the SDKs' request_id).
   res.set_header("x-request-id", context.meta.id);
-  auto channel = std::make_shared<GenerationChannel>();
+  const int n = std::max(1, context.options.choices);
+  std::vector<ChoiceRun> runs(static_cast<size_t>(n));
+  for (ChoiceRun& run : runs) run.channel = std::make_shared<GenerationChannel>();
   {
     std::lock_guard<std::mutex> lock(live_mutex);
     std::erase_if(live, [](const std::weak_ptr<GenerationChannel>& w) { return w.expired(); });
-    live.push_back(channel);
+    for (const ChoiceRun& run : runs) live.push_back(run.channel);
   }
-  if (stopping.load()) channel->cancel();
+  if (stopping.load())
+    for (const ChoiceRun& run : runs) run.channel->cancel();
   auto watch = std::make_shared<DisconnectMonitor::Watch>();
   if (auto fd = find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port))
-    *watch = monitor.watch(*fd, [channel] { channel->cancel(); });
+    *watch = monitor.watch(*fd, [runs] {
+      for (const ChoiceRun& run : runs) run.channel->cancel();
+    });
 
-  // The job holds the lease, so the model stays loaded until generation ends.
-  context.job = scheduler.submit([lease = std::move(lease), plan = std::move(plan), channel]() mutable {
-    GenerationOutcome outcome = run_generation(**lease, plan, *channel);
-    lease.reset();
-    channel->finish(std::move(outcome));
-  });
+  // Each choice is a generation of its own: its seed is the request's plus
+  // its index (or random), and its prompt is the same, so the first to be
+  // prefilled computes it and the others attach its blocks from the cache
+  // (InflightPrefixes makes them wait for it rather than compute it too).
+  // The jobs share the lease: the model stays loaded until the last ends.
+  for (int i = 0; i < n; ++i) {
+    GenerationPlan choice_plan = i + 1 < n ? plan : std::move(plan);
+    if (i > 0)
+      choice_plan.sampling.seed = context.options.seed_given ? context.options.sampling.seed + static_cast<uint64_t>(i)
+                                                             : random_seed();
+    runs[i].job = scheduler.submit([lease, plan = std::move(choice_plan), channel = runs[i].channel]() mutable {
+      GenerationOutcome outcome = run_generation(**lease, plan, *channel);
+      lease.reset();
+      channel->finish(std::move(outcome));
+    });
+  }
+  lease.reset();
 
   if (!context.options.stream) {
-    reply_complete(res, *channel, context);
+    reply_complete(res, runs, context);
     return;
   }
   res.status = 200;
@@ -618,34 +656,47 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   auto in_flight_guard = std::make_shared<InFlight>(in_flight);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, channel, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
-        return stream(sink, *channel, context);
+      [this, runs, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
+        return stream(sink, runs, context);
       },
-      [channel, watch](bool) {
-        channel->cancel();  // no-op when finished; stops generation when the response was abandoned
+      [runs, watch](bool) {
+        // No-op when finished; stops generation when the response was abandoned.
+        for (const ChoiceRun& run : runs) run.channel->cancel();
         watch->reset();
       });
 }
 
-void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, const GenerationOutcome& outcome, int status) {
+void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, std::span<const GenerationOutcome> outcomes,
+                                      int status) {
   const std::string& model = ctx.meta.model;
   const char* endpoint = endpoint_name(ctx.endpoint);
   metrics.record_request(model, endpoint, status);
-  metrics.record_tokens(model, outcome.usage.prompt_tokens, outcome.usage.cached_tokens,
-                        outcome.usage.completion_tokens);
-  metrics.record_timing(model, outcome.queue_seconds, outcome.prefill_seconds, outcome.decode_seconds);
-  if (outcome.finish_reason == "cancelled") metrics.record_cancelled(model);
+  // Token and time counters count what the server did: each choice's
+  // sequence, with the prompt tokens it read from the cache.
+  bool cancelled = false;
+  for (const GenerationOutcome& o : outcomes) {
+    metrics.record_tokens(model, o.usage.prompt_tokens, o.usage.cached_tokens, o.usage.completion_tokens);
+    metrics.record_timing(model, o.queue_seconds, o.prefill_seconds, o.decode_seconds);
+    cancelled |= o.finish_reason == "cancelled";
+  }
+  if (cancelled) metrics.record_cancelled(model);
   if (!options.log_requests) return;
-  char line[512];
+  const UsageCounts usage = request_usage(outcomes);
+  const GenerationOutcome& first = outcomes.front();
+  std::string finish;
+  for (const GenerationOutcome& o : outcomes) {
+    if (!finish.empty()) finish += ',';
+    finish += o.error ? "error" : o.finish_reason;
+  }
+  char line[640];
   std::snprintf(line, sizeof line,
-                "%s %d model=%s%s prompt=%lld cached=%lld completion=%lld finish=%s queue=%.0fms prefill=%.0fms "
+                "%s %d model=%s%s%s prompt=%lld cached=%lld completion=%lld finish=%s queue=%.0fms prefill=%.0fms "
                 "decode=%.0fms",
                 endpoint, status, model.c_str(), ctx.options.stream ? " stream" : "",
-                static_cast<long long>(outcome.usage.prompt_tokens),
-                static_cast<long long>(outcome.usage.cached_tokens),
-                static_cast<long long>(outcome.usage.completion_tokens),
-                outcome.error ? "error" : outcome.finish_reason.c_str(), outcome.queue_seconds * 1e3,
-                outcome.prefill_seconds * 1e3, outcome.decode_seconds * 1e3);
+                outcomes.size() > 1 ? (" n=" + std::to_string(outcomes.size())).c_str() : "",
+                static_cast<long long>(usage.prompt_tokens), static_cast<long long>(usage.cached_tokens),
+                static_cast<long long>(usage.completion_tokens), finish.substr(0, 200).c_str(),
+                first.queue_seconds * 1e3, first.prefill_seconds * 1e3, first.decode_seconds * 1e3);
   say(line);
 }
 
@@ -658,178 +709,245 @@ constexpr int kClientClosed = 499;
 // one at a large model's); a reply's end is not held back by it (the end
 // wakes a paced take).
 constexpr milliseconds kTakePace{5};
-}  // namespace
 
-void HttpServer::Impl::reply_complete(httplib::Response& res, GenerationChannel& channel, const ResponseContext& ctx) {
-  std::string text;
-  std::vector<LogprobEntry> logprobs;
-  std::vector<GenerationDelta> deltas;
-  for (bool done = false; !done;) {
-    done = channel.take(deltas, milliseconds(200), kTakePace);
-    if (!done) leave_queue_if_cancelled(channel, ctx);
-    for (GenerationDelta& d : deltas) {
-      text += d.text;
-      for (LogprobEntry& e : d.logprobs) logprobs.push_back(std::move(e));
-    }
-    deltas.clear();
-  }
-  const GenerationOutcome outcome = channel.outcome();
-  if (outcome.error) {
-    reply_json(res, outcome.error->status, error_json(*outcome.error));
-    finish_metrics(ctx, outcome, outcome.error->status);
-    return;
-  }
-  if (outcome.finish_reason == "cancelled" && stopping.load()) {
-    // Cancelled by the server's shutdown, not by the client: retryable.
-    reply_json(res, 503, error_json(shutting_down_error()));
-    finish_metrics(ctx, outcome, 503);
-    return;
-  }
-  if (outcome.finish_reason == "cancelled") {
-    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
-    finish_metrics(ctx, outcome, kClientClosed);
-    return;
-  }
-  std::optional<std::vector<LogprobEntry>> lp;
-  if (ctx.options.logprobs) lp = std::move(logprobs);
-  if (ctx.options.tool_call_reply && outcome.finish_reason == "stop") {
-    if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax)) {
-      reply_json(res, 200, chat_tool_call_completion_json(ctx.meta, "", {*call}, lp, outcome.usage));
-      finish_metrics(ctx, outcome, 200);
-      return;
-    }
-  }
-  if (ctx.tool_syntax != ToolCallSyntax::None && outcome.finish_reason == "stop") {
-    if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names)) {
-      reply_json(res, 200,
-                 chat_tool_call_completion_json(ctx.meta, parsed->content(), parsed->calls, lp, outcome.usage));
-      finish_metrics(ctx, outcome, 200);
-      return;
-    }
-  }
-  const ordered_json body = ctx.endpoint == Endpoint::Chat
-                                ? chat_completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage)
-                                : completion_json(ctx.meta, text, outcome.finish_reason, lp, outcome.usage);
-  reply_json(res, 200, body);
-  finish_metrics(ctx, outcome, 200);
+// The first error among a request's choices, or none.
+const ApiError* first_error(std::span<const GenerationOutcome> outcomes) {
+  for (const GenerationOutcome& o : outcomes)
+    if (o.error) return &*o.error;
+  return nullptr;
 }
 
-bool HttpServer::Impl::stream(httplib::DataSink& sink, GenerationChannel& channel, const ResponseContext& ctx) {
+bool any_cancelled(std::span<const GenerationOutcome> outcomes) {
+  return std::any_of(outcomes.begin(), outcomes.end(),
+                     [](const GenerationOutcome& o) { return o.finish_reason == "cancelled"; });
+}
+
+// A finished choice of a complete (not streamed) reply: its text, or the
+// tool calls read out of it.
+ordered_json reply_choice_json(const ResponseContext& ctx, int index, const std::string& text,
+                               const std::string& finish_reason, const std::optional<std::vector<LogprobEntry>>& lp) {
+  if (ctx.options.tool_call_reply && finish_reason == "stop")
+    if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax))
+      return chat_tool_call_choice_json(index, "", {*call}, lp);
+  if (ctx.tool_syntax != ToolCallSyntax::None && finish_reason == "stop")
+    if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names))
+      return chat_tool_call_choice_json(index, parsed->content(), parsed->calls, lp);
+  return ctx.endpoint == Endpoint::Chat ? chat_choice_json(index, text, finish_reason, lp)
+                                        : completion_choice_json(index, text, finish_reason, lp, 0);
+}
+
+// One choice of a streamed reply: its text goes out as it comes, except
+// what tool calls hold back (a forced call is sent whole once complete;
+// with the model's own syntax, text up to where a call may start).
+class ChoiceStream {
+ public:
+  ChoiceStream(const ResponseContext& ctx, int index)
+      : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {}
+
+  // Appends the events for deltas taken from the choice's channel.
+  void add(std::vector<GenerationDelta>& deltas, std::string& events) {
+    const bool hold_text = ctx_.options.tool_call_reply;
+    const bool read_calls = ctx_.tool_syntax != ToolCallSyntax::None;
+    for (GenerationDelta& d : deltas) {
+      if (hold_text) {
+        held_ += d.text;
+        for (LogprobEntry& e : d.logprobs) held_logprobs_.push_back(std::move(e));
+        continue;
+      }
+      if (read_calls) {
+        reply_ += d.text;
+        for (LogprobEntry& e : d.logprobs) unsent_logprobs_.push_back(std::move(e));
+        const size_t free = gate_.free_prefix(reply_);
+        if (free <= sent_) continue;
+        d.text = reply_.substr(sent_, free - sent_);
+        d.logprobs = std::exchange(unsent_logprobs_, {});
+        sent_ = free;
+      }
+      const size_t n = utf8_characters(d.text);
+      events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, {{"content", d.text}}, "",
+                                                  logprobs_of(std::move(d.logprobs)), usage_field(), index_))
+                      : sse_event(completion_chunk_json(ctx_.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
+                                                        text_offset_, usage_field(), index_));
+      text_offset_ += n;
+    }
+  }
+
+  // Appends the choice's last events, once its generation has ended
+  // without an error or a cancel: what was held back, and its finish_reason.
+  void finish(const std::string& generation_finish, std::string& events) {
+    std::string finish_reason = generation_finish;
+    if (ctx_.options.tool_call_reply) {
+      const std::optional<ToolCall> call =
+          finish_reason == "stop" ? forced_tool_call(held_, ctx_.id_syntax) : std::nullopt;
+      if (call) finish_reason = "tool_calls";
+      events += sse_event(chat_chunk_json(ctx_.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held_}},
+                                          "", logprobs_of(std::move(held_logprobs_)), usage_field(), index_));
+    }
+    if (ctx_.tool_syntax != ToolCallSyntax::None) {
+      const auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx_.tool_syntax, reply_, ctx_.tool_names)
+                                                  : std::nullopt;
+      // Text not sent yet: what follows the calls, or the held tail.
+      const std::string rest = parsed ? parsed->content_from(sent_) : reply_.substr(sent_);
+      if (!rest.empty() || !unsent_logprobs_.empty())
+        events += sse_event(chat_chunk_json(ctx_.meta, {{"content", rest}}, "",
+                                            logprobs_of(std::move(unsent_logprobs_)), usage_field(), index_));
+      if (parsed) {
+        for (size_t i = 0; i < parsed->calls.size(); ++i)
+          events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(parsed->calls[i], static_cast<int>(i)), "",
+                                              std::nullopt, usage_field(), index_));
+        finish_reason = "tool_calls";
+      }
+    }
+    events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), finish_reason, std::nullopt,
+                                                usage_field(), index_))
+                    : sse_event(completion_chunk_json(ctx_.meta, "", generation_finish, std::nullopt, text_offset_,
+                                                      usage_field(), index_));
+  }
+
+ private:
+  bool usage_field() const { return ctx_.options.include_usage; }
+  std::optional<std::vector<LogprobEntry>> logprobs_of(std::vector<LogprobEntry>&& entries) const {
+    if (!ctx_.options.logprobs) return std::nullopt;
+    return std::move(entries);
+  }
+
+  const ResponseContext& ctx_;
+  const int index_;
+  const bool chat_;
+  size_t text_offset_ = 0;
+  // A forced tool call's reply, held whole.
+  std::string held_;
+  std::vector<LogprobEntry> held_logprobs_;
+  // The model's own tool-call syntax: the reply so far, and how much of it went out.
+  std::string reply_;
+  size_t sent_ = 0;
+  ToolCallTextGate gate_;
+  std::vector<LogprobEntry> unsent_logprobs_;
+};
+
+}  // namespace
+
+void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs,
+                                      const ResponseContext& ctx) {
+  const size_t n = runs.size();
+  std::vector<std::string> texts(n);
+  std::vector<std::vector<LogprobEntry>> logprobs(n);
+  std::vector<GenerationOutcome> outcomes(n);
+  std::vector<GenerationDelta> deltas;
+  for (size_t i = 0; i < n; ++i) {
+    for (bool done = false; !done;) {
+      done = runs[i].channel->take(deltas, milliseconds(200), kTakePace);
+      if (!done) leave_queue_if_cancelled(runs[i]);
+      for (GenerationDelta& d : deltas) {
+        texts[i] += d.text;
+        for (LogprobEntry& e : d.logprobs) logprobs[i].push_back(std::move(e));
+      }
+      deltas.clear();
+    }
+    outcomes[i] = runs[i].channel->outcome();
+  }
+  if (const ApiError* error = first_error(outcomes)) {
+    reply_json(res, error->status, error_json(*error));
+    finish_metrics(ctx, outcomes, error->status);
+    return;
+  }
+  if (any_cancelled(outcomes) && stopping.load()) {
+    // Cancelled by the server's shutdown, not by the client: retryable.
+    reply_json(res, 503, error_json(shutting_down_error()));
+    finish_metrics(ctx, outcomes, 503);
+    return;
+  }
+  if (any_cancelled(outcomes)) {
+    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
+    finish_metrics(ctx, outcomes, kClientClosed);
+    return;
+  }
+  ordered_json choices = ordered_json::array();
+  for (size_t i = 0; i < n; ++i) {
+    std::optional<std::vector<LogprobEntry>> lp;
+    if (ctx.options.logprobs) lp = std::move(logprobs[i]);
+    choices.push_back(reply_choice_json(ctx, static_cast<int>(i), texts[i], outcomes[i].finish_reason, lp));
+  }
+  const UsageCounts usage = request_usage(outcomes);
+  reply_json(res, 200,
+             ctx.endpoint == Endpoint::Chat ? chat_completion_json(ctx.meta, std::move(choices), usage)
+                                            : completion_json(ctx.meta, std::move(choices), usage));
+  finish_metrics(ctx, outcomes, 200);
+}
+
+bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
+                              const ResponseContext& ctx) {
   const bool chat = ctx.endpoint == Endpoint::Chat;
-  const bool usage_field = ctx.options.include_usage;
+  const size_t n = runs.size();
   bool client_ok = true;
   auto write = [&](const std::string& data) {
     if (client_ok && !sink.write(data.data(), data.size())) {
       client_ok = false;
-      channel.cancel();  // the client is gone: stop generating for it
+      for (const ChoiceRun& run : runs) run.channel->cancel();  // the client is gone: stop generating for it
     }
     return client_ok;
   };
-  auto logprobs_of = [&](std::vector<LogprobEntry>&& entries) -> std::optional<std::vector<LogprobEntry>> {
-    if (!ctx.options.logprobs) return std::nullopt;
-    return std::move(entries);
-  };
 
-  if (chat)
-    write(sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt, usage_field)));
-  size_t text_offset = 0;
+  std::vector<ChoiceStream> choices;
+  choices.reserve(n);
+  std::string events;  // one write per round of takes: a token's event each
+  for (size_t i = 0; i < n; ++i) {
+    choices.emplace_back(ctx, static_cast<int>(i));
+    if (chat)
+      events += sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt,
+                                          ctx.options.include_usage, static_cast<int>(i)));
+  }
+  if (!events.empty()) write(events);
+  std::vector<GenerationOutcome> outcomes(n);
+  std::vector<bool> finished(n, false);
+  size_t unfinished = n;
   std::vector<GenerationDelta> deltas;
-  // A tool-call reply is sent whole once complete (as one tool_calls delta),
-  // or as text if it was cut short.
-  const bool hold_text = ctx.options.tool_call_reply;
-  std::string held;
-  std::vector<LogprobEntry> held_logprobs;
-  // Tool calls in the model's syntax: text is sent up to where a call may
-  // start, the rest once the reply is complete.
-  const bool read_calls = ctx.tool_syntax != ToolCallSyntax::None;
-  std::string reply;
-  size_t sent = 0;
-  ToolCallTextGate gate(ctx.tool_syntax);
-  std::vector<LogprobEntry> unsent_logprobs;
-  // Runs until the generation finishes, even after a failed write: a
+  // Runs until every generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
-  // metrics.
-  std::string events;  // one write per take: a token's event each
-  for (bool done = false; !done;) {
-    done = channel.take(deltas, milliseconds(200), kTakePace);
-    if (!done) leave_queue_if_cancelled(channel, ctx);
+  // metrics. One choice is taken from with a paced wait; several are polled
+  // at that pace, each without waiting.
+  while (unfinished > 0) {
     events.clear();
-    if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
-    for (GenerationDelta& d : deltas) {
-      if (hold_text) {
-        held += d.text;
-        for (LogprobEntry& e : d.logprobs) held_logprobs.push_back(std::move(e));
-        continue;
-      }
-      if (read_calls) {
-        reply += d.text;
-        for (LogprobEntry& e : d.logprobs) unsent_logprobs.push_back(std::move(e));
-        const size_t free = gate.free_prefix(reply);
-        if (free <= sent) continue;
-        d.text = reply.substr(sent, free - sent);
-        d.logprobs = std::exchange(unsent_logprobs, {});
-        sent = free;
-      }
-      const size_t n = utf8_characters(d.text);
-      events += chat ? sse_event(chat_chunk_json(ctx.meta, {{"content", d.text}}, "",
-                                                 logprobs_of(std::move(d.logprobs)), usage_field))
-                     : sse_event(completion_chunk_json(ctx.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
-                                                       text_offset, usage_field));
-      text_offset += n;
+    for (size_t i = 0; i < n; ++i) {
+      if (finished[i]) continue;
+      const bool done = n == 1 ? runs[i].channel->take(deltas, milliseconds(200), kTakePace)
+                               : runs[i].channel->take(deltas, milliseconds(0));
+      if (!done) leave_queue_if_cancelled(runs[i]);
+      if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
+      choices[i].add(deltas, events);
+      deltas.clear();
+      if (!done) continue;
+      finished[i] = true;
+      --unfinished;
+      outcomes[i] = runs[i].channel->outcome();
+      if (!outcomes[i].error && outcomes[i].finish_reason != "cancelled")
+        choices[i].finish(outcomes[i].finish_reason, events);
     }
     if (!events.empty()) write(events);
-    deltas.clear();
+    if (n > 1 && unfinished > 0) std::this_thread::sleep_for(kTakePace);
   }
-  const GenerationOutcome outcome = channel.outcome();
-  if (client_ok && outcome.finish_reason == "cancelled" && stopping.load()) {
+  if (client_ok && any_cancelled(outcomes) && stopping.load()) {
     // Cut short by the server's shutdown: the client learns why, and that
     // the stream is over, instead of seeing it end mid-reply.
     write(sse_event(error_json(shutting_down_error())));
     write(sse_done());
-    finish_metrics(ctx, outcome, 503);
+    finish_metrics(ctx, outcomes, 503);
     return false;
   }
-  if (!client_ok || outcome.finish_reason == "cancelled") {
-    finish_metrics(ctx, outcome, kClientClosed);
+  if (!client_ok || any_cancelled(outcomes)) {
+    finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   }
-  if (outcome.error) {
+  const ApiError* error = first_error(outcomes);
+  if (error) {
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
-    write(sse_event(error_json(*outcome.error)));
-  } else {
-    std::string finish_reason = outcome.finish_reason;
-    if (hold_text) {
-      const std::optional<ToolCall> call =
-          finish_reason == "stop" ? forced_tool_call(held, ctx.id_syntax) : std::nullopt;
-      if (call) finish_reason = "tool_calls";
-      write(sse_event(chat_chunk_json(ctx.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held}}, "",
-                                      logprobs_of(std::move(held_logprobs)), usage_field)));
-    }
-    if (read_calls) {
-      const auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx.tool_syntax, reply, ctx.tool_names)
-                                                  : std::nullopt;
-      // Text not sent yet: what follows the calls, or the held tail.
-      const std::string rest = parsed ? parsed->content_from(sent) : reply.substr(sent);
-      if (!rest.empty() || !unsent_logprobs.empty())
-        write(sse_event(chat_chunk_json(ctx.meta, {{"content", rest}}, "", logprobs_of(std::move(unsent_logprobs)),
-                                        usage_field)));
-      if (parsed) {
-        for (size_t i = 0; i < parsed->calls.size(); ++i)
-          write(sse_event(chat_chunk_json(ctx.meta, tool_call_delta(parsed->calls[i], static_cast<int>(i)), "",
-                                          std::nullopt, usage_field)));
-        finish_reason = "tool_calls";
-      }
-    }
-    write(chat ? sse_event(chat_chunk_json(ctx.meta, ordered_json::object(), finish_reason, std::nullopt,
-                                           usage_field))
-               : sse_event(completion_chunk_json(ctx.meta, "", outcome.finish_reason, std::nullopt, text_offset,
-                                                 usage_field)));
-    if (usage_field)
-      write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, outcome.usage)
-                           : completion_usage_chunk_json(ctx.meta, outcome.usage)));
+    write(sse_event(error_json(*error)));
+  } else if (ctx.options.include_usage) {
+    const UsageCounts usage = request_usage(outcomes);
+    write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, usage) : completion_usage_chunk_json(ctx.meta, usage)));
   }
   write(sse_done());
-  finish_metrics(ctx, outcome, !client_ok ? kClientClosed : outcome.error ? outcome.error->status : 200);
+  finish_metrics(ctx, outcomes, !client_ok ? kClientClosed : error ? error->status : 200);
   if (!client_ok) return false;
   sink.done();
   return true;

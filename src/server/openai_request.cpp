@@ -350,8 +350,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
   }
   if (auto v = f.integer("max_tokens", 0, kMaxInt)) o.max_tokens = *v;
   if (auto v = f.integer("max_completion_tokens", 0, kMaxInt)) o.max_tokens = *v;  // the newer name wins
-  if (auto v = f.integer("n", 1, kMaxInt); v && *v != 1)
-    fail("only n=1 is supported", "n", "unsupported_parameter");
+  if (auto v = f.integer("n", 1, limits.max_choices)) o.choices = static_cast<int>(*v);
 
   SamplingParams& s = o.sampling;
   if (auto v = f.number("temperature", 0, 2)) s.temperature = static_cast<float>(*v);

@@ -40,6 +40,7 @@ struct GenerationOptions {
   std::string cache_salt;               // goes into the prefix cache namespace
   int draft_max = -1;                   // speculative decoding per request: 0 off, -1 the server's --draft-max
   bool ignore_eos = false;              // keep generating past end-of-generation tokens (benchmarks)
+  int choices = 1;                      // n: independent replies to the same prompt
   // response_format json_object / json_schema: the output is a JSON
   // document this schema allows (structured output); null: free text.
   std::shared_ptr<const JsonSchema> json_schema;
@@ -87,6 +88,9 @@ struct RequestLimits {
   size_t max_stop_bytes = 1024;   // per stop string
   int max_top_logprobs = 20;
   size_t max_cache_salt_bytes = 1024;
+  // n: choices per request. Each is a sequence of its own on a scheduler
+  // slot (the prompt is computed once and shared through the cache).
+  int max_choices = 16;
 };
 
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits = {});

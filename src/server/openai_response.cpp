@@ -66,21 +66,30 @@ ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries) {
   return ordered_json{{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
-                                  const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage) {
-  ordered_json out = meta_object(meta, "chat.completion");
+ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                              const std::optional<std::vector<LogprobEntry>>& logprobs) {
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
   message["content"] = text;
   message["refusal"] = nullptr;
   ordered_json choice = ordered_json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["message"] = std::move(message);
   choice["logprobs"] = chat_logprobs_or_null(logprobs);
   choice["finish_reason"] = finish_reason;
-  out["choices"] = ordered_json::array({std::move(choice)});
+  return choice;
+}
+
+ordered_json chat_completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "chat.completion");
+  out["choices"] = std::move(choices);
   out["usage"] = usage_json(usage);
   return out;
+}
+
+ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
+                                  const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage) {
+  return chat_completion_json(meta, ordered_json::array({chat_choice_json(0, text, finish_reason, logprobs)}), usage);
 }
 
 namespace {
@@ -96,11 +105,8 @@ ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
 
 }  // namespace
 
-ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
-                                            const std::vector<ToolCall>& calls,
-                                            const std::optional<std::vector<LogprobEntry>>& logprobs,
-                                            const UsageCounts& usage) {
-  ordered_json out = meta_object(meta, "chat.completion");
+ordered_json chat_tool_call_choice_json(int index, const std::string& content, const std::vector<ToolCall>& calls,
+                                        const std::optional<std::vector<LogprobEntry>>& logprobs) {
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
   message["content"] = content.empty() ? ordered_json(nullptr) : ordered_json(content);
@@ -108,13 +114,19 @@ ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std:
   message["tool_calls"] = ordered_json::array();
   for (const ToolCall& call : calls) message["tool_calls"].push_back(tool_call_json(call, std::nullopt));
   ordered_json choice = ordered_json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["message"] = std::move(message);
   choice["logprobs"] = chat_logprobs_or_null(logprobs);
   choice["finish_reason"] = "tool_calls";
-  out["choices"] = ordered_json::array({std::move(choice)});
-  out["usage"] = usage_json(usage);
-  return out;
+  return choice;
+}
+
+ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
+                                            const std::vector<ToolCall>& calls,
+                                            const std::optional<std::vector<LogprobEntry>>& logprobs,
+                                            const UsageCounts& usage) {
+  return chat_completion_json(meta, ordered_json::array({chat_tool_call_choice_json(0, content, calls, logprobs)}),
+                              usage);
 }
 
 ordered_json tool_call_delta(const ToolCall& call, int index) {
@@ -122,10 +134,11 @@ ordered_json tool_call_delta(const ToolCall& call, int index) {
 }
 
 ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,
-                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field) {
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field,
+                             int index) {
   ordered_json out = meta_object(meta, "chat.completion.chunk");
   ordered_json choice = ordered_json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["delta"] = delta;
   choice["logprobs"] = chat_logprobs_or_null(logprobs);
   choice["finish_reason"] = null_if_empty(finish_reason);
@@ -171,32 +184,35 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
   return out;
 }
 
-namespace {
-ordered_json completion_choice(const std::string& text, const std::string& finish_reason,
-                               const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0) {
+ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0) {
   ordered_json choice = ordered_json::object();
   choice["text"] = text;
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["logprobs"] = logprobs ? completion_logprobs_json(*logprobs, text_offset0) : ordered_json(nullptr);
   choice["finish_reason"] = null_if_empty(finish_reason);
   return choice;
 }
-}  // namespace
+
+ordered_json completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage) {
+  ordered_json out = meta_object(meta, "text_completion");
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json(usage);
+  return out;
+}
 
 ordered_json completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                              const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage) {
-  ordered_json out = meta_object(meta, "text_completion");
-  out["choices"] = ordered_json::array({completion_choice(text, finish_reason, logprobs, 0)});
-  out["usage"] = usage_json(usage);
-  return out;
+  return completion_json(meta, ordered_json::array({completion_choice_json(0, text, finish_reason, logprobs, 0)}),
+                         usage);
 }
 
 ordered_json completion_chunk_json(const ResponseMeta& meta, const std::string& text,
                                    const std::string& finish_reason,
                                    const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0,
-                                   bool usage_null_field) {
+                                   bool usage_null_field, int index) {
   ordered_json out = meta_object(meta, "text_completion");
-  out["choices"] = ordered_json::array({completion_choice(text, finish_reason, logprobs, text_offset0)});
+  out["choices"] = ordered_json::array({completion_choice_json(index, text, finish_reason, logprobs, text_offset0)});
   if (usage_null_field) out["usage"] = nullptr;
   return out;
 }

@@ -50,6 +50,12 @@ ordered_json usage_json(const UsageCounts& usage);
 
 // Chat completions.
 ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries);
+// A reply: the `index`th of the request's choices (n).
+ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                              const std::optional<std::vector<LogprobEntry>>& logprobs);
+// The chat.completion body around its choices.
+ordered_json chat_completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage);
+// ... and with one choice.
 ordered_json chat_completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                                   const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
 // One call of message.tool_calls (tool_call_parser.h reads them out of replies).
@@ -60,6 +66,8 @@ struct ToolCall {
 };
 // message.tool_calls with the calls, message.content the text beside them
 // (null when empty), finish_reason "tool_calls".
+ordered_json chat_tool_call_choice_json(int index, const std::string& content, const std::vector<ToolCall>& calls,
+                                        const std::optional<std::vector<LogprobEntry>>& logprobs);
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
                                             const std::vector<ToolCall>& calls,
                                             const std::optional<std::vector<LogprobEntry>>& logprobs,
@@ -67,11 +75,13 @@ ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std:
 // The streamed delta carrying a whole tool call, the reply's `index`th.
 ordered_json tool_call_delta(const ToolCall& call, int index = 0);
 
-// A streamed chunk. `delta` is {"role": ...} / {"content": ...} / {}; a
-// non-empty finish_reason marks the last choice chunk. When the client asked
-// for usage, every chunk carries "usage": null except the final usage chunk.
+// A streamed chunk of the `index`th choice. `delta` is {"role": ...} /
+// {"content": ...} / {}; a non-empty finish_reason marks the choice's last
+// chunk. When the client asked for usage, every chunk carries "usage": null
+// except the final usage chunk.
 ordered_json chat_chunk_json(const ResponseMeta& meta, const ordered_json& delta, const std::string& finish_reason,
-                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field);
+                             const std::optional<std::vector<LogprobEntry>>& logprobs, bool usage_null_field,
+                             int index = 0);
 ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage);
 
 // Text completions (logprobs in the legacy tokens/token_logprobs shape).
@@ -82,12 +92,15 @@ ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& 
 ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0 = 0);
 // The characters of UTF-8 text: its bytes that start one.
 size_t utf8_characters(std::string_view text);
+ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0);
+ordered_json completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage);
 ordered_json completion_json(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,
                              const std::optional<std::vector<LogprobEntry>>& logprobs, const UsageCounts& usage);
 ordered_json completion_chunk_json(const ResponseMeta& meta, const std::string& text,
                                    const std::string& finish_reason,
                                    const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0,
-                                   bool usage_null_field);
+                                   bool usage_null_field, int index = 0);
 ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& usage);
 
 // Serialises compactly; invalid UTF-8 becomes U+FFFD. Never throws.

@@ -1,6 +1,6 @@
 // The official `openai` npm client against `reprise serve` on the real
 // stories260K model from ../shared: chat completions streamed and not,
-// text completions, usage (with cached prompt tokens on a repeated request),
+// n choices, text completions, usage (with cached prompt tokens on a repeated request),
 // structured output (response_format, checked with ajv and the client's own
 // zod helper), model listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
@@ -128,6 +128,21 @@ test("repeated chat request reports cached prompt tokens", { skip }, async () =>
   assert.ok(second.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens - 1,
             JSON.stringify(second.usage));
   assert.equal(second.choices[0].message.content, first.choices[0].message.content);
+});
+
+test("n choices: the client's stream helper assembles each, as the whole reply has them", { skip }, async () => {
+  const body = { model, messages, max_tokens: 16, temperature: 1.0, seed: 11, n: 3 };
+  const whole = await client.chat.completions.create(body);
+  assert.equal(whole.choices.length, 3);
+  whole.choices.forEach((c, i) => assert.equal(c.index, i));
+  const runner = client.chat.completions.stream(body);
+  const assembled = await runner.finalChatCompletion();
+  assert.equal(assembled.choices.length, 3);
+  for (const c of assembled.choices) {
+    assert.equal(c.message.content, whole.choices[c.index].message.content, `choice ${c.index}`);
+    assert.equal(c.finish_reason, whole.choices[c.index].finish_reason);
+  }
+  checkUsage(whole.usage);
 });
 
 test("text completion continues the story", { skip }, async () => {
