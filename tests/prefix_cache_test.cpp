@@ -15,6 +15,7 @@
 using namespace reprise;
 using reprise::testing_support::bit_identical;
 using reprise::testing_support::run;
+using reprise::testing_support::ConversationScript;
 using reprise::testing_support::StepOutput;
 
 namespace {
@@ -277,6 +278,101 @@ TEST_P(RecurrentReuse, TurnTwoAndMidConversationEdit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, RecurrentReuse, ::testing::Values("mamba", "mamba2", "jamba"));
+
+// Prompt log-probabilities (the server's echo): every prompt position's
+// logits, in order. Such a request reuses no cached prefix, so on a warm
+// cache it gives exactly what a cold engine gives (prompt logits and the
+// decode steps after them, bit for bit); each row is the next-token logits
+// of the prompt cut after that position (to rounding: the rows come from
+// one batch); and its positions enter the cache for later requests.
+class PromptLogits : public ::testing::TestWithParam<std::string> {};
+
+struct PromptLogitsRun {
+  StepOutput steps;
+  std::vector<int64_t> positions;
+  std::vector<std::vector<float>> rows;
+};
+
+PromptLogitsRun run_with_prompt_logits(Engine& engine, const std::vector<int32_t>& prompt, int n_gen) {
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.sampling.temperature = 0;
+  req.max_tokens = n_gen;
+  PromptLogitsRun out;
+  req.on_prompt_logits = [&](int64_t position, std::span<const float> logits) {
+    out.positions.push_back(position);
+    out.rows.emplace_back(logits.begin(), logits.end());
+  };
+  out.steps.result = engine.generate(req, [&](int32_t tok, std::span<const float> logits) {
+    out.steps.tokens.push_back(tok);
+    out.steps.logits.emplace_back(logits.begin(), logits.end());
+    return true;
+  });
+  return out;
+}
+
+TEST_P(PromptLogits, EqualAColdRunWarmCacheOrNotAndFillTheCache) {
+  Model& model = model_for(GetParam());
+  ThreadPool pool(2);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 8;
+  PrefixCache cache(model.state_spec(), cfg);
+  SnapshotConfig sc;
+  sc.chunk_tokens = 8;
+  SnapshotStore snapshots(model.state_spec(), sc);
+  EngineOptions options;
+  options.n_batch = 24;  // prompts cross several chunks
+  Engine engine(model, pool, &cache, options, &snapshots);
+  Engine cold(model, pool, nullptr, options);
+  std::mt19937 rng(0xec40 ^ static_cast<unsigned>(std::hash<std::string>()(GetParam())));
+  ConversationScript script(rng, 40, static_cast<int>(model.info().n_vocab) - 1);
+  int warm = 0;
+  for (int round = 0; round < 10; ++round) {
+    const std::vector<int32_t> prompt = script.next_prompt();
+    // Warm the cache with the prompt's prefix first (an ordinary request).
+    if (prompt.size() > 2) run(engine, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 2);
+    const PromptLogitsRun got = run_with_prompt_logits(engine, prompt, 4);
+    const PromptLogitsRun want = run_with_prompt_logits(cold, prompt, 4);
+    EXPECT_EQ(got.steps.result.cached_tokens, 0);
+    ASSERT_EQ(got.positions.size(), prompt.size() - 1) << "round " << round;
+    for (size_t p = 0; p < got.positions.size(); ++p) ASSERT_EQ(got.positions[p], static_cast<int64_t>(p));
+    ASSERT_EQ(got.rows.size(), want.rows.size());
+    for (size_t p = 0; p < got.rows.size(); ++p)
+      ASSERT_EQ(0, std::memcmp(got.rows[p].data(), want.rows[p].data(), got.rows[p].size() * sizeof(float)))
+          << "round " << round << " position " << p;
+    EXPECT_TRUE(bit_identical(got.steps, want.steps)) << "round " << round;
+    // Without prompt logits the same request decodes the same way.
+    EXPECT_EQ(run(cold, prompt, 4).tokens, got.steps.tokens);
+    // Row p is what the prompt cut after position p predicts.
+    for (size_t p : {size_t{0}, got.rows.size() / 2, got.rows.size() - 1}) {
+      if (p >= got.rows.size()) continue;
+      const StepOutput cut = run(cold, std::vector<int32_t>(prompt.begin(), prompt.begin() + p + 1), 1);
+      const std::vector<float>& a = got.rows[p];
+      const std::vector<float>& b = cut.logits[0];
+      ASSERT_EQ(a.size(), b.size());
+      float scale = 0, diff = 0;
+      for (size_t v = 0; v < a.size(); ++v) {
+        scale = std::max(scale, std::abs(b[v]));
+        diff = std::max(diff, std::abs(a[v] - b[v]));
+      }
+      EXPECT_LE(diff, 1e-3f * std::max(scale, 1.0f)) << "round " << round << " position " << p;
+      EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin());
+    }
+    script.record(prompt, got.steps.tokens);
+    // Its positions are in the cache: the same prompt again reuses them.
+    if (prompt.size() > 2 * static_cast<size_t>(cfg.block_tokens)) {
+      const StepOutput again = run(engine, prompt, 4);
+      EXPECT_GT(again.result.cached_tokens, 0) << "round " << round;
+      EXPECT_TRUE(bit_identical(again, want.steps)) << "round " << round;
+      ++warm;
+    }
+    ASSERT_EQ(cache.check_invariants(), "");
+  }
+  EXPECT_GT(warm, 2);
+  EXPECT_EQ(cache.stats().blocks_in_use, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, PromptLogits, ::testing::Values("llama", "qwen3", "gemma3", "mamba", "jamba"));
 
 TEST(PrefixCache, TurnTwoReusesTurnOneIncludingItsAnswer) {
   Model& model = model_for("qwen3");

@@ -118,7 +118,8 @@ struct ReuseReport {
   int64_t reused_tokens = 0;
   int64_t prompt_tokens = 0;
   // Why reuse stopped where it did: "full", "empty-namespace", "evicted",
-  // "divergence", "end-of-cache" or "disabled".
+  // "divergence", "end-of-cache", "disabled" or "not-asked" (the request
+  // needed every position computed).
   std::string stop_reason;
   int64_t stop_position = 0;
   std::string describe() const;

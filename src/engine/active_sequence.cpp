@@ -17,7 +17,7 @@ ActiveSequence::ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forwa
   }
 }
 
-ReuseReport ActiveSequence::attach(std::span<const int32_t> prompt, std::span<const Hash128> keys) {
+ReuseReport ActiveSequence::attach(std::span<const int32_t> prompt, std::span<const Hash128> keys, bool reuse) {
   ReuseReport report;
   report.prompt_tokens = static_cast<int64_t>(prompt.size());
   if (!cached_) {
@@ -25,6 +25,10 @@ ReuseReport ActiveSequence::attach(std::span<const int32_t> prompt, std::span<co
     // chunks arrive would copy what is there at each step.
     flat_->prepare(0, report.prompt_tokens);
     report.stop_reason = "disabled";
+    return report;
+  }
+  if (!reuse) {
+    report.stop_reason = "not-asked";
     return report;
   }
   report = cached_->attach_prefix(prompt, keys);

@@ -28,8 +28,9 @@ class ActiveSequence {
 
   // Reuses the longest valid cached prefix of `prompt` (leaving at least one
   // token to compute). For models with recurrent layers the prefix is cut back
-  // to the longest snapshot. Call once, on a new sequence.
-  ReuseReport attach(std::span<const int32_t> prompt, std::span<const Hash128> keys);
+  // to the longest snapshot. Call once, on a new sequence. With `reuse`
+  // false nothing is reused (the caller needs every position computed).
+  ReuseReport attach(std::span<const int32_t> prompt, std::span<const Hash128> keys, bool reuse = true);
 
   // Forgets positions >= n. Attention-only models (recurrent state cannot be
   // rolled back without a snapshot; callers restrict this).

@@ -104,7 +104,10 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
       if (e.begin <= pos && pos < e.end) return &e;
     return nullptr;
   };
-  const int draft_max = !req.embedded.empty() || req.constraint ? 0 : req.draft_max < 0 ? draft_max_ : std::min(req.draft_max, 64);
+  const bool prompt_logits = static_cast<bool>(req.on_prompt_logits);
+  const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits ? 0
+                        : req.draft_max < 0                                      ? draft_max_
+                                                                                 : std::min(req.draft_max, 64);
   const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
 
   GenerateResult result;
@@ -114,7 +117,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   // A concurrent request computing the same leading prompt positions: wait
   // for its cache blocks instead of computing them a second time.
   std::unique_ptr<InflightPrefixes::Prefill> inflight;
-  if (use_cache && cache_->enabled()) {
+  if (use_cache && cache_->enabled() && !prompt_logits) {
     bool waited = false;
     inflight = inflight_->begin(namespace_for(req.cache_salt).hash(), req.prompt, req.prompt_keys, &waited,
                                 req.cancelled);
@@ -126,7 +129,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   }
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
                         namespace_for(req.cache_salt), batcher_);
-  result.reuse = target.attach(req.prompt, req.prompt_keys);
+  result.reuse = target.attach(req.prompt, req.prompt_keys, /*reuse=*/!prompt_logits);
   if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
     // The cached prefix ends inside an image: recompute the whole image.
     target.truncate(e->begin);
@@ -185,9 +188,19 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
           break;
         }
     }
+    const bool last_chunk = pos + n == n_prompt;
     target.feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n),
-                pos + n == n_prompt ? LogitsFor::Last : LogitsFor::None, logits,
+                prompt_logits ? LogitsFor::All : last_chunk ? LogitsFor::Last : LogitsFor::None, logits,
                 span ? span->values : nullptr, span && span->bidirectional);
+    if (prompt_logits) {
+      const size_t width = logits.size() / static_cast<size_t>(n);
+      for (int64_t i = 0; i < n && pos + i + 1 < n_prompt; ++i)
+        req.on_prompt_logits(pos + i, std::span<const float>(logits).subspan(static_cast<size_t>(i) * width, width));
+      if (last_chunk) {  // decode goes on from the last position's logits
+        std::copy(logits.end() - static_cast<std::ptrdiff_t>(width), logits.end(), logits.begin());
+        logits.resize(width);
+      }
+    }
     const int64_t end = target.position();
     if (end == n_prompt || std::binary_search(checkpoints.begin(), checkpoints.end(), end))
       target.snapshot(std::span<const int32_t>(req.prompt).subspan(0, end), keys_of(0, end));

@@ -79,6 +79,13 @@ struct GenerateRequest {
   // only where it may end (a request with one never decodes speculatively).
   // Null: unconstrained. Used by one request at a time.
   std::shared_ptr<TokenConstraint> constraint;
+  // Prompt log-probabilities (echo): called, when set, for each prompt
+  // position p < n - 1 in order, with the logits after it (those that
+  // predict prompt token p + 1). Such a request reuses no cached prefix (a
+  // cached position's logits are not kept, and recomputing them is the
+  // whole prefill), waits for no concurrent prefill and never decodes
+  // speculatively; its positions still enter the cache for later requests.
+  std::function<void(int64_t position, std::span<const float> logits)> on_prompt_logits;
   const std::atomic<bool>* cancelled = nullptr;
 };
 
