@@ -399,27 +399,62 @@ TEST(OpenAIRequest, PenaltiesAndLogitBias) {
 TEST(OpenAIRequest, CompletionPromptForms) {
   auto text = parse_completion_request(R"({"prompt":"hello","logprobs":2})");
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(text.value().prompt, "hello");
-  EXPECT_FALSE(text.value().prompt_is_tokens);
+  ASSERT_EQ(text.value().prompts.size(), 1u);
+  EXPECT_EQ(text.value().prompts[0].text, "hello");
+  EXPECT_FALSE(text.value().prompts[0].is_tokens);
   EXPECT_TRUE(text.value().options.logprobs);
   EXPECT_EQ(text.value().options.top_logprobs, 2);
-  auto one = parse_completion_request(R"({"prompt":["hi"]})");
+  EXPECT_FALSE(text.value().echo);
+  auto one = parse_completion_request(R"({"prompt":["hi"],"echo":true})");
   ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one.value().prompt, "hi");
+  ASSERT_EQ(one.value().prompts.size(), 1u);
+  EXPECT_EQ(one.value().prompts[0].text, "hi");
+  EXPECT_TRUE(one.value().echo);
   auto ids = parse_completion_request(R"({"prompt":[1,5,9]})");
   ASSERT_TRUE(ids.ok());
-  EXPECT_TRUE(ids.value().prompt_is_tokens);
-  EXPECT_EQ(ids.value().prompt_tokens, (std::vector<int32_t>{1, 5, 9}));
+  ASSERT_EQ(ids.value().prompts.size(), 1u);
+  EXPECT_TRUE(ids.value().prompts[0].is_tokens);
+  EXPECT_EQ(ids.value().prompts[0].tokens, (std::vector<int32_t>{1, 5, 9}));
   auto nested = parse_completion_request(R"({"prompt":[[3,4]]})");
   ASSERT_TRUE(nested.ok());
-  EXPECT_EQ(nested.value().prompt_tokens, (std::vector<int32_t>{3, 4}));
-  for (const char* bad : {R"({})", R"({"prompt":["a","b"]})", R"({"prompt":[]})", R"({"prompt":[-1]})",
-                          R"({"prompt":5})", R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
-                          R"({"prompt":"x","logprobs":9})", R"({"prompt":[1,"a"]})"}) {
-    auto r = parse_completion_request(bad);
-    EXPECT_FALSE(r.ok()) << bad;
+  EXPECT_EQ(nested.value().prompts[0].tokens, (std::vector<int32_t>{3, 4}));
+  // Batches: several strings, or several token lists.
+  auto strings = parse_completion_request(R"({"prompt":["a","b","c"],"n":2})");
+  ASSERT_TRUE(strings.ok());
+  ASSERT_EQ(strings.value().prompts.size(), 3u);
+  EXPECT_EQ(strings.value().prompts[2].text, "c");
+  EXPECT_EQ(strings.value().options.choices, 2);
+  auto lists = parse_completion_request(R"({"prompt":[[1,2],[3]]})");
+  ASSERT_TRUE(lists.ok());
+  ASSERT_EQ(lists.value().prompts.size(), 2u);
+  EXPECT_EQ(lists.value().prompts[1].tokens, (std::vector<int32_t>{3}));
+  std::string too_many = R"({"prompt":[)";
+  for (int i = 0; i < 65; ++i) too_many += std::string(i ? "," : "") + "\"p\"";
+  too_many += "]}";
+  std::string too_many_choices = R"({"prompt":["a","b","c","d","e"],"n":16})";
+  struct Bad {
+    std::string body, param;
+  };
+  for (const Bad& bad : std::vector<Bad>{{R"({})", "prompt"},
+                                         {R"({"prompt":["a",[1]]})", "prompt[1]"},
+                                         {R"({"prompt":[[1],"a"]})", "prompt[1]"},
+                                         {R"({"prompt":[[1],[]]})", "prompt[1]"},
+                                         {R"({"prompt":["a",5]})", "prompt[1]"},
+                                         {R"({"prompt":[]})", "prompt"},
+                                         {R"({"prompt":[-1]})", "prompt"},
+                                         {R"({"prompt":[[2],[-1]]})", "prompt[1]"},
+                                         {R"({"prompt":5})", "prompt"},
+                                         {R"({"prompt":"x","echo":"yes"})", "echo"},
+                                         {R"({"prompt":"x","best_of":3})", "best_of"},
+                                         {R"({"prompt":"x","logprobs":9})", "logprobs"},
+                                         {R"({"prompt":[1,"a"]})", "prompt"},
+                                         {too_many, "prompt"},
+                                         {too_many_choices, "n"}}) {
+    auto r = parse_completion_request(bad.body);
+    EXPECT_FALSE(r.ok()) << bad.body;
     if (!r.ok()) {
-      EXPECT_EQ(r.error().status, 400) << bad;
+      EXPECT_EQ(r.error().status, 400) << bad.body;
+      EXPECT_EQ(r.error().param, bad.param) << bad.body;
     }
   }
 }
@@ -534,9 +569,11 @@ TEST(OpenAIRequest, MutationFuzz) {
           auto r = parse_completion_request(body);
           if (r.ok()) {
             ++parsed_ok;
-            auto prompt = build_completion_prompt(tiny_tokenizer(), 4096, 1024, r.value());
-            if (!prompt.ok()) {
-              EXPECT_EQ(prompt.error().status, 400);
+            for (const CompletionPrompt& one : r.value().prompts) {
+              auto prompt = build_completion_prompt(tiny_tokenizer(), 4096, 1024, one);
+              if (!prompt.ok()) {
+                EXPECT_EQ(prompt.error().status, 400);
+              }
             }
           } else {
             ++rejected;
@@ -1069,6 +1106,138 @@ TEST(ServeHttpChoices, StreamedChoicesAreTheCompleteReplysChoices) {
     streamed_text[chunk["choices"][0]["index"].get<int>()] += chunk["choices"][0]["text"].get<std::string>();
   }
   for (int i = 0; i < 2; ++i) EXPECT_EQ(streamed_text[i], whole_completion["choices"][i]["text"]) << i;
+}
+
+// echo: the reply starts with the prompt; with logprobs, so do the
+// logprobs (the first token's null), computed from the prompt's own
+// positions: a continuation's echoed logprobs are the ones its generation
+// had (to rounding: a prompt's positions are one batch), and a warm cache
+// gives what a cold server gives.
+TEST(ServeHttpEcho, EchoedLogprobsAreEachPositionsOwnAndCachedEqualsCold) {
+  const std::vector<int32_t> prompt =
+      tokenize_prompt(tiny_tokenizer(), "Once upon a time there was a little dog who liked to run");
+  ASSERT_GT(prompt.size(), 8u);
+  const json echo = {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 3}};
+  std::string cold_body;
+  {
+    TestServer cold;
+    Reply r = post(cold, "/v1/completions", echo);
+    ASSERT_EQ(r.status, 200) << r.body;
+    cold_body = r.body;
+    const json e = r.doc();
+    const json& c = e["choices"][0];
+    EXPECT_EQ(c["text"], tiny_tokenizer().detokenize(prompt));
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_EQ(e["usage"]["completion_tokens"], 0);
+    EXPECT_EQ(e["usage"]["prompt_tokens"], prompt.size());
+    const json& lp = c["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), prompt.size());
+    ASSERT_EQ(lp["token_logprobs"].size(), prompt.size());
+    ASSERT_EQ(lp["top_logprobs"].size(), prompt.size());
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    for (size_t k = 1; k < prompt.size(); ++k) {
+      EXPECT_EQ(lp["tokens"][k], tiny_tokenizer().token_to_piece(prompt[k])) << k;
+      ASSERT_TRUE(lp["token_logprobs"][k].is_number()) << k;
+      EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0);
+      EXPECT_GE(lp["top_logprobs"][k].size(), 3u);  // 3 alternatives, and the token itself
+    }
+    // Position k's logprob is what the prompt cut before k gives token k:
+    // a one-token completion of the cut prompt, forced to that token by
+    // logit_bias (logprobs are the model's own, before any bias).
+    for (size_t k : {size_t{1}, prompt.size() / 2, prompt.size() - 1}) {
+      json forced = {{"prompt", std::vector<int32_t>(prompt.begin(), prompt.begin() + static_cast<long>(k))},
+                     {"max_tokens", 1},
+                     {"temperature", 0},
+                     {"logprobs", 1},
+                     {"logit_bias", {{std::to_string(prompt[k]), 100}}}};
+      const json f = post(cold, "/v1/completions", forced).doc();
+      const json& flp = f["choices"][0]["logprobs"];
+      ASSERT_EQ(flp["tokens"][0], lp["tokens"][k]) << k;
+      EXPECT_NEAR(flp["token_logprobs"][0].get<double>(), lp["token_logprobs"][k].get<double>(), 2e-3) << k;
+    }
+  }
+  // A warm server (the prompt's blocks cached): the same bytes.
+  TestServer warm;
+  ASSERT_EQ(post(warm, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}}).status, 200);
+  Reply again = post(warm, "/v1/completions", echo);
+  ASSERT_EQ(again.status, 200);
+  const json a = again.doc(), b = json::parse(cold_body);
+  EXPECT_EQ(a["choices"], b["choices"]);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);  // echo with logprobs reuses nothing
+  // ... and it filled the cache: the prompt again reuses it.
+  const json after = post(warm, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}}).doc();
+  EXPECT_GT(after["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+  // Echo without logprobs reuses the cache like any request.
+  json echo_text = {{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"echo", true}};
+  const json with_echo = post(warm, "/v1/completions", echo_text).doc();
+  echo_text.erase("echo");
+  const json without = post(warm, "/v1/completions", echo_text).doc();
+  EXPECT_EQ(with_echo["choices"][0]["text"].get<std::string>(),
+            tiny_tokenizer().detokenize(prompt) + without["choices"][0]["text"].get<std::string>());
+  EXPECT_GT(with_echo["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+}
+
+// Streamed echo: the prompt's text and logprobs come first, and the
+// stream's text, tokens and offsets are the complete reply's.
+TEST(ServeHttpEcho, StreamedEchoIsTheCompleteReply) {
+  TestServer s;
+  json body = {{"prompt", "The little cat sat"}, {"max_tokens", 6}, {"temperature", 0.7}, {"seed", 9},
+               {"echo", true}, {"logprobs", 2}};
+  const json whole = post(s, "/v1/completions", body).doc();
+  const json& c = whole["choices"][0];
+  ASSERT_TRUE(c["text"].get<std::string>().rfind("The little cat sat", 0) == 0) << c["text"];
+  body["stream"] = true;
+  std::string text;
+  json tokens = json::array(), offsets = json::array(), token_logprobs = json::array();
+  bool first = true;
+  for (const std::string& e : sse_payloads(post(s, "/v1/completions", body).body)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& ch = chunk["choices"][0];
+    if (first) EXPECT_EQ(ch["text"], "The little cat sat");
+    first = false;
+    text += ch["text"].get<std::string>();
+    if (ch["logprobs"].is_object())
+      for (size_t k = 0; k < ch["logprobs"]["tokens"].size(); ++k) {
+        tokens.push_back(ch["logprobs"]["tokens"][k]);
+        offsets.push_back(ch["logprobs"]["text_offset"][k]);
+        token_logprobs.push_back(ch["logprobs"]["token_logprobs"][k]);
+      }
+  }
+  EXPECT_EQ(text, c["text"]);
+  EXPECT_EQ(tokens, c["logprobs"]["tokens"]);
+  EXPECT_EQ(offsets, c["logprobs"]["text_offset"]);
+  EXPECT_EQ(token_logprobs, c["logprobs"]["token_logprobs"]);
+}
+
+// A batch of prompts: choice index = prompt * n + choice, each the reply its
+// prompt and seed give alone; usage sums the prompts.
+TEST(ServeHttpBatch, EachPromptsChoicesAreWhatTheyGiveAlone) {
+  TestServer s;
+  const std::vector<std::string> prompts = {"One day a bird", "The moon was", "Tim and Sue went to"};
+  json body = {{"prompt", prompts}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 21}, {"n", 2}};
+  const json batch = post(s, "/v1/completions", body).doc();
+  ASSERT_EQ(batch["choices"].size(), 6u) << batch.dump();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (int c = 0; c < 2; ++c) {
+      const json& choice = batch["choices"][p * 2 + c];
+      EXPECT_EQ(choice["index"], p * 2 + c);
+      const json alone = post(s, "/v1/completions",
+                              json{{"prompt", prompts[p]}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 21 + c},
+                                   {"cache_salt", "alone"}})
+                             .doc();
+      EXPECT_EQ(choice["text"], alone["choices"][0]["text"]) << "prompt " << p << " choice " << c;
+      if (c == 0) prompt_tokens += alone["usage"]["prompt_tokens"].get<int64_t>();
+      completion_tokens += alone["usage"]["completion_tokens"].get<int64_t>();
+    }
+  EXPECT_EQ(batch["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(batch["usage"]["completion_tokens"], completion_tokens);
+  // A bad prompt in the batch names itself.
+  Reply bad = post(s, "/v1/completions", json{{"prompt", json::array({json::array({1, 2}), json::array({99999})})}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.doc()["error"]["param"], "prompt[1]");
 }
 
 TEST(ServeHttp, CompletionsStreamingMatchesNonStreaming) {

@@ -92,6 +92,25 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.cancelled = channel.cancel_flag();
   if (plan.json_schema) request.constraint = std::make_shared<JsonConstraint>(plan.json_schema, json_vocabulary(model));
 
+  // Echo: the prompt's text (and its tokens' logprobs) go out as the first
+  // delta, before the first generated token's.
+  std::vector<LogprobEntry> prompt_logprobs;
+  if (plan.echo && plan.logprobs) {
+    LogprobEntry first;
+    first.token = tokenizer.token_to_piece(plan.prompt.front());
+    first.predicted = false;
+    prompt_logprobs.push_back(std::move(first));
+    request.on_prompt_logits = [&](int64_t position, std::span<const float> logits) {
+      prompt_logprobs.push_back(make_logprob_entry(tokenizer, plan.prompt[position + 1], logits, plan.top_logprobs));
+    };
+  }
+  bool echoed = !plan.echo;
+  auto echo = [&] {
+    if (echoed) return;
+    echoed = true;
+    channel.push({*plan.echo, std::move(prompt_logprobs)});
+  };
+
   StreamDecoder decoder(tokenizer);
   StopMatcher matcher(plan.stop);
   std::vector<LogprobEntry> pending_logprobs;
@@ -101,6 +120,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   };
 
   GenerateResult result = model.engine->generate(request, [&](int32_t token, std::span<const float> logits) {
+    echo();
     if (tokenizer.is_eog(token) || token >= tokenizer.n_vocab()) return true;  // never shown
     const bool visible_control =
         std::find(plan.visible_control_tokens.begin(), plan.visible_control_tokens.end(), token) !=
@@ -114,6 +134,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
     if (!text.empty() || matcher.stopped()) emit(std::move(text));
     return !matcher.stopped() && !channel.cancelled();
   });
+  if (result.finish_reason != "cancelled") echo();  // nothing was generated (max_tokens 0, or an end at once)
   if (!matcher.stopped()) {
     std::string tail = matcher.push(decoder.flush());
     if (!matcher.stopped()) tail += matcher.flush();

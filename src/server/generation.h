@@ -38,6 +38,10 @@ struct GenerationPlan {
   std::string cache_salt;
   int draft_max = -1;       // -1: the engine's default; 0: no speculative decoding
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
+  // Text completions' echo: the prompt's text, sent first; with logprobs,
+  // preceded by the prompt tokens' log-probabilities (which makes the
+  // engine compute every prompt position: no cached prefix is reused).
+  std::optional<std::string> echo;
   std::shared_ptr<const JsonSchema> json_schema;  // structured output; null: free text
   // Control tokens shown as their text (a tool-call syntax's markers that
   // the vocabulary holds as control tokens, e.g. Mistral's [TOOL_CALLS]).

@@ -126,15 +126,22 @@ struct ChoiceRun {
   uint64_t job = 0;
 };
 
-// The usage a request reports for its choices: the prompt once, the
-// completions summed, and as cached the prompt tokens that came from the
-// cache before this request (the choice that computed the prompt; the
-// others read it back from the cache).
-UsageCounts request_usage(std::span<const GenerationOutcome> outcomes) {
-  UsageCounts usage = outcomes.front().usage;
-  for (const GenerationOutcome& o : outcomes.subspan(1)) {
-    usage.cached_tokens = std::min(usage.cached_tokens, o.usage.cached_tokens);
-    usage.completion_tokens += o.usage.completion_tokens;
+// The usage a request reports for its choices, `n` per prompt in prompt
+// order: each prompt once, the completions summed, and as cached each
+// prompt's tokens that came from the cache before this request (the least
+// of its choices': the one that computed the prompt; the others read it
+// back from the cache).
+UsageCounts request_usage(std::span<const GenerationOutcome> outcomes, size_t n) {
+  UsageCounts usage;
+  for (size_t first = 0; first < outcomes.size(); first += n) {
+    const std::span<const GenerationOutcome> prompt = outcomes.subspan(first, std::min(n, outcomes.size() - first));
+    usage.prompt_tokens += prompt.front().usage.prompt_tokens;
+    int64_t cached = prompt.front().usage.cached_tokens;
+    for (const GenerationOutcome& o : prompt) {
+      cached = std::min(cached, o.usage.cached_tokens);
+      usage.completion_tokens += o.usage.completion_tokens;
+    }
+    usage.cached_tokens += cached;
   }
   return usage;
 }
@@ -238,8 +245,9 @@ struct HttpServer::Impl {
       say(std::string(endpoint) + " " + std::to_string(error.status) + " " + error.message);
   }
 
+  // One plan per prompt; each runs as the request's n choices.
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
-                        GenerationPlan plan, ResponseContext context);
+                        std::vector<GenerationPlan> plans, ResponseContext context);
   void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   // One request (status) and its choices' generations (tokens, timings).
@@ -506,6 +514,12 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   return plan;
 }
 
+std::vector<GenerationPlan> single(GenerationPlan plan) {
+  std::vector<GenerationPlan> plans;
+  plans.push_back(std::move(plan));
+  return plans;
+}
+
 // A chat with images: each image is decoded and encoded (the encoder cache
 // makes repeats free), the template is rendered with a marker per image, and
 // the image soft tokens are spliced in with their digests as cache keys.
@@ -572,13 +586,13 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
     Parsed<GenerationPlan> plan = make_image_plan(model, chat);
     if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
     expect_tool_calls(chat, model, ctx, plan.value());
-    return start_generation(req, res, std::move(lease), std::move(plan.value()), std::move(ctx));
+    return start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
   }
   Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   GenerationPlan plan = make_plan(chat.options, std::move(prompt.value()));
   expect_tool_calls(chat, model, ctx, plan);
-  start_generation(req, res, std::move(lease), std::move(plan), std::move(ctx));
+  start_generation(req, res, std::move(lease), single(std::move(plan)), std::move(ctx));
 }
 
 void HttpServer::Impl::handle_completions(const httplib::Request& req, const std::string& body,
@@ -597,23 +611,31 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (auto bad = check_logit_bias(completion.options, model.bundle->model->info().n_vocab))
     return reply_error(res, *bad, model_id, endpoint);
   model.engine->expect_request();
-  Parsed<BuiltPrompt> prompt = build_completion_prompt(*model.bundle->tokenizer, model.engine->n_ctx(),
-                                                       model.bundle->model->info().n_vocab, completion);
-  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+  const Tokenizer& tokenizer = *model.bundle->tokenizer;
+  std::vector<GenerationPlan> plans;
+  for (size_t i = 0; i < completion.prompts.size(); ++i) {
+    const CompletionPrompt& one = completion.prompts[i];
+    Parsed<BuiltPrompt> prompt =
+        build_completion_prompt(tokenizer, model.engine->n_ctx(), model.bundle->model->info().n_vocab, one,
+                                completion.prompts.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt");
+    if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+    GenerationPlan plan = make_plan(completion.options, std::move(prompt.value()));
+    if (completion.echo) plan.echo = one.is_tokens ? tokenizer.detokenize(one.tokens) : one.text;
+    plans.push_back(std::move(plan));
+  }
   ResponseContext ctx{Endpoint::Completions,
                       {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       completion.options};
-  start_generation(req, res, std::move(lease), make_plan(completion.options, std::move(prompt.value())),
-                   std::move(ctx));
+  start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
 }
 
 void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Response& res,
-                                        std::shared_ptr<ModelLease> lease, GenerationPlan plan,
+                                        std::shared_ptr<ModelLease> lease, std::vector<GenerationPlan> plans,
                                         ResponseContext context) {
   // The response's id, as OpenAI's x-request-id (the SDKs' request_id).
   res.set_header("x-request-id", context.meta.id);
   const int n = std::max(1, context.options.choices);
-  std::vector<ChoiceRun> runs(static_cast<size_t>(n));
+  std::vector<ChoiceRun> runs(plans.size() * static_cast<size_t>(n));
   for (ChoiceRun& run : runs) run.channel = std::make_shared<GenerationChannel>();
   {
     std::lock_guard<std::mutex> lock(live_mutex);
@@ -629,21 +651,25 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
     });
 
   // Each choice is a generation of its own: its seed is the request's plus
-  // its index (or random), and its prompt is the same, so the first to be
-  // prefilled computes it and the others attach its blocks from the cache
-  // (InflightPrefixes makes them wait for it rather than compute it too).
-  // The jobs share the lease: the model stays loaded until the last ends.
-  for (int i = 0; i < n; ++i) {
-    GenerationPlan choice_plan = i + 1 < n ? plan : std::move(plan);
-    if (i > 0)
-      choice_plan.sampling.seed = context.options.seed_given ? context.options.sampling.seed + static_cast<uint64_t>(i)
-                                                             : random_seed();
-    runs[i].job = scheduler.submit([lease, plan = std::move(choice_plan), channel = runs[i].channel]() mutable {
-      GenerationOutcome outcome = run_generation(**lease, plan, *channel);
-      lease.reset();
-      channel->finish(std::move(outcome));
-    });
-  }
+  // its index among its prompt's choices (or random), and its prompt is its
+  // prompt's, so the first of them to be prefilled computes it and the
+  // others attach its blocks from the cache (InflightPrefixes makes them
+  // wait for it rather than compute it too). The jobs share the lease: the
+  // model stays loaded until the last ends.
+  for (size_t p = 0; p < plans.size(); ++p)
+    for (int i = 0; i < n; ++i) {
+      GenerationPlan choice_plan = i + 1 < n ? plans[p] : std::move(plans[p]);
+      if (i > 0)
+        choice_plan.sampling.seed = context.options.seed_given
+                                        ? context.options.sampling.seed + static_cast<uint64_t>(i)
+                                        : random_seed();
+      ChoiceRun& run = runs[p * static_cast<size_t>(n) + static_cast<size_t>(i)];
+      run.job = scheduler.submit([lease, plan = std::move(choice_plan), channel = run.channel]() mutable {
+        GenerationOutcome outcome = run_generation(**lease, plan, *channel);
+        lease.reset();
+        channel->finish(std::move(outcome));
+      });
+    }
   lease.reset();
 
   if (!context.options.stream) {
@@ -681,7 +707,7 @@ void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, std::span<cons
   }
   if (cancelled) metrics.record_cancelled(model);
   if (!options.log_requests) return;
-  const UsageCounts usage = request_usage(outcomes);
+  const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
   const GenerationOutcome& first = outcomes.front();
   std::string finish;
   for (const GenerationOutcome& o : outcomes) {
@@ -722,18 +748,18 @@ bool any_cancelled(std::span<const GenerationOutcome> outcomes) {
                      [](const GenerationOutcome& o) { return o.finish_reason == "cancelled"; });
 }
 
-// A finished choice of a complete (not streamed) reply: its text, or the
-// tool calls read out of it.
-ordered_json reply_choice_json(const ResponseContext& ctx, int index, const std::string& text,
-                               const std::string& finish_reason, const std::optional<std::vector<LogprobEntry>>& lp) {
+// A finished chat choice of a complete (not streamed) reply: its text, or
+// the tool calls read out of it.
+ordered_json chat_reply_choice_json(const ResponseContext& ctx, int index, const std::string& text,
+                                    const std::string& finish_reason,
+                                    const std::optional<std::vector<LogprobEntry>>& lp) {
   if (ctx.options.tool_call_reply && finish_reason == "stop")
     if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax))
       return chat_tool_call_choice_json(index, "", {*call}, lp);
   if (ctx.tool_syntax != ToolCallSyntax::None && finish_reason == "stop")
     if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names))
       return chat_tool_call_choice_json(index, parsed->content(), parsed->calls, lp);
-  return ctx.endpoint == Endpoint::Chat ? chat_choice_json(index, text, finish_reason, lp)
-                                        : completion_choice_json(index, text, finish_reason, lp, 0);
+  return chat_choice_json(index, text, finish_reason, lp);
 }
 
 // One choice of a streamed reply: its text goes out as it comes, except
@@ -829,9 +855,14 @@ class ChoiceStream {
 
 void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs,
                                       const ResponseContext& ctx) {
+  const bool chat = ctx.endpoint == Endpoint::Chat;
   const size_t n = runs.size();
   std::vector<std::string> texts(n);
-  std::vector<std::vector<LogprobEntry>> logprobs(n);
+  std::vector<std::vector<LogprobEntry>> logprobs(n);  // chat
+  // Text completions: built delta by delta, each delta's tokens' offsets
+  // counted from where its text starts, as a stream counts them.
+  std::vector<ordered_json> completion_logprobs(n);
+  std::vector<size_t> characters(n, 0);
   std::vector<GenerationOutcome> outcomes(n);
   std::vector<GenerationDelta> deltas;
   for (size_t i = 0; i < n; ++i) {
@@ -840,7 +871,13 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
       if (!done) leave_queue_if_cancelled(runs[i]);
       for (GenerationDelta& d : deltas) {
         texts[i] += d.text;
-        for (LogprobEntry& e : d.logprobs) logprobs[i].push_back(std::move(e));
+        if (!ctx.options.logprobs) continue;
+        if (chat) {
+          for (LogprobEntry& e : d.logprobs) logprobs[i].push_back(std::move(e));
+        } else {
+          append_completion_logprobs(completion_logprobs[i], d.logprobs, characters[i]);
+          characters[i] += utf8_characters(d.text);
+        }
       }
       deltas.clear();
     }
@@ -864,13 +901,20 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
   }
   ordered_json choices = ordered_json::array();
   for (size_t i = 0; i < n; ++i) {
+    const int index = static_cast<int>(i);
+    if (!chat) {
+      if (ctx.options.logprobs && completion_logprobs[i].is_null()) append_completion_logprobs(completion_logprobs[i], {}, 0);
+      choices.push_back(
+          completion_choice_json(index, texts[i], outcomes[i].finish_reason, std::move(completion_logprobs[i])));
+      continue;
+    }
     std::optional<std::vector<LogprobEntry>> lp;
     if (ctx.options.logprobs) lp = std::move(logprobs[i]);
-    choices.push_back(reply_choice_json(ctx, static_cast<int>(i), texts[i], outcomes[i].finish_reason, lp));
+    choices.push_back(chat_reply_choice_json(ctx, index, texts[i], outcomes[i].finish_reason, lp));
   }
-  const UsageCounts usage = request_usage(outcomes);
+  const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
   reply_json(res, 200,
-             ctx.endpoint == Endpoint::Chat ? chat_completion_json(ctx.meta, std::move(choices), usage)
+             chat ? chat_completion_json(ctx.meta, std::move(choices), usage)
                                             : completion_json(ctx.meta, std::move(choices), usage));
   finish_metrics(ctx, outcomes, 200);
 }
@@ -943,7 +987,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
     write(sse_event(error_json(*error)));
   } else if (ctx.options.include_usage) {
-    const UsageCounts usage = request_usage(outcomes);
+    const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
     write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, usage) : completion_usage_chunk_json(ctx.meta, usage)));
   }
   write(sse_done());

@@ -579,7 +579,7 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, const 
       req.options.logprobs = true;
       req.options.top_logprobs = static_cast<int>(*v);
     }
-    if (auto v = f.boolean("echo"); v && *v) fail("echo is not supported", "echo", "unsupported_parameter");
+    if (auto v = f.boolean("echo")) req.echo = *v;
     if (auto v = f.string("suffix"); v && !v->empty())
       fail("suffix is not supported", "suffix", "unsupported_parameter");
     if (auto v = f.integer("best_of", 1, std::numeric_limits<int64_t>::max()); v && *v != 1)
@@ -587,28 +587,40 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, const 
 
     const ordered_json* prompt = f.get("prompt");
     if (!prompt) fail("prompt is required", "prompt");
-    auto token_list = [&](const ordered_json& arr) {
+    auto token_list = [&](const ordered_json& arr, const std::string& param) {
+      CompletionPrompt p;
+      p.is_tokens = true;
+      if (arr.empty()) fail(param + " must not be empty", param);
       for (const auto& t : arr)
-        req.prompt_tokens.push_back(static_cast<int32_t>(
-            Fields::integer_value(t, "prompt", 0, std::numeric_limits<int32_t>::max())));
-      req.prompt_is_tokens = true;
+        p.tokens.push_back(static_cast<int32_t>(
+            Fields::integer_value(t, param, 0, std::numeric_limits<int32_t>::max())));
+      return p;
     };
     if (prompt->is_string()) {
-      req.prompt = prompt->get<std::string>();
+      req.prompts.push_back({prompt->get<std::string>(), {}, false});
     } else if (prompt->is_array()) {
       if (prompt->empty()) fail("prompt must not be empty", "prompt");
       const ordered_json& first = (*prompt)[0];
       if (first.is_string() || first.is_array()) {
-        // A batch of prompts: reprise serves one choice per request.
-        if (prompt->size() != 1) fail("only one prompt per request is supported", "prompt", "unsupported_parameter");
-        if (first.is_string()) req.prompt = first.get<std::string>();
-        else token_list(first);
+        // A batch of prompts: strings, or arrays of token ids.
+        if (prompt->size() > limits.max_prompts)
+          fail("at most " + std::to_string(limits.max_prompts) + " prompts per request", "prompt");
+        for (size_t i = 0; i < prompt->size(); ++i) {
+          const ordered_json& one = (*prompt)[i];
+          const std::string param = "prompt[" + std::to_string(i) + "]";
+          if (one.is_string() != first.is_string() || !(one.is_string() || one.is_array()))
+            fail("a batch of prompts holds strings, or arrays of token ids, not both", param);
+          if (one.is_string()) req.prompts.push_back({one.get<std::string>(), {}, false});
+          else req.prompts.push_back(token_list(one, param));
+        }
       } else {
-        token_list(*prompt);
+        req.prompts.push_back(token_list(*prompt, "prompt"));
       }
     } else {
-      fail("prompt must be a string, an array of token ids, or an array with one of those", "prompt");
+      fail("prompt must be a string, an array of token ids, or an array of those", "prompt");
     }
+    if (req.prompts.size() * static_cast<size_t>(req.options.choices) > limits.max_prompts)
+      fail("prompts x n may be at most " + std::to_string(limits.max_prompts), "n");
     return req;
   });
 }

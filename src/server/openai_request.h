@@ -75,11 +75,21 @@ struct ChatCompletionRequest {
   std::vector<ImageRef> images;
 };
 
+// One prompt of a text completion: text, or token ids.
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
 struct CompletionRequest {
   GenerationOptions options;
-  std::string prompt;                 // when the prompt is text
-  std::vector<int32_t> prompt_tokens;  // when the prompt is token ids
-  bool prompt_is_tokens = false;
+  // One or more (a batch): each gets options.choices replies, choice
+  // `index` = prompt * n + choice.
+  std::vector<CompletionPrompt> prompts;
+  // The reply's text starts with its prompt; with logprobs, so do the
+  // logprobs (the first token's is null).
+  bool echo = false;
 };
 
 struct RequestLimits {
@@ -91,6 +101,8 @@ struct RequestLimits {
   // n: choices per request. Each is a sequence of its own on a scheduler
   // slot (the prompt is computed once and shared through the cache).
   int max_choices = 16;
+  // Prompts in one completions request, and their generations (prompts x n).
+  size_t max_prompts = 64;
 };
 
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits = {});

@@ -166,6 +166,13 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
   size_t offset = text_offset0;
   for (const LogprobEntry& e : entries) {
     tokens.push_back(e.token);
+    text_offset.push_back(offset);
+    offset += utf8_characters(e.token);
+    if (!e.predicted) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(e.logprob);
     ordered_json top = ordered_json::object();
     for (const auto& alt : e.top) top[alt.token] = alt.logprob;
@@ -173,8 +180,6 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
     // entries), also when it is not among the most likely.
     if (!top.contains(e.token)) top[e.token] = e.logprob;
     top_logprobs.push_back(std::move(top));
-    text_offset.push_back(offset);
-    offset += utf8_characters(e.token);
   }
   ordered_json out = ordered_json::object();
   out["tokens"] = std::move(tokens);
@@ -184,14 +189,30 @@ ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, siz
   return out;
 }
 
+void append_completion_logprobs(ordered_json& into, std::span<const LogprobEntry> entries, size_t text_offset0) {
+  ordered_json part = completion_logprobs_json(entries, text_offset0);
+  if (!into.is_object()) {
+    into = std::move(part);
+    return;
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (auto& v : part[key]) into[key].push_back(std::move(v));
+}
+
 ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
-                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0) {
+                                   ordered_json logprobs) {
   ordered_json choice = ordered_json::object();
   choice["text"] = text;
   choice["index"] = index;
-  choice["logprobs"] = logprobs ? completion_logprobs_json(*logprobs, text_offset0) : ordered_json(nullptr);
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = null_if_empty(finish_reason);
   return choice;
+}
+
+ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                   const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0) {
+  return completion_choice_json(index, text, finish_reason,
+                                logprobs ? completion_logprobs_json(*logprobs, text_offset0) : ordered_json(nullptr));
 }
 
 ordered_json completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage) {

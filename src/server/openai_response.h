@@ -27,6 +27,9 @@ struct LogprobEntry {
     float logprob = 0;
   };
   std::vector<Alternative> top;
+  // False for an echoed prompt's first token, which nothing predicts: its
+  // logprob and alternatives are null.
+  bool predicted = true;
 };
 
 struct UsageCounts {
@@ -92,6 +95,12 @@ ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const UsageCounts& 
 ordered_json completion_logprobs_json(std::span<const LogprobEntry> entries, size_t text_offset0 = 0);
 // The characters of UTF-8 text: its bytes that start one.
 size_t utf8_characters(std::string_view text);
+// Appends entries whose first starts at character text_offset0 to logprobs
+// built so far (null: none yet), so a reply put together from its deltas
+// has the offsets its stream has.
+void append_completion_logprobs(ordered_json& into, std::span<const LogprobEntry> entries, size_t text_offset0);
+ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                   ordered_json logprobs);
 ordered_json completion_choice_json(int index, const std::string& text, const std::string& finish_reason,
                                    const std::optional<std::vector<LogprobEntry>>& logprobs, size_t text_offset0);
 ordered_json completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage);

@@ -94,23 +94,23 @@ Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Token
 }
 
 Parsed<BuiltPrompt> build_completion_prompt(const Tokenizer& tokenizer, int64_t n_ctx, int64_t n_vocab,
-                                            const CompletionRequest& request) {
+                                            const CompletionPrompt& request, const std::string& param) {
   BuiltPrompt prompt;
-  if (request.prompt_is_tokens) {
-    for (int32_t id : request.prompt_tokens)
+  if (request.is_tokens) {
+    for (int32_t id : request.tokens)
       if (id < 0 || id >= n_vocab)
         return ApiError::invalid("prompt token id " + std::to_string(id) + " is out of range (vocabulary has " +
                                      std::to_string(n_vocab) + " tokens)",
-                                 "prompt");
-    prompt.tokens = request.prompt_tokens;
+                                 param);
+    prompt.tokens = request.tokens;
   } else {
     try {
-      prompt.tokens = tokenize_prompt(tokenizer, request.prompt);
+      prompt.tokens = tokenize_prompt(tokenizer, request.text);
     } catch (const std::exception& e) {
-      return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), "prompt");
+      return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), param);
     }
   }
-  return check_length(std::move(prompt), n_ctx, "prompt");
+  return check_length(std::move(prompt), n_ctx, param.c_str());
 }
 
 }  // namespace reprise

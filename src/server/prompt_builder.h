@@ -30,8 +30,9 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
 
 Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Tokenizer& tokenizer, int64_t n_ctx,
                                       const ChatCompletionRequest& request);
+// One prompt of a completions request; `param` names it in errors.
 Parsed<BuiltPrompt> build_completion_prompt(const Tokenizer& tokenizer, int64_t n_ctx, int64_t n_vocab,
-                                            const CompletionRequest& request);
+                                            const CompletionPrompt& prompt, const std::string& param = "prompt");
 
 // Text -> tokens with the BOS rule above.
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& text);

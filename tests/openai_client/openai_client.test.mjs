@@ -1,6 +1,6 @@
 // The official `openai` npm client against `reprise serve` on the real
 // stories260K model from ../shared: chat completions streamed and not,
-// n choices, text completions, usage (with cached prompt tokens on a repeated request),
+// n choices, text completions (a batch of prompts with echo), usage (with cached prompt tokens on a repeated request),
 // structured output (response_format, checked with ajv and the client's own
 // zod helper), model listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
@@ -151,6 +151,21 @@ test("text completion continues the story", { skip }, async () => {
   assert.match(r.choices[0].text, /little girl named Lily/);
   assert.equal(r.choices[0].finish_reason, "length");
   checkUsage(r.usage);
+});
+
+test("a batch of prompts with echo and logprobs, as evaluation harnesses send it", { skip }, async () => {
+  const prompts = ["Once upon a time", "Lily and Ben"];
+  const r = await client.completions.create({ model, prompt: prompts, echo: true, logprobs: 1, max_tokens: 0 });
+  assert.equal(r.choices.length, 2);
+  for (const c of r.choices) {
+    assert.equal(c.text, prompts[c.index]);
+    const lp = c.logprobs;
+    assert.ok(lp.tokens.length >= 2, JSON.stringify(lp));
+    assert.equal(lp.token_logprobs[0], null);
+    assert.ok(lp.token_logprobs.slice(1).every((v) => typeof v === "number" && v <= 0));
+    assert.equal(lp.text_offset.length, lp.tokens.length);
+  }
+  assert.equal(r.usage.completion_tokens, 0);
 });
 
 test("stop strings end the text before the match", { skip }, async () => {
