@@ -72,7 +72,18 @@ json random_schema(std::mt19937& rng, int depth) {
       json s = {{"type", "string"}};
       const int lo = static_cast<int>(rng() % 3);
       s["minLength"] = lo;
-      if (rng() % 2) s["maxLength"] = lo + static_cast<int>(rng() % 4);
+      if (rng() % 2) s["maxLength"] = lo + static_cast<int>(rng() % (rng() % 3 ? 4 : 40));
+      if (rng() % 2) {
+        // Patterns and enforced formats (a few with nothing in their lengths).
+        static const std::vector<json> patterns = {
+            {{"pattern", "^[a-c]+$"}}, {{"pattern", "^(ab|c)*d$"}}, {{"pattern", "x"}},
+            {{"pattern", "^\\d{2,4}$"}}, {{"pattern", "^[a-z]{1,3}(-[a-z]{1,3})*$"}}, {{"pattern", "\u00e9"}},
+            {{"pattern", "^.$"}}, {{"pattern", "^(a|aaaa)$"}}, {{"pattern", "^[^\"\\\\]*\\n$"}},
+            {{"pattern", "^\\s?[\u20ac-\u20ad]\\/$"}}, {{"pattern", "^(?:\"|\\\\)+$"}},
+            {{"format", "date"}}, {{"format", "uuid"}}, {{"format", "email"}}, {{"format", "date-time"}},
+            {{"format", "ipv4"}}, {{"pattern", "^\\w+$"}, {"format", "hostname"}}};
+        s.update(patterns[rng() % patterns.size()]);
+      }
       return s;
     }
     case 2: {
@@ -184,6 +195,36 @@ std::string random_string_content(std::mt19937& rng, int64_t min_len, int64_t ma
 
 // A document for `node`, or nullopt when the draw failed (a union's pick or a
 // depth limit); callers retry.
+// A JSON string a patterned node allows, found by a random walk over its
+// automaton (the automaton itself is checked against std::regex in
+// regex_dfa_test.cpp), escaped as JSON.
+std::optional<std::string> random_pattern_string(const JsonSchema& schema, const SchemaNode& n, std::mt19937& rng) {
+  const RegexDfa& dfa = *schema.pattern(n.pattern).dfa;
+  int32_t state = dfa.start();
+  int64_t count = 0;
+  int left = 0;  // continuation bytes still to come
+  std::string text;
+  for (int step = 0; step < 200; ++step) {
+    if (left == 0 && dfa.accepting(state) && count >= n.min_length && (rng() % 4 == 0 || step > 120)) break;
+    std::vector<int> options;
+    for (int b = 0; b < 256; ++b) {
+      const bool continuation = (b & 0xC0) == 0x80;
+      if (continuation != (left > 0)) continue;
+      const int32_t next = dfa.next(state, static_cast<uint8_t>(b));
+      if (next != RegexDfa::kDead && schema.pattern_can_finish(n, next, count + 1)) options.push_back(b);
+    }
+    if (options.empty()) return std::nullopt;
+    const int b = options[rng() % options.size()];
+    state = dfa.next(state, static_cast<uint8_t>(b));
+    if (left > 0) --left;
+    else left = b < 0x80 ? 0 : b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+    if (left == 0) ++count;
+    text += static_cast<char>(b);
+  }
+  if (left != 0 || !dfa.accepting(state) || count < n.min_length) return std::nullopt;
+  return json(text).dump();
+}
+
 std::optional<std::string> random_document(const JsonSchema& schema, int32_t id, std::mt19937& rng, int depth) {
   const SchemaNode& n = schema.node(id);
   if (!n.satisfiable || depth > 8) return std::nullopt;
@@ -220,6 +261,7 @@ std::optional<std::string> random_document(const JsonSchema& schema, int32_t id,
     }
     case kJsonString:
       if (n.max_length >= 0 && n.min_length > n.max_length) return std::nullopt;
+      if (n.pattern >= 0) return random_pattern_string(schema, n, rng);
       return "\"" + random_string_content(rng, n.min_length, n.max_length) + "\"";
     case kJsonArray: {
       const int64_t hi = n.max_items >= 0 ? n.max_items : n.min_items + 3;
@@ -289,6 +331,17 @@ std::string walk(const std::shared_ptr<const JsonSchema>& schema, std::mt19937& 
     }
     const bool in_text = top.kind == JsonFrame::String || (top.kind == JsonFrame::Object && top.phase == 1);
     if (step >= budget && !steered && in_text && is_allowed('"')) c = '"', steered = true;
+    if (step >= budget && !steered && top.kind == JsonFrame::String && top.escape == 0 && top.utf8_left == 0 &&
+        schema->node(top.node).pattern >= 0) {
+      // Toward the pattern's nearest acceptance (or into an escape).
+      const RegexDfa& dfa = *schema->pattern(schema->node(top.node).pattern).dfa;
+      int32_t best = dfa.min_chars(top.pattern_state);
+      for (uint8_t b : allowed) {
+        const int32_t next = b == '\\' ? RegexDfa::kDead : dfa.next(top.pattern_state, b);
+        if (next != RegexDfa::kDead && dfa.min_chars(next) < best) best = dfa.min_chars(next), c = b, steered = true;
+      }
+      if (!steered && is_allowed('\\')) c = '\\', steered = true;
+    }
     if (step >= budget && !steered) {
       // Prefer bytes that close things, then any.
       for (char want : closing_first)
@@ -318,7 +371,10 @@ void expect_valid(const JsonSchema& schema, const std::string& doc, const json& 
 }  // namespace
 
 TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
-  for (const char* text : {R"({"type":"string","pattern":"a+"})", R"({"type":"integer","multipleOf":3})",
+  for (const char* text : {R"({"type":"string","pattern":"(?=a)b"})", R"({"type":"string","pattern":"(a)\\1"})",
+                           R"({"type":"string","pattern":"\\bword"})", R"({"type":"string","pattern":"[z-a]"})",
+                           R"({"type":"string","pattern":"a|^b"})", R"({"type":"string","pattern":"(a"})",
+                           R"({"type":"string","pattern":7})", R"({"type":"integer","multipleOf":3})",
                            R"({"not":{}})", R"({"allOf":[{"type":"string"},{"minLength":2}]})",
                            R"({"$ref":"http://example.com/s.json"})", R"({"$ref":"#/$defs/missing"})",
                            R"({"type":"strin"})", R"({"type":"object","properties":{"a\"b":{}}})",
@@ -355,10 +411,11 @@ TEST(JsonSchemaCompile, AnnotationsAndPydanticShapesCompile) {
       "best": {"allOf": [{"$ref": "#/$defs/Pet"}]}
     },
     "required": ["name", "pets"]})");
-  EXPECT_TRUE(s->validates(json::parse(R"({"name":"x","pets":[{"kind":"cat"}],"age":null})")));
-  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x","pets":[{"kind":"cow"}]})")));
-  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x"})")));
-  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x","pets":[],"other":1})")));  // no other keys by default
+  EXPECT_TRUE(s->validates(json::parse(R"({"name":"x@a.io","pets":[{"kind":"cat"}],"age":null})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x","pets":[{"kind":"cat"}],"age":null})")));  // an email
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x@a.io","pets":[{"kind":"cow"}]})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x@a.io"})")));
+  EXPECT_FALSE(s->validates(json::parse(R"({"name":"x@a.io","pets":[],"other":1})")));  // no other keys by default
 }
 
 TEST(JsonMatcher, AnyObject) {

@@ -418,7 +418,7 @@ TEST(ServerStructuredOutput, WhatIsNotEnforcedIsRefused) {
     return r;
   };
   const json pattern = {{"type", "json_schema"},
-                        {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}};
+                        {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^(?=a)a+$"}}}}}};
   auto [st, r] = s.post("/v1/chat/completions", with_format(pattern));
   EXPECT_EQ(st, 400);
   EXPECT_EQ(r["error"]["param"], "response_format.json_schema.schema");
@@ -519,7 +519,7 @@ TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
   json string_params = bad;
   string_params["tools"][0]["function"]["parameters"] = {{"type", "string"}};
   EXPECT_EQ(s.post("/v1/chat/completions", string_params).first, 400);
-  bad["tools"][0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  bad["tools"][0]["function"]["parameters"]["properties"]["city"]["multipleOf"] = 2;
   auto [st, r] = s.post("/v1/chat/completions", bad);
   EXPECT_EQ(st, 400);
   EXPECT_EQ(r["error"]["param"], "tools[0].function.parameters") << r.dump();

@@ -1195,7 +1195,9 @@ TEST(ServeHttpEcho, StreamedEchoIsTheCompleteReply) {
     if (e == "[DONE]") continue;
     const json chunk = json::parse(e);
     const json& ch = chunk["choices"][0];
-    if (first) EXPECT_EQ(ch["text"], "The little cat sat");
+    if (first) {
+      EXPECT_EQ(ch["text"], "The little cat sat");
+    }
     first = false;
     text += ch["text"].get<std::string>();
     if (ch["logprobs"].is_object())

@@ -40,13 +40,27 @@ std::shared_ptr<const JsonVocabulary::StringTokens> JsonVocabulary::string_token
   // UTF-8 state.
   // A token adds at most longest_piece_ characters, so bounds further away
   // than that act alike: the key holds the distances to them, clipped.
+  // With a pattern, which continuations can still finish depends on the
+  // exact distances to the bounds: they are not clipped.
   const bool is_string = top.kind == JsonFrame::String;
   const SchemaNode* limits = is_string ? &matcher.schema().node(top.node) : nullptr;
+  const bool patterned = limits && limits->pattern >= 0;
   const int64_t far = longest_piece_ + 1;
-  const int64_t to_min = limits ? std::clamp<int64_t>(limits->min_length - top.count, 0, far) : 0;
-  const int64_t to_max =
-      limits && limits->max_length >= 0 ? std::min<int64_t>(limits->max_length - top.count, far) : -1;
-  const Key key{top.kind, top.escape, top.utf8_left, top.utf8_lo, top.utf8_hi, to_min, to_max};
+  const int64_t to_min =
+      limits ? std::clamp<int64_t>(limits->min_length - top.count, 0, patterned ? limits->min_length : far) : 0;
+  const int64_t to_max = limits && limits->max_length >= 0
+                             ? (patterned ? limits->max_length - top.count
+                                          : std::min<int64_t>(limits->max_length - top.count, far))
+                             : -1;
+  const Key key{top.kind,
+                top.escape,
+                top.utf8_left,
+                top.utf8_lo,
+                top.utf8_hi,
+                to_min,
+                to_max,
+                patterned ? matcher.schema().pattern(limits->pattern).dfa->source() : std::string(),
+                patterned ? top.pattern_state : 0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = strings_.find(key); it != strings_.end()) return it->second;

@@ -44,7 +44,9 @@ class JsonVocabulary {
  private:
   TokenTrie trie_;
   int32_t longest_piece_ = 0;  // bytes
-  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int64_t, int64_t>;
+  // Frame kind, escape and UTF-8 state, the distances to the length bounds,
+  // and a pattern's source and automaton state ("" and 0 without one).
+  using Key = std::tuple<uint8_t, uint8_t, uint8_t, uint8_t, uint8_t, int64_t, int64_t, std::string, int32_t>;
   std::mutex mutex_;
   std::map<Key, std::shared_ptr<const StringTokens>> strings_;
 };

@@ -84,10 +84,38 @@ Utf8 utf8_step(JsonFrame& f, uint8_t c) {
   return Utf8::Partial;
 }
 
+// A string's pattern takes its decoded character bytes; a byte is allowed
+// only where the string can still be finished (`count_after`: its code
+// points with the one this byte belongs to).
+bool pattern_step(JsonFrame& f, const SchemaNode& n, const JsonSchema& s, uint8_t decoded, int64_t count_after) {
+  const int32_t next = s.pattern(n.pattern).dfa->next(f.pattern_state, decoded);
+  if (next == RegexDfa::kDead || !s.pattern_can_finish(n, next, count_after)) return false;
+  f.pattern_state = next;
+  return true;
+}
+
+// The character a one-letter escape stands for, or -1.
+int short_escape(uint8_t c) {
+  switch (c) {
+    case '"': return '"';
+    case '\\': return '\\';
+    case '/': return '/';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return -1;
+  }
+}
+
 // Escapes: 1 after the backslash; \u's hex digits: 2 the first, 3 the second
 // (4 when the first was d: 0-7 only, no surrogates), 5 and 6 the last two.
-Step string_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
+// Strings with a pattern take one-letter escapes only.
+Step string_step(JsonFrame& f, const SchemaNode& n, const JsonSchema& s, uint8_t c) {
+  const bool patterned = n.pattern >= 0;
   if (f.utf8_left > 0) {
+    if (patterned && !pattern_step(f, n, s, c, f.count + 1)) return Step::Rejected;
     const Utf8 r = utf8_step(f, c);
     if (r == Utf8::Rejected) return Step::Rejected;
     if (r == Utf8::Char) ++f.count;
@@ -95,16 +123,18 @@ Step string_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
   }
   switch (f.escape) {
     case 0: break;
-    case 1:
-      if (c == 'u') {
+    case 1: {
+      if (c == 'u' && !patterned) {
         f.escape = 2;
         return Step::Consumed;
       }
-      if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't')
-        return Step::Rejected;
+      const int decoded = short_escape(c);
+      if (decoded < 0) return Step::Rejected;
+      if (patterned && !pattern_step(f, n, s, static_cast<uint8_t>(decoded), f.count + 1)) return Step::Rejected;
       f.escape = 0;
       ++f.count;
       return Step::Consumed;
+    }
     case 2:
       if (!is_hex(c)) return Step::Rejected;
       f.escape = c == 'd' || c == 'D' ? 4 : 3;
@@ -123,13 +153,25 @@ Step string_step(JsonFrame& f, const SchemaNode& n, uint8_t c) {
       }
       return Step::Consumed;
   }
-  if (c == '"') return f.count >= n.min_length ? Step::Closed : Step::Rejected;
+  if (c == '"') {
+    if (patterned && !s.pattern(n.pattern).dfa->accepting(f.pattern_state)) return Step::Rejected;
+    return f.count >= n.min_length ? Step::Closed : Step::Rejected;
+  }
   if (n.max_length >= 0 && f.count >= n.max_length) return Step::Rejected;
   if (c == '\\') {
+    if (patterned) {  // some escape must be able to follow
+      bool any = false;
+      for (uint8_t e : {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'}) {
+        JsonFrame probe = f;
+        any = any || pattern_step(probe, n, s, static_cast<uint8_t>(short_escape(e)), f.count + 1);
+      }
+      if (!any) return Step::Rejected;
+    }
     f.escape = 1;
     return Step::Consumed;
   }
   if (c < 0x20) return Step::Rejected;
+  if (patterned && !pattern_step(f, n, s, c, f.count + 1)) return Step::Rejected;
   const Utf8 r = utf8_step(f, c);
   if (r == Utf8::Rejected) return Step::Rejected;
   if (r == Utf8::Char) ++f.count;
@@ -543,7 +585,7 @@ bool JsonMatcher::step(JsonStack& stack, uint8_t c, std::vector<JsonStack>& fork
         return start_value(stack, schema_->root(), c, forks);
       case JsonFrame::Object: return object_step(stack, c, forks);
       case JsonFrame::Array: return array_step(stack, c, forks);
-      case JsonFrame::String: r = string_step(f, schema_->node(f.node), c); break;
+      case JsonFrame::String: r = string_step(f, schema_->node(f.node), *schema_, c); break;
       case JsonFrame::Number: r = number_step(f, schema_->node(f.node), c); break;
       default: r = literal_step(f, schema_->literals(f.node), c); break;
     }

@@ -5,7 +5,8 @@
 // accepts can still be finished and so that a model cannot stall in filler:
 // no whitespace before or after the document; between tokens at most one
 // space, or a newline and up to 20 spaces or tabs; keys without escapes;
-// \u escapes outside the surrogate range (other characters as UTF-8); up to
+// \u escapes outside the surrogate range (other characters as UTF-8), and in
+// strings with a pattern one-letter escapes only; up to
 // 16 integer and 16 fraction digits and 2 exponent digits (none for numbers
 // with bounds, whose digits are steered into them); declared keys
 // once each (other keys are not checked for repeats); enum and const
@@ -38,6 +39,7 @@ struct JsonFrame {
   uint8_t utf8_lo = 0x80, utf8_hi = 0xBF;  // the next continuation byte's range
   int32_t node = -1;       // schema node (Literal: literal set)
   int32_t count = 0;       // array items, string code points, number digits
+  int32_t pattern_state = 0;  // strings with a pattern: its automaton's state
   int32_t lo = 0, hi = 0, pos = 0;  // declared keys / literals still matching, bytes matched
   int32_t property = -1;   // objects: whose value is being read (-2: another key's)
   uint64_t seen = 0;       // objects: declared properties written

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "grammar/string_formats.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -22,7 +23,7 @@ const std::set<std::string, std::less<>> kAnnotations = {
     "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "strict", "discriminator"};
 const std::set<std::string, std::less<>> kEnforced = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "nullable"};
 constexpr size_t kMaxProperties = 64;   // SchemaNode::required is a 64-bit set
 constexpr size_t kMaxNodes = 4096;
@@ -239,6 +240,44 @@ class Compiler {
     return schema["nullable"].get<bool>();
   }
 
+  // pattern, and a format string_formats.h enforces: one automaton for both
+  // (their intersection), limited to what a generated string can hold. A
+  // string type no string can satisfy within its lengths is dropped.
+  void read_pattern(const json& schema, const std::string& pointer, SchemaNode& node) {
+    std::shared_ptr<const RegexDfa> dfa;
+    try {
+      if (schema.contains("pattern")) {
+        const json& p = schema["pattern"];
+        if (!p.is_string()) throw Error("must be a string");
+        dfa = RegexDfa::compile(p.get<std::string>());
+      }
+      if (schema.contains("format") && schema["format"].is_string())
+        if (const char* format = string_format_pattern(schema["format"].get<std::string>())) {
+          auto f = RegexDfa::compile(format);
+          dfa = dfa ? RegexDfa::intersect(*dfa, *f) : f;
+        }
+      if (!dfa) return;
+      // Control characters JSON has no short escape for are written as \u
+      // escapes, which strings under a pattern do not take.
+      static const std::shared_ptr<const RegexDfa> writable =
+          RegexDfa::compile("^[^\\x00-\\x07\\x0B\\x0E-\\x1F]*$");
+      dfa = RegexDfa::intersect(*dfa, *writable);
+    } catch (const Error& e) {
+      throw Error("pattern at " + where(pointer) + ": " + e.what());
+    }
+    JsonSchema::StringPattern sp;
+    if (node.max_length >= 0) {
+      constexpr int64_t kMaxLengthBits = int64_t{1} << 26;
+      if ((node.max_length + 1) * static_cast<int64_t>(dfa->state_count()) > kMaxLengthBits)
+        throw Error("pattern at " + where(pointer) + " with maxLength " + std::to_string(node.max_length) +
+                    ": too large to enforce together");
+      sp.lengths = dfa->lengths_up_to(static_cast<int32_t>(node.max_length));
+    }
+    sp.dfa = std::move(dfa);
+    node.pattern = out_.add_pattern(std::move(sp));
+    if (!out_.pattern_can_finish(node, 0, 0)) node.types &= static_cast<uint8_t>(~kJsonString);
+  }
+
   // minimum / maximum, and exclusiveMinimum / exclusiveMaximum as numbers
   // (2020-12) or as booleans qualifying minimum / maximum (draft 4).
   static void read_bounds(const json& schema, const std::string& pointer, SchemaNode& node) {
@@ -299,7 +338,7 @@ class Compiler {
         if (schema.contains(k)) node.types |= kJsonObject;
       for (const char* k : {"items", "prefixItems", "minItems", "maxItems"})
         if (schema.contains(k)) node.types |= kJsonArray;
-      for (const char* k : {"minLength", "maxLength"})
+      for (const char* k : {"minLength", "maxLength", "pattern"})
         if (schema.contains(k)) node.types |= kJsonString;
       if (node.types == 0) node.types = kJsonAnyType;
     }
@@ -309,6 +348,7 @@ class Compiler {
     compute_number_grid(node);
     if (schema.contains("minLength")) node.min_length = count_of(schema, "minLength", pointer);
     if (schema.contains("maxLength")) node.max_length = count_of(schema, "maxLength", pointer);
+    read_pattern(schema, pointer, node);
     if (schema.contains("minItems")) node.min_items = count_of(schema, "minItems", pointer);
     if (schema.contains("maxItems")) node.max_items = count_of(schema, "maxItems", pointer);
 
@@ -451,6 +491,25 @@ int32_t JsonSchema::add_node(SchemaNode node) {
   return static_cast<int32_t>(nodes_.size() - 1);
 }
 
+int32_t JsonSchema::add_pattern(StringPattern pattern) {
+  patterns_.push_back(std::move(pattern));
+  return static_cast<int32_t>(patterns_.size() - 1);
+}
+
+bool JsonSchema::pattern_can_finish(const SchemaNode& n, int32_t state, int64_t count) const {
+  const StringPattern& p = patterns_[n.pattern];
+  const int64_t at_least = std::max<int64_t>(0, n.min_length - count);
+  if (n.max_length < 0) {
+    const int32_t most = p.dfa->max_chars(state);
+    return most == RegexDfa::kUnbounded || most >= at_least;
+  }
+  const int64_t at_most = n.max_length - count;
+  const std::vector<uint64_t>& bits = p.lengths[state];
+  for (int64_t k = at_least; k <= at_most; ++k)
+    if (bits[static_cast<size_t>(k / 64)] >> (k % 64) & 1) return true;
+  return false;
+}
+
 int32_t JsonSchema::add_literals(std::vector<std::string> literals) {
   std::sort(literals.begin(), literals.end());
   literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
@@ -528,8 +587,10 @@ bool JsonSchema::validates(const json& v, int32_t id, std::vector<int32_t>& trie
     }
     case json::value_t::string: {
       if (!(n.types & kJsonString)) return false;
-      const int64_t len = code_points(v.get_ref<const std::string&>());
-      return len >= n.min_length && (n.max_length < 0 || len <= n.max_length);
+      const std::string& text = v.get_ref<const std::string&>();
+      const int64_t len = code_points(text);
+      return len >= n.min_length && (n.max_length < 0 || len <= n.max_length) &&
+             (n.pattern < 0 || patterns_[n.pattern].dfa->matches(text));
     }
     case json::value_t::array: {
       if (!(n.types & kJsonArray)) return false;

@@ -3,12 +3,13 @@
 //
 // What is enforced (docs/server.md, Structured output): type (one or a list),
 // enum, const, properties, required, additionalProperties, items,
-// prefixItems, minItems, maxItems, minLength, maxLength, minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum, anyOf, oneOf (as
-// anyOf), allOf of one schema, $ref into the same document ($defs,
-// definitions, any JSON pointer), nullable. Annotations (title,
-// description, default, examples, format, ...) are ignored. Any other
-// keyword is refused with reprise::Error rather than silently not enforced.
+// prefixItems, minItems, maxItems, minLength, maxLength, pattern (RegexDfa's
+// syntax), minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf,
+// oneOf (as anyOf), allOf of one schema, $ref into the same document ($defs,
+// definitions, any JSON pointer), nullable, and the formats
+// string_formats.h lists. Annotations (title, description, default,
+// examples, other formats, ...) are ignored. Any other keyword is refused
+// with reprise::Error rather than silently not enforced.
 //
 // Two choices where JSON Schema is looser than a useful generation:
 // additionalProperties absent means none (as llama.cpp's grammars do: the
@@ -24,6 +25,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "grammar/regex_dfa.h"
 
 namespace reprise {
 
@@ -48,6 +51,7 @@ struct SchemaNode {
   uint8_t types = 0;  // JsonTypeBit
 
   int64_t min_length = 0, max_length = -1;  // strings, in code points; -1: no limit
+  int32_t pattern = -1;  // strings: JsonSchema::pattern(pattern) (pattern, format); -1: none
 
   // Numbers: minimum and maximum (infinite when absent), each inclusive
   // unless exclusive_*.
@@ -124,6 +128,20 @@ class JsonSchema {
   static constexpr int32_t kBooleanLiterals = 0;
   static constexpr int32_t kNullLiterals = 1;
 
+  // A string node's pattern (its `pattern`, its enforced `format`, or both),
+  // as an automaton over the string's decoded UTF-8 (only the characters a
+  // generated string can hold: no control characters JSON has no short
+  // escape for), and with maxLength, per automaton state the code-point
+  // lengths by which it can reach acceptance (RegexDfa::lengths_up_to).
+  struct StringPattern {
+    std::shared_ptr<const RegexDfa> dfa;
+    std::vector<std::vector<uint64_t>> lengths;
+  };
+  const StringPattern& pattern(int32_t id) const { return patterns_[id]; }
+  // Whether a string of node `n` that has `count` code points, its pattern
+  // in automaton state `state`, can still be finished within its lengths.
+  bool pattern_can_finish(const SchemaNode& n, int32_t state, int64_t count) const;
+
   // Whether `value` matches the schema as compiled (the choices above included).
   bool validates(const nlohmann::json& value) const { return validates(value, root_); }
   bool validates(const nlohmann::json& value, int32_t node) const;
@@ -134,6 +152,7 @@ class JsonSchema {
   JsonSchema();
   int32_t add_node(SchemaNode node);
   int32_t add_literals(std::vector<std::string> literals);
+  int32_t add_pattern(StringPattern pattern);
   SchemaNode& mutable_node(int32_t id) { return nodes_[id]; }
   void set_root(int32_t root) { root_ = root; }
   void compute_depths();
@@ -142,6 +161,7 @@ class JsonSchema {
   std::vector<SchemaNode> nodes_;
   std::vector<std::vector<std::string>> literal_sets_;
   std::vector<std::vector<nlohmann::json>> literal_values_;
+  std::vector<StringPattern> patterns_;
 
   // `tried`: union nodes already tried for this value (a union reaching
   // itself, or the same node by two paths, is tried once).
