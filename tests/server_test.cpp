@@ -21,6 +21,8 @@
 #include <sstream>
 #include <thread>
 
+#include "gguf/gguf_file.h"
+#include "gguf/gguf_writer.h"
 #include "model_fixtures.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
@@ -1028,6 +1030,89 @@ TEST(ServeHttpChoices, EachChoiceIsWhatItsSeedGivesAloneAndThePromptIsComputedOn
   EXPECT_EQ(r1.doc()["choices"][0]["text"], j["choices"][0]["text"]);
 }
 
+// A copy of a model whose vocabulary cannot write `byte`: every token
+// holding it, and its byte token, become unused placeholders.
+std::string model_without_byte(const std::string& path, char byte, const std::string& out) {
+  auto f = gguf::File::open(path);
+  char byte_token[8];
+  std::snprintf(byte_token, sizeof byte_token, "<0x%02X>", static_cast<unsigned char>(byte));
+  const gguf::Value& tokens = *f->find("tokenizer.ggml.tokens");
+  std::vector<std::string> kept;
+  std::set<size_t> gone;
+  for (size_t i = 0; i < tokens.strings.size(); ++i) {
+    const std::string t(tokens.strings[i]);
+    if (t.find(byte) != std::string::npos || t == byte_token) {
+      gone.insert(i);
+      kept.push_back("<gone" + std::to_string(i) + ">");
+    } else {
+      kept.push_back(t);
+    }
+  }
+  gguf::Writer w;
+  for (const auto& [key, value] : f->metadata()) {
+    if (key == "tokenizer.ggml.tokens") {
+      w.set(key, gguf::MetaValue::string_array(kept));
+    } else if (key == "tokenizer.ggml.token_type") {
+      std::vector<int32_t> types(value.count);
+      std::memcpy(types.data(), value.elems, types.size() * sizeof(int32_t));
+      for (size_t i : gone) types[i] = 5;  // UNUSED
+      w.set(key, gguf::MetaValue::array(std::span<const int32_t>(types)));
+    } else {
+      w.set(key, gguf::MetaValue::copy_of(value));
+    }
+  }
+  for (const auto& t : f->tensors()) w.add_tensor_view(t.name, t.shape, t.type, std::span<const uint8_t>(t.data, t.n_bytes));
+  w.write(out);
+  return out;
+}
+
+// A choice that fails (structured output the vocabulary cannot write)
+// fails the request at once: its sibling choices are cancelled rather than
+// run to their end for a reply that is an error.
+TEST(ServeHttpChoices, AFailingChoiceCancelsItsSiblings) {
+  const std::string path = model_without_byte(model_a_path(), 'b', ::testing::TempDir() + "/reprise-no-b.gguf");
+  ServeOptions options;
+  options.parallel = 2;
+  TestServer s(options, {{"no-b", path}});
+  // A quoted "ab" the vocabulary cannot finish, or a long array of integers.
+  const json schema = {{"anyOf",
+                        {{{"const", "ab"}},
+                         {{"type", "array"}, {"items", {{"type", "integer"}}}, {"minItems", 150}, {"maxItems", 150}}}}};
+  auto request = [&](uint64_t seed, int n) {
+    return json{{"prompt", "Numbers:"},
+                {"max_tokens", 1500},
+                {"temperature", 1.0},
+                {"seed", seed},
+                {"n", n},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+  };
+  // Find a seed whose reply fails at once and whose next one runs long.
+  std::optional<uint64_t> found;
+  int64_t long_run = 0;
+  for (uint64_t seed = 1; seed < 60 && !found; ++seed) {
+    if (post(s, "/v1/completions", request(seed, 1)).status != 400) continue;
+    Reply next = post(s, "/v1/completions", request(seed + 1, 1));
+    if (next.status != 200) continue;
+    long_run = next.doc()["usage"]["completion_tokens"];
+    if (long_run >= 300) found = seed;
+  }
+  ASSERT_TRUE(found.has_value()) << "no seed pair found";
+  const double before = metric(get(s, "/metrics").body, R"(reprise_completion_tokens_total{model="no-b"})");
+  Reply both = post(s, "/v1/completions", request(*found, 2));
+  EXPECT_EQ(both.status, 400) << both.body;
+  EXPECT_NE(both.doc()["error"]["message"].get<std::string>().find("structured output"), std::string::npos);
+  const double spent = metric(get(s, "/metrics").body, R"(reprise_completion_tokens_total{model="no-b"})") - before;
+  EXPECT_LT(spent, static_cast<double>(long_run) / 2) << "the sibling ran on after the failure";
+  // Streamed: an error event, and no finish for the cancelled sibling.
+  json streamed = request(*found, 2);
+  streamed["stream"] = true;
+  const std::vector<std::string> events = sse_payloads(post(s, "/v1/completions", streamed).body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_TRUE(json::parse(events[events.size() - 2]).contains("error")) << events[events.size() - 2];
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
 // Streamed choices: every chunk names its choice, each choice opens with
 // the role and ends with one finish_reason, and its text is what the whole
 // reply holds; the usage chunk counts all of them.
@@ -1113,6 +1198,13 @@ TEST(ServeHttpChoices, StreamedChoicesAreTheCompleteReplysChoices) {
 // positions: a continuation's echoed logprobs are the ones its generation
 // had (to rounding: a prompt's positions are one batch), and a warm cache
 // gives what a cold server gives.
+// An echoed token-id prompt is its tokens' pieces joined (no clean-up).
+std::string pieces(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) text += tiny_tokenizer().token_to_piece(id);
+  return text;
+}
+
 TEST(ServeHttpEcho, EchoedLogprobsAreEachPositionsOwnAndCachedEqualsCold) {
   const std::vector<int32_t> prompt =
       tokenize_prompt(tiny_tokenizer(), "Once upon a time there was a little dog who liked to run");
@@ -1126,7 +1218,7 @@ TEST(ServeHttpEcho, EchoedLogprobsAreEachPositionsOwnAndCachedEqualsCold) {
     cold_body = r.body;
     const json e = r.doc();
     const json& c = e["choices"][0];
-    EXPECT_EQ(c["text"], tiny_tokenizer().detokenize(prompt));
+    EXPECT_EQ(c["text"], pieces(prompt));
     EXPECT_EQ(c["finish_reason"], "length");
     EXPECT_EQ(e["usage"]["completion_tokens"], 0);
     EXPECT_EQ(e["usage"]["prompt_tokens"], prompt.size());
@@ -1136,8 +1228,12 @@ TEST(ServeHttpEcho, EchoedLogprobsAreEachPositionsOwnAndCachedEqualsCold) {
     ASSERT_EQ(lp["top_logprobs"].size(), prompt.size());
     EXPECT_TRUE(lp["token_logprobs"][0].is_null());
     EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    const std::string text = c["text"];
     for (size_t k = 1; k < prompt.size(); ++k) {
       EXPECT_EQ(lp["tokens"][k], tiny_tokenizer().token_to_piece(prompt[k])) << k;
+      // The text is the pieces: each token's offset finds it there.
+      const std::string piece = lp["tokens"][k];
+      EXPECT_EQ(text.substr(lp["text_offset"][k].get<size_t>(), piece.size()), piece) << k;
       ASSERT_TRUE(lp["token_logprobs"][k].is_number()) << k;
       EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0);
       EXPECT_GE(lp["top_logprobs"][k].size(), 3u);  // 3 alternatives, and the token itself
@@ -1174,8 +1270,30 @@ TEST(ServeHttpEcho, EchoedLogprobsAreEachPositionsOwnAndCachedEqualsCold) {
   echo_text.erase("echo");
   const json without = post(warm, "/v1/completions", echo_text).doc();
   EXPECT_EQ(with_echo["choices"][0]["text"].get<std::string>(),
-            tiny_tokenizer().detokenize(prompt) + without["choices"][0]["text"].get<std::string>());
+            pieces(prompt) + without["choices"][0]["text"].get<std::string>());
   EXPECT_GT(with_echo["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+}
+
+// A model with padding rows beyond its tokenizer's tokens: a prompt may
+// name them (they are valid model inputs), and echo shows them as empty
+// text, as generated text does, instead of failing.
+TEST(ServeHttpEcho, IdsBeyondTheTokenizerEchoAsEmptyText) {
+  SyntheticModelSpec spec = synthetic_preset("tiny");
+  spec.tokenizer_tokens = 1000;  // of 1024 rows
+  const std::string path = test::synthetic_model("server-padded-vocab", spec).path;
+  TestServer s({}, {{"padded", path}});
+  for (bool logprobs : {false, true}) {
+    json body = {{"prompt", {5, 1010, 6}}, {"max_tokens", 2}, {"temperature", 0}, {"echo", true}};
+    if (logprobs) body["logprobs"] = 1;
+    Reply r = post(s, "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json c = r.doc()["choices"][0];
+    EXPECT_EQ(c["text"].get<std::string>().rfind(pieces({5}) + pieces({6}), 0), 0u) << c.dump();
+    if (logprobs) {
+      EXPECT_EQ(c["logprobs"]["tokens"][1], "");
+      EXPECT_TRUE(c["logprobs"]["token_logprobs"][1].is_number());
+    }
+  }
 }
 
 // Streamed echo: the prompt's text and logprobs come first, and the

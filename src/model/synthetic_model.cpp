@@ -424,7 +424,7 @@ void write_metadata(gguf::Writer& w, const SyntheticModelSpec& s) {
     w.set_u32(a + "attention.sliding_window_pattern", static_cast<uint32_t>(s.sliding_window_pattern));
   }
 
-  std::vector<std::string> tokens = synthetic_vocab(s.n_vocab);
+  std::vector<std::string> tokens = synthetic_vocab(s.tokenizer_tokens > 0 ? s.tokenizer_tokens : s.n_vocab);
   std::vector<float> scores(tokens.size(), 0.0f);
   std::vector<int32_t> types(tokens.size(), 1);  // NORMAL
   types[0] = 2;                                  // UNKNOWN
@@ -505,6 +505,8 @@ void validate_synthetic_spec(const SyntheticModelSpec& spec) {
   if (!is_known_arch(s.arch)) bad("unknown architecture");
   if (s.n_embd <= 0 || s.n_layer <= 0 || s.n_ctx <= 0) bad("n_embd, n_layer and n_ctx must be positive");
   if (s.n_vocab < 260) bad("n_vocab must be at least 260 (specials, 256 byte tokens, pieces)");
+  if (s.tokenizer_tokens != 0 && (s.tokenizer_tokens < 260 || s.tokenizer_tokens > s.n_vocab))
+    bad("tokenizer_tokens must be 0 or in [260, n_vocab]");
   if (!dtype_supported(s.dtype)) bad("unsupported weight dtype " + dtype_name(static_cast<uint32_t>(s.dtype)));
   if (s.embd_dtype && !dtype_supported(*s.embd_dtype)) bad("unsupported embedding dtype");
   if (s.more_bits_dtype && !((s.dtype == DType::Q4_K || s.dtype == DType::Q5_K) && *s.more_bits_dtype == DType::Q6_K))

@@ -28,6 +28,9 @@ struct SyntheticModelSpec {
   int64_t head_dim = 0;     // 0: n_embd / n_head
   int64_t n_ff = 256;
   int64_t n_vocab = 1024;   // at least 260 (3 specials + 256 bytes + pieces)
+  // > 0: the tokenizer lists only this many tokens, the rest of the model's
+  // n_vocab rows being padding (as Qwen2.5's files have).
+  int64_t tokenizer_tokens = 0;
   int64_t n_ctx = 2048;
   // Type of the weight matrices. Norms, biases, SSM conv/A/D and MoE routers
   // stay F32, and mamba's small ssm_x/ssm_dt matrices stay F16 when quantized,

@@ -514,6 +514,16 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   return plan;
 }
 
+// Token ids echoed as text: their pieces joined, with no clean-up, so the
+// text is what the echoed logprobs' tokens spell (ids the model has but the
+// tokenizer does not, padding rows, are empty, as in generated text).
+std::string joined_pieces(const Tokenizer& tokenizer, std::span<const int32_t> ids) {
+  std::string text;
+  for (int32_t id : ids)
+    if (id < tokenizer.n_vocab()) text += tokenizer.token_to_piece(id);
+  return text;
+}
+
 std::vector<GenerationPlan> single(GenerationPlan plan) {
   std::vector<GenerationPlan> plans;
   plans.push_back(std::move(plan));
@@ -620,7 +630,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
                                 completion.prompts.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt");
     if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
     GenerationPlan plan = make_plan(completion.options, std::move(prompt.value()));
-    if (completion.echo) plan.echo = one.is_tokens ? tokenizer.detokenize(one.tokens) : one.text;
+    if (completion.echo) plan.echo = one.is_tokens ? joined_pieces(tokenizer, one.tokens) : one.text;
     plans.push_back(std::move(plan));
   }
   ResponseContext ctx{Endpoint::Completions,
@@ -748,6 +758,42 @@ bool any_cancelled(std::span<const GenerationOutcome> outcomes) {
                      [](const GenerationOutcome& o) { return o.finish_reason == "cancelled"; });
 }
 
+// Takes what a request's choices generate until every one has finished:
+// each round hands each choice's new deltas to add(i, deltas), a finished
+// choice's outcome to finished(i, outcome), then calls round_done(). One
+// choice is taken from with a paced wait; several are polled at that pace.
+// A choice that fails cancels the others (the request fails as a whole, so
+// their tokens would be thrown away). `leave_queue(run)` runs while waiting.
+template <typename LeaveQueue, typename Add, typename Finished, typename RoundDone>
+std::vector<GenerationOutcome> collect_choices(const std::vector<ChoiceRun>& runs, LeaveQueue leave_queue, Add add,
+                                               Finished finished, RoundDone round_done) {
+  const size_t n = runs.size();
+  std::vector<GenerationOutcome> outcomes(n);
+  std::vector<bool> done(n, false);
+  size_t unfinished = n;
+  std::vector<GenerationDelta> deltas;
+  while (unfinished > 0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      const bool end = n == 1 ? runs[i].channel->take(deltas, milliseconds(200), kTakePace)
+                              : runs[i].channel->take(deltas, milliseconds(0));
+      if (!end) leave_queue(runs[i]);
+      add(i, deltas);
+      deltas.clear();
+      if (!end) continue;
+      done[i] = true;
+      --unfinished;
+      outcomes[i] = runs[i].channel->outcome();
+      if (outcomes[i].error)
+        for (const ChoiceRun& run : runs) run.channel->cancel();
+      finished(i, outcomes[i]);
+    }
+    round_done();
+    if (n > 1 && unfinished > 0) std::this_thread::sleep_for(kTakePace);
+  }
+  return outcomes;
+}
+
 // A finished chat choice of a complete (not streamed) reply: its text, or
 // the tool calls read out of it.
 ordered_json chat_reply_choice_json(const ResponseContext& ctx, int index, const std::string& text,
@@ -863,26 +909,21 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
   // counted from where its text starts, as a stream counts them.
   std::vector<ordered_json> completion_logprobs(n);
   std::vector<size_t> characters(n, 0);
-  std::vector<GenerationOutcome> outcomes(n);
-  std::vector<GenerationDelta> deltas;
-  for (size_t i = 0; i < n; ++i) {
-    for (bool done = false; !done;) {
-      done = runs[i].channel->take(deltas, milliseconds(200), kTakePace);
-      if (!done) leave_queue_if_cancelled(runs[i]);
-      for (GenerationDelta& d : deltas) {
-        texts[i] += d.text;
-        if (!ctx.options.logprobs) continue;
-        if (chat) {
-          for (LogprobEntry& e : d.logprobs) logprobs[i].push_back(std::move(e));
-        } else {
-          append_completion_logprobs(completion_logprobs[i], d.logprobs, characters[i]);
-          characters[i] += utf8_characters(d.text);
+  const std::vector<GenerationOutcome> outcomes = collect_choices(
+      runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
+      [&](size_t i, std::vector<GenerationDelta>& deltas) {
+        for (GenerationDelta& d : deltas) {
+          texts[i] += d.text;
+          if (!ctx.options.logprobs) continue;
+          if (chat) {
+            for (LogprobEntry& e : d.logprobs) logprobs[i].push_back(std::move(e));
+          } else {
+            append_completion_logprobs(completion_logprobs[i], d.logprobs, characters[i]);
+            characters[i] += utf8_characters(d.text);
+          }
         }
-      }
-      deltas.clear();
-    }
-    outcomes[i] = runs[i].channel->outcome();
-  }
+      },
+      [](size_t, const GenerationOutcome&) {}, [] {});
   if (const ApiError* error = first_error(outcomes)) {
     reply_json(res, error->status, error_json(*error));
     finish_metrics(ctx, outcomes, error->status);
@@ -942,34 +983,23 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
                                           ctx.options.include_usage, static_cast<int>(i)));
   }
   if (!events.empty()) write(events);
-  std::vector<GenerationOutcome> outcomes(n);
-  std::vector<bool> finished(n, false);
-  size_t unfinished = n;
-  std::vector<GenerationDelta> deltas;
+  events.clear();
   // Runs until every generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
-  // metrics. One choice is taken from with a paced wait; several are polled
-  // at that pace, each without waiting.
-  while (unfinished > 0) {
-    events.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (finished[i]) continue;
-      const bool done = n == 1 ? runs[i].channel->take(deltas, milliseconds(200), kTakePace)
-                               : runs[i].channel->take(deltas, milliseconds(0));
-      if (!done) leave_queue_if_cancelled(runs[i]);
-      if (!client_ok) deltas.clear();  // the client is gone: only the end is waited for
-      choices[i].add(deltas, events);
-      deltas.clear();
-      if (!done) continue;
-      finished[i] = true;
-      --unfinished;
-      outcomes[i] = runs[i].channel->outcome();
-      if (!outcomes[i].error && outcomes[i].finish_reason != "cancelled")
-        choices[i].finish(outcomes[i].finish_reason, events);
-    }
-    if (!events.empty()) write(events);
-    if (n > 1 && unfinished > 0) std::this_thread::sleep_for(kTakePace);
-  }
+  // metrics.
+  const std::vector<GenerationOutcome> outcomes = collect_choices(
+      runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
+      [&](size_t i, std::vector<GenerationDelta>& deltas) {
+        if (!client_ok) return;  // the client is gone: only the end is waited for
+        choices[i].add(deltas, events);
+      },
+      [&](size_t i, const GenerationOutcome& outcome) {
+        if (!outcome.error && outcome.finish_reason != "cancelled") choices[i].finish(outcome.finish_reason, events);
+      },
+      [&] {
+        if (!events.empty()) write(events);
+        events.clear();
+      });
   if (client_ok && any_cancelled(outcomes) && stopping.load()) {
     // Cut short by the server's shutdown: the client learns why, and that
     // the stream is over, instead of seeing it end mid-reply.
@@ -978,11 +1008,11 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
     finish_metrics(ctx, outcomes, 503);
     return false;
   }
-  if (!client_ok || any_cancelled(outcomes)) {
+  const ApiError* error = first_error(outcomes);
+  if (!client_ok || (!error && any_cancelled(outcomes))) {
     finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   }
-  const ApiError* error = first_error(outcomes);
   if (error) {
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
     write(sse_event(error_json(*error)));
