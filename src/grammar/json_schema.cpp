@@ -267,7 +267,7 @@ class Compiler {
     }
     JsonSchema::StringPattern sp;
     if (node.max_length >= 0) {
-      constexpr int64_t kMaxLengthBits = int64_t{1} << 26;
+      constexpr int64_t kMaxLengthBits = int64_t{1} << 22;
       if ((node.max_length + 1) * static_cast<int64_t>(dfa->state_count()) > kMaxLengthBits)
         throw Error("pattern at " + where(pointer) + " with maxLength " + std::to_string(node.max_length) +
                     ": too large to enforce together");

@@ -14,6 +14,10 @@ namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr size_t kMaxNfaStates = 200000;
 constexpr size_t kMaxDfaStates = 4096;
+// NFA states and edges the subset construction may visit in all: bounds a
+// pattern's compile time (a schema arrives with a request) to tens of
+// milliseconds, whatever its size.
+constexpr uint64_t kMaxCompileWork = 30'000'000;
 constexpr int kMaxRepeat = 1000;
 constexpr int kMaxGroupDepth = 64;
 
@@ -554,16 +558,26 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
   ids.emplace(start, 0);
   sets.push_back(start);
   std::vector<std::vector<int32_t>> buckets(256);
+  uint64_t work = 0;
+  auto spend = [&](uint64_t amount) {
+    work += amount;
+    if (work > kMaxCompileWork) throw Error("pattern: too complex (its automaton takes too long to build)");
+  };
   for (size_t d = 0; d < sets.size(); ++d) {
     const std::vector<int32_t> set = sets[d];
+    spend(set.size());
     dfa->accepting_.push_back(std::binary_search(set.begin(), set.end(), f.end));
     dfa->table_.resize(sets.size() * 256 + 256, kDead);
     // The NFA states each byte leads to; runs of bytes with the same
     // targets (UTF-8 ranges) share one lookup.
     for (auto& bucket : buckets) bucket.clear();
-    for (int32_t s : set)
-      for (const Nfa::Edge& e : nfa.states[s].edges)
+    for (int32_t s : set) {
+      spend(nfa.states[s].edges.size());
+      for (const Nfa::Edge& e : nfa.states[s].edges) {
+        spend(static_cast<uint64_t>(e.hi - e.lo + 1));
         for (int b = e.lo; b <= e.hi; ++b) buckets[b].push_back(e.to);
+      }
+    }
     int32_t previous = kDead;
     for (int b = 0; b < 256; ++b) {
       std::vector<int32_t>& next = buckets[b];
@@ -576,7 +590,9 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
       previous = kDead;
       if (next.empty()) continue;
       std::vector<int32_t> closed = next;
+      spend(next.size());
       closure(nfa, closed, mark, ++epoch);
+      spend(closed.size() * 8);  // the closure, its sort and the lookup's comparisons
       auto [it, added] = ids.emplace(closed, static_cast<int32_t>(sets.size()));
       if (added) {
         if (sets.size() >= kMaxDfaStates)
@@ -744,46 +760,51 @@ bool RegexDfa::matches(std::string_view utf8) const {
 }
 
 std::vector<std::vector<uint64_t>> RegexDfa::lengths_up_to(int32_t cap) const {
+  // Layer k: the states that reach acceptance with exactly k code points.
+  // Layer 0 is the accepting states and those reaching them by
+  // continuation bytes alone (which add no code point); layer k + 1 the
+  // states with a character-start byte into layer k, and those reaching
+  // them by continuation bytes. O(cap x transitions).
   const size_t m = accepting_.size();
   const size_t words = static_cast<size_t>(cap) / 64 + 1;
   std::vector<std::vector<uint64_t>> reach(m, std::vector<uint64_t>(words, 0));
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> back(m);  // (pred, cost)
+  std::vector<std::vector<int32_t>> back_start(m), back_continuation(m);
   for (size_t s = 0; s < m; ++s)
     for (int b = 0; b < 256; ++b)
       if (const int32_t t = table_[s * 256 + static_cast<size_t>(b)]; t != kDead) {
-        const std::pair<int32_t, int32_t> arc{static_cast<int32_t>(s), char_start(static_cast<uint8_t>(b)) ? 1 : 0};
-        if (std::find(back[t].begin(), back[t].end(), arc) == back[t].end()) back[t].push_back(arc);
+        auto& preds = char_start(static_cast<uint8_t>(b)) ? back_start[t] : back_continuation[t];
+        if (preds.empty() || preds.back() != static_cast<int32_t>(s)) preds.push_back(static_cast<int32_t>(s));
       }
-  std::vector<int32_t> work;
-  std::vector<bool> queued(m, false);
-  for (size_t s = 0; s < m; ++s)
-    if (accepting_[s]) {
-      reach[s][0] = 1;
-      work.push_back(static_cast<int32_t>(s));
-      queued[s] = true;
-    }
-  const uint64_t last_mask = (cap % 64 == 63) ? ~uint64_t{0} : ((uint64_t{1} << (cap % 64 + 1)) - 1);
-  while (!work.empty()) {
-    const int32_t t = work.back();
-    work.pop_back();
-    queued[t] = false;
-    for (const auto& [p, cost] : back[t]) {
-      bool changed = false;
-      for (size_t w = 0; w < words; ++w) {
-        uint64_t shifted = reach[t][w];
-        if (cost == 1) shifted = (shifted << 1) | (w > 0 ? reach[t][w - 1] >> 63 : 0);
-        if (w + 1 == words) shifted &= last_mask;
-        const uint64_t merged = reach[p][w] | shifted;
-        if (merged != reach[p][w]) {
-          reach[p][w] = merged;
-          changed = true;
+  std::vector<uint8_t> in_layer(m, 0), next(m, 0);
+  std::vector<int32_t> members, work;
+  auto close_over_continuations = [&](std::vector<uint8_t>& layer) {
+    work.clear();
+    for (size_t s = 0; s < m; ++s)
+      if (layer[s]) work.push_back(static_cast<int32_t>(s));
+    while (!work.empty()) {
+      const int32_t t = work.back();
+      work.pop_back();
+      for (int32_t p : back_continuation[t])
+        if (!layer[p]) {
+          layer[p] = 1;
+          work.push_back(p);
         }
-      }
-      if (changed && !queued[p]) {
-        queued[p] = true;
-        work.push_back(p);
-      }
     }
+  };
+  for (size_t s = 0; s < m; ++s) in_layer[s] = accepting_[s] ? 1 : 0;
+  close_over_continuations(in_layer);
+  for (int32_t k = 0; k <= cap; ++k) {
+    bool any = false;
+    std::fill(next.begin(), next.end(), 0);
+    for (size_t s = 0; s < m; ++s) {
+      if (!in_layer[s]) continue;
+      any = true;
+      reach[s][static_cast<size_t>(k) / 64] |= uint64_t{1} << (k % 64);
+      for (int32_t p : back_start[s]) next[p] = 1;
+    }
+    if (!any) break;
+    close_over_continuations(next);
+    std::swap(in_layer, next);
   }
   return reach;
 }
