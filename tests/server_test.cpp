@@ -1822,6 +1822,15 @@ TEST(ServeHttp, ShutdownEndsStreamsAndQueuedRequestsWithARetryableError) {
   const std::string rest = streaming.read_until("[DONE]");
   EXPECT_NE(rest.find("server_shutting_down"), std::string::npos) << rest.substr(rest.size() > 400 ? rest.size() - 400 : 0);
   EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+  // ... and the chunked body ends properly (its last, empty chunk), so HTTP
+  // clients read the event instead of reporting a truncated response.
+  std::string ending = rest;
+  while (ending.find("\r\n0\r\n\r\n") == std::string::npos) {
+    const std::string more = streaming.read_some();
+    if (more.empty()) break;
+    ending += more;
+  }
+  EXPECT_NE(ending.find("\r\n0\r\n\r\n"), std::string::npos) << ending.substr(ending.size() > 200 ? ending.size() - 200 : 0);
   const std::string reply = queued.read_until("}}");
   EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
   EXPECT_NE(reply.find("server_shutting_down"), std::string::npos) << reply;

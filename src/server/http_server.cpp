@@ -1002,11 +1002,15 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
       });
   if (client_ok && any_cancelled(outcomes) && stopping.load()) {
     // Cut short by the server's shutdown: the client learns why, and that
-    // the stream is over, instead of seeing it end mid-reply.
+    // the stream is over, instead of seeing it end mid-reply; the chunked
+    // body is ended properly (HTTP clients otherwise report a truncated
+    // response instead of the event).
     write(sse_event(error_json(shutting_down_error())));
     write(sse_done());
     finish_metrics(ctx, outcomes, 503);
-    return false;
+    if (!client_ok) return false;
+    sink.done();
+    return true;
   }
   const ApiError* error = first_error(outcomes);
   if (!client_ok || (!error && any_cancelled(outcomes))) {
