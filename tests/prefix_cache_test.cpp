@@ -273,6 +273,11 @@ TEST_P(RecurrentReuse, TurnTwoAndMidConversationEdit) {
   StepOutput c = run(engine, edited, 4);
   EXPECT_EQ(c.result.cached_tokens, 32);
   EXPECT_TRUE(bit_identical(run(cold, edited, 4), c));
+  // The same prompt again (a regenerated reply): all but its last token,
+  // from the snapshot taken one position before the prompt's end.
+  StepOutput again = run(engine, edited, 4);
+  EXPECT_EQ(again.result.cached_tokens, static_cast<int64_t>(edited.size()) - 1);
+  EXPECT_TRUE(bit_identical(c, again));
   EXPECT_GT(snapshots.stats().tokens_saved, 0u);
   EXPECT_EQ(cache.check_invariants(), "");
 }

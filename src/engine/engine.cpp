@@ -167,7 +167,15 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
 
   // Prefill the uncached rest in chunks, stopping at snapshot checkpoints.
   std::vector<float> logits;
-  const std::vector<int64_t> checkpoints = target.checkpoints(target.position(), n_prompt);
+  std::vector<int64_t> checkpoints = target.checkpoints(target.position(), n_prompt);
+  // A recurrent state cannot be rebuilt from KV blocks, and a request
+  // reuses at most all of its prompt but the last token (whose logits it
+  // needs): a snapshot one position before the prompt's end lets the same
+  // prompt again (a regenerated reply, the other choices of n) restore all
+  // of it but that token, instead of only up to the last checkpoint.
+  if (target.keeps_snapshots() && n_prompt - 1 > target.position() &&
+      (checkpoints.empty() || checkpoints.back() < n_prompt - 1))
+    checkpoints.push_back(n_prompt - 1);
   while (target.position() < n_prompt) {
     if (req.cancelled && req.cancelled->load()) {
       result.finish_reason = "cancelled";
