@@ -1989,15 +1989,26 @@ TEST(ServeHttp, ModelsLoadOnDemandAndUnloadLeastRecentlyUsed) {
   // A model with a request in flight is never unloaded: while a long stream
   // runs on tiny-b, loading tiny-a is refused (503), not done by force.
   RawConnection busy(s.port);
-  busy.send_post("/v1/completions",
-                 json{{"model", "tiny-b"}, {"prompt", "Once"}, {"max_tokens", 400}, {"stream", true}, {"ignore_eos", true}}.dump());
+  // (The stream is long enough to outlast any machine's speed; it ends when
+  // the client hangs up.)
+  busy.send_post("/v1/completions", json{{"model", "tiny-b"},
+                                         {"prompt", "Once"},
+                                         {"max_tokens", 100000},
+                                         {"stream", true},
+                                         {"ignore_eos", true}}
+                                        .dump());
   ASSERT_NE(busy.read_until("data: ").find("data: "), std::string::npos);
   Reply refused = post(s, "/v1/chat/completions", a);
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_EQ(refused.doc()["error"]["code"], "model_capacity");
-  busy.read_until("[DONE]");
   busy.close();
-  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto b_in_flight = [&] {
+    for (const json& m : get(s, "/v1/cache/stats").doc()["models"])
+      if (m["id"] == "tiny-b") return m["in_flight"].get<int64_t>();
+    return int64_t{-1};
+  };
+  while (b_in_flight() != 0 && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(post(s, "/v1/chat/completions", a).status, 200);
   EXPECT_EQ(loaded(), (std::vector<bool>{true, false}));
   std::string metrics = get(s, "/metrics").body;
