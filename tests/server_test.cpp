@@ -480,6 +480,7 @@ TEST(OpenAIRequest, MutationFuzz) {
       R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"t"}]}],"stream":true,"stream_options":{"include_usage":true},"stop":["x","y"],"logprobs":true,"top_logprobs":2,"seed":3,"top_k":5,"min_p":0.1,"cache_salt":"c","tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"k":[1,{"a":null}]}})",
       R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0.7,"top_p":0.5,"stop":"\n","logprobs":1})",
       R"({"prompt":[1,2,3],"stream":false,"seed":-5,"repeat_penalty":1.2})",
+      R"({"content":"Hello","add_special":true,"with_pieces":true,"tokens":[1,2]})",
       R"({"prompt":"p","response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","$defs":{"d":{"type":["string","null"],"maxLength":3}},"properties":{"a":{"$ref":"#/$defs/d"},"b":{"type":"array","items":{"enum":[1,"x",null]},"minItems":1,"prefixItems":[{"const":2}]},"c":{"anyOf":[{"type":"integer"},{"nullable":true,"type":"number"}]}},"required":["a"],"additionalProperties":{"type":"boolean"}}}}})",
   };
   const std::vector<json> replacement_values = {
@@ -493,7 +494,8 @@ TEST(OpenAIRequest, MutationFuzz) {
       "cache_salt", "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice", "chat_template_kwargs",
       "role", "content", "type", "text", "include_usage", "echo", "suffix", "best_of", "tool_calls", "name",
       "json_schema", "schema", "$ref", "$defs", "properties", "items", "prefixItems", "required", "enum", "const",
-      "anyOf", "allOf", "nullable", "minItems", "maxLength", "additionalProperties"};
+      "anyOf", "allOf", "nullable", "minItems", "maxLength", "additionalProperties", "tokens", "add_special",
+      "with_pieces", "parse_special", "pattern", "format"};
 
   std::mt19937_64 rng(1234);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
@@ -586,6 +588,19 @@ TEST(OpenAIRequest, MutationFuzz) {
       } catch (const std::exception& e) {
         ADD_FAILURE() << "exception escaped for body " << body << ": " << e.what();
       }
+    }
+    // The utilities' bodies: parsed, or refused with a 400.
+    try {
+      auto t = parse_tokenize_request(body);
+      if (!t.ok()) {
+        EXPECT_EQ(t.error().status, 400) << body;
+      }
+      auto d = parse_detokenize_request(body);
+      if (!d.ok()) {
+        EXPECT_EQ(d.error().status, 400) << body;
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "exception escaped for body " << body << ": " << e.what();
     }
   }
   // Both outcomes must actually be exercised.
@@ -971,6 +986,44 @@ TEST(ServeHttp, ChatCompletionNonStreamingAndStreamingAgree) {
   EXPECT_EQ(usage["completion_tokens"], j["usage"]["completion_tokens"]);
   // The second, identical prompt came from the cache.
   EXPECT_GE(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() - 1);
+}
+
+// llama.cpp's utilities: /tokenize is the model's tokenizer (with BOS on
+// request, pieces on request), /detokenize its inverse, /apply-template the
+// prompt a chat completion computes (its tokens are the completion's
+// prompt_tokens).
+TEST(ServeHttpUtilities, TokenizeDetokenizeAndApplyTemplate) {
+  TestServer s;
+  const std::string text = "Hello world, once upon a time";
+  const json plain = post(s, "/tokenize", json{{"content", text}}).doc();
+  const std::vector<int32_t> want = tiny_tokenizer().encode(text, false, true);
+  EXPECT_EQ(plain["tokens"].get<std::vector<int32_t>>(), want);
+  const json with_bos = post(s, "/tokenize", json{{"content", text}, {"add_special", true}, {"model", "tiny-b"}}).doc();
+  ASSERT_EQ(with_bos["tokens"].size(), want.size() + 1);
+  EXPECT_EQ(with_bos["tokens"][0], tiny_tokenizer().bos_id());
+  const json pieces = post(s, "/tokenize", json{{"content", text}, {"with_pieces", true}}).doc();
+  ASSERT_EQ(pieces["tokens"].size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(pieces["tokens"][i]["id"], want[i]);
+    EXPECT_EQ(pieces["tokens"][i]["piece"], tiny_tokenizer().token_to_piece(want[i], true));
+  }
+  EXPECT_EQ(post(s, "/detokenize", json{{"tokens", want}}).doc()["content"], text);
+  Reply bad = post(s, "/detokenize", json{{"tokens", {5, 99999}}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.doc()["error"]["param"], "tokens[1]");
+  EXPECT_EQ(post(s, "/tokenize", json{{"text", "x"}}).status, 400);
+  EXPECT_EQ(post(s, "/tokenize", std::string("{not json")).status, 400);
+  EXPECT_EQ(post(s, "/tokenize", json{{"content", "x"}, {"model", "nope"}}).status, 404);
+
+  const json chat = chat_body("What is two and two?", 4);
+  const json rendered = post(s, "/apply-template", chat).doc();
+  ASSERT_TRUE(rendered["prompt"].is_string()) << rendered.dump();
+  const std::string prompt = rendered["prompt"];
+  EXPECT_NE(prompt.find("What is two and two?"), std::string::npos);
+  const json completion = post(s, "/v1/chat/completions", chat).doc();
+  EXPECT_EQ(completion["usage"]["prompt_tokens"], tokenize_prompt(tiny_tokenizer(), prompt).size());
+  EXPECT_EQ(post(s, "/apply-template", json{{"messages", "hi"}}).status, 400);
+  EXPECT_GE(metric(get(s, "/metrics").body, R"(reprise_requests_total{model="tiny-a",endpoint="tokenize",status="200"})"), 2);
 }
 
 // n choices: each is the reply its seed (the request's plus its index)

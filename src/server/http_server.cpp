@@ -42,6 +42,9 @@ const char* endpoint_label(const std::string& path) {
   if (path == "/health" || path == "/v1/health") return "health";
   if (path == "/metrics") return "metrics";
   if (path == "/v1/cache/stats") return "cache_stats";
+  if (path == "/tokenize") return "tokenize";
+  if (path == "/detokenize") return "detokenize";
+  if (path == "/apply-template") return "apply_template";
   return "other";
 }
 
@@ -70,7 +73,9 @@ bool ambiguous_length(const httplib::Request& req) {
 // The routes that take a request body (POST).
 bool takes_body(const httplib::Request& req) {
   return req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
-                                  req.path == "/v1/completions" || req.path == "/completions");
+                                  req.path == "/v1/completions" || req.path == "/completions" ||
+                                  req.path == "/tokenize" || req.path == "/detokenize" ||
+                                  req.path == "/apply-template");
 }
 
 int64_t unix_now() {
@@ -236,6 +241,11 @@ struct HttpServer::Impl {
   bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                  std::string& body);
   void handle_models(httplib::Response& res, const std::string& only_id);
+  // llama.cpp's utilities: text to tokens, tokens to text, and the prompt a
+  // chat request renders to (for token counting and template debugging).
+  void handle_tokenize(const std::string& body, httplib::Response& res);
+  void handle_detokenize(const std::string& body, httplib::Response& res);
+  void handle_apply_template(const std::string& body, httplib::Response& res);
   void handle_cache_stats(httplib::Response& res);
 
   void reply_error(httplib::Response& res, const ApiError& error, const std::string& model, const char* endpoint) {
@@ -398,6 +408,15 @@ void HttpServer::Impl::setup() {
   };
   http.Post("/v1/completions", completions);
   http.Post("/completions", completions);
+  auto utility = [this](void (Impl::*handler)(const std::string&, httplib::Response&)) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) (this->*handler)(body, res);
+    };
+  };
+  http.Post("/tokenize", utility(&Impl::handle_tokenize));
+  http.Post("/detokenize", utility(&Impl::handle_detokenize));
+  http.Post("/apply-template", utility(&Impl::handle_apply_template));
 }
 
 bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
@@ -448,6 +467,74 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
     reply_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
   }
   metrics.record_request("", "models", 200);
+}
+
+void HttpServer::Impl::handle_tokenize(const std::string& body, httplib::Response& res) {
+  const char* endpoint = "tokenize";
+  Parsed<TokenizeRequest> parsed = parse_tokenize_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const TokenizeRequest& r = parsed.value();
+  const std::string model_id = r.model.empty() ? registry.default_id() : r.model;
+  Parsed<ModelLease> lease = registry.acquire(model_id);
+  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
+  const Tokenizer& tokenizer = *(*lease.value()).bundle->tokenizer;
+  std::vector<int32_t> tokens;
+  try {
+    tokens = tokenizer.encode(r.content, /*add_special=*/false, r.parse_special);
+  } catch (const std::exception& e) {
+    return reply_error(res, ApiError::invalid(std::string("cannot tokenize the content: ") + e.what(), "content"),
+                       model_id, endpoint);
+  }
+  const int32_t bos = tokenizer.bos_id();
+  if (r.add_special && tokenizer.add_bos() && bos >= 0 && (tokens.empty() || tokens.front() != bos))
+    tokens.insert(tokens.begin(), bos);
+  ordered_json out = ordered_json::array();
+  for (int32_t id : tokens) {
+    if (r.with_pieces) out.push_back({{"id", id}, {"piece", tokenizer.token_to_piece(id, /*render_special=*/true)}});
+    else out.push_back(id);
+  }
+  reply_json(res, 200, {{"tokens", std::move(out)}});
+  metrics.record_request(model_id, endpoint, 200);
+}
+
+void HttpServer::Impl::handle_detokenize(const std::string& body, httplib::Response& res) {
+  const char* endpoint = "detokenize";
+  Parsed<DetokenizeRequest> parsed = parse_detokenize_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const DetokenizeRequest& r = parsed.value();
+  const std::string model_id = r.model.empty() ? registry.default_id() : r.model;
+  Parsed<ModelLease> lease = registry.acquire(model_id);
+  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
+  const LoadedModel& model = *lease.value();
+  const Tokenizer& tokenizer = *model.bundle->tokenizer;
+  const int64_t n_vocab = model.bundle->model->info().n_vocab;
+  std::vector<int32_t> known;  // ids the model has but the tokenizer does not (padding) show as nothing
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    if (r.tokens[i] >= n_vocab)
+      return reply_error(res,
+                         ApiError::invalid("token id " + std::to_string(r.tokens[i]) +
+                                               " is outside the model's vocabulary of " + std::to_string(n_vocab),
+                                           "tokens[" + std::to_string(i) + "]"),
+                         model_id, endpoint);
+    if (r.tokens[i] < tokenizer.n_vocab()) known.push_back(r.tokens[i]);
+  }
+  reply_json(res, 200, {{"content", tokenizer.detokenize(known)}});
+  metrics.record_request(model_id, endpoint, 200);
+}
+
+void HttpServer::Impl::handle_apply_template(const std::string& body, httplib::Response& res) {
+  const char* endpoint = "apply_template";
+  Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const ChatCompletionRequest& chat = parsed.value();
+  const std::string model_id = chat.options.model.empty() ? registry.default_id() : chat.options.model;
+  Parsed<ModelLease> lease = registry.acquire(model_id);
+  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
+  const LoadedModel& model = *lease.value();
+  Parsed<std::string> prompt = render_chat_prompt(model.chat, *model.bundle->tokenizer, chat);
+  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+  reply_json(res, 200, {{"prompt", prompt.value()}});
+  metrics.record_request(model_id, endpoint, 200);
 }
 
 void HttpServer::Impl::handle_cache_stats(httplib::Response& res) {

@@ -523,6 +523,38 @@ int json_nesting_depth(std::string_view text, int limit) {
   return deepest;
 }
 
+Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body, const RequestLimits& limits) {
+  return guarded<TokenizeRequest>([&]() -> Parsed<TokenizeRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    TokenizeRequest req;
+    if (auto v = f.string("model")) req.model = *v;
+    const auto content = f.string("content");
+    if (!content) fail("content is required", "content");
+    req.content = *content;
+    if (auto v = f.boolean("add_special")) req.add_special = *v;
+    if (auto v = f.boolean("parse_special")) req.parse_special = *v;
+    if (auto v = f.boolean("with_pieces")) req.with_pieces = *v;
+    return req;
+  });
+}
+
+Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, const RequestLimits& limits) {
+  return guarded<DetokenizeRequest>([&]() -> Parsed<DetokenizeRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    DetokenizeRequest req;
+    if (auto v = f.string("model")) req.model = *v;
+    const ordered_json* tokens = f.get("tokens");
+    if (!tokens) fail("tokens is required", "tokens");
+    if (!tokens->is_array()) fail("tokens must be an array of token ids", "tokens");
+    for (const auto& t : *tokens)
+      req.tokens.push_back(
+          static_cast<int32_t>(Fields::integer_value(t, "tokens", 0, std::numeric_limits<int32_t>::max())));
+    return req;
+  });
+}
+
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits) {
   return guarded<ChatCompletionRequest>([&]() -> Parsed<ChatCompletionRequest> {
     const ordered_json doc = parse_body(body, limits);

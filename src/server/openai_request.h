@@ -105,6 +105,22 @@ struct RequestLimits {
   size_t max_prompts = 64;
 };
 
+// llama.cpp's server utilities: POST /tokenize and /detokenize ("model"
+// picks one of several; default the server's).
+struct TokenizeRequest {
+  std::string model;
+  std::string content;
+  bool add_special = false;   // the BOS token the model adds to prompts
+  bool parse_special = true;  // control tokens' text becomes those tokens
+  bool with_pieces = false;   // each token with its text
+};
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body, const RequestLimits& limits = {});
+Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, const RequestLimits& limits = {});
+
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits = {});
 Parsed<CompletionRequest> parse_completion_request(std::string_view body, const RequestLimits& limits = {});
 
