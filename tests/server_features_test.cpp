@@ -646,3 +646,94 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
     EXPECT_EQ(rf["choices"][0]["message"]["tool_calls"][0]["id"].get<std::string>().size(), 9u);
   }
 }
+
+// A thinking model's reply: <think> reasoning comes back as
+// message.reasoning_content (streamed as delta.reasoning_content) and the
+// rest as content; also when the template's generation prompt opened the
+// reasoning itself, and with a tool call after it. reasoning_format "none"
+// and text completions keep the reply raw.
+TEST(ServerReasoning, ThinkingIsReasoningContent) {
+  const std::string thought = "<think>Two and two.</think>\n\nFour.@@";
+  const std::string opened = "Hmm.</think>Four.@@";
+  const std::string then_call =
+      "<think>Use the tool.</think>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+      "</tool_call>@@";
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  spec.user_defined_tokens = {thought, opened, then_call};
+  const int32_t id_thought = 597, id_opened = 598, id_then_call = 599;
+  const std::string file = ::testing::TempDir() + "/thinking.jinja";
+  std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}"
+                         "<|im_start|>assistant\n{% if opens %}<think>\n{% endif %}";
+  ServeOptions options;
+  options.model_path = test::synthetic_model("thinking", spec).path;
+  options.chat_template_file = file;
+  Server s(options);
+  auto request = [](int32_t id, bool stream) {
+    return json{{"messages", {{{"role", "user"}, {"content", "Two and two?"}}}},
+                {"max_tokens", 4},
+                {"temperature", 0},
+                {"logit_bias", {{std::to_string(id), 100}}},
+                {"repeat_penalty", 10},
+                {"stop", json::array({"@@"})},
+                {"stream", stream}};
+  };
+  auto streamed = [&](const json& body) {
+    httplib::Client c("127.0.0.1", s.port);
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    std::string reasoning, content;
+    std::istringstream lines(r ? r->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      for (const auto& ch : chunk["choices"]) {
+        if (ch["delta"].contains("reasoning_content")) reasoning += ch["delta"]["reasoning_content"].get<std::string>();
+        if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
+          content += ch["delta"]["content"].get<std::string>();
+      }
+    }
+    return std::make_pair(reasoning, content);
+  };
+
+  auto [st, r] = s.post("/v1/chat/completions", request(id_thought, false));
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "Two and two.") << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Four.");
+  EXPECT_EQ(streamed(request(id_thought, true)), std::make_pair(std::string("Two and two."), std::string("Four.")));
+
+  // The generation prompt opened <think> itself: the reply starts inside it.
+  json opens = request(id_opened, false);
+  opens["chat_template_kwargs"] = {{"opens", true}};
+  auto [st2, r2] = s.post("/v1/chat/completions", opens);
+  EXPECT_EQ(r2["choices"][0]["message"]["reasoning_content"], "Hmm.") << r2.dump();
+  EXPECT_EQ(r2["choices"][0]["message"]["content"], "Four.");
+  opens["stream"] = true;
+  EXPECT_EQ(streamed(opens), std::make_pair(std::string("Hmm."), std::string("Four.")));
+
+  // Reasoning, then a call: both read out.
+  json with_tools = request(id_then_call, false);
+  with_tools["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  auto [st3, r3] = s.post("/v1/chat/completions", with_tools);
+  EXPECT_EQ(r3["choices"][0]["finish_reason"], "tool_calls") << r3.dump();
+  EXPECT_EQ(r3["choices"][0]["message"]["reasoning_content"], "Use the tool.");
+  EXPECT_TRUE(r3["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(json::parse(r3["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Rome"}}));
+  with_tools["stream"] = true;
+  EXPECT_EQ(streamed(with_tools).first, "Use the tool.");
+
+  // Raw: reasoning_format "none", and text completions.
+  json raw = request(id_thought, false);
+  raw["reasoning_format"] = "none";
+  auto [st4, r4] = s.post("/v1/chat/completions", raw);
+  EXPECT_EQ(r4["choices"][0]["message"]["content"], thought.substr(0, thought.size() - 2));
+  EXPECT_FALSE(r4["choices"][0]["message"].contains("reasoning_content"));
+  raw["reasoning_format"] = "xml";
+  EXPECT_EQ(s.post("/v1/chat/completions", raw).first, 400);
+  json completion = {{"prompt", "Q:"}, {"max_tokens", 4}, {"temperature", 0},
+                     {"logit_bias", {{std::to_string(id_thought), 100}}}, {"stop", json::array({"@@"})}};
+  auto [st5, r5] = s.post("/v1/completions", completion);
+  EXPECT_EQ(r5["choices"][0]["text"], thought.substr(0, thought.size() - 2));
+}

@@ -42,6 +42,9 @@ struct GenerationPlan {
   // preceded by the prompt tokens' log-probabilities (which makes the
   // engine compute every prompt position: no cached prefix is reused).
   std::optional<std::string> echo;
+  // For the reply, not the generation: the chat prompt ends inside an opened
+  // <think>, so the reply starts in its reasoning.
+  bool opens_reasoning = false;
   std::shared_ptr<const JsonSchema> json_schema;  // structured output; null: free text
   // Control tokens shown as their text (a tool-call syntax's markers that
   // the vocabulary holds as control tokens, e.g. Mistral's [TOOL_CALLS]).

@@ -19,6 +19,7 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/prompt_builder.h"
+#include "server/reasoning_splitter.h"
 #include "server/scheduler.h"
 #include "server/tool_call_parser.h"
 #include "util/error.h"
@@ -122,7 +123,21 @@ struct ResponseContext {
   ToolCallSyntax tool_syntax = ToolCallSyntax::None;
   std::vector<std::string> tool_names{};
   ToolCallSyntax id_syntax = ToolCallSyntax::None;  // the template's: what its call ids look like
+  // A thinking model's <think> reasoning goes to reasoning_content, and
+  // whether the reply starts inside it (reasoning_splitter.h).
+  bool split_reasoning = false;
+  bool opens_reasoning = false;
 };
+
+// Chat replies of a model whose template knows <think> are split into
+// reasoning and content, unless the request asks for them raw
+// (reasoning_format "none") or constrains the reply (structured output and
+// forced tool calls write no reasoning).
+void expect_reasoning(const ChatCompletionRequest& chat, const LoadedModel& model, ResponseContext& ctx,
+                      const GenerationPlan& plan) {
+  ctx.split_reasoning = model.chat.reasoning_tags && !chat.options.raw_reasoning && !chat.options.json_schema;
+  ctx.opens_reasoning = plan.opens_reasoning;
+}
 
 // One of a request's choices (n): its generation's channel, and its job's
 // Scheduler ticket.
@@ -598,6 +613,7 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
   plan.draft_max = o.draft_max;
   plan.ignore_eos = o.ignore_eos;
   plan.json_schema = o.json_schema;
+  plan.opens_reasoning = prompt.opens_reasoning;
   return plan;
 }
 
@@ -645,6 +661,7 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
   BuiltPrompt built;
   built.tokens = prompt.tokens;
   built.implicit_stops = model.chat.implicit_stops;
+  built.opens_reasoning = model.chat.reasoning_tags && ReasoningSplitter::prompt_opens_reasoning(text.value());
   GenerationPlan plan = make_plan(chat.options, std::move(built));
   plan.prompt_keys = prompt.keys;
   for (const PromptImage& img : prompt.images) {
@@ -683,12 +700,14 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
     Parsed<GenerationPlan> plan = make_image_plan(model, chat);
     if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
     expect_tool_calls(chat, model, ctx, plan.value());
+    expect_reasoning(chat, model, ctx, plan.value());
     return start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
   }
   Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   GenerationPlan plan = make_plan(chat.options, std::move(prompt.value()));
   expect_tool_calls(chat, model, ctx, plan);
+  expect_reasoning(chat, model, ctx, plan);
   start_generation(req, res, std::move(lease), single(std::move(plan)), std::move(ctx));
 }
 
@@ -885,55 +904,87 @@ std::vector<GenerationOutcome> collect_choices(const std::vector<ChoiceRun>& run
 // the tool calls read out of it.
 ordered_json chat_reply_choice_json(const ResponseContext& ctx, int index, const std::string& text,
                                     const std::string& finish_reason,
-                                    const std::optional<std::vector<LogprobEntry>>& lp) {
+                                    const std::optional<std::vector<LogprobEntry>>& lp, const std::string& reasoning) {
   if (ctx.options.tool_call_reply && finish_reason == "stop")
     if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax))
       return chat_tool_call_choice_json(index, "", {*call}, lp);
   if (ctx.tool_syntax != ToolCallSyntax::None && finish_reason == "stop")
     if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names))
-      return chat_tool_call_choice_json(index, parsed->content(), parsed->calls, lp);
-  return chat_choice_json(index, text, finish_reason, lp);
+      return chat_tool_call_choice_json(index, parsed->content(), parsed->calls, lp, reasoning);
+  return chat_choice_json(index, text, finish_reason, lp, reasoning);
 }
 
-// One choice of a streamed reply: its text goes out as it comes, except
-// what tool calls hold back (a forced call is sent whole once complete;
-// with the model's own syntax, text up to where a call may start).
+// One choice of a streamed reply: a thinking model's reasoning first (as
+// delta.reasoning_content), then its content.
 class ChoiceStream {
  public:
   ChoiceStream(const ResponseContext& ctx, int index)
-      : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {}
+      : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {
+    if (ctx.split_reasoning) splitter_.emplace(ctx.opens_reasoning);
+  }
 
   // Appends the events for deltas taken from the choice's channel.
   void add(std::vector<GenerationDelta>& deltas, std::string& events) {
-    const bool hold_text = ctx_.options.tool_call_reply;
-    const bool read_calls = ctx_.tool_syntax != ToolCallSyntax::None;
     for (GenerationDelta& d : deltas) {
-      if (hold_text) {
-        held_ += d.text;
-        for (LogprobEntry& e : d.logprobs) held_logprobs_.push_back(std::move(e));
-        continue;
+      if (splitter_) {
+        ReasoningSplitter::Parts parts = splitter_->push(d.text);
+        d.text = std::move(parts.content);
+        add_reasoning(parts.reasoning, d.logprobs, events);
       }
-      if (read_calls) {
-        reply_ += d.text;
-        for (LogprobEntry& e : d.logprobs) unsent_logprobs_.push_back(std::move(e));
-        const size_t free = gate_.free_prefix(reply_);
-        if (free <= sent_) continue;
-        d.text = reply_.substr(sent_, free - sent_);
-        d.logprobs = std::exchange(unsent_logprobs_, {});
-        sent_ = free;
-      }
-      const size_t n = utf8_characters(d.text);
-      events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, {{"content", d.text}}, "",
-                                                  logprobs_of(std::move(d.logprobs)), usage_field(), index_))
-                      : sse_event(completion_chunk_json(ctx_.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
-                                                        text_offset_, usage_field(), index_));
-      text_offset_ += n;
+      add_content(d, events);
     }
   }
 
   // Appends the choice's last events, once its generation has ended
   // without an error or a cancel: what was held back, and its finish_reason.
   void finish(const std::string& generation_finish, std::string& events) {
+    if (splitter_) {
+      ReasoningSplitter::Parts parts = splitter_->flush();
+      std::vector<LogprobEntry> none;
+      add_reasoning(parts.reasoning, none, events);
+      GenerationDelta rest{std::move(parts.content), {}};
+      add_content(rest, events);
+    }
+    finish_content(generation_finish, events);
+  }
+
+ private:
+  // Reasoning goes out as it comes, as delta.reasoning_content, with the
+  // logprobs of the tokens that wrote it.
+  void add_reasoning(const std::string& reasoning, std::vector<LogprobEntry>& logprobs, std::string& events) {
+    if (reasoning.empty()) return;
+    events += sse_event(chat_chunk_json(ctx_.meta, {{"reasoning_content", reasoning}}, "",
+                                        logprobs_of(std::exchange(logprobs, {})), usage_field(), index_));
+  }
+
+  // Content goes out as it comes, except what tool calls hold back (a forced
+  // call is sent whole once complete; with the model's own syntax, text up
+  // to where a call may start).
+  void add_content(GenerationDelta& d, std::string& events) {
+    if (splitter_ && d.text.empty() && d.logprobs.empty()) return;
+    if (ctx_.options.tool_call_reply) {
+      held_ += d.text;
+      for (LogprobEntry& e : d.logprobs) held_logprobs_.push_back(std::move(e));
+      return;
+    }
+    if (ctx_.tool_syntax != ToolCallSyntax::None) {
+      reply_ += d.text;
+      for (LogprobEntry& e : d.logprobs) unsent_logprobs_.push_back(std::move(e));
+      const size_t free = gate_.free_prefix(reply_);
+      if (free <= sent_) return;
+      d.text = reply_.substr(sent_, free - sent_);
+      d.logprobs = std::exchange(unsent_logprobs_, {});
+      sent_ = free;
+    }
+    const size_t n = utf8_characters(d.text);
+    events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, {{"content", d.text}}, "",
+                                                logprobs_of(std::move(d.logprobs)), usage_field(), index_))
+                    : sse_event(completion_chunk_json(ctx_.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
+                                                      text_offset_, usage_field(), index_));
+    text_offset_ += n;
+  }
+
+  void finish_content(const std::string& generation_finish, std::string& events) {
     std::string finish_reason = generation_finish;
     if (ctx_.options.tool_call_reply) {
       const std::optional<ToolCall> call =
@@ -963,7 +1014,6 @@ class ChoiceStream {
                                                       usage_field(), index_));
   }
 
- private:
   bool usage_field() const { return ctx_.options.include_usage; }
   std::optional<std::vector<LogprobEntry>> logprobs_of(std::vector<LogprobEntry>&& entries) const {
     if (!ctx_.options.logprobs) return std::nullopt;
@@ -982,6 +1032,7 @@ class ChoiceStream {
   size_t sent_ = 0;
   ToolCallTextGate gate_;
   std::vector<LogprobEntry> unsent_logprobs_;
+  std::optional<ReasoningSplitter> splitter_;  // thinking models' replies
 };
 
 }  // namespace
@@ -1038,7 +1089,15 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
     }
     std::optional<std::vector<LogprobEntry>> lp;
     if (ctx.options.logprobs) lp = std::move(logprobs[i]);
-    choices.push_back(chat_reply_choice_json(ctx, index, texts[i], outcomes[i].finish_reason, lp));
+    std::string reasoning;
+    if (ctx.split_reasoning) {
+      ReasoningSplitter splitter(ctx.opens_reasoning);
+      ReasoningSplitter::Parts parts = splitter.push(texts[i]);
+      ReasoningSplitter::Parts rest = splitter.flush();
+      texts[i] = parts.content + rest.content;
+      reasoning = parts.reasoning + rest.reasoning;
+    }
+    choices.push_back(chat_reply_choice_json(ctx, index, texts[i], outcomes[i].finish_reason, lp, reasoning));
   }
   const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
   reply_json(res, 200,

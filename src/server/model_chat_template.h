@@ -45,6 +45,10 @@ struct ModelChatTemplate {
   // How the template teaches the model to write tool calls (read back out
   // of replies to requests with tools; tool_call_parser.h).
   ToolCallSyntax tool_call_syntax = ToolCallSyntax::None;
+  // Whether the template knows `<think>` reasoning (Qwen3, QwQ,
+  // DeepSeek-R1, SmolLM3): replies are split into reasoning_content and
+  // content (reasoning_splitter.h).
+  bool reasoning_tags = false;
 };
 
 // The load-time probes behind renders_plain_chat and wants_object_arguments.

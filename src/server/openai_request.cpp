@@ -595,6 +595,11 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
       req.template_kwargs = *kwargs;
     }
     if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
+    if (auto v = f.string("reasoning_format")) {
+      if (*v != "none" && *v != "auto" && *v != "deepseek")
+        fail("reasoning_format must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");
+      req.options.raw_reasoning = *v == "none";
+    }
     return req;
   });
 }

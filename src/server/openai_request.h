@@ -41,6 +41,7 @@ struct GenerationOptions {
   int draft_max = -1;                   // speculative decoding per request: 0 off, -1 the server's --draft-max
   bool ignore_eos = false;              // keep generating past end-of-generation tokens (benchmarks)
   int choices = 1;                      // n: independent replies to the same prompt
+  bool raw_reasoning = false;           // reasoning_format "none": <think> stays in content
   // response_format json_object / json_schema: the output is a JSON
   // document this schema allows (structured output); null: free text.
   std::shared_ptr<const JsonSchema> json_schema;

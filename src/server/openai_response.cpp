@@ -67,10 +67,11 @@ ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries) {
 }
 
 ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
-                              const std::optional<std::vector<LogprobEntry>>& logprobs) {
+                              const std::optional<std::vector<LogprobEntry>>& logprobs, const std::string& reasoning) {
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
   message["content"] = text;
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   message["refusal"] = nullptr;
   ordered_json choice = ordered_json::object();
   choice["index"] = index;
@@ -106,10 +107,12 @@ ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
 }  // namespace
 
 ordered_json chat_tool_call_choice_json(int index, const std::string& content, const std::vector<ToolCall>& calls,
-                                        const std::optional<std::vector<LogprobEntry>>& logprobs) {
+                                        const std::optional<std::vector<LogprobEntry>>& logprobs,
+                                        const std::string& reasoning) {
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
   message["content"] = content.empty() ? ordered_json(nullptr) : ordered_json(content);
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   message["refusal"] = nullptr;
   message["tool_calls"] = ordered_json::array();
   for (const ToolCall& call : calls) message["tool_calls"].push_back(tool_call_json(call, std::nullopt));

@@ -54,8 +54,11 @@ ordered_json usage_json(const UsageCounts& usage);
 // Chat completions.
 ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries);
 // A reply: the `index`th of the request's choices (n).
+// `reasoning`: a thinking model's reasoning (message.reasoning_content,
+// left out when empty).
 ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
-                              const std::optional<std::vector<LogprobEntry>>& logprobs);
+                              const std::optional<std::vector<LogprobEntry>>& logprobs,
+                              const std::string& reasoning = "");
 // The chat.completion body around its choices.
 ordered_json chat_completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage);
 // ... and with one choice.
@@ -70,7 +73,8 @@ struct ToolCall {
 // message.tool_calls with the calls, message.content the text beside them
 // (null when empty), finish_reason "tool_calls".
 ordered_json chat_tool_call_choice_json(int index, const std::string& content, const std::vector<ToolCall>& calls,
-                                        const std::optional<std::vector<LogprobEntry>>& logprobs);
+                                        const std::optional<std::vector<LogprobEntry>>& logprobs,
+                                        const std::string& reasoning = "");
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,
                                             const std::vector<ToolCall>& calls,
                                             const std::optional<std::vector<LogprobEntry>>& logprobs,

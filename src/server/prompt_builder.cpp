@@ -1,6 +1,7 @@
 #include "server/prompt_builder.h"
 
 #include "server/jinja/raise.h"
+#include "server/reasoning_splitter.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -90,6 +91,7 @@ Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Token
     return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), "messages");
   }
   prompt.implicit_stops = chat.implicit_stops;
+  prompt.opens_reasoning = chat.reasoning_tags && ReasoningSplitter::prompt_opens_reasoning(text.value());
   return check_length(std::move(prompt), n_ctx, "messages");
 }
 

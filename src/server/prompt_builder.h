@@ -20,6 +20,7 @@ namespace reprise {
 struct BuiltPrompt {
   std::vector<int32_t> tokens;
   std::vector<std::string> implicit_stops;  // e.g. the fallback template's end marker
+  bool opens_reasoning = false;  // the chat prompt ends inside an opened <think>
 };
 
 // Template render errors: 400 with the template's message when it rejects
