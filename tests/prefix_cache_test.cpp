@@ -246,16 +246,31 @@ TEST(RopeFrequencyFactors, AllTwoFactorsEqualLinearScalingByTwo) {
 // the middle restores from the nearest earlier checkpoint.
 class RecurrentReuse : public ::testing::TestWithParam<std::string> {};
 
+// A prefix cache of 8-position blocks and a snapshot store of 8-position
+// chunks with checkpoints every `checkpoint_every_chunks` chunks, for `model`.
+struct CacheWithSnapshots {
+  CacheWithSnapshots(const Model& model, int checkpoint_every_chunks)
+      : cache(model.state_spec(), [] {
+          PrefixCacheConfig c;
+          c.block_tokens = 8;
+          return c;
+        }()),
+        snapshots(model.state_spec(), [&] {
+          SnapshotConfig c;
+          c.chunk_tokens = 8;
+          c.checkpoint_every_chunks = checkpoint_every_chunks;
+          return c;
+        }()) {}
+  PrefixCache cache;
+  SnapshotStore snapshots;
+};
+
 TEST_P(RecurrentReuse, TurnTwoAndMidConversationEdit) {
   Model& model = model_for(GetParam());
   ThreadPool pool(2);
-  PrefixCacheConfig cfg;
-  cfg.block_tokens = 8;
-  PrefixCache cache(model.state_spec(), cfg);
-  SnapshotConfig sc;
-  sc.chunk_tokens = 8;
-  sc.checkpoint_every_chunks = 2;  // checkpoints every 16 positions
-  SnapshotStore snapshots(model.state_spec(), sc);
+  CacheWithSnapshots stores(model, 2);  // checkpoints every 16 positions
+  PrefixCache& cache = stores.cache;
+  SnapshotStore& snapshots = stores.snapshots;
   Engine engine(model, pool, &cache, {}, &snapshots);
   Engine cold(model, pool, nullptr);
   std::vector<int32_t> turn1(45);
@@ -319,12 +334,9 @@ PromptLogitsRun run_with_prompt_logits(Engine& engine, const std::vector<int32_t
 TEST_P(PromptLogits, EqualAColdRunWarmCacheOrNotAndFillTheCache) {
   Model& model = model_for(GetParam());
   ThreadPool pool(2);
-  PrefixCacheConfig cfg;
-  cfg.block_tokens = 8;
-  PrefixCache cache(model.state_spec(), cfg);
-  SnapshotConfig sc;
-  sc.chunk_tokens = 8;
-  SnapshotStore snapshots(model.state_spec(), sc);
+  CacheWithSnapshots stores(model, SnapshotConfig{}.checkpoint_every_chunks);
+  PrefixCache& cache = stores.cache;
+  SnapshotStore& snapshots = stores.snapshots;
   EngineOptions options;
   options.n_batch = 24;  // prompts cross several chunks
   Engine engine(model, pool, &cache, options, &snapshots);
@@ -365,7 +377,7 @@ TEST_P(PromptLogits, EqualAColdRunWarmCacheOrNotAndFillTheCache) {
     }
     script.record(prompt, got.steps.tokens);
     // Its positions are in the cache: the same prompt again reuses them.
-    if (prompt.size() > 2 * static_cast<size_t>(cfg.block_tokens)) {
+    if (prompt.size() > 2 * static_cast<size_t>(cache.block_tokens())) {
       const StepOutput again = run(engine, prompt, 4);
       EXPECT_GT(again.result.cached_tokens, 0) << "round " << round;
       EXPECT_TRUE(bit_identical(again, want.steps)) << "round " << round;

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <thread>
@@ -271,6 +272,18 @@ struct HttpServer::Impl {
   }
 
   // One plan per prompt; each runs as the request's n choices.
+  // The model a request names ("": the default) as `model_id`, leased; when
+  // it cannot be (unknown: 404, or no room to load it: 503), replies the
+  // error and returns nothing.
+  std::optional<ModelLease> lease_model(const std::string& requested, httplib::Response& res, const char* endpoint,
+                                        std::string& model_id) {
+    model_id = requested.empty() ? registry.default_id() : requested;
+    Parsed<ModelLease> acquired = registry.acquire(model_id);
+    if (acquired.ok()) return std::move(acquired.value());
+    reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
+    return std::nullopt;
+  }
+
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
                         std::vector<GenerationPlan> plans, ResponseContext context);
   void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
@@ -489,10 +502,10 @@ void HttpServer::Impl::handle_tokenize(const std::string& body, httplib::Respons
   Parsed<TokenizeRequest> parsed = parse_tokenize_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const TokenizeRequest& r = parsed.value();
-  const std::string model_id = r.model.empty() ? registry.default_id() : r.model;
-  Parsed<ModelLease> lease = registry.acquire(model_id);
-  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
-  const Tokenizer& tokenizer = *(*lease.value()).bundle->tokenizer;
+  std::string model_id;
+  const std::optional<ModelLease> lease = lease_model(r.model, res, endpoint, model_id);
+  if (!lease) return;
+  const Tokenizer& tokenizer = *(**lease).bundle->tokenizer;
   std::vector<int32_t> tokens;
   try {
     tokens = tokenizer.encode(r.content, /*add_special=*/false, r.parse_special);
@@ -517,10 +530,10 @@ void HttpServer::Impl::handle_detokenize(const std::string& body, httplib::Respo
   Parsed<DetokenizeRequest> parsed = parse_detokenize_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const DetokenizeRequest& r = parsed.value();
-  const std::string model_id = r.model.empty() ? registry.default_id() : r.model;
-  Parsed<ModelLease> lease = registry.acquire(model_id);
-  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
-  const LoadedModel& model = *lease.value();
+  std::string model_id;
+  const std::optional<ModelLease> lease = lease_model(r.model, res, endpoint, model_id);
+  if (!lease) return;
+  const LoadedModel& model = **lease;
   const Tokenizer& tokenizer = *model.bundle->tokenizer;
   const int64_t n_vocab = model.bundle->model->info().n_vocab;
   std::vector<int32_t> known;  // ids the model has but the tokenizer does not (padding) show as nothing
@@ -542,10 +555,10 @@ void HttpServer::Impl::handle_apply_template(const std::string& body, httplib::R
   Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const ChatCompletionRequest& chat = parsed.value();
-  const std::string model_id = chat.options.model.empty() ? registry.default_id() : chat.options.model;
-  Parsed<ModelLease> lease = registry.acquire(model_id);
-  if (!lease.ok()) return reply_error(res, lease.error(), lease.error().status == 404 ? "" : model_id, endpoint);
-  const LoadedModel& model = *lease.value();
+  std::string model_id;
+  const std::optional<ModelLease> lease = lease_model(chat.options.model, res, endpoint, model_id);
+  if (!lease) return;
+  const LoadedModel& model = **lease;
   Parsed<std::string> prompt = render_chat_prompt(model.chat, *model.bundle->tokenizer, chat);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   reply_json(res, 200, {{"prompt", prompt.value()}});
@@ -680,10 +693,10 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   ChatCompletionRequest& chat = parsed.value();
-  const std::string model_id = chat.options.model.empty() ? registry.default_id() : chat.options.model;
-  Parsed<ModelLease> acquired = registry.acquire(model_id);
-  if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
-  auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
+  std::string model_id;
+  std::optional<ModelLease> acquired = lease_model(chat.options.model, res, endpoint, model_id);
+  if (!acquired) return;
+  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
   LoadedModel& model = **lease;
   if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
     return reply_error(res, *bad, model_id, endpoint);
@@ -719,10 +732,10 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   Parsed<CompletionRequest> parsed = parse_completion_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   CompletionRequest& completion = parsed.value();
-  const std::string model_id = completion.options.model.empty() ? registry.default_id() : completion.options.model;
-  Parsed<ModelLease> acquired = registry.acquire(model_id);
-  if (!acquired.ok()) return reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
-  auto lease = std::make_shared<ModelLease>(std::move(acquired.value()));
+  std::string model_id;
+  std::optional<ModelLease> acquired = lease_model(completion.options.model, res, endpoint, model_id);
+  if (!acquired) return;
+  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
   LoadedModel& model = **lease;
   if (auto bad = check_logit_bias(completion.options, model.bundle->model->info().n_vocab))
     return reply_error(res, *bad, model_id, endpoint);
