@@ -14,6 +14,8 @@
 //   that trying every token on its own allows.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 #include <cmath>
 #include <cstdio>
@@ -373,7 +375,12 @@ void expect_valid(const JsonSchema& schema, const std::string& doc, const json& 
 TEST(JsonSchemaCompile, RefusesWhatItDoesNotEnforce) {
   for (const char* text : {R"({"type":"string","pattern":"(?=a)b"})", R"({"type":"string","pattern":"(a)\\1"})",
                            R"({"type":"string","pattern":"\\bword"})", R"({"type":"string","pattern":"[z-a]"})",
-                           R"({"type":"string","pattern":"a|^b"})", R"({"type":"string","pattern":"(a"})",
+                           R"({"type":"string","pattern":"a^b"})", R"({"type":"string","pattern":"(a"})",
+                           R"({"type":"string","pattern":"^a{10}$","maxLength":4611686018427387909})",
+                           R"({"type":"string","pattern":"^a{10}$","maxLength":9223372036854775807})",
+                           R"({"type":"string","pattern":"a","maxLength":16385})",
+                           R"({"anyOf":[{"type":"string"}],"format":"uuid"})",
+                           R"({"$ref":"#/$defs/s","format":"date","$defs":{"s":{"type":"string"}}})",
                            R"({"type":"string","pattern":7})", R"({"type":"integer","multipleOf":3})",
                            R"({"not":{}})", R"({"allOf":[{"type":"string"},{"minLength":2}]})",
                            R"({"$ref":"http://example.com/s.json"})", R"({"$ref":"#/$defs/missing"})",
@@ -689,6 +696,46 @@ TEST(JsonSchemaReview, NoDeadEndsFromImpossibleFormsOrNesting) {
                                               {"items", {{"$ref", "#/$defs/a" + std::to_string(i + 1)}}}};
   deep["$defs"]["a150"] = {{"type", "null"}};
   EXPECT_THROW(JsonSchema::compile(deep), Error);
+}
+
+// What review found in patterns: a string type no writable string can
+// satisfy is dropped (not an error) so its siblings still compile; the
+// schema's patterns share one automaton per source and one budget, so a
+// schema repeating a costly pattern stays cheap and one with many distinct
+// costly patterns is refused rather than built.
+TEST(JsonSchemaReview, PatternsInBranchesAndTogether) {
+  auto nullable = compile(R"({"anyOf":[{"type":"string","pattern":"[]"},{"type":"null"}]})");
+  EXPECT_TRUE(nullable->validates(json(nullptr)));
+  EXPECT_FALSE(nullable->validates(json("a")));
+  auto control = compile(R"({"type":["string","null"],"pattern":"^\\x01$"})");  // writable only as \u0001
+  EXPECT_FALSE(control->validates(json("\x01")));
+  EXPECT_TRUE(accepts_whole(control, "null"));
+  EXPECT_FALSE(accepts_prefix(control, "\""));
+  EXPECT_THROW(compile(R"({"type":"string","pattern":"^\\x01$"})"), Error);  // nothing left at all
+
+  json repeated = {{"type", "array"}, {"prefixItems", json::array()}};
+  for (int i = 0; i < 200; ++i)
+    repeated["prefixItems"].push_back({{"type", "string"}, {"pattern", "^[\\s\\S]{0,200}$"}, {"maxLength", 1000}});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto shared = JsonSchema::compile(repeated);
+  const SchemaNode* array = &shared->node(shared->root());
+  while (!array->any_of.empty()) array = &shared->node(array->any_of[0]);  // the root's reference wrapper
+  ASSERT_EQ(array->prefix_items.size(), 200u);
+  EXPECT_GE(shared->node(array->prefix_items[0]).pattern, 0);
+  EXPECT_EQ(shared->node(array->prefix_items[0]).pattern, shared->node(array->prefix_items[199]).pattern);
+  json distinct = {{"type", "array"}, {"prefixItems", json::array()}};
+  for (int i = 0; i < 200; ++i)
+    distinct["prefixItems"].push_back(
+        {{"type", "string"}, {"pattern", "^[\\s\\S]{0," + std::to_string(100 + i) + "}x$"}});
+  try {
+    JsonSchema::compile(distinct);
+    ADD_FAILURE() << "200 costly distinct patterns were built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("together"), std::string::npos) << e.what();
+  }
+  // (Not a timing assertion: a guard that the two stay far from the seconds
+  // they took before the shared budget.)
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
 }
 
 TEST(JsonMatcher, NumericBoundsSteerTheDigits) {

@@ -109,7 +109,8 @@ class Compiler {
       throw Error("JSON Schema keyword '" + key + "' (at " + where(pointer) +
                   ") is not supported for structured output: reprise enforces type, enum, const, properties, "
                   "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, "
-                  "minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf, oneOf, allOf (one schema) and $ref");
+                  "pattern, format (date, time, date-time, uuid, email, hostname, ipv4, uri), minimum, maximum, "
+                  "exclusiveMinimum, exclusiveMaximum, anyOf, oneOf, allOf (one schema) and $ref");
     }
     if (schema.contains("$ref")) return compile_ref(schema, pointer);
     for (const char* key : {"anyOf", "oneOf", "allOf"})
@@ -144,6 +145,13 @@ class Compiler {
   const json& document_;
   JsonSchema& out_;
   std::map<std::string, int32_t> by_pointer_;
+  // Patterns: by source (pattern, NUL, format) and maxLength; the work and
+  // automaton states all of them may take.
+  std::map<std::pair<std::string, int64_t>, int32_t> pattern_ids_;
+  uint64_t pattern_work_ = 60'000'000;
+  size_t pattern_states_ = 0;
+  static constexpr size_t kMaxPatternStates = 16384;
+  static constexpr int64_t kMaxPatternLength = 16384;
   int depth_ = 0;
   bool validation_defaults_ = false;  // absent additionalProperties allows any keys
   int32_t any_value_ = -1;
@@ -167,7 +175,12 @@ class Compiler {
                    std::initializer_list<const char*> allowed) {
     for (auto it = schema.begin(); it != schema.end(); ++it) {
       const std::string& key = it.key();
-      if (kAnnotations.count(key) || key == keyword || key == "$defs" || key == "definitions") continue;
+      // An enforced format is not an annotation: beside $ref or a union it
+      // would go unenforced.
+      const bool enforced_format = key == "format" && it.value().is_string() &&
+                                   string_format_pattern(it.value().get<std::string>()) != nullptr;
+      if ((kAnnotations.count(key) && !enforced_format) || key == keyword || key == "$defs" || key == "definitions")
+        continue;
       if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) != allowed.end())
         continue;
       throw Error("'" + keyword + "' beside '" + key + "' (at " + where(pointer) +
@@ -242,40 +255,61 @@ class Compiler {
 
   // pattern, and a format string_formats.h enforces: one automaton for both
   // (their intersection), limited to what a generated string can hold. A
-  // string type no string can satisfy within its lengths is dropped.
+  // string type no string can satisfy (the automaton is empty, or nothing
+  // fits the lengths) is dropped. Identical patterns share one automaton,
+  // and all of a schema's patterns share one budget of work and states, so
+  // a request's schema costs bounded time and memory however many it holds.
   void read_pattern(const json& schema, const std::string& pointer, SchemaNode& node) {
-    std::shared_ptr<const RegexDfa> dfa;
-    try {
-      if (schema.contains("pattern")) {
-        const json& p = schema["pattern"];
-        if (!p.is_string()) throw Error("must be a string");
-        dfa = RegexDfa::compile(p.get<std::string>());
-      }
-      if (schema.contains("format") && schema["format"].is_string())
-        if (const char* format = string_format_pattern(schema["format"].get<std::string>())) {
-          auto f = RegexDfa::compile(format);
-          dfa = dfa ? RegexDfa::intersect(*dfa, *f) : f;
+    const json* pattern = schema.contains("pattern") ? &schema["pattern"] : nullptr;
+    if (pattern && !pattern->is_string()) throw Error("pattern at " + where(pointer) + " must be a string");
+    const char* format = schema.contains("format") && schema["format"].is_string()
+                             ? string_format_pattern(schema["format"].get<std::string>())
+                             : nullptr;
+    if (!pattern && !format) return;
+    const std::string source = (pattern ? pattern->get<std::string>() : std::string()) + '\0' +
+                               (format ? std::string(format) : std::string());
+    const int64_t max_length = node.max_length;
+    if (auto it = pattern_ids_.find({source, max_length}); it != pattern_ids_.end()) {
+      node.pattern = it->second;
+    } else {
+      std::shared_ptr<const RegexDfa> dfa;
+      try {
+        if (pattern) dfa = RegexDfa::compile(pattern->get<std::string>(), &pattern_work_);
+        if (format) {
+          auto f = RegexDfa::compile(format, &pattern_work_);
+          dfa = dfa ? RegexDfa::intersect(*dfa, *f, &pattern_work_) : f;
         }
-      if (!dfa) return;
-      // Control characters JSON has no short escape for are written as \u
-      // escapes, which strings under a pattern do not take.
-      static const std::shared_ptr<const RegexDfa> writable =
-          RegexDfa::compile("^[^\\x00-\\x07\\x0B\\x0E-\\x1F]*$");
-      dfa = RegexDfa::intersect(*dfa, *writable);
-    } catch (const Error& e) {
-      throw Error("pattern at " + where(pointer) + ": " + e.what());
+        // Control characters JSON has no short escape for are written as \u
+        // escapes, which strings under a pattern do not take.
+        static const std::shared_ptr<const RegexDfa> writable =
+            RegexDfa::compile("^[^\\x00-\\x07\\x0B\\x0E-\\x1F]*$");
+        dfa = RegexDfa::intersect(*dfa, *writable, &pattern_work_);
+      } catch (const Error& e) {
+        throw Error("pattern at " + where(pointer) + ": " + e.what());
+      }
+      pattern_states_ += dfa->state_count();
+      if (pattern_states_ > kMaxPatternStates)
+        throw Error("pattern at " + where(pointer) + ": the schema's patterns together exceed " +
+                    std::to_string(kMaxPatternStates) + " automaton states");
+      JsonSchema::StringPattern sp;
+      if (max_length >= 0 && !dfa->empty()) {
+        if (max_length > kMaxPatternLength)
+          throw Error("pattern at " + where(pointer) + " with maxLength " + std::to_string(max_length) +
+                      ": a pattern is enforced up to maxLength " + std::to_string(kMaxPatternLength));
+        const uint64_t cost = static_cast<uint64_t>(max_length + 1) * dfa->state_count() * 2;
+        if (cost > pattern_work_)
+          throw Error("pattern at " + where(pointer) + ": the schema's patterns together take too long to build");
+        pattern_work_ -= cost;
+        sp.lengths = dfa->lengths_up_to(static_cast<int32_t>(max_length));
+      }
+      sp.dfa = std::move(dfa);
+      node.pattern = out_.add_pattern(std::move(sp));
+      pattern_ids_[{source, max_length}] = node.pattern;
     }
-    JsonSchema::StringPattern sp;
-    if (node.max_length >= 0) {
-      constexpr int64_t kMaxLengthBits = int64_t{1} << 22;
-      if ((node.max_length + 1) * static_cast<int64_t>(dfa->state_count()) > kMaxLengthBits)
-        throw Error("pattern at " + where(pointer) + " with maxLength " + std::to_string(node.max_length) +
-                    ": too large to enforce together");
-      sp.lengths = dfa->lengths_up_to(static_cast<int32_t>(node.max_length));
+    if (out_.pattern(node.pattern).dfa->empty() || !out_.pattern_can_finish(node, 0, 0)) {
+      node.types &= static_cast<uint8_t>(~kJsonString);
+      node.pattern = -1;
     }
-    sp.dfa = std::move(dfa);
-    node.pattern = out_.add_pattern(std::move(sp));
-    if (!out_.pattern_can_finish(node, 0, 0)) node.types &= static_cast<uint8_t>(~kJsonString);
   }
 
   // minimum / maximum, and exclusiveMinimum / exclusiveMaximum as numbers
@@ -504,9 +538,16 @@ bool JsonSchema::pattern_can_finish(const SchemaNode& n, int32_t state, int64_t 
     return most == RegexDfa::kUnbounded || most >= at_least;
   }
   const int64_t at_most = n.max_length - count;
+  if (at_least > at_most) return false;
+  // Any set bit in [at_least, at_most], a word at a time.
   const std::vector<uint64_t>& bits = p.lengths[state];
-  for (int64_t k = at_least; k <= at_most; ++k)
-    if (bits[static_cast<size_t>(k / 64)] >> (k % 64) & 1) return true;
+  const size_t first = static_cast<size_t>(at_least / 64), last = static_cast<size_t>(at_most / 64);
+  for (size_t w = first; w <= last; ++w) {
+    uint64_t word = bits[w];
+    if (w == first) word &= ~uint64_t{0} << (at_least % 64);
+    if (w == last && at_most % 64 != 63) word &= (uint64_t{1} << (at_most % 64 + 1)) - 1;
+    if (word) return true;
+  }
   return false;
 }
 

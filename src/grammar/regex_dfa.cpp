@@ -13,7 +13,6 @@ namespace {
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr size_t kMaxNfaStates = 200000;
-constexpr size_t kMaxDfaStates = 4096;
 // NFA states and edges the subset construction may visit in all: bounds a
 // pattern's compile time (a schema arrives with a request) to tens of
 // milliseconds, whatever its size.
@@ -70,9 +69,31 @@ class Parser {
  public:
   explicit Parser(std::string_view p) : p_(p) {}
 
+  // The whole pattern: each top-level alternative may open with '^' and
+  // close with '$'; an unanchored side matches anything there (JSON
+  // Schema's search semantics), i.e. gets any-text prepended or appended.
   Ast parse() {
-    Ast a = alternation(0);
-    if (i_ < p_.size()) fail("unbalanced ')'");
+    std::vector<Ast> branches;
+    while (true) {
+      const bool anchored_start = more() && peek() == '^';
+      if (anchored_start) ++i_;
+      Ast body = concatenation(0, /*top=*/true);
+      const bool anchored_end = more() && peek() == '$';
+      if (anchored_end) ++i_;
+      Ast branch;
+      branch.kind = Ast::Concat;
+      if (!anchored_start) branch.kids.push_back(any_text());
+      branch.kids.push_back(std::move(body));
+      if (!anchored_end) branch.kids.push_back(any_text());
+      branches.push_back(std::move(branch));
+      if (!more()) break;
+      if (peek() != '|') fail(peek() == ')' ? "unbalanced ')'" : "'$' is supported only at the end");
+      ++i_;
+    }
+    if (branches.size() == 1) return std::move(branches[0]);
+    Ast a;
+    a.kind = Ast::Alt;
+    a.kids = std::move(branches);
     return a;
   }
 
@@ -101,9 +122,23 @@ class Parser {
     return a;
   }
 
-  Ast concatenation(int depth) {
+  static Ast any_text() {
+    Ast r;
+    r.kind = Ast::Repeat;
+    r.min = 0;
+    r.max = -1;
+    r.kids.push_back(set_ast({{0, kMaxCodePoint}}));
+    return r;
+  }
+
+  // `top`: a top-level alternative, which a '$' followed by '|' or the
+  // pattern's end closes.
+  Ast concatenation(int depth, bool top = false) {
     std::vector<Ast> items;
-    while (more() && peek() != '|' && peek() != ')') items.push_back(quantified(atom(depth)));
+    while (more() && peek() != '|' && peek() != ')') {
+      if (top && peek() == '$' && (i_ + 1 == p_.size() || p_[i_ + 1] == '|')) break;
+      items.push_back(quantified(atom(depth)));
+    }
     if (items.empty()) return Ast{};
     if (items.size() == 1) return std::move(items[0]);
     Ast a;
@@ -335,8 +370,8 @@ class Parser {
         if (escape(false, s, cp)) return set_ast(std::move(s));
         return set_ast({{cp, cp}});
       }
-      case '^': fail("'^' is supported only at the start");
-      case '$': fail("'$' is supported only at the end");
+      case '^': fail("'^' is supported only at the start of a top-level alternative");
+      case '$': fail("'$' is supported only at the end of a top-level alternative");
       case '*':
       case '+':
       case '?': fail("nothing to repeat");
@@ -516,36 +551,12 @@ bool char_start(uint8_t b) { return (b & 0xC0) != 0x80; }
 
 }  // namespace
 
-std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
-  // Anchors: '^' first and '$' last (not escaped) only.
-  std::string_view body = pattern;
-  const bool anchored_start = !body.empty() && body.front() == '^';
-  if (anchored_start) body.remove_prefix(1);
-  bool anchored_end = false;
-  if (!body.empty() && body.back() == '$') {
-    size_t backslashes = 0;
-    for (size_t k = body.size() - 1; k > 0 && body[k - 1] == '\\'; --k) ++backslashes;
-    if (backslashes % 2 == 0) {
-      anchored_end = true;
-      body.remove_suffix(1);
-    }
-  }
-  const Ast ast = Parser(body).parse();
+std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern, uint64_t* work_budget) {
+  if (pattern.size() > kMaxPatternBytes)
+    throw Error("pattern: longer than " + std::to_string(kMaxPatternBytes) + " bytes");
+  const Ast ast = Parser(pattern).parse();
   Nfa nfa;
-  const Ast any = [] {
-    Ast r;
-    r.kind = Ast::Repeat;
-    r.min = 0;
-    r.max = -1;
-    r.kids.push_back(set_ast({{0, kMaxCodePoint}}));
-    return r;
-  }();
-  Ast whole;
-  whole.kind = Ast::Concat;
-  if (!anchored_start) whole.kids.push_back(any);
-  whole.kids.push_back(ast);
-  if (!anchored_end) whole.kids.push_back(any);
-  const Frag f = build(nfa, whole);
+  const Frag f = build(nfa, ast);
 
   auto dfa = std::make_shared<RegexDfa>();
   dfa->source_ = std::string(pattern);
@@ -562,6 +573,10 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
   auto spend = [&](uint64_t amount) {
     work += amount;
     if (work > kMaxCompileWork) throw Error("pattern: too complex (its automaton takes too long to build)");
+    if (work_budget) {
+      if (amount > *work_budget) throw Error("pattern: the schema's patterns together take too long to build");
+      *work_budget -= amount;
+    }
   };
   for (size_t d = 0; d < sets.size(); ++d) {
     const std::vector<int32_t> set = sets[d];
@@ -595,8 +610,8 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
       spend(closed.size() * 8);  // the closure, its sort and the lookup's comparisons
       auto [it, added] = ids.emplace(closed, static_cast<int32_t>(sets.size()));
       if (added) {
-        if (sets.size() >= kMaxDfaStates)
-          throw Error("pattern: too complex (its automaton exceeds " + std::to_string(kMaxDfaStates) + " states)");
+        if (sets.size() >= kMaxStates)
+          throw Error("pattern: too complex (its automaton exceeds " + std::to_string(kMaxStates) + " states)");
         sets.push_back(std::move(closed));
       }
       previous = it->second;
@@ -608,13 +623,18 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
   return dfa;
 }
 
-std::shared_ptr<const RegexDfa> RegexDfa::intersect(const RegexDfa& a, const RegexDfa& b) {
+std::shared_ptr<const RegexDfa> RegexDfa::intersect(const RegexDfa& a, const RegexDfa& b, uint64_t* work_budget) {
   auto dfa = std::make_shared<RegexDfa>();
   dfa->source_ = "(" + a.source_ + ")&(" + b.source_ + ")";
+  if (a.empty() || b.empty()) return dfa;
   std::map<std::pair<int32_t, int32_t>, int32_t> ids;
   std::vector<std::pair<int32_t, int32_t>> pairs{{0, 0}};
   ids.emplace(pairs[0], 0);
   for (size_t d = 0; d < pairs.size(); ++d) {
+    if (work_budget) {
+      if (*work_budget < 256) throw Error("pattern: the schema's patterns together take too long to build");
+      *work_budget -= 256;
+    }
     const auto [sa, sb] = pairs[d];
     dfa->accepting_.push_back(a.accepting(sa) && b.accepting(sb));
     dfa->table_.resize(pairs.size() * 256 + 256, kDead);
@@ -623,7 +643,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::intersect(const RegexDfa& a, const Reg
       if (na == kDead || nb == kDead) continue;
       auto [it, added] = ids.emplace(std::make_pair(na, nb), static_cast<int32_t>(pairs.size()));
       if (added) {
-        if (pairs.size() >= kMaxDfaStates) throw Error("pattern: too complex beside the format");
+        if (pairs.size() >= kMaxStates) throw Error("pattern: too complex beside the format");
         pairs.push_back({na, nb});
       }
       dfa->table_[d * 256 + static_cast<size_t>(c)] = it->second;
@@ -657,7 +677,13 @@ void RegexDfa::finish() {
         work.push_back(p);
       }
   }
-  if (!live[0]) throw Error("pattern: no string matches it");
+  if (n == 0 || !live[0]) {  // no string matches
+    table_.clear();
+    accepting_.clear();
+    min_chars_.clear();
+    max_chars_.clear();
+    return;
+  }
   // Renumber the live states reachable from the start.
   std::vector<int32_t> id(n, kDead);
   std::vector<int32_t> order{0};
@@ -751,6 +777,7 @@ void RegexDfa::finish() {
 }
 
 bool RegexDfa::matches(std::string_view utf8) const {
+  if (empty()) return false;
   int32_t s = start();
   for (char c : utf8) {
     s = next(s, static_cast<uint8_t>(c));

@@ -7,11 +7,12 @@
 // inside and out), escapes (`\t \n \r \f \v \0 \xHH \uHHHH \u{H...}` and
 // escaped punctuation), groups `(...)`, `(?:...)`, `(?<name>...)`,
 // alternation, quantifiers `* + ? {n} {n,} {n,m}` (lazy forms too: the
-// language is the same). `^` only first and `$` only last. As JSON Schema
-// says, a pattern matches a string when it matches some part of it, unless
-// anchored. Backreferences, lookaround, `\b`, `\p{...}` and flags are
-// refused (reprise::Error), as are patterns whose DFA would exceed a few
-// thousand states.
+// language is the same). `^` only at the start and `$` only at the end of
+// a top-level alternative. As JSON Schema says, a pattern matches a string
+// when it matches some part of it, unless anchored. Backreferences,
+// lookaround, `\b`, `\p{...}` and flags are refused (reprise::Error), as
+// are patterns longer than 16 KiB and patterns whose DFA would exceed a few
+// thousand states or take too much work to build.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,11 +24,20 @@ namespace reprise {
 
 class RegexDfa {
  public:
-  // Throws reprise::Error saying what is not supported, or that no string
-  // matches.
-  static std::shared_ptr<const RegexDfa> compile(std::string_view pattern);
+  // Throws reprise::Error saying what is not supported or too large. A
+  // pattern no string matches compiles to an empty() automaton.
+  // `work_budget` (optional) is shared by several compiles and intersections
+  // (one schema's) and drawn down by each: the whole set is refused once it
+  // runs out, so no request costs more than a bounded time.
+  static std::shared_ptr<const RegexDfa> compile(std::string_view pattern, uint64_t* work_budget = nullptr);
   // The strings both match (for a pattern beside a format).
-  static std::shared_ptr<const RegexDfa> intersect(const RegexDfa& a, const RegexDfa& b);
+  static std::shared_ptr<const RegexDfa> intersect(const RegexDfa& a, const RegexDfa& b,
+                                                   uint64_t* work_budget = nullptr);
+  static constexpr size_t kMaxPatternBytes = 16384;
+  static constexpr size_t kMaxStates = 4096;
+
+  // No string matches (there are no states: nothing below may be asked).
+  bool empty() const { return accepting_.empty(); }
 
   static constexpr int32_t kDead = -1;
   static constexpr int32_t kUnbounded = 1 << 30;
@@ -56,7 +66,7 @@ class RegexDfa {
   std::vector<bool> accepting_;
   std::vector<int32_t> min_chars_, max_chars_;
   std::string source_;
-  void finish();  // prunes dead states, renumbers, computes the distances
+  void finish();  // prunes dead states (all of them when no string matches), renumbers, computes the distances
 };
 
 }  // namespace reprise

@@ -9,7 +9,10 @@ namespace {
   "02-(?:0[1-9]|1\\d|2[0-8]))"
 #define REPRISE_TIME "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,6})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)"
 #define REPRISE_LABEL "[A-Za-z0-9](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?"
-#define REPRISE_HOST REPRISE_LABEL "(?:\\." REPRISE_LABEL "){0,6}"
+// The last label starts with a letter: URL parsers read an all-digit last
+// label as an IPv4 address (and refuse it).
+#define REPRISE_LAST_LABEL "[A-Za-z](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?"
+#define REPRISE_HOST "(?:" REPRISE_LABEL "\\.){0,6}" REPRISE_LAST_LABEL
 #define REPRISE_BYTE "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
 
 struct Format {
@@ -22,7 +25,9 @@ constexpr Format kFormats[] = {
     {"time", "^" REPRISE_TIME "$"},
     {"date-time", "^" REPRISE_DATE "T" REPRISE_TIME "$"},
     {"uuid", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
-    {"email", "^[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@" REPRISE_LABEL "(?:\\." REPRISE_LABEL "){0,5}\\.[A-Za-z]{2,12}$"},
+    // A local part of at most 62 characters and 207 in all (the limits are 64 and 254).
+    {"email", "^[A-Za-z0-9_+-]{1,20}(?:\\.[A-Za-z0-9_+-]{1,20}){0,2}@" REPRISE_LABEL "(?:\\." REPRISE_LABEL
+              "){0,3}\\.[A-Za-z]{2,12}$"},
     {"hostname", "^" REPRISE_HOST "$"},
     {"ipv4", "^" REPRISE_BYTE "(?:\\." REPRISE_BYTE "){3}$"},
     {"uri", "^https?://" REPRISE_HOST "(?::[1-9]\\d{0,3})?(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*)*"
@@ -32,6 +37,7 @@ constexpr Format kFormats[] = {
 #undef REPRISE_DATE
 #undef REPRISE_TIME
 #undef REPRISE_LABEL
+#undef REPRISE_LAST_LABEL
 #undef REPRISE_HOST
 #undef REPRISE_BYTE
 
