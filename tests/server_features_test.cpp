@@ -737,3 +737,95 @@ TEST(ServerReasoning, ThinkingIsReasoningContent) {
   auto [st5, r5] = s.post("/v1/completions", completion);
   EXPECT_EQ(r5["choices"][0]["text"], thought.substr(0, thought.size() - 2));
 }
+
+// gpt-oss's harmony replies: the analysis channel comes back as
+// reasoning_content, final as content, messages to functions as tool
+// calls, streamed or not; the markers are control tokens, shown so that
+// the channels can be read.
+TEST(ServerHarmony, ChannelsBecomeReasoningContentAndToolCalls) {
+  const std::string answer = "analysis<|message|>Easy sum.<|end|><|start|>assistant<|channel|>final<|message|>Four.@@";
+  const std::string call = "analysis<|message|>Need the tool.<|end|><|start|>assistant<|channel|>commentary "
+                           "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}@@";
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  spec.control_tokens = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>",
+                         "<|constrain|>"};
+  spec.user_defined_tokens = {answer, call};
+  const int32_t id_channel = 600 - 9 + 1, id_answer = 598, id_call = 599;
+  const std::string file = ::testing::TempDir() + "/harmony.jinja";
+  // (The channel marker in a comment: rendered, it would be the control
+  // token the test biases, held back then by the repetition penalty.)
+  std::ofstream(file) << "{# <|channel|> #}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}"
+                         "<|end|>{% endfor %}<|start|>assistant";
+  ServeOptions options;
+  options.model_path = test::synthetic_model("harmony", spec).path;
+  options.chat_template_file = file;
+  Server s(options);
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  // The reply: the <|channel|> control token first, then the rest.
+  auto request = [&](int32_t rest, bool stream) {
+    return json{{"messages", {{{"role", "user"}, {"content", "Two and two?"}}}},
+                {"max_tokens", 4},
+                {"temperature", 0},
+                {"logit_bias", {{std::to_string(id_channel), 100}, {std::to_string(rest), 90}}},
+                {"repeat_penalty", 10},
+                {"stop", json::array({"@@"})},
+                {"stream", stream},
+                {"tools", tools}};
+  };
+  auto streamed = [&](const json& body) {
+    httplib::Client c("127.0.0.1", s.port);
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    std::string reasoning, content, finish;
+    std::vector<json> calls;
+    std::istringstream lines(r ? r->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      for (const auto& ch : chunk["choices"]) {
+        if (ch["delta"].contains("reasoning_content")) reasoning += ch["delta"]["reasoning_content"].get<std::string>();
+        if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
+          content += ch["delta"]["content"].get<std::string>();
+        if (ch["delta"].contains("tool_calls")) calls.push_back(ch["delta"]["tool_calls"][0]);
+        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+      }
+    }
+    return std::make_tuple(reasoning, content, calls, finish);
+  };
+
+  auto [st, r] = s.post("/v1/chat/completions", request(id_answer, false));
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "Easy sum.") << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Four.");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  auto [reasoning, content, calls, finish] = streamed(request(id_answer, true));
+  EXPECT_EQ(reasoning, "Easy sum.");
+  EXPECT_EQ(content, "Four.");
+  EXPECT_TRUE(calls.empty());
+
+  auto [st2, r2] = s.post("/v1/chat/completions", request(id_call, false));
+  ASSERT_EQ(st2, 200) << r2.dump();
+  EXPECT_EQ(r2["choices"][0]["finish_reason"], "tool_calls") << r2.dump();
+  EXPECT_EQ(r2["choices"][0]["message"]["reasoning_content"], "Need the tool.");
+  EXPECT_TRUE(r2["choices"][0]["message"]["content"].is_null());
+  ASSERT_EQ(r2["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(r2["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(r2["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Oslo"}}));
+  auto [reasoning2, content2, calls2, finish2] = streamed(request(id_call, true));
+  EXPECT_EQ(reasoning2, "Need the tool.");
+  EXPECT_EQ(content2, "");
+  ASSERT_EQ(calls2.size(), 1u);
+  EXPECT_EQ(calls2[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(finish2, "tool_calls");
+
+  // reasoning_format "none": the raw reply.
+  json raw = request(id_answer, false);
+  raw["reasoning_format"] = "none";
+  auto [st3, r3] = s.post("/v1/chat/completions", raw);
+  EXPECT_NE(r3["choices"][0]["message"]["content"].get<std::string>().find(answer.substr(0, answer.size() - 2)),
+            std::string::npos)
+      << r3.dump();
+  EXPECT_FALSE(r3["choices"][0]["message"].contains("reasoning_content"));
+}

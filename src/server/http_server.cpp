@@ -16,6 +16,7 @@
 
 #include "server/disconnect_monitor.h"
 #include "server/generation.h"
+#include "server/harmony_parser.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -128,6 +129,10 @@ struct ResponseContext {
   // whether the reply starts inside it (reasoning_splitter.h).
   bool split_reasoning = false;
   bool opens_reasoning = false;
+  // gpt-oss's harmony channels are read back (harmony_parser.h), and
+  // whether messages to functions become tool calls (the request has tools).
+  bool harmony = false;
+  bool harmony_calls = false;
 };
 
 // Chat replies of a model whose template knows <think> are split into
@@ -135,8 +140,18 @@ struct ResponseContext {
 // (reasoning_format "none") or constrains the reply (structured output and
 // forced tool calls write no reasoning).
 void expect_reasoning(const ChatCompletionRequest& chat, const LoadedModel& model, ResponseContext& ctx,
-                      const GenerationPlan& plan) {
-  ctx.split_reasoning = model.chat.reasoning_tags && !chat.options.raw_reasoning && !chat.options.json_schema;
+                      GenerationPlan& plan) {
+  const bool free_reply = !chat.options.raw_reasoning && !chat.options.json_schema;
+  if (model.chat.harmony && free_reply) {
+    // Its markers are control tokens: shown, so the channels can be read.
+    ctx.harmony = true;
+    ctx.harmony_calls = chat.tools.is_array() && !chat.tools.empty() && !chat.tool_choice_none;
+    const Tokenizer& tok = *model.bundle->tokenizer;
+    for (const std::string& marker : HarmonyStream::markers())
+      if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
+    return;
+  }
+  ctx.split_reasoning = model.chat.reasoning_tags && free_reply;
   ctx.opens_reasoning = plan.opens_reasoning;
 }
 
@@ -934,6 +949,7 @@ class ChoiceStream {
   ChoiceStream(const ResponseContext& ctx, int index)
       : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {
     if (ctx.split_reasoning) splitter_.emplace(ctx.opens_reasoning);
+    if (ctx.harmony) harmony_.emplace();
   }
 
   // Appends the events for deltas taken from the choice's channel.
@@ -941,6 +957,10 @@ class ChoiceStream {
     for (GenerationDelta& d : deltas) {
       if (splitter_) {
         ReasoningSplitter::Parts parts = splitter_->push(d.text);
+        d.text = std::move(parts.content);
+        add_reasoning(parts.reasoning, d.logprobs, events);
+      } else if (harmony_) {
+        HarmonyStream::Parts parts = harmony_->push(d.text);
         d.text = std::move(parts.content);
         add_reasoning(parts.reasoning, d.logprobs, events);
       }
@@ -957,6 +977,24 @@ class ChoiceStream {
       add_reasoning(parts.reasoning, none, events);
       GenerationDelta rest{std::move(parts.content), {}};
       add_content(rest, events);
+    }
+    if (harmony_) {
+      HarmonyStream::Parts parts = harmony_->flush();
+      std::vector<LogprobEntry> none;
+      add_reasoning(parts.reasoning, none, events);
+      GenerationDelta rest{std::move(parts.content), {}};
+      add_content(rest, events);
+      if (ctx_.harmony_calls && !harmony_->calls().empty() && generation_finish == "stop") {
+        std::vector<ToolCall> calls = harmony_->calls();
+        for (size_t i = 0; i < calls.size(); ++i) {
+          calls[i].id = make_tool_call_id(ctx_.id_syntax);
+          events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(calls[i], static_cast<int>(i)), "",
+                                              std::nullopt, usage_field(), index_));
+        }
+        events += sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), "tool_calls", std::nullopt,
+                                            usage_field(), index_));
+        return;
+      }
     }
     finish_content(generation_finish, events);
   }
@@ -1046,6 +1084,7 @@ class ChoiceStream {
   ToolCallTextGate gate_;
   std::vector<LogprobEntry> unsent_logprobs_;
   std::optional<ReasoningSplitter> splitter_;  // thinking models' replies
+  std::optional<HarmonyStream> harmony_;       // gpt-oss's replies
 };
 
 }  // namespace
@@ -1102,6 +1141,19 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
     }
     std::optional<std::vector<LogprobEntry>> lp;
     if (ctx.options.logprobs) lp = std::move(logprobs[i]);
+    if (ctx.harmony) {
+      HarmonyStream harmony;
+      HarmonyStream::Parts parts = harmony.push(texts[i]);
+      HarmonyStream::Parts rest = harmony.flush();
+      const std::string content = parts.content + rest.content, reasoning = parts.reasoning + rest.reasoning;
+      std::vector<ToolCall> calls = harmony.calls();
+      for (ToolCall& call : calls) call.id = make_tool_call_id(ctx.id_syntax);
+      if (ctx.harmony_calls && !calls.empty() && outcomes[i].finish_reason == "stop")
+        choices.push_back(chat_tool_call_choice_json(index, content, calls, lp, reasoning));
+      else
+        choices.push_back(chat_choice_json(index, content, outcomes[i].finish_reason, lp, reasoning));
+      continue;
+    }
     std::string reasoning;
     if (ctx.split_reasoning) {
       ReasoningSplitter splitter(ctx.opens_reasoning);

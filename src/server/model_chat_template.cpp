@@ -81,6 +81,7 @@ ModelChatTemplate load_model_chat_template(const ModelBundle& bundle, const std:
   }
   out.tool_call_syntax = detect_tool_call_syntax(source);
   out.reasoning_tags = source.find("<think>") != std::string::npos;
+  out.harmony = source.find("<|channel|>") != std::string::npos;
   try {
     out.chat_template = std::make_unique<ChatTemplate>(source);
   } catch (const std::exception& e) {

@@ -49,6 +49,9 @@ struct ModelChatTemplate {
   // DeepSeek-R1, SmolLM3): replies are split into reasoning_content and
   // content (reasoning_splitter.h).
   bool reasoning_tags = false;
+  // Whether the template is gpt-oss's harmony (channels): replies are read
+  // back into reasoning, content and tool calls (harmony_parser.h).
+  bool harmony = false;
 };
 
 // The load-time probes behind renders_plain_chat and wants_object_arguments.
