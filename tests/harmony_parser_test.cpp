@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/harmony_parser.h"
+#include "streamed_parts.h"
 
 using namespace reprise;
 
@@ -73,17 +74,9 @@ TEST(HarmonyStream, AnyCutGivesTheWholeReplysParts) {
     const Whole want = whole(reply);
     for (int trial = 0; trial < 200; ++trial) {
       HarmonyStream h;
-      std::string reasoning, content;
-      for (size_t at = 0; at < reply.size();) {
-        const size_t n = 1 + rng() % 6;
-        HarmonyStream::Parts p = h.push(std::string_view(reply).substr(at, n));
-        reasoning += p.reasoning;
-        content += p.content;
-        at += n;
-      }
-      HarmonyStream::Parts rest = h.flush();
-      EXPECT_EQ(reasoning + rest.reasoning, want.reasoning) << reply;
-      EXPECT_EQ(content + rest.content, want.content) << reply;
+      const HarmonyStream::Parts got = testing_support::streamed_parts(h, reply, rng, 6);
+      EXPECT_EQ(got.reasoning, want.reasoning) << reply;
+      EXPECT_EQ(got.content, want.content) << reply;
       ASSERT_EQ(h.calls().size(), want.calls.size()) << reply;
       for (size_t i = 0; i < want.calls.size(); ++i) {
         EXPECT_EQ(h.calls()[i].name, want.calls[i].name);

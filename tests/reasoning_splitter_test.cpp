@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "server/reasoning_splitter.h"
+#include "streamed_parts.h"
 
 using namespace reprise;
 
@@ -62,17 +63,9 @@ TEST(ReasoningSplitter, AnyCutGivesTheWholeReplysParts) {
       const ReasoningSplitter::Parts want = whole(reply, opens);
       for (int trial = 0; trial < 200; ++trial) {
         ReasoningSplitter s(opens);
-        std::string reasoning, content;
-        for (size_t at = 0; at < reply.size();) {
-          const size_t n = 1 + rng() % 4;
-          ReasoningSplitter::Parts p = s.push(std::string_view(reply).substr(at, n));
-          reasoning += p.reasoning;
-          content += p.content;
-          at += n;
-        }
-        ReasoningSplitter::Parts rest = s.flush();
-        EXPECT_EQ(reasoning + rest.reasoning, want.reasoning) << reply;
-        EXPECT_EQ(content + rest.content, want.content) << reply;
+        const ReasoningSplitter::Parts got = testing_support::streamed_parts(s, reply, rng, 4);
+        EXPECT_EQ(got.reasoning, want.reasoning) << reply;
+        EXPECT_EQ(got.content, want.content) << reply;
       }
     }
   // Reasoning is handed on as it comes, but for a possible tag's start.

@@ -53,6 +53,31 @@ struct Server {
     if (!r) return {-1, json()};
     return {r->status, json::parse(r->body, nullptr, false)};
   }
+  // A streamed chat completion, put back together: its reasoning, content,
+  // tool-call deltas and finish_reason.
+  struct Streamed {
+    std::string reasoning, content, finish;
+    std::vector<json> calls;
+  };
+  Streamed stream_chat(const json& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    Streamed out;
+    std::istringstream lines(r ? r->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      for (const auto& ch : chunk["choices"]) {
+        const json& d = ch["delta"];
+        if (d.contains("reasoning_content")) out.reasoning += d["reasoning_content"].get<std::string>();
+        if (d.contains("content") && d["content"].is_string()) out.content += d["content"].get<std::string>();
+        if (d.contains("tool_calls")) out.calls.push_back(d["tool_calls"][0]);
+        if (!ch["finish_reason"].is_null()) out.finish = ch["finish_reason"];
+      }
+    }
+    return out;
+  }
   // The value of a Prometheus sample line starting with `prefix`.
   double metric(const std::string& prefix) const {
     httplib::Client c("127.0.0.1", port);
@@ -559,21 +584,8 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
                 {"repeat_penalty", 10}, {"stop", json::array({"@@"})}, {"stream", stream}};
   };
   auto streamed = [](const Server& s, const json& req) {
-    httplib::Client c("127.0.0.1", s.port);
-    auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
-    std::string content, finish;
-    std::vector<json> calls;
-    std::istringstream lines(r ? r->body : "");
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("data: {", 0) != 0) continue;
-      const json chunk = json::parse(line.substr(6));
-      for (const auto& ch : chunk["choices"]) {
-        if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
-        if (ch["delta"].contains("tool_calls")) calls.push_back(ch["delta"]["tool_calls"][0]);
-        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
-      }
-    }
-    return std::make_tuple(content, calls, finish);
+    Server::Streamed r = s.stream_chat(req);
+    return std::make_tuple(r.content, r.calls, r.finish);
   };
 
   {
@@ -680,20 +692,8 @@ TEST(ServerReasoning, ThinkingIsReasoningContent) {
                 {"stream", stream}};
   };
   auto streamed = [&](const json& body) {
-    httplib::Client c("127.0.0.1", s.port);
-    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
-    std::string reasoning, content;
-    std::istringstream lines(r ? r->body : "");
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("data: {", 0) != 0) continue;
-      const json chunk = json::parse(line.substr(6));
-      for (const auto& ch : chunk["choices"]) {
-        if (ch["delta"].contains("reasoning_content")) reasoning += ch["delta"]["reasoning_content"].get<std::string>();
-        if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
-          content += ch["delta"]["content"].get<std::string>();
-      }
-    }
-    return std::make_pair(reasoning, content);
+    Server::Streamed r = s.stream_chat(body);
+    return std::make_pair(r.reasoning, r.content);
   };
 
   auto [st, r] = s.post("/v1/chat/completions", request(id_thought, false));
@@ -775,23 +775,8 @@ TEST(ServerHarmony, ChannelsBecomeReasoningContentAndToolCalls) {
                 {"tools", tools}};
   };
   auto streamed = [&](const json& body) {
-    httplib::Client c("127.0.0.1", s.port);
-    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
-    std::string reasoning, content, finish;
-    std::vector<json> calls;
-    std::istringstream lines(r ? r->body : "");
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("data: {", 0) != 0) continue;
-      const json chunk = json::parse(line.substr(6));
-      for (const auto& ch : chunk["choices"]) {
-        if (ch["delta"].contains("reasoning_content")) reasoning += ch["delta"]["reasoning_content"].get<std::string>();
-        if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
-          content += ch["delta"]["content"].get<std::string>();
-        if (ch["delta"].contains("tool_calls")) calls.push_back(ch["delta"]["tool_calls"][0]);
-        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
-      }
-    }
-    return std::make_tuple(reasoning, content, calls, finish);
+    Server::Streamed r = s.stream_chat(body);
+    return std::make_tuple(r.reasoning, r.content, r.calls, r.finish);
   };
 
   auto [st, r] = s.post("/v1/chat/completions", request(id_answer, false));
