@@ -814,3 +814,42 @@ TEST(ServerHarmony, ChannelsBecomeReasoningContentAndToolCalls) {
       << r3.dump();
   EXPECT_FALSE(r3["choices"][0]["message"].contains("reasoning_content"));
 }
+
+// parallel_tool_calls false: a reply holding several calls returns its
+// first only, streamed or not; by default all of them.
+TEST(ServerToolCalls, ParallelToolCallsFalseKeepsTheFirst) {
+  const std::string two = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+                          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>@@";
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  spec.user_defined_tokens = {two};
+  const std::string file = ::testing::TempDir() + "/hermes-parallel.jinja";
+  std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}<|im_start|>assistant\n";
+  ServeOptions options;
+  options.model_path = test::synthetic_model("tool-calls-parallel", spec).path;
+  options.chat_template_file = file;
+  Server s(options);
+  json request = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris and Rome?"}}}},
+                  {"tools", json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])")},
+                  {"max_tokens", 4},
+                  {"temperature", 0},
+                  {"logit_bias", {{"599", 100}}},
+                  {"repeat_penalty", 10},
+                  {"stop", json::array({"@@"})}};
+  auto cities = [](const json& calls) {
+    std::vector<std::string> out;
+    for (const json& c : calls) out.push_back(json::parse(c["function"]["arguments"].get<std::string>())["city"]);
+    return out;
+  };
+  auto [st, r] = s.post("/v1/chat/completions", request);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(cities(r["choices"][0]["message"]["tool_calls"]), (std::vector<std::string>{"Paris", "Rome"}));
+  request["parallel_tool_calls"] = false;
+  auto [st2, r2] = s.post("/v1/chat/completions", request);
+  EXPECT_EQ(cities(r2["choices"][0]["message"]["tool_calls"]), (std::vector<std::string>{"Paris"})) << r2.dump();
+  EXPECT_EQ(r2["choices"][0]["finish_reason"], "tool_calls");
+  request["stream"] = true;
+  EXPECT_EQ(cities(s.stream_chat(request).calls), (std::vector<std::string>{"Paris"}));
+}

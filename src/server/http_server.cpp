@@ -133,7 +133,14 @@ struct ResponseContext {
   // whether messages to functions become tool calls (the request has tools).
   bool harmony = false;
   bool harmony_calls = false;
+  // parallel_tool_calls false: a reply's first call only.
+  size_t max_tool_calls = SIZE_MAX;
 };
+
+// The calls a reply returns: the request may allow only one.
+void limit_calls(std::vector<ToolCall>& calls, const ResponseContext& ctx) {
+  if (calls.size() > ctx.max_tool_calls) calls.resize(ctx.max_tool_calls);
+}
 
 // Chat replies of a model whose template knows <think> are split into
 // reasoning and content, unless the request asks for them raw
@@ -189,6 +196,7 @@ void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& mod
                        GenerationPlan& plan) {
   const ToolCallSyntax syntax = model.chat.tool_call_syntax;
   ctx.id_syntax = syntax;
+  if (!chat.parallel_tool_calls) ctx.max_tool_calls = 1;
   if (!chat.tools.is_array() || chat.tools.empty() || chat.tool_choice_none || chat.options.tool_call_reply ||
       chat.options.json_schema || syntax == ToolCallSyntax::None)
     return;
@@ -937,8 +945,10 @@ ordered_json chat_reply_choice_json(const ResponseContext& ctx, int index, const
     if (const std::optional<ToolCall> call = forced_tool_call(text, ctx.id_syntax))
       return chat_tool_call_choice_json(index, "", {*call}, lp);
   if (ctx.tool_syntax != ToolCallSyntax::None && finish_reason == "stop")
-    if (const auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names))
+    if (auto parsed = parse_tool_calls(ctx.tool_syntax, text, ctx.tool_names)) {
+      limit_calls(parsed->calls, ctx);
       return chat_tool_call_choice_json(index, parsed->content(), parsed->calls, lp, reasoning);
+    }
   return chat_choice_json(index, text, finish_reason, lp, reasoning);
 }
 
@@ -986,6 +996,7 @@ class ChoiceStream {
       add_content(rest, events);
       if (ctx_.harmony_calls && !harmony_->calls().empty() && generation_finish == "stop") {
         std::vector<ToolCall> calls = harmony_->calls();
+        limit_calls(calls, ctx_);
         for (size_t i = 0; i < calls.size(); ++i) {
           calls[i].id = make_tool_call_id(ctx_.id_syntax);
           events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(calls[i], static_cast<int>(i)), "",
@@ -1045,8 +1056,9 @@ class ChoiceStream {
                                           "", logprobs_of(std::move(held_logprobs_)), usage_field(), index_));
     }
     if (ctx_.tool_syntax != ToolCallSyntax::None) {
-      const auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx_.tool_syntax, reply_, ctx_.tool_names)
-                                                  : std::nullopt;
+      auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx_.tool_syntax, reply_, ctx_.tool_names)
+                                            : std::nullopt;
+      if (parsed) limit_calls(parsed->calls, ctx_);
       // Text not sent yet: what follows the calls, or the held tail.
       const std::string rest = parsed ? parsed->content_from(sent_) : reply_.substr(sent_);
       if (!rest.empty() || !unsent_logprobs_.empty())
@@ -1147,6 +1159,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
       HarmonyStream::Parts rest = harmony.flush();
       const std::string content = parts.content + rest.content, reasoning = parts.reasoning + rest.reasoning;
       std::vector<ToolCall> calls = harmony.calls();
+      limit_calls(calls, ctx);
       for (ToolCall& call : calls) call.id = make_tool_call_id(ctx.id_syntax);
       if (ctx.harmony_calls && !calls.empty() && outcomes[i].finish_reason == "stop")
         choices.push_back(chat_tool_call_choice_json(index, content, calls, lp, reasoning));

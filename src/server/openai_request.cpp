@@ -595,6 +595,7 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
       req.template_kwargs = *kwargs;
     }
     if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
+    if (auto v = f.boolean("parallel_tool_calls")) req.parallel_tool_calls = *v;
     if (auto v = f.string("reasoning_format")) {
       if (*v != "none" && *v != "auto" && *v != "deepseek")
         fail("reasoning_format must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");

@@ -66,6 +66,7 @@ struct ChatCompletionRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools = nullptr;  // passed to the template as given
   bool tool_choice_none = false;           // tool_choice "none": calls in the reply stay text
+  bool parallel_tool_calls = true;         // false: a reply's first call only
   // chat_template_kwargs (and reasoning_effort): extra template variables.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   // Index of the first message with an image part, if any (the model decides
