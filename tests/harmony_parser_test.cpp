@@ -21,7 +21,7 @@ struct Whole {
 
 Whole whole(const std::string& reply) {
   HarmonyStream h;
-  HarmonyStream::Parts a = h.push(reply), b = h.flush();
+  HarmonyStream::Parts a = h.push(reply), b = h.flush(true);
   return {a.reasoning + b.reasoning, a.content + b.content, h.calls()};
 }
 
@@ -61,6 +61,29 @@ TEST(HarmonyStream, ChannelsBecomeReasoningContentAndCalls) {
   Whole cut = whole("<|channel|>analysis<|message|>Thinking about");
   EXPECT_EQ(cut.reasoning, "Thinking about");
   EXPECT_EQ(cut.content, "");
+  // Cut off in a header: the header is markup, dropped.
+  for (const char* header : {"<|channel|>", "<|channel|>analysis", "<|channel|>analysis<|message|>x<|end|><|start|>assistant",
+                             "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final"}) {
+    HarmonyStream h;
+    h.push(header);
+    EXPECT_EQ(h.flush(false).content, "") << header;
+  }
+  // A call cut short (not ended by the model) is text; without tools a
+  // message to a function is content.
+  {
+    HarmonyStream h;
+    HarmonyStream::Parts a = h.push("<|channel|>commentary to=functions.f json<|message|>{\"a\": ");
+    HarmonyStream::Parts b = h.flush(false);
+    EXPECT_EQ(a.content + b.content, "{\"a\": ");
+    EXPECT_TRUE(h.calls().empty());
+  }
+  {
+    HarmonyStream h(/*read_calls=*/false);
+    HarmonyStream::Parts a = h.push(kThinkThenCall);
+    HarmonyStream::Parts b = h.flush(true);
+    EXPECT_EQ(a.content + b.content, "{\"city\":\"Paris\"}");
+    EXPECT_TRUE(h.calls().empty());
+  }
   // A commentary message without a recipient (a preamble) is content.
   EXPECT_EQ(whole("<|channel|>commentary<|message|>Let me check.<|end|>").content, "Let me check.");
 }
@@ -69,7 +92,8 @@ TEST(HarmonyStream, AnyCutGivesTheWholeReplysParts) {
   std::mt19937 rng(11);
   for (const std::string& reply :
        {kThinkThenAnswer, kThinkThenCall, kRecipientFirst, std::string("plain <| text |> here"),
-        std::string("   spaced plain text"),
+        std::string("   spaced plain text"), std::string("\n\tnewline plain"),
+        std::string(" to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}"),
         std::string("<|channel|>final<|message|>a <|b|> c<|return|>")}) {
     const Whole want = whole(reply);
     for (int trial = 0; trial < 200; ++trial) {

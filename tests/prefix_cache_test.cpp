@@ -299,6 +299,33 @@ TEST_P(RecurrentReuse, TurnTwoAndMidConversationEdit) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, RecurrentReuse, ::testing::Values("mamba", "mamba2", "jamba"));
 
+// The snapshot one position before a prompt's end costs a one-token
+// prefill batch: it is taken only when a later request could restore it
+// (a store with room, a cache keeping the KV beside it) and it saves at
+// least a chunk (checkpoints every 16 positions here, chunks of 8).
+TEST(RecurrentSnapshots, EndOfPromptSnapshotOnlyWhenItCanServe) {
+  Model& model = model_for("mamba");
+  ThreadPool pool(2);
+  std::vector<int32_t> prompt(45);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 11) % 500);
+  auto passes_for = [&](uint64_t snapshot_budget, const std::vector<int32_t>& p) {
+    CacheWithSnapshots stores(model, 2);
+    SnapshotConfig sc = stores.snapshots.config();
+    sc.budget_bytes = snapshot_budget;
+    SnapshotStore snapshots(model.state_spec(), sc);
+    Engine engine(model, pool, &stores.cache, {}, &snapshots);
+    run(engine, p, 1);
+    return engine.pass_stats().passes;
+  };
+  // Batches end at the checkpoints 16 and 32, then at 44 only when useful.
+  EXPECT_EQ(passes_for(256ull << 20, prompt), 4u);
+  EXPECT_EQ(passes_for(0, prompt), 3u);
+  // 37 positions: 36 is within a chunk of the checkpoint at 32.
+  EXPECT_EQ(passes_for(256ull << 20, std::vector<int32_t>(prompt.begin(), prompt.begin() + 37)), 3u);
+}
+
+
+
 // Prompt log-probabilities (the server's echo): every prompt position's
 // logits, in order. Such a request reuses no cached prefix, so on a warm
 // cache it gives exactly what a cold engine gives (prompt logits and the

@@ -73,3 +73,13 @@ TEST(ReasoningSplitter, AnyCutGivesTheWholeReplysParts) {
   EXPECT_EQ(s.push("abc</th").reasoning, "abc");
   EXPECT_EQ(s.push("x").reasoning, "</thx");
 }
+
+// A reply of whitespace streamed in small pieces is held without copying
+// it all again at every piece (it took seconds for a megabyte).
+TEST(ReasoningSplitter, LongLeadingWhitespaceIsHeldOnce) {
+  ReasoningSplitter s(false);
+  std::string content;
+  for (int i = 0; i < 250000; ++i) content += s.push("    ").content;
+  content += s.push("Answer.").content;
+  EXPECT_EQ(content.size(), 1000000u + 7u);
+}

@@ -1008,6 +1008,24 @@ TEST(ServeHttpUtilities, TokenizeDetokenizeAndApplyTemplate) {
     EXPECT_EQ(pieces["tokens"][i]["piece"], tiny_tokenizer().token_to_piece(want[i], true));
   }
   EXPECT_EQ(post(s, "/detokenize", json{{"tokens", want}}).doc()["content"], text);
+  // Pieces that are not whole UTF-8 (byte tokens of one character) come as their bytes.
+  const json bytes = post(s, "/tokenize", json{{"content", "\xE2\x82\xAC"}, {"with_pieces", true}}).doc();
+  std::string joined;
+  bool any_bytes = false;
+  for (const json& t : bytes["tokens"]) {
+    if (t["piece"].is_array()) {
+      any_bytes = true;
+      for (int b : t["piece"]) joined += static_cast<char>(b);
+    } else {
+      joined += t["piece"].get<std::string>();
+    }
+  }
+  EXPECT_TRUE(any_bytes) << bytes.dump();
+  std::string pieces_joined;
+  for (int32_t id : tiny_tokenizer().encode("\xE2\x82\xAC", false, true))
+    pieces_joined += tiny_tokenizer().token_to_piece(id, true);
+  EXPECT_EQ(joined, pieces_joined);
+  EXPECT_NE(joined.find("\xE2\x82\xAC"), std::string::npos);
   Reply bad = post(s, "/detokenize", json{{"tokens", {5, 99999}}});
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(bad.doc()["error"]["param"], "tokens[1]");
@@ -1023,6 +1041,11 @@ TEST(ServeHttpUtilities, TokenizeDetokenizeAndApplyTemplate) {
   const json completion = post(s, "/v1/chat/completions", chat).doc();
   EXPECT_EQ(completion["usage"]["prompt_tokens"], tokenize_prompt(tiny_tokenizer(), prompt).size());
   EXPECT_EQ(post(s, "/apply-template", json{{"messages", "hi"}}).status, 400);
+  const json image = {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"},
+                                                                      {"image_url", {{"url", "data:,"}}}}}}}}}};
+  Reply no_vision = post(s, "/apply-template", image);
+  EXPECT_EQ(no_vision.status, 400);
+  EXPECT_EQ(no_vision.doc()["error"]["code"], "images_not_supported");
   EXPECT_GE(metric(get(s, "/metrics").body, R"(reprise_requests_total{model="tiny-a",endpoint="tokenize",status="200"})"), 2);
 }
 

@@ -20,7 +20,8 @@ typename Splitter::Parts streamed_parts(Splitter& splitter, std::string_view rep
     add(splitter.push(reply.substr(at, n)));
     at += n;
   }
-  add(splitter.flush());
+  if constexpr (requires { splitter.flush(true); }) add(splitter.flush(true));
+  else add(splitter.flush());
   return all;
 }
 

@@ -64,6 +64,13 @@ class ActiveSequence {
   // so far) when this sequence keeps snapshots.
   void snapshot(std::span<const int32_t> prefix, std::span<const Hash128> keys);
   bool keeps_snapshots() const { return cached_ && snapshots_ && model_.state_spec().has_recurrent(); }
+  // Whether a snapshot taken now could be restored by a later request: the
+  // store keeps entries and the prefix cache keeps the KV blocks beside it.
+  bool snapshots_restorable() const {
+    return keeps_snapshots() && snapshots_->config().budget_bytes > 0 && snapshots_->config().max_entries > 0 &&
+           cache_->enabled();
+  }
+  int snapshot_chunk_tokens() const { return snapshots_ ? snapshots_->config().chunk_tokens : 0; }
   std::vector<int64_t> checkpoints(int64_t from, int64_t to) const;
 
   int64_t position() const { return position_; }

@@ -172,9 +172,12 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   // reuses at most all of its prompt but the last token (whose logits it
   // needs): a snapshot one position before the prompt's end lets the same
   // prompt again (a regenerated reply, the other choices of n) restore all
-  // of it but that token, instead of only up to the last checkpoint.
-  if (target.keeps_snapshots() && n_prompt - 1 > target.position() &&
-      (checkpoints.empty() || checkpoints.back() < n_prompt - 1))
+  // of it but that token, instead of only up to the last checkpoint. It
+  // costs one more (one-token) prefill batch, so it is taken only when a
+  // later request could restore it and it saves at least a chunk's
+  // recomputation.
+  const int64_t last_restore_point = checkpoints.empty() ? target.position() : checkpoints.back();
+  if (target.snapshots_restorable() && n_prompt - 1 - last_restore_point >= target.snapshot_chunk_tokens())
     checkpoints.push_back(n_prompt - 1);
   while (target.position() < n_prompt) {
     if (req.cancelled && req.cancelled->load()) {

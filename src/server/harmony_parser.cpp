@@ -59,12 +59,15 @@ void HarmonyStream::begin_body() {
     while (i < h.size() && h[i] != ' ' && h[i] != '<') call_name_ += h[i++];
   }
   call_body_.clear();
-  channel_ = !call_name_.empty() ? Channel::Call : channel == "analysis" ? Channel::Reasoning : Channel::Content;
+  channel_ = !call_name_.empty() && read_calls_ ? Channel::Call
+             : channel == "analysis"             ? Channel::Reasoning
+                                                 : Channel::Content;
   header_.clear();
   state_ = State::Body;
 }
 
 void HarmonyStream::end_message() {
+  first_message_ = false;
   if (channel_ == Channel::Call) {
     // Arguments that are not a JSON object are passed on as written, as
     // OpenAI passes a model's arguments string.
@@ -78,6 +81,7 @@ void HarmonyStream::end_message() {
 }
 
 void HarmonyStream::take(std::string_view text, Parts& out) {
+  std::string replay;  // the reply's first bytes, held while undecided
   while (!text.empty()) {
     if (raw_) {
       out.content.append(text);
@@ -88,18 +92,19 @@ void HarmonyStream::take(std::string_view text, Parts& out) {
         if (first_) {
           // The reply's first message: harmony starts it with a marker or a
           // recipient; anything else is plain text (streamed as it comes).
-          const size_t lead = text.find_first_not_of(' ');
-          if (lead == std::string_view::npos) {
-            header_.append(text);
-            return;
-          }
+          // Undecided while what came is whitespace, or a start of "to=".
+          header_.append(text);
+          const size_t lead = header_.find_first_not_of(" \t\r\n");
+          if (lead == std::string::npos) return;
+          const std::string_view t = std::string_view(header_).substr(lead);
+          constexpr std::string_view kRecipient = "to=";
+          if (t.size() < kRecipient.size() && kRecipient.substr(0, t.size()) == t) return;
           first_ = false;
-          const std::string_view t = text.substr(lead);
-          if (t.front() != '<' && t.substr(0, 3) != "to=") {
-            raw_ = true;
-            out.content += std::exchange(header_, {});
-            continue;
-          }
+          const bool plain = t.front() != '<' && t.substr(0, kRecipient.size()) != kRecipient;
+          replay = std::exchange(header_, {});  // read again, as text or as the header
+          text = replay;
+          if (plain) raw_ = true;
+          continue;
         }
         const size_t m = text.find(kMessage);
         if (m == std::string_view::npos) {
@@ -169,11 +174,25 @@ HarmonyStream::Parts HarmonyStream::push(std::string_view text) {
   return out;
 }
 
-HarmonyStream::Parts HarmonyStream::flush() {
+HarmonyStream::Parts HarmonyStream::flush(bool complete) {
   Parts out;
   take(std::exchange(held_, {}), out);
-  if (state_ == State::Header && !header_.empty()) out.content += std::exchange(header_, {});  // no message: text
-  if (state_ == State::Body) end_message();  // cut short: what there is
+  if (state_ == State::Header && !header_.empty()) {
+    // A header never finished: markup when it began one, else text (a short
+    // reply that began like markup).
+    const std::string header = std::exchange(header_, {});
+    const bool markup = !first_message_ || header.find(kChannel) != std::string::npos ||
+                        header.find("to=functions.") != std::string::npos;
+    if (!markup) out.content += header;
+  }
+  if (state_ == State::Body) {
+    if (channel_ == Channel::Call && !complete) {
+      out.content += std::exchange(call_body_, {});  // a call cut short: its text
+      state_ = State::Between;
+    } else {
+      end_message();
+    }
+  }
   return out;
 }
 

@@ -22,14 +22,22 @@ namespace reprise {
 
 class HarmonyStream {
  public:
+  // `read_calls`: messages to functions become calls (the request has
+  // tools); otherwise their arguments are content, as written.
+  explicit HarmonyStream(bool read_calls = true) : read_calls_(read_calls) {}
+
   struct Parts {
     std::string reasoning;
     std::string content;
   };
   // The parts of `text` (following what came before) that can be told now.
   Parts push(std::string_view text);
-  // The rest, at the reply's end (a message cut short is taken as ended).
-  Parts flush();
+  // The rest, at the reply's end. `complete`: the model ended the reply (a
+  // message then ends with it: gpt-oss's <|call|> and <|return|> are
+  // end-of-generation tokens, not shown); otherwise it was cut short, and
+  // a call cut short is content, as written. A header cut short is markup
+  // and is dropped.
+  Parts flush(bool complete);
   // The calls whose messages have ended, in order (ids made for `id_syntax`
   // are the caller's; these have none).
   const std::vector<ToolCall>& calls() const { return calls_; }
@@ -49,6 +57,8 @@ class HarmonyStream {
   std::string held_;       // a tail that may begin a marker
   bool raw_ = false;       // no harmony markup: everything is content
   bool first_ = true;      // before the reply's first byte
+  bool first_message_ = true;  // no message has ended yet
+  const bool read_calls_;
   std::vector<ToolCall> calls_;
 
   void take(std::string_view text, Parts& out);

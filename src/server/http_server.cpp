@@ -541,8 +541,21 @@ void HttpServer::Impl::handle_tokenize(const std::string& body, httplib::Respons
     tokens.insert(tokens.begin(), bos);
   ordered_json out = ordered_json::array();
   for (int32_t id : tokens) {
-    if (r.with_pieces) out.push_back({{"id", id}, {"piece", tokenizer.token_to_piece(id, /*render_special=*/true)}});
-    else out.push_back(id);
+    if (!r.with_pieces) {
+      out.push_back(id);
+      continue;
+    }
+    // A piece that is not whole UTF-8 (a byte token, part of a character)
+    // goes out as its bytes, as llama.cpp's does.
+    std::string piece = tokenizer.token_to_piece(id, /*render_special=*/true);
+    ordered_json value = piece;
+    try {
+      (void)value.dump();
+    } catch (const ordered_json::exception&) {
+      value = ordered_json::array();
+      for (unsigned char c : piece) value.push_back(static_cast<int>(c));
+    }
+    out.push_back({{"id", id}, {"piece", std::move(value)}});
   }
   reply_json(res, 200, {{"tokens", std::move(out)}});
   metrics.record_request(model_id, endpoint, 200);
@@ -582,6 +595,11 @@ void HttpServer::Impl::handle_apply_template(const std::string& body, httplib::R
   const std::optional<ModelLease> lease = lease_model(chat.options.model, res, endpoint, model_id);
   if (!lease) return;
   const LoadedModel& model = **lease;
+  if (chat.first_image_message && !model.vision) {
+    const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
+    return reply_error(res, ApiError::invalid("this model does not accept images", param, "images_not_supported"),
+                       model_id, endpoint);
+  }
   Parsed<std::string> prompt = render_chat_prompt(model.chat, *model.bundle->tokenizer, chat);
   if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
   reply_json(res, 200, {{"prompt", prompt.value()}});
@@ -959,7 +977,7 @@ class ChoiceStream {
   ChoiceStream(const ResponseContext& ctx, int index)
       : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {
     if (ctx.split_reasoning) splitter_.emplace(ctx.opens_reasoning);
-    if (ctx.harmony) harmony_.emplace();
+    if (ctx.harmony) harmony_.emplace(ctx.harmony_calls);
   }
 
   // Appends the events for deltas taken from the choice's channel.
@@ -989,12 +1007,12 @@ class ChoiceStream {
       add_content(rest, events);
     }
     if (harmony_) {
-      HarmonyStream::Parts parts = harmony_->flush();
+      HarmonyStream::Parts parts = harmony_->flush(generation_finish == "stop");
       std::vector<LogprobEntry> none;
       add_reasoning(parts.reasoning, none, events);
       GenerationDelta rest{std::move(parts.content), {}};
       add_content(rest, events);
-      if (ctx_.harmony_calls && !harmony_->calls().empty() && generation_finish == "stop") {
+      if (!harmony_->calls().empty()) {
         std::vector<ToolCall> calls = harmony_->calls();
         limit_calls(calls, ctx_);
         for (size_t i = 0; i < calls.size(); ++i) {
@@ -1023,7 +1041,7 @@ class ChoiceStream {
   // call is sent whole once complete; with the model's own syntax, text up
   // to where a call may start).
   void add_content(GenerationDelta& d, std::string& events) {
-    if (splitter_ && d.text.empty() && d.logprobs.empty()) return;
+    if ((splitter_ || harmony_) && d.text.empty() && d.logprobs.empty()) return;
     if (ctx_.options.tool_call_reply) {
       held_ += d.text;
       for (LogprobEntry& e : d.logprobs) held_logprobs_.push_back(std::move(e));
@@ -1154,14 +1172,14 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
     std::optional<std::vector<LogprobEntry>> lp;
     if (ctx.options.logprobs) lp = std::move(logprobs[i]);
     if (ctx.harmony) {
-      HarmonyStream harmony;
+      HarmonyStream harmony(ctx.harmony_calls);
       HarmonyStream::Parts parts = harmony.push(texts[i]);
-      HarmonyStream::Parts rest = harmony.flush();
+      HarmonyStream::Parts rest = harmony.flush(outcomes[i].finish_reason == "stop");
       const std::string content = parts.content + rest.content, reasoning = parts.reasoning + rest.reasoning;
       std::vector<ToolCall> calls = harmony.calls();
       limit_calls(calls, ctx);
       for (ToolCall& call : calls) call.id = make_tool_call_id(ctx.id_syntax);
-      if (ctx.harmony_calls && !calls.empty() && outcomes[i].finish_reason == "stop")
+      if (!calls.empty())
         choices.push_back(chat_tool_call_choice_json(index, content, calls, lp, reasoning));
       else
         choices.push_back(chat_choice_json(index, content, outcomes[i].finish_reason, lp, reasoning));

@@ -35,11 +35,14 @@ ReasoningSplitter::Parts ReasoningSplitter::push(std::string_view text) {
   while (!rest.empty()) {
     switch (state_) {
       case State::Start: {
-        size_t lead = 0;
+        // (rest is all of pending here: nothing came before it. Its first
+        // held_whitespace_ bytes were whitespace already.)
+        size_t lead = held_whitespace_;
         while (lead < rest.size() && is_space(rest[lead])) ++lead;
+        held_whitespace_ = lead;
         const std::string_view after = rest.substr(lead);
-        if (after.empty()) {
-          held_ = std::string(rest);  // only whitespace so far
+        if (after.empty()) {  // only whitespace so far
+          held_ = std::move(pending);
           return out;
         }
         if (after.substr(0, kOpen.size()) == kOpen) {
@@ -48,7 +51,7 @@ ReasoningSplitter::Parts ReasoningSplitter::push(std::string_view text) {
           continue;
         }
         if (after.size() < kOpen.size() && kOpen.substr(0, after.size()) == after) {
-          held_ = std::string(rest);  // may still become the opening tag
+          held_ = std::move(pending);  // may still become the opening tag
           return out;
         }
         state_ = State::Content;

@@ -37,6 +37,7 @@ class ReasoningSplitter {
   enum class State { Start, Reasoning, AfterReasoning, Content };
   State state_;
   std::string held_;  // Start: leading whitespace and a partial opening tag; Reasoning: a partial closing tag
+  size_t held_whitespace_ = 0;  // Start: the leading whitespace bytes of held_ already seen
 };
 
 }  // namespace reprise
