@@ -113,3 +113,13 @@ TEST(HarmonyStream, AnyCutGivesTheWholeReplysParts) {
   EXPECT_EQ(h.push("<|channel|>analysis<|message|>abc<|e").reasoning, "abc");
   EXPECT_EQ(h.push("nd|><|start|>assistant<|channel|>final<|message|>x").content, "x");
 }
+
+// A reply opening with a long run of whitespace is text, decided within a
+// header's length rather than rescanned at every piece.
+TEST(HarmonyStream, LongLeadingWhitespaceIsText) {
+  HarmonyStream h;
+  std::string content;
+  for (int i = 0; i < 250000; ++i) content += h.push("    ").content;
+  content += h.push("Answer.").content + h.flush(true).content;
+  EXPECT_EQ(content.size(), 1000000u + 7u);
+}

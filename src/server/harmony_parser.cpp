@@ -95,7 +95,13 @@ void HarmonyStream::take(std::string_view text, Parts& out) {
           // Undecided while what came is whitespace, or a start of "to=".
           header_.append(text);
           const size_t lead = header_.find_first_not_of(" \t\r\n");
-          if (lead == std::string::npos) return;
+          if (lead == std::string::npos) {
+            if (header_.size() > kMaxHeader) {  // a run of whitespace is no header: text
+              raw_ = true;
+              out.content += std::exchange(header_, {});
+            }
+            return;
+          }
           const std::string_view t = std::string_view(header_).substr(lead);
           constexpr std::string_view kRecipient = "to=";
           if (t.size() < kRecipient.size() && kRecipient.substr(0, t.size()) == t) return;
