@@ -56,21 +56,15 @@ GenerationOutcome GenerationChannel::outcome() const {
 
 namespace {
 
-// A token's text as logprobs show it; ids the model has but the tokenizer
-// does not (padding rows) are empty.
-std::string logprob_piece(const Tokenizer& tokenizer, int32_t token) {
-  return token < tokenizer.n_vocab() ? tokenizer.token_to_piece(token) : std::string();
-}
-
 LogprobEntry make_logprob_entry(const Tokenizer& tokenizer, int32_t token, std::span<const float> logits, int top_n) {
   LogprobEntry e;
-  e.token = logprob_piece(tokenizer, token);
+  e.token = model_token_piece(tokenizer, token);
   const LogitNormaliser z = logit_normaliser(logits);
   e.logprob = token_logprob(logits, token, z);
   if (top_n > 0) {
     for (const TokenProb& p : top_logprobs(logits, top_n, z)) {
       // The model's output can be wider than the vocabulary (padding rows).
-      std::string text = logprob_piece(tokenizer, p.id);
+      std::string text = model_token_piece(tokenizer, p.id);
       e.top.push_back({std::move(text), p.logprob});
     }
   }
@@ -103,7 +97,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   std::vector<LogprobEntry> prompt_logprobs;
   if (plan.echo && plan.logprobs) {
     LogprobEntry first;
-    first.token = logprob_piece(tokenizer, plan.prompt.front());
+    first.token = model_token_piece(tokenizer, plan.prompt.front());
     first.predicted = false;
     prompt_logprobs.push_back(std::move(first));
     request.on_prompt_logits = [&](int64_t position, std::span<const float> logits) {

@@ -135,11 +135,21 @@ struct ResponseContext {
   bool harmony_calls = false;
   // parallel_tool_calls false: a reply's first call only.
   size_t max_tool_calls = SIZE_MAX;
+
+  // n: the choices each prompt gets.
+  size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }
 };
 
 // The calls a reply returns: the request may allow only one.
 void limit_calls(std::vector<ToolCall>& calls, const ResponseContext& ctx) {
   if (calls.size() > ctx.max_tool_calls) calls.resize(ctx.max_tool_calls);
+}
+
+// The markers of a syntax the reply is read back by, those the vocabulary
+// holds as control tokens (not shown by default): shown as their text.
+void show_markers(const Tokenizer& tok, const std::vector<std::string>& markers, GenerationPlan& plan) {
+  for (const std::string& marker : markers)
+    if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
 }
 
 // Chat replies of a model whose template knows <think> are split into
@@ -153,9 +163,7 @@ void expect_reasoning(const ChatCompletionRequest& chat, const LoadedModel& mode
     // Its markers are control tokens: shown, so the channels can be read.
     ctx.harmony = true;
     ctx.harmony_calls = chat.tools.is_array() && !chat.tools.empty() && !chat.tool_choice_none;
-    const Tokenizer& tok = *model.bundle->tokenizer;
-    for (const std::string& marker : HarmonyStream::markers())
-      if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
+    show_markers(*model.bundle->tokenizer, HarmonyStream::markers(), plan);
     return;
   }
   ctx.split_reasoning = model.chat.reasoning_tags && free_reply;
@@ -205,9 +213,7 @@ void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& mod
     if (tool.contains("function") && tool["function"].is_object() && tool["function"].contains("name") &&
         tool["function"]["name"].is_string())
       ctx.tool_names.push_back(tool["function"]["name"].get<std::string>());
-  const Tokenizer& tok = *model.bundle->tokenizer;
-  for (const std::string& marker : tool_call_markers(syntax))
-    if (auto id = tok.find_token(marker); id && tok.is_control(*id)) plan.visible_control_tokens.push_back(*id);
+  show_markers(*model.bundle->tokenizer, tool_call_markers(syntax), plan);
 }
 
 }  // namespace
@@ -294,7 +300,6 @@ struct HttpServer::Impl {
       say(std::string(endpoint) + " " + std::to_string(error.status) + " " + error.message);
   }
 
-  // One plan per prompt; each runs as the request's n choices.
   // The model a request names ("": the default) as `model_id`, leased; when
   // it cannot be (unknown: 404, or no room to load it: 503), replies the
   // error and returns nothing.
@@ -307,6 +312,7 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
+  // One plan per prompt; each runs as the request's n choices.
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
                         std::vector<GenerationPlan> plans, ResponseContext context);
   void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
@@ -672,12 +678,10 @@ GenerationPlan make_plan(const GenerationOptions& o, BuiltPrompt prompt) {
 }
 
 // Token ids echoed as text: their pieces joined, with no clean-up, so the
-// text is what the echoed logprobs' tokens spell (ids the model has but the
-// tokenizer does not, padding rows, are empty, as in generated text).
+// text is what the echoed logprobs' tokens spell.
 std::string joined_pieces(const Tokenizer& tokenizer, std::span<const int32_t> ids) {
   std::string text;
-  for (int32_t id : ids)
-    if (id < tokenizer.n_vocab()) text += tokenizer.token_to_piece(id);
+  for (int32_t id : ids) text += model_token_piece(tokenizer, id);
   return text;
 }
 
@@ -804,8 +808,8 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
                                         ResponseContext context) {
   // The response's id, as OpenAI's x-request-id (the SDKs' request_id).
   res.set_header("x-request-id", context.meta.id);
-  const int n = std::max(1, context.options.choices);
-  std::vector<ChoiceRun> runs(plans.size() * static_cast<size_t>(n));
+  const size_t n = context.choices_per_prompt();
+  std::vector<ChoiceRun> runs(plans.size() * n);
   for (ChoiceRun& run : runs) run.channel = std::make_shared<GenerationChannel>();
   {
     std::lock_guard<std::mutex> lock(live_mutex);
@@ -827,13 +831,13 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   // wait for it rather than compute it too). The jobs share the lease: the
   // model stays loaded until the last ends.
   for (size_t p = 0; p < plans.size(); ++p)
-    for (int i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       GenerationPlan choice_plan = i + 1 < n ? plans[p] : std::move(plans[p]);
       if (i > 0)
         choice_plan.sampling.seed = context.options.seed_given
                                         ? context.options.sampling.seed + static_cast<uint64_t>(i)
                                         : random_seed();
-      ChoiceRun& run = runs[p * static_cast<size_t>(n) + static_cast<size_t>(i)];
+      ChoiceRun& run = runs[p * n + i];
       run.job = scheduler.submit([lease, plan = std::move(choice_plan), channel = run.channel]() mutable {
         GenerationOutcome outcome = run_generation(**lease, plan, *channel);
         lease.reset();
@@ -877,7 +881,7 @@ void HttpServer::Impl::finish_metrics(const ResponseContext& ctx, std::span<cons
   }
   if (cancelled) metrics.record_cancelled(model);
   if (!options.log_requests) return;
-  const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
+  const UsageCounts usage = request_usage(outcomes, ctx.choices_per_prompt());
   const GenerationOutcome& first = outcomes.front();
   std::string finish;
   for (const GenerationOutcome& o : outcomes) {
@@ -983,45 +987,25 @@ class ChoiceStream {
   // Appends the events for deltas taken from the choice's channel.
   void add(std::vector<GenerationDelta>& deltas, std::string& events) {
     for (GenerationDelta& d : deltas) {
-      if (splitter_) {
-        ReasoningSplitter::Parts parts = splitter_->push(d.text);
-        d.text = std::move(parts.content);
-        add_reasoning(parts.reasoning, d.logprobs, events);
-      } else if (harmony_) {
-        HarmonyStream::Parts parts = harmony_->push(d.text);
-        d.text = std::move(parts.content);
-        add_reasoning(parts.reasoning, d.logprobs, events);
-      }
-      add_content(d, events);
+      if (splitter_) add_parts(splitter_->push(d.text), d, events);
+      else if (harmony_) add_parts(harmony_->push(d.text), d, events);
+      else add_content(d, events);
     }
   }
 
   // Appends the choice's last events, once its generation has ended
   // without an error or a cancel: what was held back, and its finish_reason.
   void finish(const std::string& generation_finish, std::string& events) {
-    if (splitter_) {
-      ReasoningSplitter::Parts parts = splitter_->flush();
-      std::vector<LogprobEntry> none;
-      add_reasoning(parts.reasoning, none, events);
-      GenerationDelta rest{std::move(parts.content), {}};
-      add_content(rest, events);
-    }
+    GenerationDelta rest;
+    if (splitter_) add_parts(splitter_->flush(), rest, events);
     if (harmony_) {
-      HarmonyStream::Parts parts = harmony_->flush(generation_finish == "stop");
-      std::vector<LogprobEntry> none;
-      add_reasoning(parts.reasoning, none, events);
-      GenerationDelta rest{std::move(parts.content), {}};
-      add_content(rest, events);
+      add_parts(harmony_->flush(generation_finish == "stop"), rest, events);
       if (!harmony_->calls().empty()) {
         std::vector<ToolCall> calls = harmony_->calls();
         limit_calls(calls, ctx_);
-        for (size_t i = 0; i < calls.size(); ++i) {
-          calls[i].id = make_tool_call_id(ctx_.id_syntax);
-          events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(calls[i], static_cast<int>(i)), "",
-                                              std::nullopt, usage_field(), index_));
-        }
-        events += sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), "tool_calls", std::nullopt,
-                                            usage_field(), index_));
+        for (ToolCall& call : calls) call.id = make_tool_call_id(ctx_.id_syntax);
+        add_tool_calls(calls, events);
+        events += finish_event("tool_calls");
         return;
       }
     }
@@ -1029,6 +1013,30 @@ class ChoiceStream {
   }
 
  private:
+  // A delta's text split into reasoning and content (ReasoningSplitter's or
+  // HarmonyStream's parts): the reasoning goes out first, with the delta's
+  // logprobs, then the content.
+  template <typename Parts>
+  void add_parts(Parts parts, GenerationDelta& d, std::string& events) {
+    d.text = std::move(parts.content);
+    add_reasoning(parts.reasoning, d.logprobs, events);
+    add_content(d, events);
+  }
+
+  // One tool_calls delta per call.
+  void add_tool_calls(const std::vector<ToolCall>& calls, std::string& events) const {
+    for (size_t i = 0; i < calls.size(); ++i)
+      events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(calls[i], static_cast<int>(i)), "", std::nullopt,
+                                          usage_field(), index_));
+  }
+
+  std::string finish_event(const std::string& finish_reason) const {
+    return chat_ ? sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), finish_reason, std::nullopt,
+                                             usage_field(), index_))
+                 : sse_event(completion_chunk_json(ctx_.meta, "", finish_reason, std::nullopt, text_offset_,
+                                                   usage_field(), index_));
+  }
+
   // Reasoning goes out as it comes, as delta.reasoning_content, with the
   // logprobs of the tokens that wrote it.
   void add_reasoning(const std::string& reasoning, std::vector<LogprobEntry>& logprobs, std::string& events) {
@@ -1083,16 +1091,11 @@ class ChoiceStream {
         events += sse_event(chat_chunk_json(ctx_.meta, {{"content", rest}}, "",
                                             logprobs_of(std::move(unsent_logprobs_)), usage_field(), index_));
       if (parsed) {
-        for (size_t i = 0; i < parsed->calls.size(); ++i)
-          events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(parsed->calls[i], static_cast<int>(i)), "",
-                                              std::nullopt, usage_field(), index_));
+        add_tool_calls(parsed->calls, events);
         finish_reason = "tool_calls";
       }
     }
-    events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), finish_reason, std::nullopt,
-                                                usage_field(), index_))
-                    : sse_event(completion_chunk_json(ctx_.meta, "", generation_finish, std::nullopt, text_offset_,
-                                                      usage_field(), index_));
+    events += finish_event(finish_reason);
   }
 
   bool usage_field() const { return ctx_.options.include_usage; }
@@ -1195,7 +1198,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
     }
     choices.push_back(chat_reply_choice_json(ctx, index, texts[i], outcomes[i].finish_reason, lp, reasoning));
   }
-  const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
+  const UsageCounts usage = request_usage(outcomes, ctx.choices_per_prompt());
   reply_json(res, 200,
              chat ? chat_completion_json(ctx.meta, std::move(choices), usage)
                                             : completion_json(ctx.meta, std::move(choices), usage));
@@ -1263,7 +1266,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
     write(sse_event(error_json(*error)));
   } else if (ctx.options.include_usage) {
-    const UsageCounts usage = request_usage(outcomes, static_cast<size_t>(std::max(1, ctx.options.choices)));
+    const UsageCounts usage = request_usage(outcomes, ctx.choices_per_prompt());
     write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, usage) : completion_usage_chunk_json(ctx.meta, usage)));
   }
   write(sse_done());

@@ -66,19 +66,32 @@ ordered_json chat_logprobs_json(std::span<const LogprobEntry> entries) {
   return ordered_json{{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
-                              const std::optional<std::vector<LogprobEntry>>& logprobs, const std::string& reasoning) {
+namespace {
+
+// An assistant message's choice: the fields a text reply and a tool-call
+// reply share, with `message` holding the rest of the message.
+ordered_json assistant_choice(int index, ordered_json content, const std::string& reasoning, ordered_json tool_calls,
+                              const std::optional<std::vector<LogprobEntry>>& logprobs,
+                              const std::string& finish_reason) {
   ordered_json message = ordered_json::object();
   message["role"] = "assistant";
-  message["content"] = text;
+  message["content"] = std::move(content);
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   message["refusal"] = nullptr;
+  if (!tool_calls.is_null()) message["tool_calls"] = std::move(tool_calls);
   ordered_json choice = ordered_json::object();
   choice["index"] = index;
   choice["message"] = std::move(message);
   choice["logprobs"] = chat_logprobs_or_null(logprobs);
   choice["finish_reason"] = finish_reason;
   return choice;
+}
+
+}  // namespace
+
+ordered_json chat_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                              const std::optional<std::vector<LogprobEntry>>& logprobs, const std::string& reasoning) {
+  return assistant_choice(index, text, reasoning, nullptr, logprobs, finish_reason);
 }
 
 ordered_json chat_completion_json(const ResponseMeta& meta, ordered_json choices, const UsageCounts& usage) {
@@ -109,19 +122,9 @@ ordered_json tool_call_json(const ToolCall& call, std::optional<int> index) {
 ordered_json chat_tool_call_choice_json(int index, const std::string& content, const std::vector<ToolCall>& calls,
                                         const std::optional<std::vector<LogprobEntry>>& logprobs,
                                         const std::string& reasoning) {
-  ordered_json message = ordered_json::object();
-  message["role"] = "assistant";
-  message["content"] = content.empty() ? ordered_json(nullptr) : ordered_json(content);
-  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
-  message["refusal"] = nullptr;
-  message["tool_calls"] = ordered_json::array();
-  for (const ToolCall& call : calls) message["tool_calls"].push_back(tool_call_json(call, std::nullopt));
-  ordered_json choice = ordered_json::object();
-  choice["index"] = index;
-  choice["message"] = std::move(message);
-  choice["logprobs"] = chat_logprobs_or_null(logprobs);
-  choice["finish_reason"] = "tool_calls";
-  return choice;
+  ordered_json tool_calls = ordered_json::array();
+  for (const ToolCall& call : calls) tool_calls.push_back(tool_call_json(call, std::nullopt));
+  return assistant_choice(index, null_if_empty(content), reasoning, std::move(tool_calls), logprobs, "tool_calls");
 }
 
 ordered_json chat_tool_call_completion_json(const ResponseMeta& meta, const std::string& content,

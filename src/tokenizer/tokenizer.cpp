@@ -93,6 +93,10 @@ std::string Tokenizer::detokenize(std::span<const int32_t> ids, bool remove_spec
   return c;
 }
 
+std::string model_token_piece(const Tokenizer& tokenizer, int32_t id) {
+  return id < tokenizer.n_vocab() ? tokenizer.token_to_piece(id) : std::string();
+}
+
 std::vector<std::string> output_pieces(const Tokenizer& tokenizer) {
   std::vector<std::string> pieces(tokenizer.n_vocab());
   for (int32_t id = 0; id < tokenizer.n_vocab(); ++id)

@@ -77,6 +77,11 @@ class Tokenizer {
 // (structured output) walks over.
 std::vector<std::string> output_pieces(const Tokenizer& tokenizer);
 
+// A model's token id as output text: token_to_piece, and "" for the ids a
+// model has beyond its tokenizer's vocabulary (padding rows), which are
+// valid model outputs and inputs but name no text.
+std::string model_token_piece(const Tokenizer& tokenizer, int32_t id);
+
 // Streams detokenized text: returns only complete UTF-8 sequences, holding
 // back an incomplete tail until later tokens complete it; flush() returns the
 // rest. Invalid bytes are replaced with U+FFFD, so all output is valid UTF-8.
