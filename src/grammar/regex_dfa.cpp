@@ -549,6 +549,35 @@ void closure(const Nfa& nfa, std::vector<int32_t>& set, std::vector<uint32_t>& m
 
 bool char_start(uint8_t b) { return (b & 0xC0) != 0x80; }
 
+// A DFA's transitions between two states, with the code points their byte
+// adds (1 for a character's first byte, 0 for a continuation byte), each
+// (state, other state, cost) once: out of each state (`to` the successor)
+// and into each (`to` the predecessor).
+struct Arc {
+  int32_t to;
+  int32_t cost;
+};
+struct Arcs {
+  std::vector<std::vector<Arc>> out, in;
+};
+
+Arcs distinct_arcs(const std::vector<int32_t>& table, size_t states) {
+  Arcs arcs{std::vector<std::vector<Arc>>(states), std::vector<std::vector<Arc>>(states)};
+  // Per target and cost, the last state that added an arc to it.
+  std::vector<int64_t> added[2] = {std::vector<int64_t>(states, -1), std::vector<int64_t>(states, -1)};
+  for (size_t s = 0; s < states; ++s)
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = table[s * 256 + static_cast<size_t>(b)];
+      if (t == RegexDfa::kDead) continue;
+      const int32_t cost = char_start(static_cast<uint8_t>(b)) ? 1 : 0;
+      if (added[cost][t] == static_cast<int64_t>(s)) continue;
+      added[cost][t] = static_cast<int64_t>(s);
+      arcs.out[s].push_back({t, cost});
+      arcs.in[t].push_back({static_cast<int32_t>(s), cost});
+    }
+  return arcs;
+}
+
 }  // namespace
 
 std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern, uint64_t* work_budget) {
@@ -657,10 +686,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::intersect(const RegexDfa& a, const Reg
 void RegexDfa::finish() {
   const size_t n = accepting_.size();
   // Live: can reach acceptance.
-  std::vector<std::vector<int32_t>> preds(n);
-  for (size_t s = 0; s < n; ++s)
-    for (int b = 0; b < 256; ++b)
-      if (const int32_t t = table_[s * 256 + static_cast<size_t>(b)]; t != kDead) preds[t].push_back(static_cast<int32_t>(s));
+  const std::vector<std::vector<Arc>> preds = distinct_arcs(table_, n).in;
   std::vector<bool> live(n, false);
   std::vector<int32_t> work;
   for (size_t s = 0; s < n; ++s)
@@ -671,10 +697,10 @@ void RegexDfa::finish() {
   while (!work.empty()) {
     const int32_t t = work.back();
     work.pop_back();
-    for (int32_t p : preds[t])
-      if (!live[p]) {
-        live[p] = true;
-        work.push_back(p);
+    for (const Arc& a : preds[t])
+      if (!live[a.to]) {
+        live[a.to] = true;
+        work.push_back(a.to);
       }
   }
   if (n == 0 || !live[0]) {  // no string matches
@@ -709,24 +735,9 @@ void RegexDfa::finish() {
   accepting_ = std::move(accepting);
   const size_t m = accepting_.size();
 
-  // Distinct successors with the code points their byte adds (0 or 1).
-  struct Arc {
-    int32_t to;
-    int32_t cost;
-  };
-  std::vector<std::vector<Arc>> arcs(m);
-  std::vector<std::vector<Arc>> back(m);
-  for (size_t s = 0; s < m; ++s) {
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = table_[s * 256 + static_cast<size_t>(b)];
-      if (t == kDead) continue;
-      const Arc arc{t, char_start(static_cast<uint8_t>(b)) ? 1 : 0};
-      if (std::none_of(arcs[s].begin(), arcs[s].end(), [&](const Arc& a) { return a.to == arc.to && a.cost == arc.cost; })) {
-        arcs[s].push_back(arc);
-        back[t].push_back({static_cast<int32_t>(s), arc.cost});
-      }
-    }
-  }
+  const Arcs all = distinct_arcs(table_, m);
+  const std::vector<std::vector<Arc>>& arcs = all.out;
+  const std::vector<std::vector<Arc>>& back = all.in;
   // Fewest code points to acceptance: 0-1 BFS from the accepting states.
   min_chars_.assign(m, kUnbounded);
   std::deque<int32_t> queue;
@@ -795,13 +806,7 @@ std::vector<std::vector<uint64_t>> RegexDfa::lengths_up_to(int32_t cap) const {
   const size_t m = accepting_.size();
   const size_t words = static_cast<size_t>(cap) / 64 + 1;
   std::vector<std::vector<uint64_t>> reach(m, std::vector<uint64_t>(words, 0));
-  std::vector<std::vector<int32_t>> back_start(m), back_continuation(m);
-  for (size_t s = 0; s < m; ++s)
-    for (int b = 0; b < 256; ++b)
-      if (const int32_t t = table_[s * 256 + static_cast<size_t>(b)]; t != kDead) {
-        auto& preds = char_start(static_cast<uint8_t>(b)) ? back_start[t] : back_continuation[t];
-        if (preds.empty() || preds.back() != static_cast<int32_t>(s)) preds.push_back(static_cast<int32_t>(s));
-      }
+  const std::vector<std::vector<Arc>> back = distinct_arcs(table_, m).in;
   std::vector<uint8_t> in_layer(m, 0), next(m, 0);
   std::vector<int32_t> members, work;
   auto close_over_continuations = [&](std::vector<uint8_t>& layer) {
@@ -811,10 +816,10 @@ std::vector<std::vector<uint64_t>> RegexDfa::lengths_up_to(int32_t cap) const {
     while (!work.empty()) {
       const int32_t t = work.back();
       work.pop_back();
-      for (int32_t p : back_continuation[t])
-        if (!layer[p]) {
-          layer[p] = 1;
-          work.push_back(p);
+      for (const Arc& a : back[t])
+        if (a.cost == 0 && !layer[a.to]) {
+          layer[a.to] = 1;
+          work.push_back(a.to);
         }
     }
   };
@@ -827,7 +832,8 @@ std::vector<std::vector<uint64_t>> RegexDfa::lengths_up_to(int32_t cap) const {
       if (!in_layer[s]) continue;
       any = true;
       reach[s][static_cast<size_t>(k) / 64] |= uint64_t{1} << (k % 64);
-      for (int32_t p : back_start[s]) next[p] = 1;
+      for (const Arc& a : back[s])
+        if (a.cost == 1) next[a.to] = 1;
     }
     if (!any) break;
     close_over_continuations(next);
