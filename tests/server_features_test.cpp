@@ -556,6 +556,41 @@ TEST(ServerStructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
 // not parse leave the reply as text. The synthetic model is made to write
 // exact text with logit_bias: token A, then (A repetition-penalised) B, and
 // a stop string at B's end.
+namespace {
+
+const json kWeatherTools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+
+// A chat request that makes a synthetic model write exactly the text of
+// its added tokens: logit_bias puts them first (the repetition penalty
+// holds a token back once written, so the next most biased comes next),
+// and the "@@" their text ends with is a stop string.
+json scripted_reply_request(const std::string& question, const std::vector<std::pair<int32_t, double>>& bias,
+                            bool stream = false) {
+  json b = json::object();
+  for (auto [id, v] : bias) b[std::to_string(id)] = v;
+  return json{{"messages", {{{"role", "user"}, {"content", question}}}},
+              {"max_tokens", 4},
+              {"temperature", 0},
+              {"logit_bias", b},
+              {"repeat_penalty", 10},
+              {"stop", json::array({"@@"})},
+              {"stream", stream}};
+}
+
+// Serving the synthetic model `spec` (made once under `tag`) with the chat
+// template `source`.
+ServeOptions serve_with_template(const std::string& tag, const SyntheticModelSpec& spec, const std::string& source) {
+  const std::string file = ::testing::TempDir() + "/" + tag + ".jinja";
+  std::ofstream(file) << source;
+  ServeOptions options;
+  options.model_path = test::synthetic_model(tag, spec).path;
+  options.chat_template_file = file;
+  return options;
+}
+
+}  // namespace
+
 TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
   const std::string hermes = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
                              "</tool_call>@@";
@@ -574,14 +609,10 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
                            "{% if tools %}Call tools as " << marker << ".{% endif %}<|im_start|>assistant\n";
     return file;
   };
-  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
   auto request = [&](std::vector<std::pair<int32_t, double>> bias, bool stream) {
-    json b = json::object();
-    for (auto [id, v] : bias) b[std::to_string(id)] = v;
-    return json{{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
-                {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}, {"logit_bias", b},
-                {"repeat_penalty", 10}, {"stop", json::array({"@@"})}, {"stream", stream}};
+    json r = scripted_reply_request("Weather in Paris?", bias, stream);
+    r["tools"] = kWeatherTools;
+    return r;
   };
   auto streamed = [](const Server& s, const json& req) {
     Server::Streamed r = s.stream_chat(req);
@@ -674,23 +705,12 @@ TEST(ServerReasoning, ThinkingIsReasoningContent) {
   spec.n_vocab = 600;
   spec.user_defined_tokens = {thought, opened, then_call};
   const int32_t id_thought = 597, id_opened = 598, id_then_call = 599;
-  const std::string file = ::testing::TempDir() + "/thinking.jinja";
-  std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                         "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}"
-                         "<|im_start|>assistant\n{% if opens %}<think>\n{% endif %}";
-  ServeOptions options;
-  options.model_path = test::synthetic_model("thinking", spec).path;
-  options.chat_template_file = file;
-  Server s(options);
-  auto request = [](int32_t id, bool stream) {
-    return json{{"messages", {{{"role", "user"}, {"content", "Two and two?"}}}},
-                {"max_tokens", 4},
-                {"temperature", 0},
-                {"logit_bias", {{std::to_string(id), 100}}},
-                {"repeat_penalty", 10},
-                {"stop", json::array({"@@"})},
-                {"stream", stream}};
-  };
+  Server s(serve_with_template(
+      "thinking", spec,
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}"
+      "<|im_start|>assistant\n{% if opens %}<think>\n{% endif %}"));
+  auto request = [](int32_t id, bool stream) { return scripted_reply_request("Two and two?", {{id, 100}}, stream); };
   auto streamed = [&](const json& body) {
     Server::Streamed r = s.stream_chat(body);
     return std::make_pair(r.reasoning, r.content);
@@ -713,8 +733,7 @@ TEST(ServerReasoning, ThinkingIsReasoningContent) {
 
   // Reasoning, then a call: both read out.
   json with_tools = request(id_then_call, false);
-  with_tools["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  with_tools["tools"] = kWeatherTools;
   auto [st3, r3] = s.post("/v1/chat/completions", with_tools);
   EXPECT_EQ(r3["choices"][0]["finish_reason"], "tool_calls") << r3.dump();
   EXPECT_EQ(r3["choices"][0]["message"]["reasoning_content"], "Use the tool.");
@@ -752,27 +771,16 @@ TEST(ServerHarmony, ChannelsBecomeReasoningContentAndToolCalls) {
                          "<|constrain|>"};
   spec.user_defined_tokens = {answer, call};
   const int32_t id_channel = 600 - 9 + 1, id_answer = 598, id_call = 599;
-  const std::string file = ::testing::TempDir() + "/harmony.jinja";
   // (The channel marker in a comment: rendered, it would be the control
   // token the test biases, held back then by the repetition penalty.)
-  std::ofstream(file) << "{# <|channel|> #}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}"
-                         "<|end|>{% endfor %}<|start|>assistant";
-  ServeOptions options;
-  options.model_path = test::synthetic_model("harmony", spec).path;
-  options.chat_template_file = file;
-  Server s(options);
-  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  Server s(serve_with_template("harmony", spec,
+                               "{# <|channel|> #}{% for m in messages %}<|start|>{{ m.role }}<|message|>"
+                               "{{ m.content }}<|end|>{% endfor %}<|start|>assistant"));
   // The reply: the <|channel|> control token first, then the rest.
   auto request = [&](int32_t rest, bool stream) {
-    return json{{"messages", {{{"role", "user"}, {"content", "Two and two?"}}}},
-                {"max_tokens", 4},
-                {"temperature", 0},
-                {"logit_bias", {{std::to_string(id_channel), 100}, {std::to_string(rest), 90}}},
-                {"repeat_penalty", 10},
-                {"stop", json::array({"@@"})},
-                {"stream", stream},
-                {"tools", tools}};
+    json r = scripted_reply_request("Two and two?", {{id_channel, 100}, {rest, 90}}, stream);
+    r["tools"] = kWeatherTools;
+    return r;
   };
   auto streamed = [&](const json& body) {
     Server::Streamed r = s.stream_chat(body);
@@ -823,21 +831,12 @@ TEST(ServerToolCalls, ParallelToolCallsFalseKeepsTheFirst) {
   SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
   spec.n_vocab = 600;
   spec.user_defined_tokens = {two};
-  const std::string file = ::testing::TempDir() + "/hermes-parallel.jinja";
-  std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                         "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}<|im_start|>assistant\n";
-  ServeOptions options;
-  options.model_path = test::synthetic_model("tool-calls-parallel", spec).path;
-  options.chat_template_file = file;
-  Server s(options);
-  json request = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris and Rome?"}}}},
-                  {"tools", json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])")},
-                  {"max_tokens", 4},
-                  {"temperature", 0},
-                  {"logit_bias", {{"599", 100}}},
-                  {"repeat_penalty", 10},
-                  {"stop", json::array({"@@"})}};
+  Server s(serve_with_template(
+      "tool-calls-parallel", spec,
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if tools %}Call tools as <tool_call>{...}</tool_call>.{% endif %}<|im_start|>assistant\n"));
+  json request = scripted_reply_request("Weather in Paris and Rome?", {{599, 100}});
+  request["tools"] = kWeatherTools;
   auto cities = [](const json& calls) {
     std::vector<std::string> out;
     for (const json& c : calls) out.push_back(json::parse(c["function"]["arguments"].get<std::string>())["city"]);
