@@ -719,7 +719,7 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
   BuiltPrompt built;
   built.tokens = prompt.tokens;
   built.implicit_stops = model.chat.implicit_stops;
-  built.opens_reasoning = model.chat.reasoning_tags && ReasoningSplitter::prompt_opens_reasoning(text.value());
+  built.opens_reasoning = chat_prompt_opens_reasoning(model.chat, text.value());
   GenerationPlan plan = make_plan(chat.options, std::move(built));
   plan.prompt_keys = prompt.keys;
   for (const PromptImage& img : prompt.images) {

@@ -36,6 +36,10 @@ void parse_tool_call_arguments(nlohmann::ordered_json& messages) {
 
 }  // namespace
 
+bool chat_prompt_opens_reasoning(const ModelChatTemplate& chat, std::string_view prompt) {
+  return chat.reasoning_tags && ReasoningSplitter::prompt_opens_reasoning(prompt);
+}
+
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& text) {
   std::vector<int32_t> tokens = tokenizer.encode(text, /*add_special=*/false, /*parse_special=*/true);
   const int32_t bos = tokenizer.bos_id();
@@ -91,7 +95,7 @@ Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Token
     return ApiError::invalid(std::string("cannot tokenize the prompt: ") + e.what(), "messages");
   }
   prompt.implicit_stops = chat.implicit_stops;
-  prompt.opens_reasoning = chat.reasoning_tags && ReasoningSplitter::prompt_opens_reasoning(text.value());
+  prompt.opens_reasoning = chat_prompt_opens_reasoning(chat, text.value());
   return check_length(std::move(prompt), n_ctx, "messages");
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "server/api_error.h"
@@ -34,6 +35,11 @@ Parsed<BuiltPrompt> build_chat_prompt(const ModelChatTemplate& chat, const Token
 // One prompt of a completions request; `param` names it in errors.
 Parsed<BuiltPrompt> build_completion_prompt(const Tokenizer& tokenizer, int64_t n_ctx, int64_t n_vocab,
                                             const CompletionPrompt& prompt, const std::string& param = "prompt");
+
+// Whether a rendered chat prompt leaves the model inside its <think>
+// reasoning (a template that knows the tags, a prompt ending in the opening
+// one), so the reply starts in it.
+bool chat_prompt_opens_reasoning(const ModelChatTemplate& chat, std::string_view prompt);
 
 // Text -> tokens with the BOS rule above.
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& text);
