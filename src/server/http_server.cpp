@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/choice_stream.h"
 #include "server/disconnect_monitor.h"
 #include "server/generation.h"
 #include "server/harmony_parser.h"
@@ -22,6 +23,7 @@
 #include "server/openai_response.h"
 #include "server/prompt_builder.h"
 #include "server/reasoning_splitter.h"
+#include "server/response_context.h"
 #include "server/scheduler.h"
 #include "server/tool_call_parser.h"
 #include "util/error.h"
@@ -33,9 +35,9 @@ namespace {
 using ordered_json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 
-enum class Endpoint { Chat, Completions };
-
-const char* endpoint_name(Endpoint e) { return e == Endpoint::Chat ? "chat_completions" : "completions"; }
+const char* endpoint_name(Endpoint e) {
+  return e == Endpoint::Chat ? "chat_completions" : e == Endpoint::Completions ? "completions" : "responses";
+}
 
 // Bounded label set for metrics, whatever paths clients request.
 const char* endpoint_label(const std::string& path) {
@@ -114,36 +116,6 @@ class InFlight {
  private:
   std::atomic<int>& counter_;
 };
-
-// What writing one generation's response needs besides the channel.
-struct ResponseContext {
-  Endpoint endpoint;
-  ResponseMeta meta;
-  GenerationOptions options;
-  // Tool calls to read out of the reply (tool_choice auto with tools): the
-  // model's syntax and the request's tool names.
-  ToolCallSyntax tool_syntax = ToolCallSyntax::None;
-  std::vector<std::string> tool_names{};
-  ToolCallSyntax id_syntax = ToolCallSyntax::None;  // the template's: what its call ids look like
-  // A thinking model's <think> reasoning goes to reasoning_content, and
-  // whether the reply starts inside it (reasoning_splitter.h).
-  bool split_reasoning = false;
-  bool opens_reasoning = false;
-  // gpt-oss's harmony channels are read back (harmony_parser.h), and
-  // whether messages to functions become tool calls (the request has tools).
-  bool harmony = false;
-  bool harmony_calls = false;
-  // parallel_tool_calls false: a reply's first call only.
-  size_t max_tool_calls = SIZE_MAX;
-
-  // n: the choices each prompt gets.
-  size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }
-};
-
-// The calls a reply returns: the request may allow only one.
-void limit_calls(std::vector<ToolCall>& calls, const ResponseContext& ctx) {
-  if (calls.size() > ctx.max_tool_calls) calls.resize(ctx.max_tool_calls);
-}
 
 // The markers of a syntax the reply is read back by, those the vocabulary
 // holds as control tokens (not shown by default): shown as their text.
@@ -974,152 +946,6 @@ ordered_json chat_reply_choice_json(const ResponseContext& ctx, int index, const
   return chat_choice_json(index, text, finish_reason, lp, reasoning);
 }
 
-// One choice of a streamed reply: a thinking model's reasoning first (as
-// delta.reasoning_content), then its content.
-class ChoiceStream {
- public:
-  ChoiceStream(const ResponseContext& ctx, int index)
-      : ctx_(ctx), index_(index), chat_(ctx.endpoint == Endpoint::Chat), gate_(ctx.tool_syntax) {
-    if (ctx.split_reasoning) splitter_.emplace(ctx.opens_reasoning);
-    if (ctx.harmony) harmony_.emplace(ctx.harmony_calls);
-  }
-
-  // Appends the events for deltas taken from the choice's channel.
-  void add(std::vector<GenerationDelta>& deltas, std::string& events) {
-    for (GenerationDelta& d : deltas) {
-      if (splitter_) add_parts(splitter_->push(d.text), d, events);
-      else if (harmony_) add_parts(harmony_->push(d.text), d, events);
-      else add_content(d, events);
-    }
-  }
-
-  // Appends the choice's last events, once its generation has ended
-  // without an error or a cancel: what was held back, and its finish_reason.
-  void finish(const std::string& generation_finish, std::string& events) {
-    GenerationDelta rest;
-    if (splitter_) add_parts(splitter_->flush(), rest, events);
-    if (harmony_) {
-      add_parts(harmony_->flush(generation_finish == "stop"), rest, events);
-      if (!harmony_->calls().empty()) {
-        std::vector<ToolCall> calls = harmony_->calls();
-        limit_calls(calls, ctx_);
-        for (ToolCall& call : calls) call.id = make_tool_call_id(ctx_.id_syntax);
-        add_tool_calls(calls, events);
-        events += finish_event("tool_calls");
-        return;
-      }
-    }
-    finish_content(generation_finish, events);
-  }
-
- private:
-  // A delta's text split into reasoning and content (ReasoningSplitter's or
-  // HarmonyStream's parts): the reasoning goes out first, with the delta's
-  // logprobs, then the content.
-  template <typename Parts>
-  void add_parts(Parts parts, GenerationDelta& d, std::string& events) {
-    d.text = std::move(parts.content);
-    add_reasoning(parts.reasoning, d.logprobs, events);
-    add_content(d, events);
-  }
-
-  // One tool_calls delta per call.
-  void add_tool_calls(const std::vector<ToolCall>& calls, std::string& events) const {
-    for (size_t i = 0; i < calls.size(); ++i)
-      events += sse_event(chat_chunk_json(ctx_.meta, tool_call_delta(calls[i], static_cast<int>(i)), "", std::nullopt,
-                                          usage_field(), index_));
-  }
-
-  std::string finish_event(const std::string& finish_reason) const {
-    return chat_ ? sse_event(chat_chunk_json(ctx_.meta, ordered_json::object(), finish_reason, std::nullopt,
-                                             usage_field(), index_))
-                 : sse_event(completion_chunk_json(ctx_.meta, "", finish_reason, std::nullopt, text_offset_,
-                                                   usage_field(), index_));
-  }
-
-  // Reasoning goes out as it comes, as delta.reasoning_content, with the
-  // logprobs of the tokens that wrote it.
-  void add_reasoning(const std::string& reasoning, std::vector<LogprobEntry>& logprobs, std::string& events) {
-    if (reasoning.empty()) return;
-    events += sse_event(chat_chunk_json(ctx_.meta, {{"reasoning_content", reasoning}}, "",
-                                        logprobs_of(std::exchange(logprobs, {})), usage_field(), index_));
-  }
-
-  // Content goes out as it comes, except what tool calls hold back (a forced
-  // call is sent whole once complete; with the model's own syntax, text up
-  // to where a call may start).
-  void add_content(GenerationDelta& d, std::string& events) {
-    if ((splitter_ || harmony_) && d.text.empty() && d.logprobs.empty()) return;
-    if (ctx_.options.tool_call_reply) {
-      held_ += d.text;
-      for (LogprobEntry& e : d.logprobs) held_logprobs_.push_back(std::move(e));
-      return;
-    }
-    if (ctx_.tool_syntax != ToolCallSyntax::None) {
-      reply_ += d.text;
-      for (LogprobEntry& e : d.logprobs) unsent_logprobs_.push_back(std::move(e));
-      const size_t free = gate_.free_prefix(reply_);
-      if (free <= sent_) return;
-      d.text = reply_.substr(sent_, free - sent_);
-      d.logprobs = std::exchange(unsent_logprobs_, {});
-      sent_ = free;
-    }
-    const size_t n = utf8_characters(d.text);
-    events += chat_ ? sse_event(chat_chunk_json(ctx_.meta, {{"content", d.text}}, "",
-                                                logprobs_of(std::move(d.logprobs)), usage_field(), index_))
-                    : sse_event(completion_chunk_json(ctx_.meta, d.text, "", logprobs_of(std::move(d.logprobs)),
-                                                      text_offset_, usage_field(), index_));
-    text_offset_ += n;
-  }
-
-  void finish_content(const std::string& generation_finish, std::string& events) {
-    std::string finish_reason = generation_finish;
-    if (ctx_.options.tool_call_reply) {
-      const std::optional<ToolCall> call =
-          finish_reason == "stop" ? forced_tool_call(held_, ctx_.id_syntax) : std::nullopt;
-      if (call) finish_reason = "tool_calls";
-      events += sse_event(chat_chunk_json(ctx_.meta, call ? tool_call_delta(*call) : ordered_json{{"content", held_}},
-                                          "", logprobs_of(std::move(held_logprobs_)), usage_field(), index_));
-    }
-    if (ctx_.tool_syntax != ToolCallSyntax::None) {
-      auto parsed = finish_reason == "stop" ? parse_tool_calls(ctx_.tool_syntax, reply_, ctx_.tool_names)
-                                            : std::nullopt;
-      if (parsed) limit_calls(parsed->calls, ctx_);
-      // Text not sent yet: what follows the calls, or the held tail.
-      const std::string rest = parsed ? parsed->content_from(sent_) : reply_.substr(sent_);
-      if (!rest.empty() || !unsent_logprobs_.empty())
-        events += sse_event(chat_chunk_json(ctx_.meta, {{"content", rest}}, "",
-                                            logprobs_of(std::move(unsent_logprobs_)), usage_field(), index_));
-      if (parsed) {
-        add_tool_calls(parsed->calls, events);
-        finish_reason = "tool_calls";
-      }
-    }
-    events += finish_event(finish_reason);
-  }
-
-  bool usage_field() const { return ctx_.options.include_usage; }
-  std::optional<std::vector<LogprobEntry>> logprobs_of(std::vector<LogprobEntry>&& entries) const {
-    if (!ctx_.options.logprobs) return std::nullopt;
-    return std::move(entries);
-  }
-
-  const ResponseContext& ctx_;
-  const int index_;
-  const bool chat_;
-  size_t text_offset_ = 0;
-  // A forced tool call's reply, held whole.
-  std::string held_;
-  std::vector<LogprobEntry> held_logprobs_;
-  // The model's own tool-call syntax: the reply so far, and how much of it went out.
-  std::string reply_;
-  size_t sent_ = 0;
-  ToolCallTextGate gate_;
-  std::vector<LogprobEntry> unsent_logprobs_;
-  std::optional<ReasoningSplitter> splitter_;  // thinking models' replies
-  std::optional<HarmonyStream> harmony_;       // gpt-oss's replies
-};
-
 }  // namespace
 
 void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs,
@@ -1222,7 +1048,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
   choices.reserve(n);
   std::string events;  // one write per round of takes: a token's event each
   for (size_t i = 0; i < n; ++i) {
-    choices.emplace_back(ctx, static_cast<int>(i));
+    choices.emplace_back(ctx, make_chunk_events(ctx, static_cast<int>(i), events));
     if (chat)
       events += sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt,
                                           ctx.options.include_usage, static_cast<int>(i)));
@@ -1236,10 +1062,10 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
       [&](size_t i, std::vector<GenerationDelta>& deltas) {
         if (!client_ok) return;  // the client is gone: only the end is waited for
-        choices[i].add(deltas, events);
+        choices[i].add(deltas);
       },
       [&](size_t i, const GenerationOutcome& outcome) {
-        if (!outcome.error && outcome.finish_reason != "cancelled") choices[i].finish(outcome.finish_reason, events);
+        if (!outcome.error && outcome.finish_reason != "cancelled") choices[i].finish(outcome.finish_reason);
       },
       [&] {
         if (!events.empty()) write(events);

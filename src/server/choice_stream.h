@@ -1,0 +1,71 @@
+// One choice of a reply, read as its generation's deltas arrive: a thinking
+// model's reasoning split from its content, tool calls read out of the text
+// in the model's syntax (or a forced call held whole), and the finish
+// reason. What it reads goes to a ChoiceEvents: the endpoint's own events
+// (chat or text-completion chunks, the Responses API's typed events, or a
+// complete reply put together at the end).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/generation.h"
+#include "server/harmony_parser.h"
+#include "server/reasoning_splitter.h"
+#include "server/response_context.h"
+#include "server/tool_call_parser.h"
+
+namespace reprise {
+
+// What a choice says, in order: reasoning and content (with the logprobs of
+// the tokens that wrote them, when the request asked for logprobs), tool
+// calls, then its finish reason once.
+class ChoiceEvents {
+ public:
+  using Logprobs = std::optional<std::vector<LogprobEntry>>;
+  virtual ~ChoiceEvents() = default;
+  virtual void reasoning(const std::string& text, Logprobs logprobs) = 0;
+  virtual void content(const std::string& text, Logprobs logprobs) = 0;
+  // `logprobs`: a forced call's tokens' (the syntax's calls carry none).
+  virtual void tool_calls(const std::vector<ToolCall>& calls, Logprobs logprobs) = 0;
+  virtual void finish(const std::string& finish_reason) = 0;
+};
+
+class ChoiceStream {
+ public:
+  ChoiceStream(const ResponseContext& ctx, std::unique_ptr<ChoiceEvents> events);
+
+  // Reads deltas taken from the choice's channel.
+  void add(std::vector<GenerationDelta>& deltas);
+  // Reads the choice's end, once its generation has ended without an error
+  // or a cancel: what was held back, and its finish reason.
+  void finish(const std::string& generation_finish);
+
+ private:
+  template <typename Parts>
+  void add_parts(Parts parts, GenerationDelta& d);
+  void add_reasoning(const std::string& reasoning, std::vector<LogprobEntry>& logprobs);
+  void add_content(GenerationDelta& d);
+  void finish_content(const std::string& generation_finish);
+  ChoiceEvents::Logprobs logprobs_of(std::vector<LogprobEntry>&& entries) const;
+
+  const ResponseContext& ctx_;
+  std::unique_ptr<ChoiceEvents> events_;
+  // A forced tool call's reply, held whole.
+  std::string held_;
+  std::vector<LogprobEntry> held_logprobs_;
+  // The model's own tool-call syntax: the reply so far, and how much of it went out.
+  std::string reply_;
+  size_t sent_ = 0;
+  ToolCallTextGate gate_;
+  std::vector<LogprobEntry> unsent_logprobs_;
+  std::optional<ReasoningSplitter> splitter_;  // thinking models' replies
+  std::optional<HarmonyStream> harmony_;       // gpt-oss's replies
+};
+
+// Chat completion chunks (chat.completion.chunk) or text completion chunks
+// of the request's `index`th choice, appended to `out` as server-sent events.
+std::unique_ptr<ChoiceEvents> make_chunk_events(const ResponseContext& ctx, int index, std::string& out);
+
+}  // namespace reprise
