@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "server/request_fields.h"
 #include "util/error.h"
 
 namespace reprise {
@@ -12,11 +13,11 @@ namespace {
 
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
-
-// Thrown inside this file only; the public functions turn it into a Parsed.
-struct RequestError {
-  ApiError error;
-};
+using request_fields::fail;
+using request_fields::Fields;
+using request_fields::guarded;
+using request_fields::parse_body;
+using request_fields::type_name;
 
 // Compiled once: every json_object request shares them.
 std::shared_ptr<const JsonSchema> any_json_object() {
@@ -26,164 +27,6 @@ std::shared_ptr<const JsonSchema> any_json_object() {
 std::shared_ptr<const JsonSchema> any_json_value() {
   static const auto schema = JsonSchema::compile(nlohmann::json(true));
   return schema;
-}
-
-[[noreturn]] void fail(std::string message, std::string param, std::string code = {}) {
-  throw RequestError{ApiError::invalid(std::move(message), std::move(param), std::move(code))};
-}
-
-const char* type_name(const ordered_json& v) {
-  switch (v.type()) {
-    case ordered_json::value_t::null: return "null";
-    case ordered_json::value_t::boolean: return "a boolean";
-    case ordered_json::value_t::string: return "a string";
-    case ordered_json::value_t::array: return "an array";
-    case ordered_json::value_t::object: return "an object";
-    default: return "a number";
-  }
-}
-
-// Typed access to the fields of one JSON object, naming the field in errors.
-class Fields {
- public:
-  Fields(const ordered_json& object, std::string prefix = {}) : object_(object), prefix_(std::move(prefix)) {}
-
-  // The field, or nullptr when absent or null.
-  const ordered_json* get(const char* name) const {
-    auto it = object_.find(name);
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-  std::string param(const char* name) const { return prefix_ + name; }
-
-  std::optional<bool> boolean(const char* name) const {
-    const ordered_json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) fail(param(name) + " must be a boolean, not " + type_name(*v), param(name));
-    return v->get<bool>();
-  }
-
-  std::optional<std::string> string(const char* name) const {
-    const ordered_json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) fail(param(name) + " must be a string, not " + type_name(*v), param(name));
-    return v->get<std::string>();
-  }
-
-  std::optional<double> number(const char* name, double lo, double hi) const {
-    const ordered_json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) fail(param(name) + " must be a number, not " + type_name(*v), param(name));
-    const double d = v->get<double>();
-    if (!std::isfinite(d) || d < lo || d > hi)
-      fail(param(name) + " must be between " + format(lo) + " and " + format(hi), param(name));
-    return d;
-  }
-
-  // Integers may be written as 3 or 3.0 (Python clients sometimes send floats).
-  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) const {
-    const ordered_json* v = get(name);
-    if (!v) return std::nullopt;
-    return integer_value(*v, param(name), lo, hi);
-  }
-
-  static int64_t integer_value(const ordered_json& v, const std::string& param, int64_t lo, int64_t hi) {
-    int64_t out = 0;
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) out_of_range(param, lo, hi);
-      out = static_cast<int64_t>(u);
-    } else if (v.is_number_integer()) {
-      out = v.get<int64_t>();
-    } else if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (!std::isfinite(d) || d != std::floor(d)) fail(param + " must be an integer", param);
-      if (d < -9.2e18 || d > 9.2e18) out_of_range(param, lo, hi);
-      out = static_cast<int64_t>(d);
-    } else {
-      fail(param + " must be an integer, not " + type_name(v), param);
-    }
-    if (out < lo || out > hi) out_of_range(param, lo, hi);
-    return out;
-  }
-
- private:
-  [[noreturn]] static void out_of_range(const std::string& param, int64_t lo, int64_t hi) {
-    if (hi == std::numeric_limits<int64_t>::max()) fail(param + " must be an integer >= " + std::to_string(lo), param);
-    fail(param + " must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi), param);
-  }
-  static std::string format(double d) {
-    std::string s = std::to_string(d);
-    while (s.size() > 1 && s.back() == '0') s.pop_back();
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s;
-  }
-
-  const ordered_json& object_;
-  std::string prefix_;
-};
-
-// 0x0000-0xFFFF from the four hex digits at s[i], or -1.
-int hex4(std::string_view s, size_t i) {
-  if (i + 4 > s.size()) return -1;
-  int v = 0;
-  for (size_t k = i; k < i + 4; ++k) {
-    const char c = s[k];
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (d < 0) return -1;
-    v = v * 16 + d;
-  }
-  return v;
-}
-
-// The body with each \u escape of a lone UTF-16 surrogate (a high one not
-// followed by a low one, or a low one alone) replaced by \ufffd. JavaScript
-// clients send them when a string is cut inside an emoji, and Python's
-// json (OpenAI's, vLLM's) accepts them; nlohmann's parser refuses them.
-std::string replace_lone_surrogates(std::string_view body) {
-  std::string out;
-  out.reserve(body.size());
-  for (size_t i = 0; i < body.size(); ++i) {
-    if (body[i] != '\\' || i + 1 >= body.size()) {
-      out += body[i];
-      continue;
-    }
-    if (body[i + 1] != 'u') {  // another escape, copied whole: an escaped backslash before 'u' starts none
-      out += body[i];
-      out += body[++i];
-      continue;
-    }
-    const int unit = hex4(body, i + 2);
-    const bool high = unit >= 0xD800 && unit <= 0xDBFF, low = unit >= 0xDC00 && unit <= 0xDFFF;
-    if (high && i + 12 <= body.size() && body[i + 6] == '\\' && body[i + 7] == 'u') {
-      const int next = hex4(body, i + 8);
-      if (next >= 0xDC00 && next <= 0xDFFF) {  // a pair: kept
-        out.append(body.substr(i, 12));
-        i += 11;
-        continue;
-      }
-    }
-    if (high || low) {
-      out += "\\ufffd";
-      i += 5;
-      continue;
-    }
-    out += body[i];
-  }
-  return out;
-}
-
-ordered_json parse_body(std::string_view body, const RequestLimits& limits) {
-  if (json_nesting_depth(body, limits.max_nesting_depth) > limits.max_nesting_depth)
-    fail("request body nests deeper than " + std::to_string(limits.max_nesting_depth) + " levels", "");
-  ordered_json doc = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-  // Lone surrogate escapes are refused by the parser but not by OpenAI's:
-  // tried again with them replaced (only bodies that failed pay for it).
-  if (doc.is_discarded() && body.find("\\u") != std::string_view::npos)
-    doc = ordered_json::parse(replace_lone_surrogates(body), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) fail("request body is not valid JSON", "", "invalid_json");
-  if (!doc.is_object()) fail("request body must be a JSON object, not " + std::string(type_name(doc)), "");
-  return doc;
 }
 
 void parse_stop(const Fields& f, const RequestLimits& limits, std::vector<std::string>& out) {
@@ -482,21 +325,6 @@ ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image,
     out["tool_calls"] = *calls;
   }
   return out;
-}
-
-template <class T, class Fn>
-Parsed<T> guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const RequestError& e) {
-    return e.error;
-  } catch (const std::bad_alloc&) {
-    return ApiError{413, "request is too large to process", "invalid_request_error", {}, {}};
-  } catch (const std::exception& e) {
-    return ApiError::invalid(std::string("invalid request: ") + e.what());
-  } catch (...) {
-    return ApiError::invalid("invalid request");
-  }
 }
 
 }  // namespace
