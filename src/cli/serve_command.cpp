@@ -124,6 +124,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache budget per model in MiB (0 disables)")
       ->capture_default_str();
+  cmd->add_option("--responses-ram", o->responses_ram_mib,
+                  "Budget in MiB for responses the Responses API stores (store: true) to continue "
+                  "conversations with previous_response_id; least recently used go first (0 stores none)")
+      ->capture_default_str();
   cmd->add_option("--cache-total-ram", o->cache_total_ram_mib,
                   "One budget in MiB over every cache tier (KV blocks, snapshots, image embeddings) of every "
                   "loaded model, evicting the least recently used entry of any tier (0 = per-tier budgets only)")

@@ -4,8 +4,8 @@
 
 namespace reprise {
 
-ChoiceStream::ChoiceStream(const ResponseContext& ctx, std::unique_ptr<ChoiceEvents> events)
-    : ctx_(ctx), events_(std::move(events)), gate_(ctx.tool_syntax) {
+ChoiceStream::ChoiceStream(const ResponseContext& ctx, ChoiceEvents& events)
+    : ctx_(ctx), events_(events), gate_(ctx.tool_syntax) {
   if (ctx.split_reasoning) splitter_.emplace(ctx.opens_reasoning);
   if (ctx.harmony) harmony_.emplace(ctx.harmony_calls);
 }
@@ -27,8 +27,8 @@ void ChoiceStream::finish(const std::string& generation_finish) {
       std::vector<ToolCall> calls = harmony_->calls();
       limit_calls(calls, ctx_);
       for (ToolCall& call : calls) call.id = make_tool_call_id(ctx_.id_syntax);
-      events_->tool_calls(calls, std::nullopt);
-      events_->finish("tool_calls");
+      events_.tool_calls(calls, std::nullopt);
+      events_.finish("tool_calls");
       return;
     }
   }
@@ -40,6 +40,7 @@ void ChoiceStream::finish(const std::string& generation_finish) {
 // logprobs, then the content.
 template <typename Parts>
 void ChoiceStream::add_parts(Parts parts, GenerationDelta& d) {
+  if (!parts.reasoning.empty()) reasoning_tokens_ += d.tokens;
   d.text = std::move(parts.content);
   add_reasoning(parts.reasoning, d.logprobs);
   add_content(d);
@@ -48,7 +49,7 @@ void ChoiceStream::add_parts(Parts parts, GenerationDelta& d) {
 // Reasoning goes out as it comes, with the logprobs of the tokens that wrote it.
 void ChoiceStream::add_reasoning(const std::string& reasoning, std::vector<LogprobEntry>& logprobs) {
   if (reasoning.empty()) return;
-  events_->reasoning(reasoning, logprobs_of(std::exchange(logprobs, {})));
+  events_.reasoning(reasoning, logprobs_of(std::exchange(logprobs, {})));
 }
 
 // Content goes out as it comes, except what tool calls hold back (a forced
@@ -70,7 +71,7 @@ void ChoiceStream::add_content(GenerationDelta& d) {
     d.logprobs = std::exchange(unsent_logprobs_, {});
     sent_ = free;
   }
-  events_->content(d.text, logprobs_of(std::move(d.logprobs)));
+  events_.content(d.text, logprobs_of(std::move(d.logprobs)));
 }
 
 void ChoiceStream::finish_content(const std::string& generation_finish) {
@@ -80,9 +81,9 @@ void ChoiceStream::finish_content(const std::string& generation_finish) {
         finish_reason == "stop" ? forced_tool_call(held_, ctx_.id_syntax) : std::nullopt;
     if (call) {
       finish_reason = "tool_calls";
-      events_->tool_calls({*call}, logprobs_of(std::move(held_logprobs_)));
+      events_.tool_calls({*call}, logprobs_of(std::move(held_logprobs_)));
     } else {
-      events_->content(held_, logprobs_of(std::move(held_logprobs_)));
+      events_.content(held_, logprobs_of(std::move(held_logprobs_)));
     }
   }
   if (ctx_.tool_syntax != ToolCallSyntax::None) {
@@ -91,13 +92,13 @@ void ChoiceStream::finish_content(const std::string& generation_finish) {
     if (parsed) limit_calls(parsed->calls, ctx_);
     // Text not sent yet: what follows the calls, or the held tail.
     const std::string rest = parsed ? parsed->content_from(sent_) : reply_.substr(sent_);
-    if (!rest.empty() || !unsent_logprobs_.empty()) events_->content(rest, logprobs_of(std::move(unsent_logprobs_)));
+    if (!rest.empty() || !unsent_logprobs_.empty()) events_.content(rest, logprobs_of(std::move(unsent_logprobs_)));
     if (parsed) {
-      events_->tool_calls(parsed->calls, std::nullopt);
+      events_.tool_calls(parsed->calls, std::nullopt);
       finish_reason = "tool_calls";
     }
   }
-  events_->finish(finish_reason);
+  events_.finish(finish_reason);
 }
 
 ChoiceEvents::Logprobs ChoiceStream::logprobs_of(std::vector<LogprobEntry>&& entries) const {

@@ -5,6 +5,7 @@
 // (chat or text-completion chunks, the Responses API's typed events, or a
 // complete reply put together at the end).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,13 +35,16 @@ class ChoiceEvents {
 
 class ChoiceStream {
  public:
-  ChoiceStream(const ResponseContext& ctx, std::unique_ptr<ChoiceEvents> events);
+  // `events` outlives the stream.
+  ChoiceStream(const ResponseContext& ctx, ChoiceEvents& events);
 
   // Reads deltas taken from the choice's channel.
   void add(std::vector<GenerationDelta>& deltas);
   // Reads the choice's end, once its generation has ended without an error
   // or a cancel: what was held back, and its finish reason.
   void finish(const std::string& generation_finish);
+  // Generated tokens whose text went to reasoning.
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
 
  private:
   template <typename Parts>
@@ -51,7 +55,8 @@ class ChoiceStream {
   ChoiceEvents::Logprobs logprobs_of(std::vector<LogprobEntry>&& entries) const;
 
   const ResponseContext& ctx_;
-  std::unique_ptr<ChoiceEvents> events_;
+  ChoiceEvents& events_;
+  int64_t reasoning_tokens_ = 0;
   // A forced tool call's reply, held whole.
   std::string held_;
   std::vector<LogprobEntry> held_logprobs_;

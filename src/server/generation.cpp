@@ -114,14 +114,16 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   StreamDecoder decoder(tokenizer);
   StopMatcher matcher(plan.stop);
   std::vector<LogprobEntry> pending_logprobs;
+  int32_t pending_tokens = 0;
   auto emit = [&](std::string text) {
     if (text.empty() && pending_logprobs.empty()) return;
-    channel.push({std::move(text), std::exchange(pending_logprobs, {})});
+    channel.push({std::move(text), std::exchange(pending_logprobs, {}), std::exchange(pending_tokens, 0)});
   };
 
   GenerateResult result = model.engine->generate(request, [&](int32_t token, std::span<const float> logits) {
     echo();
     if (tokenizer.is_eog(token) || token >= tokenizer.n_vocab()) return true;  // never shown
+    ++pending_tokens;
     const bool visible_control =
         std::find(plan.visible_control_tokens.begin(), plan.visible_control_tokens.end(), token) !=
         plan.visible_control_tokens.end();

@@ -59,6 +59,7 @@ struct GenerationPlan {
 struct GenerationDelta {
   std::string text;
   std::vector<LogprobEntry> logprobs;  // tokens whose text is in (or held back before) `text`
+  int32_t tokens = 0;                  // generated tokens since the previous delta (an echo has none)
 };
 
 struct GenerationOutcome {

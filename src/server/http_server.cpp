@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -24,6 +26,9 @@
 #include "server/prompt_builder.h"
 #include "server/reasoning_splitter.h"
 #include "server/response_context.h"
+#include "server/response_store.h"
+#include "server/responses_output.h"
+#include "server/responses_request.h"
 #include "server/scheduler.h"
 #include "server/tool_call_parser.h"
 #include "util/error.h"
@@ -50,6 +55,7 @@ const char* endpoint_label(const std::string& path) {
   if (path == "/tokenize") return "tokenize";
   if (path == "/detokenize") return "detokenize";
   if (path == "/apply-template") return "apply_template";
+  if (path.rfind("/v1/responses", 0) == 0 || path.rfind("/responses", 0) == 0) return "responses";
   return "other";
 }
 
@@ -75,12 +81,24 @@ bool ambiguous_length(const httplib::Request& req) {
   return v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos;
 }
 
-// The routes that take a request body (POST).
+// /v1/responses/{id}: a stored response (GET, DELETE).
+bool is_response_path(const std::string& path) {
+  for (const std::string_view prefix : {"/v1/responses/", "/responses/"})
+    if (path.size() > prefix.size() && path.compare(0, prefix.size(), prefix) == 0 &&
+        path.find('/', prefix.size()) == std::string::npos)
+      return true;
+  return false;
+}
+
+// The routes that take a request body (POST; DELETE of a stored response,
+// whose body is ignored).
 bool takes_body(const httplib::Request& req) {
-  return req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
+  return (req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
                                   req.path == "/v1/completions" || req.path == "/completions" ||
                                   req.path == "/tokenize" || req.path == "/detokenize" ||
-                                  req.path == "/apply-template");
+                                  req.path == "/apply-template" || req.path == "/v1/responses" ||
+                                  req.path == "/responses")) ||
+         (req.method == "DELETE" && is_response_path(req.path));
 }
 
 int64_t unix_now() {
@@ -192,7 +210,12 @@ void expect_tool_calls(const ChatCompletionRequest& chat, const LoadedModel& mod
 
 struct HttpServer::Impl {
   Impl(const ServeOptions& o, ModelRegistry& r, Log l)
-      : options(o), registry(r), log(std::move(l)), started_at(unix_now()), scheduler(o.parallel) {}
+      : options(o),
+        registry(r),
+        log(std::move(l)),
+        started_at(unix_now()),
+        stored_responses(static_cast<size_t>(o.responses_ram_mib * 1024 * 1024)),
+        scheduler(o.parallel) {}
 
   ServeOptions options;
   ModelRegistry& registry;
@@ -207,6 +230,7 @@ struct HttpServer::Impl {
   const int64_t started_at;
   int bound_port = -1;
   socket_t listen_socket = INVALID_SOCKET;  // set_socket_options saw it
+  ResponseStore stored_responses;           // the Responses API's store: true
   // Destroyed bottom-up: the HTTP server (and the responses that stream from
   // channels) first, then the slots, then the monitor the responses watch with.
   DisconnectMonitor monitor;
@@ -264,6 +288,9 @@ struct HttpServer::Impl {
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_apply_template(const std::string& body, httplib::Response& res);
   void handle_cache_stats(httplib::Response& res);
+  void handle_responses(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_stored_response(const httplib::Request& req, httplib::Response& res);
+  void handle_input_items(const httplib::Request& req, httplib::Response& res);
 
   void reply_error(httplib::Response& res, const ApiError& error, const std::string& model, const char* endpoint) {
     reply_json(res, error.status, error_json(error));
@@ -288,6 +315,12 @@ struct HttpServer::Impl {
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
                         std::vector<GenerationPlan> plans, ResponseContext context);
   void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  bool reply_failure(httplib::Response& res, std::span<const GenerationOutcome> outcomes, const ResponseContext& ctx);
+  void reply_response(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  bool stream_response(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  void store_response(const ResponseContext& ctx, const ResponseBuilder& builder, const ordered_json& response);
+  Parsed<GenerationPlan> chat_plan(LoadedModel& model, const ChatCompletionRequest& chat, ResponseContext& ctx,
+                                   const std::string& image_param);
   bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   // One request (status) and its choices' generations (tokens, timings).
   void finish_metrics(const ResponseContext& ctx, std::span<const GenerationOutcome> outcomes, int status);
@@ -338,7 +371,7 @@ void HttpServer::Impl::setup() {
         return httplib::Server::HandlerResponse::Handled;
       }
       res.status = 204;
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
       res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
       res.set_header("Access-Control-Max-Age", "600");
       return httplib::Server::HandlerResponse::Handled;
@@ -437,6 +470,20 @@ void HttpServer::Impl::setup() {
   };
   http.Post("/v1/completions", completions);
   http.Post("/completions", completions);
+  auto responses = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) handle_responses(req, body, res);
+  };
+  http.Post("/v1/responses", responses);
+  http.Post("/responses", responses);
+  auto stored = [this](const httplib::Request& req, httplib::Response& res) { handle_stored_response(req, res); };
+  for (const char* path : {R"(/v1/responses/([^/]+))", R"(/responses/([^/]+))"}) {
+    http.Get(path, stored);
+    http.Delete(path, stored);
+  }
+  auto input_items = [this](const httplib::Request& req, httplib::Response& res) { handle_input_items(req, res); };
+  http.Get(R"(/v1/responses/([^/]+)/input_items)", input_items);
+  http.Get(R"(/responses/([^/]+)/input_items)", input_items);
   auto utility = [this](void (Impl::*handler)(const std::string&, httplib::Response&)) {
     return [this, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
@@ -718,27 +765,32 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
     return reply_error(res, *bad, model_id, endpoint);
   model.engine->expect_request();
-  if (chat.first_image_message && !model.vision) {
-    const std::string param = "messages[" + std::to_string(*chat.first_image_message) + "].content";
-    return reply_error(res, ApiError::invalid("this model does not accept images", param, "images_not_supported"),
-                       model_id, endpoint);
-  }
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       chat.options};
-  if (chat.first_image_message) {
-    Parsed<GenerationPlan> plan = make_image_plan(model, chat);
-    if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
-    expect_tool_calls(chat, model, ctx, plan.value());
-    expect_reasoning(chat, model, ctx, plan.value());
-    return start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
-  }
-  Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
-  if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
-  GenerationPlan plan = make_plan(chat.options, std::move(prompt.value()));
-  expect_tool_calls(chat, model, ctx, plan);
-  expect_reasoning(chat, model, ctx, plan);
-  start_generation(req, res, std::move(lease), single(std::move(plan)), std::move(ctx));
+  const std::string image_param =
+      chat.first_image_message ? "messages[" + std::to_string(*chat.first_image_message) + "].content" : "";
+  Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, image_param);
+  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+  start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
+}
+
+// A chat's generation: its prompt (with images, when it has them), and
+// how its reply is read back (tool calls, reasoning).
+Parsed<GenerationPlan> HttpServer::Impl::chat_plan(LoadedModel& model, const ChatCompletionRequest& chat,
+                                                   ResponseContext& ctx, const std::string& image_param) {
+  if (chat.first_image_message && !model.vision)
+    return ApiError::invalid("this model does not accept images", image_param, "images_not_supported");
+  Parsed<GenerationPlan> plan = [&]() -> Parsed<GenerationPlan> {
+    if (chat.first_image_message) return make_image_plan(model, chat);
+    Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
+    if (!prompt.ok()) return prompt.error();
+    return make_plan(chat.options, std::move(prompt.value()));
+  }();
+  if (!plan.ok()) return plan;
+  expect_tool_calls(chat, model, ctx, plan.value());
+  expect_reasoning(chat, model, ctx, plan.value());
+  return plan;
 }
 
 void HttpServer::Impl::handle_completions(const httplib::Request& req, const std::string& body,
@@ -773,6 +825,122 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
                       {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       completion.options};
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
+}
+
+namespace {
+
+// A Response's fields other than its status, output and usage: its id and
+// model, the request's echoed fields, and the sampling it ran with.
+ordered_json response_shell(const ResponseContext& ctx) {
+  ordered_json shell = {{"id", ctx.meta.id}, {"created_at", ctx.meta.created}, {"model", ctx.meta.model}};
+  for (const auto& [key, value] : ctx.responses->echoed.items()) shell[key] = value;
+  // Floats shown as the decimals they were given as (0.8, not 0.800000011920929).
+  auto decimal = [](float v) { return std::round(static_cast<double>(v) * 1e6) / 1e6; };
+  shell["temperature"] = decimal(ctx.options.sampling.temperature);
+  shell["top_p"] = decimal(ctx.options.sampling.top_p);
+  return shell;
+}
+
+ApiError response_not_found(const std::string& id, const std::string& param) {
+  return ApiError{404, "Response with id '" + id + "' not found.", "invalid_request_error", param,
+                  param.empty() ? "not_found" : "previous_response_not_found"};
+}
+
+}  // namespace
+
+void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::string& body,
+                                        httplib::Response& res) {
+  InFlight guard(in_flight);
+  const char* endpoint = endpoint_name(Endpoint::Responses);
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
+  Parsed<ResponsesRequest> parsed = parse_responses_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  auto request = std::make_shared<const ResponsesRequest>(std::move(parsed.value()));
+  ordered_json history = ordered_json::array();
+  if (!request->previous_response_id.empty()) {
+    std::optional<ordered_json> stored =
+        stored_responses.conversation(request->previous_response_id, request->cache_salt);
+    if (!stored)
+      return reply_error(res, response_not_found(request->previous_response_id, "previous_response_id"), "",
+                         endpoint);
+    history = std::move(*stored);
+  }
+  Parsed<ChatCompletionRequest> chat_parsed = responses_chat_request(*request, history, limits);
+  if (!chat_parsed.ok()) return reply_error(res, chat_parsed.error(), "", endpoint);
+  ChatCompletionRequest& chat = chat_parsed.value();
+  std::string model_id;
+  std::optional<ModelLease> acquired = lease_model(chat.options.model, res, endpoint, model_id);
+  if (!acquired) return;
+  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  LoadedModel& model = **lease;
+  if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
+    return reply_error(res, *bad, model_id, endpoint);
+  model.engine->expect_request();
+  ResponseContext ctx{Endpoint::Responses,
+                      {make_response_id("resp_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      chat.options};
+  ctx.responses = request;
+  Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "input");
+  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+  start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
+}
+
+// GET /v1/responses/{id} returns a stored response, DELETE removes it. The
+// cache_salt query parameter names the tenant it was stored under.
+void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res) {
+  const char* endpoint = endpoint_name(Endpoint::Responses);
+  const std::string id = req.matches[1].str();
+  const std::string salt = req.get_param_value("cache_salt");
+  if (req.method == "DELETE") {
+    if (!stored_responses.erase(id, salt)) return reply_error(res, response_not_found(id, ""), "", endpoint);
+    reply_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+  } else {
+    std::shared_ptr<const StoredResponse> stored = stored_responses.get(id, salt);
+    if (!stored) return reply_error(res, response_not_found(id, ""), "", endpoint);
+    reply_json(res, 200, stored->response);
+  }
+  metrics.record_request("", endpoint, 200);
+}
+
+// GET /v1/responses/{id}/input_items: the items a response was given, as a
+// list page (order "desc" by default, as OpenAI's; limit 1-100, after an id).
+void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::Response& res) {
+  const char* endpoint = endpoint_name(Endpoint::Responses);
+  const std::string id = req.matches[1].str();
+  std::shared_ptr<const StoredResponse> stored = stored_responses.get(id, req.get_param_value("cache_salt"));
+  if (!stored) return reply_error(res, response_not_found(id, ""), "", endpoint);
+  const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
+  if (order != "asc" && order != "desc")
+    return reply_error(res, ApiError::invalid("order must be \"asc\" or \"desc\"", "order"), "", endpoint);
+  size_t limit = 20;
+  if (req.has_param("limit")) {
+    const std::string v = req.get_param_value("limit");
+    size_t parsed = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), parsed);
+    if (ec != std::errc() || end != v.data() + v.size() || parsed < 1 || parsed > 100)
+      return reply_error(res, ApiError::invalid("limit must be an integer between 1 and 100", "limit"), "", endpoint);
+    limit = parsed;
+  }
+  std::vector<ordered_json> items(stored->input_items.begin(), stored->input_items.end());
+  if (order == "desc") std::reverse(items.begin(), items.end());
+  size_t first = 0;
+  if (req.has_param("after")) {
+    const std::string after = req.get_param_value("after");
+    while (first < items.size() && items[first]["id"] != after) ++first;
+    if (first == items.size())
+      return reply_error(res, ApiError::invalid("after names no input item of this response", "after"), "", endpoint);
+    ++first;
+  }
+  ordered_json data = ordered_json::array();
+  for (size_t i = first; i < items.size() && data.size() < limit; ++i) data.push_back(items[i]);
+  const bool more = first + data.size() < items.size();
+  ordered_json page = {{"object", "list"},
+                       {"data", data},
+                       {"first_id", data.empty() ? ordered_json(nullptr) : data.front()["id"]},
+                       {"last_id", data.empty() ? ordered_json(nullptr) : data.back()["id"]},
+                       {"has_more", more}};
+  reply_json(res, 200, page);
+  metrics.record_request("", endpoint, 200);
 }
 
 void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Response& res,
@@ -819,7 +987,8 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   lease.reset();
 
   if (!context.options.stream) {
-    reply_complete(res, runs, context);
+    if (context.endpoint == Endpoint::Responses) reply_response(res, runs, context);
+    else reply_complete(res, runs, context);
     return;
   }
   res.status = 200;
@@ -829,7 +998,8 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, runs, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
-        return stream(sink, runs, context);
+        return context.endpoint == Endpoint::Responses ? stream_response(sink, runs, context)
+                                                       : stream(sink, runs, context);
       },
       [runs, watch](bool) {
         // No-op when finished; stops generation when the response was abandoned.
@@ -973,22 +1143,7 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
         }
       },
       [](size_t, const GenerationOutcome&) {}, [] {});
-  if (const ApiError* error = first_error(outcomes)) {
-    reply_json(res, error->status, error_json(*error));
-    finish_metrics(ctx, outcomes, error->status);
-    return;
-  }
-  if (any_cancelled(outcomes) && stopping.load()) {
-    // Cancelled by the server's shutdown, not by the client: retryable.
-    reply_json(res, 503, error_json(shutting_down_error()));
-    finish_metrics(ctx, outcomes, 503);
-    return;
-  }
-  if (any_cancelled(outcomes)) {
-    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
-    finish_metrics(ctx, outcomes, kClientClosed);
-    return;
-  }
+  if (reply_failure(res, outcomes, ctx)) return;
   ordered_json choices = ordered_json::array();
   for (size_t i = 0; i < n; ++i) {
     const int index = static_cast<int>(i);
@@ -1031,6 +1186,113 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
   finish_metrics(ctx, outcomes, 200);
 }
 
+// A complete (not streamed) reply that failed, was cancelled or was cut
+// short by shutdown: answered with its error. False when it succeeded.
+bool HttpServer::Impl::reply_failure(httplib::Response& res, std::span<const GenerationOutcome> outcomes,
+                                     const ResponseContext& ctx) {
+  if (const ApiError* error = first_error(outcomes)) {
+    reply_json(res, error->status, error_json(*error));
+    finish_metrics(ctx, outcomes, error->status);
+    return true;
+  }
+  if (any_cancelled(outcomes) && stopping.load()) {
+    // Cancelled by the server's shutdown, not by the client: retryable.
+    reply_json(res, 503, error_json(shutting_down_error()));
+    finish_metrics(ctx, outcomes, 503);
+    return true;
+  }
+  if (any_cancelled(outcomes)) {
+    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
+    finish_metrics(ctx, outcomes, kClientClosed);
+    return true;
+  }
+  return false;
+}
+
+// The Responses API's reply, not streamed: the choice is read as a stream
+// is (the same reasoning split and tool-call reading), into one Response.
+void HttpServer::Impl::reply_response(httplib::Response& res, const std::vector<ChoiceRun>& runs,
+                                      const ResponseContext& ctx) {
+  ResponseBuilder builder(response_shell(ctx), nullptr);
+  ChoiceStream reader(ctx, builder);
+  const std::vector<GenerationOutcome> outcomes = collect_choices(
+      runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
+      [&](size_t, std::vector<GenerationDelta>& deltas) { reader.add(deltas); },
+      [&](size_t, const GenerationOutcome& outcome) {
+        if (!outcome.error && outcome.finish_reason != "cancelled") reader.finish(outcome.finish_reason);
+      },
+      [] {});
+  if (reply_failure(res, outcomes, ctx)) return;
+  const ordered_json response = builder.complete(outcomes.front().usage, reader.reasoning_tokens());
+  store_response(ctx, builder, response);
+  reply_json(res, 200, response);
+  finish_metrics(ctx, outcomes, 200);
+}
+
+// The Responses API's stream: typed events (response.created ...
+// response.completed), no [DONE]. A failure after the headers went out is
+// a response.failed event.
+bool HttpServer::Impl::stream_response(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
+                                       const ResponseContext& ctx) {
+  bool client_ok = true;
+  auto write = [&](std::string& data) {
+    if (client_ok && !data.empty() && !sink.write(data.data(), data.size())) {
+      client_ok = false;
+      for (const ChoiceRun& run : runs) run.channel->cancel();  // the client is gone: stop generating for it
+    }
+    data.clear();
+  };
+  std::string events;
+  ResponseBuilder builder(response_shell(ctx), &events);
+  ChoiceStream reader(ctx, builder);
+  builder.start();
+  write(events);
+  const std::vector<GenerationOutcome> outcomes = collect_choices(
+      runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
+      [&](size_t, std::vector<GenerationDelta>& deltas) {
+        if (client_ok) reader.add(deltas);
+      },
+      [&](size_t, const GenerationOutcome& outcome) {
+        if (client_ok && !outcome.error && outcome.finish_reason != "cancelled") reader.finish(outcome.finish_reason);
+      },
+      [&] { write(events); });
+  int status = 200;
+  if (client_ok && any_cancelled(outcomes) && stopping.load()) {
+    builder.fail(shutting_down_error());
+    status = 503;
+  } else if (const ApiError* error = first_error(outcomes); error && client_ok) {
+    builder.fail(*error);
+    status = error->status;
+  } else if (!client_ok || any_cancelled(outcomes)) {
+    finish_metrics(ctx, outcomes, kClientClosed);
+    return false;
+  } else {
+    store_response(ctx, builder, builder.complete(outcomes.front().usage, reader.reasoning_tokens()));
+  }
+  write(events);
+  finish_metrics(ctx, outcomes, client_ok ? status : kClientClosed);
+  if (!client_ok) return false;
+  sink.done();
+  return true;
+}
+
+// A finished Response kept for GET and previous_response_id (store: true):
+// its turn as chat messages, the input, then the reply.
+void HttpServer::Impl::store_response(const ResponseContext& ctx, const ResponseBuilder& builder,
+                                      const ordered_json& response) {
+  const ResponsesRequest& request = *ctx.responses;
+  if (!request.store) return;
+  StoredResponse stored;
+  stored.id = ctx.meta.id;
+  stored.cache_salt = request.cache_salt;
+  stored.previous_response_id = request.previous_response_id;
+  stored.response = response;
+  stored.input_items = request.input_items;
+  stored.messages = request.input_messages;
+  stored.messages.push_back(builder.assistant_message());
+  stored_responses.put(std::move(stored));
+}
+
 bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
                               const ResponseContext& ctx) {
   const bool chat = ctx.endpoint == Endpoint::Chat;
@@ -1044,11 +1306,13 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
     return client_ok;
   };
 
+  std::string events;  // one write per round of takes: a token's event each
+  std::vector<std::unique_ptr<ChoiceEvents>> chunks;
   std::vector<ChoiceStream> choices;
   choices.reserve(n);
-  std::string events;  // one write per round of takes: a token's event each
   for (size_t i = 0; i < n; ++i) {
-    choices.emplace_back(ctx, make_chunk_events(ctx, static_cast<int>(i), events));
+    chunks.push_back(make_chunk_events(ctx, static_cast<int>(i), events));
+    choices.emplace_back(ctx, *chunks.back());
     if (chat)
       events += sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt,
                                           ctx.options.include_usage, static_cast<int>(i)));

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/responses_request.h"
 #include "server/tool_call_parser.h"
 
 namespace reprise {
@@ -35,6 +37,9 @@ struct ResponseContext {
   bool harmony_calls = false;
   // parallel_tool_calls false: a reply's first call only.
   size_t max_tool_calls = SIZE_MAX;
+  // The Responses API's request (its echoed fields, what to store); null
+  // for the other endpoints.
+  std::shared_ptr<const ResponsesRequest> responses = nullptr;
 
   // n: the choices each prompt gets.
   size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }
