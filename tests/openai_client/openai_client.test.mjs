@@ -1,6 +1,6 @@
 // The official `openai` npm client against `reprise serve` on the real
 // stories260K model from ../shared: chat completions streamed and not,
-// n choices, text completions (a batch of prompts with echo), usage (with cached prompt tokens on a repeated request),
+// n choices, the Responses API, text completions (a batch of prompts with echo), usage (with cached prompt tokens on a repeated request),
 // structured output (response_format, checked with ajv and the client's own
 // zod helper), model listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
@@ -281,4 +281,84 @@ test("tool_choice required: the client reads message.tool_calls", { skip }, asyn
     messages: [...messages, choice.message, { role: "tool", tool_call_id: call.id, content: "3" }],
   });
   assert.equal(next.choices[0].message.role, "assistant");
+});
+
+// The Responses API through the client's own methods: create (whole and
+// streamed through its event accumulator), a conversation continued with
+// previous_response_id, structured output, a forced function call answered
+// with function_call_output, retrieve, input items and delete.
+test("responses: create, stream and continue a conversation", { skip }, async () => {
+  const body = { model, instructions: "You tell short stories.", input: "Once upon a time", max_output_tokens: 16,
+                 temperature: 0 };
+  const r = await client.responses.create(body);
+  assert.equal(r.object, "response");
+  assert.ok(["completed", "incomplete"].includes(r.status), r.status);
+  assert.equal(r.output[0].type, "message");
+  assert.ok(r.output_text.length > 0);
+  assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+
+  // Streamed: the client's accumulator builds the same message; the
+  // ending event (response.incomplete when max_output_tokens cut it, as
+  // OpenAI sends it) carries the Response with its usage.
+  const deltas = [];
+  let ended = null;
+  const stream = client.responses.stream(body);
+  stream.on("response.output_text.delta", (e) => deltas.push(e.delta));
+  for (const type of ["response.completed", "response.incomplete"]) stream.on(type, (e) => (ended = e.response));
+  const streamed = await stream.finalResponse();
+  assert.equal(deltas.join(""), r.output_text);
+  assert.equal(streamed.output[0].content[0].text, r.output_text);
+  assert.equal(ended.status, r.status);
+  assert.equal(ended.output_text, r.output_text);
+  assert.ok(ended.usage.input_tokens_details.cached_tokens > 0, "the repeated prompt came from the cache");
+
+  const next = await client.responses.create({
+    model, previous_response_id: r.id, input: "Then", max_output_tokens: 8, temperature: 0,
+  });
+  assert.equal(next.previous_response_id, r.id);
+  assert.ok(next.usage.input_tokens > r.usage.input_tokens);
+  assert.ok(next.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(next.usage));
+
+  const again = await client.responses.retrieve(r.id);
+  assert.equal(again.output_text, r.output_text);
+  const items = [];
+  for await (const item of client.responses.inputItems.list(r.id)) items.push(item);
+  assert.equal(items.length, 1);
+  assert.equal(items[0].content[0].text, "Once upon a time");
+  await client.responses.delete(r.id);
+  await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(
+    client.responses.create({ model, previous_response_id: r.id, input: "x" }),
+    (e) => e instanceof OpenAI.NotFoundError && e.param === "previous_response_id");
+});
+
+test("responses: json_schema output and a function call answered by its output", { skip }, async () => {
+  const schema = { type: "object", properties: { hero: { type: "string", maxLength: 12 } }, required: ["hero"],
+                   additionalProperties: false };
+  const structured = await client.responses.create({
+    model, input: "Name the hero.", max_output_tokens: 60, temperature: 0.7, seed: 3,
+    text: { format: { type: "json_schema", name: "story", schema, strict: true } },
+  });
+  const ajv = new Ajv();
+  assert.ok(ajv.validate(schema, JSON.parse(structured.output_text)), structured.output_text);
+
+  const tools = [{ type: "function", name: "add", description: "Adds two integers", strict: true,
+                   parameters: { type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } },
+                                 required: ["a", "b"], additionalProperties: false } }];
+  const call = await client.responses.create({
+    model, input: "Add two numbers.", tools, tool_choice: "required", max_output_tokens: 200, temperature: 0.7, seed: 2,
+  });
+  const fc = call.output.find((item) => item.type === "function_call");
+  assert.ok(fc, JSON.stringify(call.output));
+  assert.equal(fc.name, "add");
+  const args = JSON.parse(fc.arguments);
+  assert.ok(Number.isInteger(args.a) && Number.isInteger(args.b), fc.arguments);
+  const answered = await client.responses.create({
+    model, previous_response_id: call.id, tools, max_output_tokens: 8, temperature: 0,
+    input: [{ type: "function_call_output", call_id: fc.call_id, output: String(args.a + args.b) }],
+  });
+  assert.equal(answered.output.at(-1).type, "message");
+  await assert.rejects(
+    client.responses.create({ model, input: "x", tools: [{ type: "web_search" }] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "tools[0].type");
 });
