@@ -418,6 +418,84 @@ TEST_P(PromptLogits, EqualAColdRunWarmCacheOrNotAndFillTheCache) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, PromptLogits, ::testing::Values("llama", "qwen3", "gemma3", "mamba", "jamba"));
 
+// Hidden states (the server's embeddings): the last prompt position's
+// final-norm hidden state, computed after a cached prefix, is bit for bit
+// what a cold engine computes; every position's (which reuses nothing) is
+// the same warm or cold, ends with the last position's, and row p is the
+// last hidden state of the prompt cut after p (to rounding: one batch).
+// Such a request generates nothing and leaves its prompt in the cache.
+class HiddenStates : public ::testing::TestWithParam<std::string> {};
+
+struct HiddenRun {
+  GenerateResult result;
+  std::vector<float> hidden;
+};
+
+HiddenRun run_hidden(Engine& engine, const std::vector<int32_t>& prompt, bool all) {
+  GenerateRequest req;
+  req.prompt = prompt;
+  HiddenRun out;
+  req.hidden = &out.hidden;
+  req.hidden_all = all;
+  out.result = engine.generate(req, [](int32_t, std::span<const float>) {
+    ADD_FAILURE() << "an embeddings request sampled a token";
+    return false;
+  });
+  return out;
+}
+
+TEST_P(HiddenStates, LastAfterACachedPrefixEqualsColdAndRowsArePrefixes) {
+  Model& model = model_for(GetParam());
+  const size_t n_embd = static_cast<size_t>(model.info().n_embd);
+  ThreadPool pool(2);
+  CacheWithSnapshots stores(model, SnapshotConfig{}.checkpoint_every_chunks);
+  PrefixCache& cache = stores.cache;
+  EngineOptions options;
+  options.n_batch = 24;
+  Engine engine(model, pool, &cache, options, &stores.snapshots);
+  Engine cold(model, pool, nullptr, options);
+  std::mt19937 rng(0x4e1d ^ static_cast<unsigned>(std::hash<std::string>()(GetParam())));
+  ConversationScript script(rng, 40, static_cast<int>(model.info().n_vocab) - 1);
+  int reused = 0;
+  for (int round = 0; round < 8; ++round) {
+    const std::vector<int32_t> prompt = script.next_prompt();
+    if (prompt.size() > 2) run(engine, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 2);
+    const HiddenRun warm = run_hidden(engine, prompt, false);
+    const HiddenRun want = run_hidden(cold, prompt, false);
+    ASSERT_EQ(warm.hidden.size(), n_embd);
+    ASSERT_EQ(want.hidden.size(), n_embd);
+    EXPECT_EQ(0, std::memcmp(warm.hidden.data(), want.hidden.data(), n_embd * sizeof(float))) << "round " << round;
+    EXPECT_EQ(warm.result.finish_reason, "stop");
+    EXPECT_TRUE(warm.result.tokens.empty());
+    reused += warm.result.cached_tokens > 0;
+
+    const HiddenRun all = run_hidden(engine, prompt, true);
+    const HiddenRun all_cold = run_hidden(cold, prompt, true);
+    EXPECT_EQ(all.result.cached_tokens, 0);
+    ASSERT_EQ(all.hidden.size(), prompt.size() * n_embd);
+    EXPECT_EQ(0, std::memcmp(all.hidden.data(), all_cold.hidden.data(), all.hidden.size() * sizeof(float)));
+    for (size_t p : {size_t{0}, prompt.size() / 2, prompt.size() - 1}) {
+      const HiddenRun cut = run_hidden(cold, std::vector<int32_t>(prompt.begin(), prompt.begin() + p + 1), false);
+      float scale = 0, diff = 0;
+      for (size_t i = 0; i < n_embd; ++i) {
+        scale = std::max(scale, std::abs(cut.hidden[i]));
+        diff = std::max(diff, std::abs(all.hidden[p * n_embd + i] - cut.hidden[i]));
+      }
+      EXPECT_LE(diff, 1e-3f * std::max(scale, 1.0f)) << "round " << round << " position " << p;
+    }
+    // The prompt is in the cache: a reply to it reuses all but its last token.
+    if (prompt.size() > 2 * static_cast<size_t>(cache.block_tokens())) {
+      EXPECT_GT(run(engine, prompt, 1).result.cached_tokens, 0) << "round " << round;
+    }
+    script.record(prompt, {});
+    ASSERT_EQ(cache.check_invariants(), "");
+  }
+  EXPECT_GT(reused, 3);
+  EXPECT_EQ(cache.stats().blocks_in_use, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, HiddenStates, ::testing::Values("llama", "qwen3", "gemma3", "mamba", "jamba"));
+
 TEST(PrefixCache, TurnTwoReusesTurnOneIncludingItsAnswer) {
   Model& model = model_for("qwen3");
   ThreadPool pool(2);

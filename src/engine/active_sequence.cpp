@@ -75,12 +75,14 @@ void ActiveSequence::set_decoding(bool decoding) {
 }
 
 void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
-                          std::vector<float>& logits, const float* embeddings, bool bidirectional) {
+                          std::vector<float>& logits, const float* embeddings, bool bidirectional,
+                          bool hidden_states) {
   if (tokens.empty()) return;
   ForwardBatch batch;
   batch.tokens = tokens;
   batch.pos0 = position_;
   batch.logits_for = logits_for;
+  batch.hidden_states = hidden_states;
   if (embeddings) {
     batch.embeddings = embeddings;
     batch.embd_begin = 0;

@@ -42,11 +42,13 @@ class ActiveSequence {
   void hold_index_from(int64_t n);
   void settle();
 
-  // Runs `tokens` at the current position and appends them. Logits as asked.
+  // Runs `tokens` at the current position and appends them. Logits as asked
+  // (or, with `hidden_states`, the asked rows' final-norm hidden states).
   // With `embeddings` (tokens.size() x n_embd floats) the batch is fed as
   // input embeddings, attending bidirectionally within itself if asked.
   void feed(std::span<const int32_t> tokens, std::span<const Hash128> keys, LogitsFor logits_for,
-            std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false);
+            std::vector<float>& logits, const float* embeddings = nullptr, bool bidirectional = false,
+            bool hidden_states = false);
 
   // Whether this sequence is in a phase where more batches follow at once
   // (a decode loop): while it is, it is a member of its batcher, so a pass

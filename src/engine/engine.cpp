@@ -105,7 +105,10 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     return nullptr;
   };
   const bool prompt_logits = static_cast<bool>(req.on_prompt_logits);
-  const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits ? 0
+  const bool hidden_all = req.hidden && req.hidden_all;
+  const bool every_position = prompt_logits || hidden_all;  // no cached prefix can serve
+  if (req.hidden && prompt_logits) throw Error("hidden states and prompt logits cannot both be asked for");
+  const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits || req.hidden ? 0
                         : req.draft_max < 0                                      ? draft_max_
                                                                                  : std::min(req.draft_max, 64);
   const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
@@ -117,7 +120,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   // A concurrent request computing the same leading prompt positions: wait
   // for its cache blocks instead of computing them a second time.
   std::unique_ptr<InflightPrefixes::Prefill> inflight;
-  if (use_cache && cache_->enabled() && !prompt_logits) {
+  if (use_cache && cache_->enabled() && !every_position) {
     bool waited = false;
     inflight = inflight_->begin(namespace_for(req.cache_salt).hash(), req.prompt, req.prompt_keys, &waited,
                                 req.cancelled);
@@ -129,7 +132,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   }
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
                         namespace_for(req.cache_salt), batcher_);
-  result.reuse = target.attach(req.prompt, req.prompt_keys, /*reuse=*/!prompt_logits);
+  result.reuse = target.attach(req.prompt, req.prompt_keys, /*reuse=*/!every_position);
   if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
     // The cached prefix ends inside an image: recompute the whole image.
     target.truncate(e->begin);
@@ -167,6 +170,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
 
   // Prefill the uncached rest in chunks, stopping at snapshot checkpoints.
   std::vector<float> logits;
+  if (req.hidden) req.hidden->clear();
   std::vector<int64_t> checkpoints = target.checkpoints(target.position(), n_prompt);
   // A recurrent state cannot be rebuilt from KV blocks, and a request
   // reuses at most all of its prompt but the last token (whose logits it
@@ -201,8 +205,9 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
     const bool last_chunk = pos + n == n_prompt;
     target.feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n),
-                prompt_logits ? LogitsFor::All : last_chunk ? LogitsFor::Last : LogitsFor::None, logits,
-                span ? span->values : nullptr, span && span->bidirectional);
+                every_position ? LogitsFor::All : last_chunk ? LogitsFor::Last : LogitsFor::None, logits,
+                span ? span->values : nullptr, span && span->bidirectional, req.hidden != nullptr);
+    if (req.hidden && (hidden_all || last_chunk)) req.hidden->insert(req.hidden->end(), logits.begin(), logits.end());
     if (prompt_logits) {
       const size_t width = logits.size() / static_cast<size_t>(n);
       for (int64_t i = 0; i < n && pos + i + 1 < n_prompt; ++i)
@@ -218,6 +223,14 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     if (inflight) inflight->committed(end);
   }
   inflight.reset();  // the prompt is in the cache: requests sharing it may go on
+  if (req.hidden) {  // embeddings: nothing to generate
+    result.prefill_seconds = seconds_since(t0);
+    result.finish_reason = "stop";
+    counters_.requests++;
+    counters_.prompt_tokens += n_prompt;
+    counters_.cached_tokens += result.cached_tokens;
+    return result;
+  }
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {

@@ -86,6 +86,14 @@ struct GenerateRequest {
   // whole prefill), waits for no concurrent prefill and never decodes
   // speculatively; its positions still enter the cache for later requests.
   std::function<void(int64_t position, std::span<const float> logits)> on_prompt_logits;
+  // Embeddings instead of a reply: when set, the prompt is prefilled,
+  // nothing is sampled, and `hidden` receives the final-norm hidden state
+  // (n_embd floats) of the last prompt position, or with hidden_all of every
+  // position in order (which, like on_prompt_logits, reuses no cached
+  // prefix: a cached position's hidden state is not kept). The prompt's
+  // positions enter the cache as a reply's would.
+  std::vector<float>* hidden = nullptr;
+  bool hidden_all = false;
   const std::atomic<bool>* cancelled = nullptr;
 };
 

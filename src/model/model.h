@@ -50,6 +50,10 @@ struct ForwardBatch {
   // (gemma3 image tokens); empty range for purely causal batches.
   int64_t bidir_begin = 0;
   int64_t bidir_end = 0;
+  // Embeddings: the rows logits_for asks for receive their final-norm hidden
+  // state (n_embd floats each: the input of the vocabulary projection)
+  // instead of logits.
+  bool hidden_states = false;
 };
 
 // One sequence's part of a multi-sequence pass: `batch` run on `memory`,

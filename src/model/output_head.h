@@ -19,7 +19,9 @@ void output_logits(const float* x, int64_t n, int64_t n_embd, LogitsFor logits_f
 
 // output_logits for every segment of a pass (x holds all the pass's rows):
 // each segment's logits vector receives what its batch.logits_for asks, with
-// one vocabulary product over all the rows that need logits.
+// one vocabulary product over all the rows that need logits. A segment whose
+// batch asks for hidden_states receives its rows' normed hidden states
+// instead (n_embd floats each), outside the product.
 void output_logits(const float* x, std::span<const PassSegment> segments, int64_t n_embd,
                    const std::vector<float>& norm, float eps, const PackedMatrix& output, int64_t n_vocab,
                    float* scratch, ThreadPool& pool);
