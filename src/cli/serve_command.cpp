@@ -128,6 +128,9 @@ void register_serve(CLI::App& app) {
                   "Budget in MiB for responses the Responses API stores (store: true) to continue "
                   "conversations with previous_response_id; least recently used go first (0 stores none)")
       ->capture_default_str();
+  cmd->add_option("--pooling", o->pooling,
+                  "Embeddings: pool every model's positions by mean, cls or last (default: the pooling the GGUF "
+                  "declares, else last)");
   cmd->add_option("--cache-total-ram", o->cache_total_ram_mib,
                   "One budget in MiB over every cache tier (KV blocks, snapshots, image embeddings) of every "
                   "loaded model, evicting the least recently used entry of any tier (0 = per-tier budgets only)")

@@ -91,6 +91,21 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.embedded = plan.embedded;
   request.cancelled = channel.cancel_flag();
   if (plan.json_schema) request.constraint = std::make_shared<JsonConstraint>(plan.json_schema, json_vocabulary(model));
+  if (plan.embedding_pooling) {
+    std::vector<float> hidden;
+    request.hidden = &hidden;
+    request.hidden_all = *plan.embedding_pooling != Pooling::Last;
+    const GenerateResult result = model.engine->generate(request);
+    outcome.finish_reason = channel.cancelled() ? "cancelled" : result.finish_reason;
+    outcome.usage.prompt_tokens = result.prompt_tokens;
+    outcome.usage.cached_tokens = result.cached_tokens;
+    outcome.cache_report = result.reuse.describe();
+    outcome.prefill_seconds = result.prefill_seconds;
+    if (outcome.finish_reason != "cancelled")
+      outcome.embedding = pool_embedding(hidden, model.bundle->model->info().n_embd, *plan.embedding_pooling,
+                                         plan.embedding_dimensions);
+    return;
+  }
 
   // Echo: the prompt's text (and its tokens' logprobs) go out as the first
   // delta, before the first generated token's.

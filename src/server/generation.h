@@ -22,6 +22,7 @@
 #include "engine/sampler.h"
 #include "grammar/json_schema.h"
 #include "server/api_error.h"
+#include "server/embeddings.h"
 #include "server/openai_response.h"
 
 namespace reprise {
@@ -54,6 +55,10 @@ struct GenerationPlan {
   std::vector<Hash128> prompt_keys;
   std::vector<EmbeddedSpan> embedded;
   std::vector<std::shared_ptr<const void>> keep_alive;
+  // Embeddings: the prompt is pooled into one vector (outcome.embedding),
+  // cut to `embedding_dimensions` values when given, instead of replied to.
+  std::optional<Pooling> embedding_pooling;
+  std::optional<int64_t> embedding_dimensions;
 };
 
 struct GenerationDelta {
@@ -67,6 +72,7 @@ struct GenerationOutcome {
   std::optional<ApiError> error;
   UsageCounts usage;
   std::string cache_report;   // ReuseReport::describe()
+  std::vector<float> embedding;  // embeddings requests: the pooled, unit-length vector
   double queue_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 

@@ -18,6 +18,7 @@
 
 #include "server/choice_stream.h"
 #include "server/disconnect_monitor.h"
+#include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/harmony_parser.h"
 #include "server/metrics.h"
@@ -41,7 +42,13 @@ using ordered_json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 
 const char* endpoint_name(Endpoint e) {
-  return e == Endpoint::Chat ? "chat_completions" : e == Endpoint::Completions ? "completions" : "responses";
+  switch (e) {
+    case Endpoint::Chat: return "chat_completions";
+    case Endpoint::Completions: return "completions";
+    case Endpoint::Responses: return "responses";
+    case Endpoint::Embeddings: return "embeddings";
+  }
+  return "other";
 }
 
 // Bounded label set for metrics, whatever paths clients request.
@@ -55,6 +62,7 @@ const char* endpoint_label(const std::string& path) {
   if (path == "/tokenize") return "tokenize";
   if (path == "/detokenize") return "detokenize";
   if (path == "/apply-template") return "apply_template";
+  if (path == "/v1/embeddings" || path == "/embeddings") return "embeddings";
   if (path.rfind("/v1/responses", 0) == 0 || path.rfind("/responses", 0) == 0) return "responses";
   return "other";
 }
@@ -97,7 +105,8 @@ bool takes_body(const httplib::Request& req) {
                                   req.path == "/v1/completions" || req.path == "/completions" ||
                                   req.path == "/tokenize" || req.path == "/detokenize" ||
                                   req.path == "/apply-template" || req.path == "/v1/responses" ||
-                                  req.path == "/responses")) ||
+                                  req.path == "/responses" || req.path == "/v1/embeddings" ||
+                                  req.path == "/embeddings")) ||
          (req.method == "DELETE" && is_response_path(req.path));
 }
 
@@ -289,6 +298,8 @@ struct HttpServer::Impl {
   void handle_apply_template(const std::string& body, httplib::Response& res);
   void handle_cache_stats(httplib::Response& res);
   void handle_responses(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_embeddings(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void reply_embeddings(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   void handle_stored_response(const httplib::Request& req, httplib::Response& res);
   void handle_input_items(const httplib::Request& req, httplib::Response& res);
 
@@ -476,6 +487,12 @@ void HttpServer::Impl::setup() {
   };
   http.Post("/v1/responses", responses);
   http.Post("/responses", responses);
+  auto embeddings = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) handle_embeddings(req, body, res);
+  };
+  http.Post("/v1/embeddings", embeddings);
+  http.Post("/embeddings", embeddings);
   auto stored = [this](const httplib::Request& req, httplib::Response& res) { handle_stored_response(req, res); };
   for (const char* path : {R"(/v1/responses/([^/]+))", R"(/responses/([^/]+))"}) {
     http.Get(path, stored);
@@ -885,6 +902,65 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::
   start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
 }
 
+// POST /v1/embeddings: each input is a sequence of its own (its prefix
+// reused from the cache where the pooling allows), pooled into one
+// unit-length vector.
+void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std::string& body,
+                                         httplib::Response& res) {
+  InFlight guard(in_flight);
+  const char* endpoint = endpoint_name(Endpoint::Embeddings);
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
+  Parsed<EmbeddingsRequest> parsed = parse_embeddings_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const EmbeddingsRequest& request = parsed.value();
+  std::string model_id;
+  std::optional<ModelLease> acquired = lease_model(request.model, res, endpoint, model_id);
+  if (!acquired) return;
+  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  LoadedModel& model = **lease;
+  model.engine->expect_request();
+  const ModelInfo& info = model.bundle->model->info();
+  const Pooling fallback = pooling_from_name(options.pooling).value_or(Pooling::Last);
+  Parsed<Pooling> pooling = options.pooling.empty() ? model_pooling(*model.bundle->file, info.arch, fallback)
+                                                    : Parsed<Pooling>(fallback);
+  if (!pooling.ok()) return reply_error(res, pooling.error(), model_id, endpoint);
+  if (request.dimensions && *request.dimensions > info.n_embd)
+    return reply_error(res,
+                       ApiError::invalid("dimensions must be at most " + std::to_string(info.n_embd) +
+                                             " (this model's embedding width)",
+                                         "dimensions"),
+                       model_id, endpoint);
+  const Tokenizer& tokenizer = *model.bundle->tokenizer;
+  std::vector<GenerationPlan> plans;
+  for (size_t i = 0; i < request.inputs.size(); ++i) {
+    const CompletionPrompt& input = request.inputs[i];
+    const std::string param = request.inputs.size() > 1 ? "input[" + std::to_string(i) + "]" : "input";
+    CompletionPrompt tokens{{}, input.tokens, true};
+    if (!input.is_tokens) {
+      try {
+        tokens.tokens = embedding_tokens(tokenizer, tokenizer.encode(input.text, false, true));
+      } catch (const std::exception& e) {
+        return reply_error(res, ApiError::invalid(std::string("cannot tokenize the input: ") + e.what(), param),
+                           model_id, endpoint);
+      }
+    }
+    Parsed<BuiltPrompt> prompt = build_completion_prompt(tokenizer, model.engine->n_ctx(), info.n_vocab, tokens, param);
+    if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+    GenerationPlan plan;
+    plan.prompt = std::move(prompt.value().tokens);
+    plan.cache_salt = request.cache_salt;
+    plan.embedding_pooling = pooling.value();
+    plan.embedding_dimensions = request.dimensions;
+    plans.push_back(std::move(plan));
+  }
+  GenerationOptions options_seen;
+  options_seen.model = request.model;
+  options_seen.cache_salt = request.cache_salt;
+  ResponseContext ctx{Endpoint::Embeddings, {"", unix_now(), model_id, "fp_" + model.fingerprint_hex}, options_seen};
+  ctx.embeddings_base64 = request.base64;
+  start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
+}
+
 // GET /v1/responses/{id} returns a stored response, DELETE removes it. The
 // cache_salt query parameter names the tenant it was stored under.
 void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res) {
@@ -988,6 +1064,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
 
   if (!context.options.stream) {
     if (context.endpoint == Endpoint::Responses) reply_response(res, runs, context);
+    else if (context.endpoint == Endpoint::Embeddings) reply_embeddings(res, runs, context);
     else reply_complete(res, runs, context);
     return;
   }
@@ -1207,6 +1284,32 @@ bool HttpServer::Impl::reply_failure(httplib::Response& res, std::span<const Gen
     return true;
   }
   return false;
+}
+
+// Embeddings: one unit-length vector per input, in input order.
+void HttpServer::Impl::reply_embeddings(httplib::Response& res, const std::vector<ChoiceRun>& runs,
+                                        const ResponseContext& ctx) {
+  const std::vector<GenerationOutcome> outcomes = collect_choices(
+      runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
+      [](size_t, std::vector<GenerationDelta>&) {}, [](size_t, const GenerationOutcome&) {}, [] {});
+  if (reply_failure(res, outcomes, ctx)) return;
+  ordered_json data = ordered_json::array();
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const std::vector<float>& v = outcomes[i].embedding;
+    data.push_back({{"object", "embedding"},
+                    {"index", i},
+                    {"embedding", ctx.embeddings_base64 ? ordered_json(base64_floats(v)) : ordered_json(v)}});
+  }
+  const UsageCounts usage = request_usage(outcomes, 1);
+  reply_json(res, 200,
+             {{"object", "list"},
+              {"data", std::move(data)},
+              {"model", ctx.meta.model},
+              {"usage",
+               {{"prompt_tokens", usage.prompt_tokens},
+                {"total_tokens", usage.prompt_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}}}});
+  finish_metrics(ctx, outcomes, 200);
 }
 
 // The Responses API's reply, not streamed: the choice is read as a stream

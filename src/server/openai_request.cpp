@@ -327,6 +327,43 @@ ordered_json parse_message(const ordered_json& m, size_t index, bool& has_image,
   return out;
 }
 
+// A prompt field: a string, an array of token ids, or a batch of either
+// (at most max_batch), appended to `out`.
+void read_prompts(const ordered_json& prompt, const std::string& name, size_t max_batch,
+                  std::vector<CompletionPrompt>& out) {
+  auto token_list = [&](const ordered_json& arr, const std::string& param) {
+    CompletionPrompt p;
+    p.is_tokens = true;
+    if (arr.empty()) fail(param + " must not be empty", param);
+    for (const auto& t : arr)
+      p.tokens.push_back(static_cast<int32_t>(
+          Fields::integer_value(t, param, 0, std::numeric_limits<int32_t>::max())));
+    return p;
+  };
+  if (prompt.is_string()) {
+    out.push_back({prompt.get<std::string>(), {}, false});
+  } else if (prompt.is_array()) {
+    if (prompt.empty()) fail(name + " must not be empty", name);
+    const ordered_json& first = prompt[0];
+    if (first.is_string() || first.is_array()) {
+      // A batch: strings, or arrays of token ids.
+      if (prompt.size() > max_batch) fail("at most " + std::to_string(max_batch) + " " + name + "s per request", name);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        const ordered_json& one = prompt[i];
+        const std::string param = name + "[" + std::to_string(i) + "]";
+        if (one.is_string() != first.is_string() || !(one.is_string() || one.is_array()))
+          fail("a batch of " + name + "s holds strings, or arrays of token ids, not both", param);
+        if (one.is_string()) out.push_back({one.get<std::string>(), {}, false});
+        else out.push_back(token_list(one, param));
+      }
+    } else {
+      out.push_back(token_list(prompt, name));
+    }
+  } else {
+    fail(name + " must be a string, an array of token ids, or an array of those", name);
+  }
+}
+
 }  // namespace
 
 int json_nesting_depth(std::string_view text, int limit) {
@@ -453,40 +490,36 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, const 
 
     const ordered_json* prompt = f.get("prompt");
     if (!prompt) fail("prompt is required", "prompt");
-    auto token_list = [&](const ordered_json& arr, const std::string& param) {
-      CompletionPrompt p;
-      p.is_tokens = true;
-      if (arr.empty()) fail(param + " must not be empty", param);
-      for (const auto& t : arr)
-        p.tokens.push_back(static_cast<int32_t>(
-            Fields::integer_value(t, param, 0, std::numeric_limits<int32_t>::max())));
-      return p;
-    };
-    if (prompt->is_string()) {
-      req.prompts.push_back({prompt->get<std::string>(), {}, false});
-    } else if (prompt->is_array()) {
-      if (prompt->empty()) fail("prompt must not be empty", "prompt");
-      const ordered_json& first = (*prompt)[0];
-      if (first.is_string() || first.is_array()) {
-        // A batch of prompts: strings, or arrays of token ids.
-        if (prompt->size() > limits.max_prompts)
-          fail("at most " + std::to_string(limits.max_prompts) + " prompts per request", "prompt");
-        for (size_t i = 0; i < prompt->size(); ++i) {
-          const ordered_json& one = (*prompt)[i];
-          const std::string param = "prompt[" + std::to_string(i) + "]";
-          if (one.is_string() != first.is_string() || !(one.is_string() || one.is_array()))
-            fail("a batch of prompts holds strings, or arrays of token ids, not both", param);
-          if (one.is_string()) req.prompts.push_back({one.get<std::string>(), {}, false});
-          else req.prompts.push_back(token_list(one, param));
-        }
-      } else {
-        req.prompts.push_back(token_list(*prompt, "prompt"));
-      }
-    } else {
-      fail("prompt must be a string, an array of token ids, or an array of those", "prompt");
-    }
+    read_prompts(*prompt, "prompt", limits.max_prompts, req.prompts);
     if (req.prompts.size() * static_cast<size_t>(req.options.choices) > limits.max_prompts)
       fail("prompts x n may be at most " + std::to_string(limits.max_prompts), "n");
+    return req;
+  });
+}
+
+Parsed<EmbeddingsRequest> parse_embeddings_request(std::string_view body, const RequestLimits& limits) {
+  return guarded<EmbeddingsRequest>([&]() -> Parsed<EmbeddingsRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    EmbeddingsRequest req;
+    if (auto v = f.string("model")) req.model = *v;
+    const ordered_json* input = f.get("input");
+    if (!input) fail("input is required", "input");
+    read_prompts(*input, "input", limits.max_embedding_inputs, req.inputs);
+    for (size_t i = 0; i < req.inputs.size(); ++i)
+      if (!req.inputs[i].is_tokens && req.inputs[i].text.empty())
+        fail("input must not be an empty string", req.inputs.size() > 1 ? "input[" + std::to_string(i) + "]" : "input");
+    if (auto v = f.string("encoding_format")) {
+      if (*v != "float" && *v != "base64") fail("encoding_format must be \"float\" or \"base64\"", "encoding_format");
+      req.base64 = *v == "base64";
+    }
+    if (auto v = f.integer("dimensions", 1, std::numeric_limits<int32_t>::max())) req.dimensions = *v;
+    if (auto v = f.string("cache_salt")) {
+      if (v->size() > limits.max_cache_salt_bytes)
+        fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
+      req.cache_salt = *v;
+    }
+    f.string("user");  // accepted (type-checked) and otherwise unused
     return req;
   });
 }

@@ -105,6 +105,17 @@ struct RequestLimits {
   int max_choices = 16;
   // Prompts in one completions request, and their generations (prompts x n).
   size_t max_prompts = 64;
+  // Inputs of one embeddings request (each is a sequence of its own).
+  size_t max_embedding_inputs = 256;
+};
+
+// POST /v1/embeddings: one embedding per input.
+struct EmbeddingsRequest {
+  std::string model;
+  std::vector<CompletionPrompt> inputs;  // text (never empty) or token ids
+  bool base64 = false;                   // encoding_format "base64": little-endian float32 bytes
+  std::optional<int64_t> dimensions;     // keep the first N values (renormalized)
+  std::string cache_salt;
 };
 
 // llama.cpp's server utilities: POST /tokenize and /detokenize ("model"
@@ -125,6 +136,7 @@ Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, const 
 
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits = {});
 Parsed<CompletionRequest> parse_completion_request(std::string_view body, const RequestLimits& limits = {});
+Parsed<EmbeddingsRequest> parse_embeddings_request(std::string_view body, const RequestLimits& limits = {});
 
 // Deepest array/object nesting of a JSON text (strings are skipped), stopping
 // early once `limit` is exceeded. Used to refuse hostile bodies before the

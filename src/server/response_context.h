@@ -16,7 +16,7 @@
 
 namespace reprise {
 
-enum class Endpoint { Chat, Completions, Responses };
+enum class Endpoint { Chat, Completions, Responses, Embeddings };
 
 struct ResponseContext {
   Endpoint endpoint;
@@ -40,6 +40,8 @@ struct ResponseContext {
   // The Responses API's request (its echoed fields, what to store); null
   // for the other endpoints.
   std::shared_ptr<const ResponsesRequest> responses = nullptr;
+  // Embeddings: encoding_format "base64".
+  bool embeddings_base64 = false;
 
   // n: the choices each prompt gets.
   size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }
