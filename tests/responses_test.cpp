@@ -101,7 +101,6 @@ TEST(ResponsesRequest, OptionsMapToTheirChatCompletionsForms) {
       "cache_salt":"tenant","metadata":{"k":"v"},"store":false,"stream":true})");
   const ResponsesRequest request = parse_ok(body);
   EXPECT_FALSE(request.store);
-  EXPECT_TRUE(request.stream);
   EXPECT_EQ(request.cache_salt, "tenant");
   EXPECT_EQ(request.echoed["max_output_tokens"], 7);
   EXPECT_EQ(request.echoed["metadata"], ordered_json({{"k", "v"}}));
@@ -363,6 +362,13 @@ TEST(ResponseBuilder, EventsAnnounceItemsAndPartsBeforeTheirDeltas) {
   EXPECT_EQ(incomplete["incomplete_details"]["reason"], "max_output_tokens");
   EXPECT_EQ(incomplete["output"][0]["status"], "incomplete");
   EXPECT_EQ(read_stream(cut_events).types.back(), "response.incomplete");
+  ResponseBuilder thinking(shell, nullptr);
+  thinking.reasoning("Hmm", std::nullopt);
+  thinking.finish("length");
+  const ordered_json cut_thinking = thinking.complete(usage, 1);
+  ASSERT_EQ(cut_thinking["output"].size(), 1u);
+  EXPECT_EQ(cut_thinking["output"][0]["type"], "reasoning");
+  EXPECT_EQ(cut_thinking["output"][0]["status"], "incomplete");
   ResponseBuilder empty(shell, nullptr);
   empty.finish("stop");
   const ordered_json nothing = empty.complete(usage, 0);
@@ -384,9 +390,10 @@ TEST(ResponseStore, ChainsScopesAndEvictsByBytes) {
     r.id = id;
     r.previous_response_id = previous;
     r.cache_salt = salt;
-    r.response = {{"id", id}, {"pad", std::string(pad, 'p')}};
+    r.response = ordered_json{{"id", id}, {"pad", std::string(pad, 'p')}}.dump();
     r.messages = ordered_json::array({{{"role", "user"}, {"content", "q" + id}},
-                                      {{"role", "assistant"}, {"content", "a" + id}}});
+                                      {{"role", "assistant"}, {"content", "a" + id}}})
+                     .dump();
     return r;
   };
   ResponseStore store(64 * 1024);
@@ -611,7 +618,7 @@ TEST(ResponsesApi, StoredResponsesAreScopedToTheirSaltAndCanBeDeleted) {
   EXPECT_EQ(c.Get("/v1/responses/" + id + "?cache_salt=tenant-b")->status, 404);
   json other = {{"input", "More"}, {"previous_response_id", id}, {"cache_salt", "tenant-b"}, {"max_output_tokens", 1}};
   auto [st2, r2] = s.post("/v1/responses", other);
-  EXPECT_EQ(st2, 404);
+  EXPECT_EQ(st2, 400);  // OpenAI's status for previous_response_not_found
   EXPECT_EQ(r2["error"]["param"], "previous_response_id");
   EXPECT_EQ(r2["error"]["code"], "previous_response_not_found");
 
@@ -655,7 +662,58 @@ TEST(ResponsesApi, StoredResponsesAreScopedToTheirSaltAndCanBeDeleted) {
   EXPECT_EQ(c.Get("/v1/responses/" + ids.back())->status, 200);
   EXPECT_EQ(c.Get("/v1/responses/" + ids.front())->status, 404);
   auto [st4, r4] = s.post("/v1/responses", {{"input", "x"}, {"previous_response_id", ids.front()}});
-  EXPECT_EQ(st4, 404);
+  EXPECT_EQ(st4, 400);
+  EXPECT_EQ(r4["error"]["code"], "previous_response_not_found");
+
+  // A conversation that lost an earlier turn says which.
+  auto [sta, ra] = s.post("/v1/responses", scripted_response_request("Two and two?", kIdThought));
+  json second = scripted_response_request("Two and two?", kIdThought);
+  second["previous_response_id"] = ra["id"];
+  auto [stb, rb] = s.post("/v1/responses", second);
+  ASSERT_EQ(stb, 200) << rb.dump();
+  ASSERT_EQ(c.Delete("/v1/responses/" + ra["id"].get<std::string>())->status, 200);
+  auto [stc, rc] = s.post("/v1/responses", {{"input", "x"}, {"previous_response_id", rb["id"]}});
+  EXPECT_EQ(stc, 400);
+  EXPECT_NE(rc["error"]["message"].get<std::string>().find(ra["id"].get<std::string>()), std::string::npos)
+      << rc.dump();
+
+  // DELETE takes no body (cpp-httplib would read and inflate it whole).
+  httplib::Headers gzip = {{"Content-Encoding", "gzip"}};
+  auto with_body = c.Delete("/v1/responses/" + rb["id"].get<std::string>(), gzip, "xxxx", "application/json");
+  ASSERT_TRUE(with_body);
+  EXPECT_EQ(with_body->status, 400);
+
+  // Input items are listed as the server read them (its own ids, typed
+  // parts, nothing else the client sent), page by page.
+  json items_request = scripted_response_request("unused", kIdThought);
+  items_request["input"] = json::parse(R"([{"role":"user","content":"a","id":"x","bulk":[1,2,3]},
+      {"role":"user","content":"b","id":"x"},{"role":"user","content":[{"type":"input_text","text":"c"}],"id":"x"}])");
+  auto [std_, rd] = s.post("/v1/responses", items_request);
+  ASSERT_EQ(std_, 200) << rd.dump();
+  std::vector<std::string> seen;
+  std::string after;
+  for (int page = 0; page < 5; ++page) {
+    auto got_page = c.Get("/v1/responses/" + rd["id"].get<std::string>() + "/input_items?order=asc&limit=1" +
+                          (after.empty() ? "" : "&after=" + after));
+    ASSERT_EQ(got_page->status, 200);
+    const json body = json::parse(got_page->body);
+    ASSERT_EQ(body["data"].size(), 1u);
+    const json& item = body["data"][0];
+    EXPECT_FALSE(item.contains("bulk"));
+    EXPECT_NE(item["id"], "x");
+    EXPECT_EQ(item["status"], "completed");
+    seen.push_back(item["content"][0]["text"]);
+    after = item["id"];
+    if (!body["has_more"]) break;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "c"}));
+
+  // A prompt the context cannot hold is named as the input.
+  json too_long = {{"input", std::string(200000, 'y')}, {"max_output_tokens", 1}};
+  auto [ste, re] = s.post("/v1/responses", too_long);
+  EXPECT_EQ(ste, 400);
+  EXPECT_EQ(re["error"]["param"], "input") << re.dump();
+  EXPECT_EQ(re["error"]["message"].get<std::string>().find("messages"), std::string::npos) << re.dump();
 
   // Requests that cannot be served are refused with the field named.
   auto [st5, r5] = s.post("/v1/responses", {{"input", "x"}, {"tools", {{{"type", "file_search"}}}}});

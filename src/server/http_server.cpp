@@ -63,7 +63,9 @@ const char* endpoint_label(const std::string& path) {
   if (path == "/detokenize") return "detokenize";
   if (path == "/apply-template") return "apply_template";
   if (path == "/v1/embeddings" || path == "/embeddings") return "embeddings";
-  if (path.rfind("/v1/responses", 0) == 0 || path.rfind("/responses", 0) == 0) return "responses";
+  if (path == "/v1/responses" || path == "/responses" || path.rfind("/v1/responses/", 0) == 0 ||
+      path.rfind("/responses/", 0) == 0)
+    return "responses";
   return "other";
 }
 
@@ -394,6 +396,16 @@ void HttpServer::Impl::setup() {
                                     "without it",
                                     "", "bad_request_framing"),
                   "", endpoint_label(req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // DELETE of a stored response takes no body: one would be read (and
+    // inflated) whole by cpp-httplib, outside read_body's bounds.
+    if (req.method == "DELETE" && is_response_path(req.path) &&
+        (req.has_header("Transfer-Encoding") || req.has_header("Content-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0"))) {
+      res.set_header("Connection", "close");
+      reply_error(res, ApiError::invalid("DELETE takes no request body", "", "unexpected_body"), "",
+                  endpoint_label(req.path));
       return httplib::Server::HandlerResponse::Handled;
     }
     // A method that carries a body, to a path that takes none: answered
@@ -858,9 +870,19 @@ ordered_json response_shell(const ResponseContext& ctx) {
   return shell;
 }
 
-ApiError response_not_found(const std::string& id, const std::string& param) {
-  return ApiError{404, "Response with id '" + id + "' not found.", "invalid_request_error", param,
-                  param.empty() ? "not_found" : "previous_response_not_found"};
+ApiError response_not_found(const std::string& id) {
+  return ApiError{404, "Response with id '" + id + "' not found.", "invalid_request_error", {}, "not_found"};
+}
+
+// previous_response_id names a response that is not stored (for this
+// tenant), or one whose conversation lost an earlier turn (`missing`):
+// OpenAI's 400.
+ApiError previous_response_not_found(const std::string& id, const std::string& missing) {
+  std::string message = "Previous response with id '" + id + "' not found.";
+  if (missing != id)
+    message = "Previous response with id '" + id + "' continues response '" + missing +
+              "', which is no longer stored.";
+  return ApiError::invalid(std::move(message), "previous_response_id", "previous_response_not_found");
 }
 
 }  // namespace
@@ -872,14 +894,15 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::
   if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
   Parsed<ResponsesRequest> parsed = parse_responses_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  if (options.responses_ram_mib <= 0) parsed.value().echoed["store"] = parsed.value().store = false;  // stores none
   auto request = std::make_shared<const ResponsesRequest>(std::move(parsed.value()));
   ordered_json history = ordered_json::array();
   if (!request->previous_response_id.empty()) {
+    std::string missing;
     std::optional<ordered_json> stored =
-        stored_responses.conversation(request->previous_response_id, request->cache_salt);
+        stored_responses.conversation(request->previous_response_id, request->cache_salt, &missing);
     if (!stored)
-      return reply_error(res, response_not_found(request->previous_response_id, "previous_response_id"), "",
-                         endpoint);
+      return reply_error(res, previous_response_not_found(request->previous_response_id, missing), "", endpoint);
     history = std::move(*stored);
   }
   Parsed<ChatCompletionRequest> chat_parsed = responses_chat_request(*request, history, limits);
@@ -898,7 +921,7 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::
                       chat.options};
   ctx.responses = request;
   Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "input");
-  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+  if (!plan.ok()) return reply_error(res, in_responses_terms(plan.error()), model_id, endpoint);
   start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
 }
 
@@ -968,12 +991,13 @@ void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httpl
   const std::string id = req.matches[1].str();
   const std::string salt = req.get_param_value("cache_salt");
   if (req.method == "DELETE") {
-    if (!stored_responses.erase(id, salt)) return reply_error(res, response_not_found(id, ""), "", endpoint);
+    if (!stored_responses.erase(id, salt)) return reply_error(res, response_not_found(id), "", endpoint);
     reply_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
   } else {
     std::shared_ptr<const StoredResponse> stored = stored_responses.get(id, salt);
-    if (!stored) return reply_error(res, response_not_found(id, ""), "", endpoint);
-    reply_json(res, 200, stored->response);
+    if (!stored) return reply_error(res, response_not_found(id), "", endpoint);
+    res.status = 200;
+    res.set_content(stored->response, "application/json");
   }
   metrics.record_request("", endpoint, 200);
 }
@@ -984,7 +1008,7 @@ void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::
   const char* endpoint = endpoint_name(Endpoint::Responses);
   const std::string id = req.matches[1].str();
   std::shared_ptr<const StoredResponse> stored = stored_responses.get(id, req.get_param_value("cache_salt"));
-  if (!stored) return reply_error(res, response_not_found(id, ""), "", endpoint);
+  if (!stored) return reply_error(res, response_not_found(id), "", endpoint);
   const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
   if (order != "asc" && order != "desc")
     return reply_error(res, ApiError::invalid("order must be \"asc\" or \"desc\"", "order"), "", endpoint);
@@ -997,7 +1021,7 @@ void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::
       return reply_error(res, ApiError::invalid("limit must be an integer between 1 and 100", "limit"), "", endpoint);
     limit = parsed;
   }
-  std::vector<ordered_json> items(stored->input_items.begin(), stored->input_items.end());
+  std::vector<ordered_json> items = ordered_json::parse(stored->input_items);
   if (order == "desc") std::reverse(items.begin(), items.end());
   size_t first = 0;
   if (req.has_param("after")) {
@@ -1385,15 +1409,17 @@ void HttpServer::Impl::store_response(const ResponseContext& ctx, const Response
                                       const ordered_json& response) {
   const ResponsesRequest& request = *ctx.responses;
   if (!request.store) return;
+  ordered_json messages = request.input_messages;
+  messages.push_back(builder.assistant_message());
   StoredResponse stored;
   stored.id = ctx.meta.id;
   stored.cache_salt = request.cache_salt;
   stored.previous_response_id = request.previous_response_id;
-  stored.response = response;
-  stored.input_items = request.input_items;
-  stored.messages = request.input_messages;
-  stored.messages.push_back(builder.assistant_message());
-  stored_responses.put(std::move(stored));
+  stored.response = dump_json(response);
+  stored.input_items = dump_json(request.input_items);
+  stored.messages = dump_json(messages);
+  if (!stored_responses.put(std::move(stored)))
+    say("response " + ctx.meta.id + " is larger than --responses-ram and was not stored");
 }
 
 bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,

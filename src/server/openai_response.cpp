@@ -1,7 +1,9 @@
 #include "server/openai_response.h"
 
-#include <mutex>
-#include <random>
+#include <sys/random.h>
+
+#include <cerrno>
+#include <stdexcept>
 
 namespace reprise {
 
@@ -265,12 +267,21 @@ std::string sse_event(const ordered_json& value) { return "data: " + dump_json(v
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
 std::string make_response_id(const std::string& prefix, int length) {
-  static std::mutex mutex;
-  static std::mt19937_64 rng{std::random_device{}()};
+  // Ids name stored responses (GET, previous_response_id, DELETE): they
+  // are capabilities, so every character comes from the kernel's CSPRNG
+  // (a seeded engine's ids would let one id reveal the others). 62 letters:
+  // bytes >= 248 are redrawn so each letter is equally likely.
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  constexpr unsigned kLetters = sizeof(kAlphabet) - 1, kLimit = 256 - 256 % kLetters;
   std::string id = prefix;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (int i = 0; i < length; ++i) id += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+  unsigned char bytes[64];
+  while (static_cast<int>(id.size() - prefix.size()) < length) {
+    const ssize_t got = getrandom(bytes, sizeof bytes, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) throw std::runtime_error("getrandom failed");
+    for (ssize_t i = 0; i < got && static_cast<int>(id.size() - prefix.size()) < length; ++i)
+      if (bytes[i] < kLimit) id += kAlphabet[bytes[i] % kLetters];
+  }
   return id;
 }
 

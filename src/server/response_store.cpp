@@ -2,7 +2,6 @@
 
 #include <vector>
 
-#include "server/openai_response.h"
 
 namespace reprise {
 
@@ -11,22 +10,23 @@ namespace {
 constexpr size_t kEntryOverhead = 256;
 }  // namespace
 
-void ResponseStore::put(StoredResponse response) {
-  const size_t bytes = kEntryOverhead + response.id.size() + response.cache_salt.size() +
-                       response.previous_response_id.size() + dump_json(response.response).size() +
-                       dump_json(response.input_items).size() + dump_json(response.messages).size();
+bool ResponseStore::put(StoredResponse response) {
+  const size_t bytes = kEntryOverhead + response.id.capacity() + response.cache_salt.capacity() +
+                       response.previous_response_id.capacity() + response.response.capacity() +
+                       response.input_items.capacity() + response.messages.capacity();
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto old = entries_.find(response.id); old != entries_.end()) {
     bytes_ -= old->second.bytes;
     lru_.erase(old->second.lru);
     entries_.erase(old);
   }
-  if (bytes > budget_bytes_) return;
+  if (bytes > budget_bytes_) return false;
   const std::string id = response.id;
   lru_.push_front(id);
   entries_[id] = Entry{std::make_shared<const StoredResponse>(std::move(response)), bytes, lru_.begin()};
   bytes_ += bytes;
   evict_locked();
+  return true;
 }
 
 std::shared_ptr<const StoredResponse> ResponseStore::find_locked(const std::string& id,
@@ -43,20 +43,27 @@ std::shared_ptr<const StoredResponse> ResponseStore::get(const std::string& id, 
 }
 
 std::optional<nlohmann::ordered_json> ResponseStore::conversation(const std::string& id,
-                                                                  const std::string& cache_salt) {
-  std::lock_guard<std::mutex> lock(mutex_);
+                                                                  const std::string& cache_salt,
+                                                                  std::string* missing) {
   std::vector<std::shared_ptr<const StoredResponse>> turns;
-  // A chain is finite: each response names one stored before it. The
-  // bound only guards against a store grown out of its own invariant.
-  for (std::string at = id; !at.empty() && turns.size() <= entries_.size();) {
-    std::shared_ptr<const StoredResponse> turn = find_locked(at, cache_salt);
-    if (!turn) return std::nullopt;
-    at = turn->previous_response_id;
-    turns.push_back(std::move(turn));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A chain is finite: each response names one stored before it. The
+    // bound only guards against a store grown out of its own invariant.
+    for (std::string at = id; !at.empty() && turns.size() <= entries_.size();) {
+      std::shared_ptr<const StoredResponse> turn = find_locked(at, cache_salt);
+      if (!turn) {
+        if (missing) *missing = at;
+        return std::nullopt;
+      }
+      at = turn->previous_response_id;
+      turns.push_back(std::move(turn));
+    }
   }
+  // Parsed outside the lock (the turns are shared, immutable).
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (auto turn = turns.rbegin(); turn != turns.rend(); ++turn)
-    for (const auto& m : (*turn)->messages) messages.push_back(m);
+    for (auto& m : nlohmann::ordered_json::parse((*turn)->messages)) messages.push_back(std::move(m));
   return messages;
 }
 

@@ -24,29 +24,30 @@
 
 namespace reprise {
 
+// Held serialised, so what the budget counts is what the store holds.
 struct StoredResponse {
   std::string id;
   std::string cache_salt;
   std::string previous_response_id;  // "" starts a conversation
-  nlohmann::ordered_json response;   // the Response object as returned
-  nlohmann::ordered_json input_items = nlohmann::ordered_json::array();
-  // This turn as chat messages: its input, then its reply.
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::string response;              // the Response object as returned (JSON)
+  std::string input_items;           // JSON array
+  std::string messages;              // JSON array: this turn as chat messages, its input then its reply
 };
 
 class ResponseStore {
  public:
   explicit ResponseStore(size_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
-  // Keeps the response (or nothing, when it alone exceeds the budget),
-  // evicting the least recently used beyond the budget.
-  void put(StoredResponse response);
+  // Keeps the response, evicting the least recently used beyond the
+  // budget; false (nothing kept) when it alone exceeds the budget.
+  bool put(StoredResponse response);
   // The response stored under `id` and `cache_salt`, or null.
   std::shared_ptr<const StoredResponse> get(const std::string& id, const std::string& cache_salt);
   // The conversation's chat messages up to and including `id`'s turn, or
   // nullopt when it, or a response it continued, is not stored (evicted or
-  // deleted) under this salt.
-  std::optional<nlohmann::ordered_json> conversation(const std::string& id, const std::string& cache_salt);
+  // deleted) under this salt; `missing` then names the first one missing.
+  std::optional<nlohmann::ordered_json> conversation(const std::string& id, const std::string& cache_salt,
+                                                     std::string* missing = nullptr);
   // True when a response was removed.
   bool erase(const std::string& id, const std::string& cache_salt);
 

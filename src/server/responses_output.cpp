@@ -125,10 +125,9 @@ void ResponseBuilder::tool_calls(const std::vector<ToolCall>& calls, Logprobs) {
 void ResponseBuilder::finish(const std::string& finish_reason) {
   finish_reason_ = finish_reason;
   const std::string status = finish_reason == "length" ? "incomplete" : "completed";
-  // A reply that said nothing is still a message: its text is "".
-  bool said = false;
-  for (const ordered_json& item : output_) said |= item["type"] != "reasoning";
-  if (!said && open_ != Open::Message) open(Open::Message);
+  // A reply that said nothing is still a message: its text is "". One cut
+  // short inside its reasoning ends with that item, incomplete.
+  if (output_.empty()) open(Open::Message);
   close(status);
 }
 

@@ -1,5 +1,6 @@
 #include "server/responses_request.h"
 
+#include <cctype>
 #include <limits>
 #include <unordered_map>
 #include <utility>
@@ -50,9 +51,17 @@ std::string joined_text(const ordered_json& parts, const std::string& where) {
   return text;
 }
 
-// A message item's content as chat content parts.
-ordered_json chat_content(const ordered_json& content, const std::string& role, const std::string& where) {
-  if (content.is_string()) return content;
+// A message item's content as chat content parts; `listed` receives it as
+// OpenAI lists it back (a list of typed parts).
+ordered_json chat_content(const ordered_json& content, const std::string& role, const std::string& where,
+                          ordered_json& listed) {
+  const char* text_type = role == "assistant" ? "output_text" : "input_text";
+  listed = ordered_json::array();
+  if (content.is_string()) {
+    listed.push_back({{"type", text_type}, {"text", content}});
+    if (role == "assistant") listed.back()["annotations"] = ordered_json::array();
+    return content;
+  }
   if (!content.is_array()) fail(where + " must be a string or an array of content parts", where);
   ordered_json parts = ordered_json::array();
   for (size_t j = 0; j < content.size(); ++j) {
@@ -66,15 +75,20 @@ ordered_json chat_content(const ordered_json& content, const std::string& role, 
       const auto t = pf.string("text");
       if (!t) fail(pwhere + ".text is required", pwhere + ".text");
       parts.push_back({{"type", "text"}, {"text", *t}});
+      listed.push_back({{"type", *type}, {"text", *t}});
+      if (*type == "output_text") listed.back()["annotations"] = ordered_json::array();
     } else if (*type == "refusal" && role == "assistant") {
       const auto t = pf.string("refusal");
       if (!t) fail(pwhere + ".refusal is required", pwhere + ".refusal");
       parts.push_back({{"type", "text"}, {"text", *t}});
+      listed.push_back({{"type", "refusal"}, {"refusal", *t}});
     } else if (*type == "input_image") {
       if (pf.get("file_id")) fail(pwhere + ": images by file_id are not supported (send image_url)", pwhere + ".file_id", "unsupported_parameter");
       const auto url = pf.string("image_url");
       if (!url) fail(pwhere + ".image_url is required", pwhere + ".image_url");
+      const std::string detail = pf.string("detail").value_or("auto");
       parts.push_back({{"type", "image_url"}, {"image_url", {{"url", *url}}}});
+      listed.push_back({{"type", "input_image"}, {"image_url", *url}, {"detail", detail}});
     } else if (*type == "input_file") {
       fail(pwhere + ": file inputs are not supported", pwhere + ".type", "unsupported_parameter");
     } else {
@@ -84,7 +98,9 @@ ordered_json chat_content(const ordered_json& content, const std::string& role, 
   return parts;
 }
 
-// `input` -> chat messages and the items to list back (with ids).
+// `input` -> chat messages, and the items to list back: built from the
+// fields read (nothing else a client sent is kept), with ids of the
+// server's own (a client's may repeat).
 void read_input(const ordered_json& input, ResponsesRequest& req) {
   if (input.is_string()) {
     req.input_messages.push_back({{"role", "user"}, {"content", input}});
@@ -111,9 +127,9 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
     if (!item.is_object()) fail(where + " must be an object, not " + std::string(type_name(item)), where);
     Fields f(item, where + ".");
     std::string type = f.string("type").value_or(item.contains("role") ? "message" : "");
-    ordered_json listed = item;
-    if (!listed.contains("id") || !listed["id"].is_string())
-      listed["id"] = make_response_id(type == "function_call" ? "fc_" : type == "function_call_output" ? "fco_" : "msg_");
+    ordered_json listed = {
+        {"id", make_response_id(type == "function_call" ? "fc_" : type == "function_call_output" ? "fco_" : "msg_")},
+        {"type", type}};
     if (type == "message") {
       const auto role = f.string("role");
       if (!role) fail(where + ".role is required", where + ".role");
@@ -121,13 +137,15 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
         fail(where + ".role must be one of user, assistant, system, developer (got '" + *role + "')", where + ".role");
       const ordered_json* content = f.get("content");
       if (!content) fail(where + ".content is required", where + ".content");
-      ordered_json chat = chat_content(*content, *role, where + ".content");
+      ordered_json parts;
+      ordered_json chat = chat_content(*content, *role, where + ".content", parts);
       if (*role == "assistant") {
         assistant_message()["content"] = std::move(chat);
       } else {
         messages.push_back({{"role", *role}, {"content", std::move(chat)}});
       }
-      listed["type"] = "message";
+      listed["role"] = *role;
+      listed["content"] = std::move(parts);
     } else if (type == "function_call") {
       const auto call_id = f.string("call_id");
       const auto name = f.string("name");
@@ -144,6 +162,9 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
       if (!turn->contains("tool_calls")) (*turn)["tool_calls"] = ordered_json::array();
       (*turn)["tool_calls"].push_back(
           {{"id", *call_id}, {"type", "function"}, {"function", {{"name", *name}, {"arguments", *arguments}}}});
+      listed["call_id"] = *call_id;
+      listed["name"] = *name;
+      listed["arguments"] = *arguments;
     } else if (type == "function_call_output") {
       const auto call_id = f.string("call_id");
       if (!call_id) fail(where + ".call_id is required", where + ".call_id");
@@ -153,6 +174,8 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
       if (output->is_string()) text = output->get<std::string>();
       else if (output->is_array()) text = joined_text(*output, where + ".output");
       else fail(where + ".output must be a string or an array of text parts", where + ".output");
+      listed["call_id"] = *call_id;
+      listed["output"] = text;
       messages.push_back({{"role", "tool"}, {"tool_call_id", *call_id}, {"content", std::move(text)}});
     } else if (type == "reasoning") {
       // Its text (content, else its summary) goes to the next assistant
@@ -167,6 +190,7 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
             text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
         if (!text.empty()) break;
       }
+      if (!pending_reasoning.empty() && !text.empty()) pending_reasoning += "\n";
       pending_reasoning += text;
       continue;  // not listed back (OpenAI's input items have no reasoning)
     } else if (type.empty()) {
@@ -175,6 +199,7 @@ void read_input(const ordered_json& input, ResponsesRequest& req) {
       fail(where + ".type '" + type + "' is not supported (message, function_call, function_call_output, reasoning)",
            where + ".type", "unsupported_parameter");
     }
+    listed["status"] = "completed";
     req.input_items.push_back(std::move(listed));
   }
   if (messages.empty()) fail("input holds no message", "input");
@@ -240,7 +265,8 @@ ordered_json chat_response_format(const ordered_json& text) {
   return {{"type", "json_schema"}, {"json_schema", std::move(schema)}};
 }
 
-// The chat parser's field names, in the Responses API's terms.
+}  // namespace
+
 ApiError in_responses_terms(ApiError error) {
   auto rename = [&](const std::string& from, const std::string& to) {
     if (error.param.rfind(from, 0) == 0) error.param = to + error.param.substr(from.size());
@@ -250,11 +276,19 @@ ApiError in_responses_terms(ApiError error) {
   rename("response_format.json_schema", "text.format");
   rename("response_format", "text.format");
   rename("max_completion_tokens", "max_output_tokens");
+  // Message indexes count the instructions and a stored conversation's
+  // messages: the error names the input as a whole.
   if (error.param.rfind("messages", 0) == 0) error.param = "input";
+  for (size_t at = 0; (at = error.message.find("messages", at)) != std::string::npos;) {
+    size_t end = at + 8;
+    while (end < error.message.size() && (error.message[end] == '[' || error.message[end] == ']' ||
+                                          std::isdigit(static_cast<unsigned char>(error.message[end]))))
+      ++end;
+    error.message.replace(at, end - at, "input");
+    at += 5;
+  }
   return error;
 }
-
-}  // namespace
 
 Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const RequestLimits& limits) {
   return guarded<ResponsesRequest>([&]() -> Parsed<ResponsesRequest> {
@@ -267,7 +301,6 @@ Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const Re
     ordered_json& chat = req.chat_body;
     for (const char* field : kSharedFields)
       if (const ordered_json* v = f.get(field)) chat[field] = *v;
-    if (auto v = f.boolean("stream")) req.stream = *v;
     if (auto v = f.boolean("store")) req.store = *v;
     if (auto v = f.string("cache_salt")) req.cache_salt = *v;
     if (auto v = f.string("previous_response_id")) {

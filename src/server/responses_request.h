@@ -35,7 +35,6 @@ struct ResponsesRequest {
   std::string previous_response_id;  // "" none
   std::string cache_salt;            // scopes stored responses as it scopes the cache
   bool store = true;
-  bool stream = false;
   // The request's fields a Response object repeats, as given (OpenAI's
   // defaults where absent; temperature and top_p are filled in later from
   // the parsed sampling options).
@@ -47,6 +46,10 @@ Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const Re
 // The chat completion the request means, with `history` (chat messages of
 // the conversation it continues; an empty array for none) before its input.
 // Errors name the Responses API's fields where they differ.
+// An error about the chat completion a Responses request was read as (its
+// parse, its prompt), with the fields named as the Responses API names them.
+ApiError in_responses_terms(ApiError error);
+
 Parsed<ChatCompletionRequest> responses_chat_request(const ResponsesRequest& request,
                                                      const nlohmann::ordered_json& history,
                                                      const RequestLimits& limits = {});

@@ -329,7 +329,7 @@ test("responses: create, stream and continue a conversation", { skip }, async ()
   await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
   await assert.rejects(
     client.responses.create({ model, previous_response_id: r.id, input: "x" }),
-    (e) => e instanceof OpenAI.NotFoundError && e.param === "previous_response_id");
+    (e) => e instanceof OpenAI.BadRequestError && e.code === "previous_response_not_found");
 });
 
 test("responses: json_schema output and a function call answered by its output", { skip }, async () => {
