@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "server/response_store.h"
 #include "server/responses_output.h"
 #include "server/responses_request.h"
+#include "json_mutation.h"
 #include "test_server.h"
 
 using namespace reprise;
@@ -181,33 +181,12 @@ TEST(ResponsesRequest, MutationFuzz) {
                                          "output", "tools", "tool_choice", "format", "schema", "include", "summary",
                                          "instructions", "max_output_tokens", "image_url", "metadata", "store"};
   std::mt19937_64 rng(77);
-  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  std::function<void(json&, int)> mutate = [&](json& node, int depth) {
-    if ((node.is_object() || node.is_array()) && !node.empty() && depth < 6 && pick(3) != 0) {
-      if (node.is_object()) {
-        auto it = node.begin();
-        std::advance(it, pick(node.size()));
-        mutate(it.value(), depth + 1);
-      } else {
-        mutate(node[pick(node.size())], depth + 1);
-      }
-      return;
-    }
-    switch (pick(4)) {
-      case 0: node = values[pick(values.size())]; break;
-      case 1:
-        if (node.is_object() && !node.empty()) node.erase(node.begin());
-        break;
-      case 2:
-        if (node.is_object()) node[keys[pick(keys.size())]] = values[pick(values.size())];
-        break;
-      default: node = json::array({node}); break;
-    }
-  };
+  test::JsonMutator mutator(rng, values, keys);
+  auto pick = [&](size_t n) { return mutator.pick(n); };
   int parsed = 0;
   for (int iter = 0; iter < 5000; ++iter) {
     json doc = json::parse(seeds[pick(seeds.size())]);
-    for (int m = 0, n = 1 + static_cast<int>(pick(3)); m < n; ++m) mutate(doc, 0);
+    for (int m = 0, n = 1 + static_cast<int>(pick(3)); m < n; ++m) mutator.mutate(doc);
     std::string body = doc.dump();
     if (pick(5) == 0) body.resize(pick(body.size() + 1));
     Parsed<ResponsesRequest> r = parse_responses_request(body);

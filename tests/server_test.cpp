@@ -32,6 +32,7 @@
 #include "server/openai_response.h"
 #include "server/prompt_builder.h"
 #include "server/stop_matcher.h"
+#include "json_mutation.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -498,41 +499,12 @@ TEST(OpenAIRequest, MutationFuzz) {
       "with_pieces", "parse_special", "pattern", "format"};
 
   std::mt19937_64 rng(1234);
-  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  test::JsonMutator mutator(rng, replacement_values, keys);
+  auto pick = [&](size_t n) { return mutator.pick(n); };
   ModelChatTemplate fallback;
   fallback.chat_template = std::make_unique<ChatTemplate>(kFallbackChatTemplate);
   fallback.origin = "fallback";
-
-  // Mutates a random node of the document.
-  std::function<void(json&, int)> mutate = [&](json& node, int depth) {
-    if ((node.is_object() || node.is_array()) && !node.empty() && depth < 6 && pick(3) != 0) {
-      if (node.is_object()) {
-        auto it = node.begin();
-        std::advance(it, pick(node.size()));
-        mutate(it.value(), depth + 1);
-      } else {
-        mutate(node[pick(node.size())], depth + 1);
-      }
-      return;
-    }
-    switch (pick(5)) {
-      case 0: node = replacement_values[pick(replacement_values.size())]; break;
-      case 1:
-        if (node.is_object() && !node.empty()) {
-          auto it = node.begin();
-          std::advance(it, pick(node.size()));
-          node.erase(it);
-        }
-        break;
-      case 2:
-        if (node.is_object()) node[keys[pick(keys.size())]] = replacement_values[pick(replacement_values.size())];
-        break;
-      case 3:
-        if (node.is_array()) node.push_back(replacement_values[pick(replacement_values.size())]);
-        break;
-      default: node = json::array({node}); break;
-    }
-  };
+  auto mutate = [&](json& doc, int depth) { mutator.mutate(doc, depth); };
 
   int parsed_ok = 0, rejected = 0;
   for (int iter = 0; iter < 20000; ++iter) {

@@ -323,6 +323,10 @@ struct HttpServer::Impl {
     reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
     return std::nullopt;
   }
+  // A generation's model: leased (null, answered, when it cannot be),
+  // its logit_bias checked against the vocabulary, and its pool woken.
+  std::shared_ptr<ModelLease> lease_for_generation(const GenerationOptions& o, httplib::Response& res,
+                                                   const char* endpoint, std::string& model_id);
 
   // One plan per prompt; each runs as the request's n choices.
   void start_generation(const httplib::Request& req, httplib::Response& res, std::shared_ptr<ModelLease> lease,
@@ -779,6 +783,19 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
 
 }  // namespace
 
+std::shared_ptr<ModelLease> HttpServer::Impl::lease_for_generation(const GenerationOptions& o, httplib::Response& res,
+                                                                  const char* endpoint, std::string& model_id) {
+  std::optional<ModelLease> acquired = lease_model(o.model, res, endpoint, model_id);
+  if (!acquired) return nullptr;
+  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  if (auto bad = check_logit_bias(o, (*lease)->bundle->model->info().n_vocab)) {
+    reply_error(res, *bad, model_id, endpoint);
+    return nullptr;
+  }
+  (*lease)->engine->expect_request();
+  return lease;
+}
+
 void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::string& body, httplib::Response& res) {
   InFlight guard(in_flight);
   const char* endpoint = endpoint_name(Endpoint::Chat);
@@ -787,13 +804,9 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   ChatCompletionRequest& chat = parsed.value();
   std::string model_id;
-  std::optional<ModelLease> acquired = lease_model(chat.options.model, res, endpoint, model_id);
-  if (!acquired) return;
-  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  std::shared_ptr<ModelLease> lease = lease_for_generation(chat.options, res, endpoint, model_id);
+  if (!lease) return;
   LoadedModel& model = **lease;
-  if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
-    return reply_error(res, *bad, model_id, endpoint);
-  model.engine->expect_request();
   ResponseContext ctx{Endpoint::Chat,
                       {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       chat.options};
@@ -831,13 +844,9 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   CompletionRequest& completion = parsed.value();
   std::string model_id;
-  std::optional<ModelLease> acquired = lease_model(completion.options.model, res, endpoint, model_id);
-  if (!acquired) return;
-  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  std::shared_ptr<ModelLease> lease = lease_for_generation(completion.options, res, endpoint, model_id);
+  if (!lease) return;
   LoadedModel& model = **lease;
-  if (auto bad = check_logit_bias(completion.options, model.bundle->model->info().n_vocab))
-    return reply_error(res, *bad, model_id, endpoint);
-  model.engine->expect_request();
   const Tokenizer& tokenizer = *model.bundle->tokenizer;
   std::vector<GenerationPlan> plans;
   for (size_t i = 0; i < completion.prompts.size(); ++i) {
@@ -909,13 +918,9 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::
   if (!chat_parsed.ok()) return reply_error(res, chat_parsed.error(), "", endpoint);
   ChatCompletionRequest& chat = chat_parsed.value();
   std::string model_id;
-  std::optional<ModelLease> acquired = lease_model(chat.options.model, res, endpoint, model_id);
-  if (!acquired) return;
-  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  std::shared_ptr<ModelLease> lease = lease_for_generation(chat.options, res, endpoint, model_id);
+  if (!lease) return;
   LoadedModel& model = **lease;
-  if (auto bad = check_logit_bias(chat.options, model.bundle->model->info().n_vocab))
-    return reply_error(res, *bad, model_id, endpoint);
-  model.engine->expect_request();
   ResponseContext ctx{Endpoint::Responses,
                       {make_response_id("resp_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       chat.options};
@@ -936,12 +941,13 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
   Parsed<EmbeddingsRequest> parsed = parse_embeddings_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const EmbeddingsRequest& request = parsed.value();
+  GenerationOptions options_seen;
+  options_seen.model = request.model;
+  options_seen.cache_salt = request.cache_salt;
   std::string model_id;
-  std::optional<ModelLease> acquired = lease_model(request.model, res, endpoint, model_id);
-  if (!acquired) return;
-  auto lease = std::make_shared<ModelLease>(std::move(*acquired));
+  std::shared_ptr<ModelLease> lease = lease_for_generation(options_seen, res, endpoint, model_id);
+  if (!lease) return;
   LoadedModel& model = **lease;
-  model.engine->expect_request();
   const ModelInfo& info = model.bundle->model->info();
   const Pooling fallback = pooling_from_name(options.pooling).value_or(Pooling::Last);
   Parsed<Pooling> pooling = options.pooling.empty() ? model_pooling(*model.bundle->file, info.arch, fallback)
@@ -976,9 +982,6 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
     plan.embedding_dimensions = request.dimensions;
     plans.push_back(std::move(plan));
   }
-  GenerationOptions options_seen;
-  options_seen.model = request.model;
-  options_seen.cache_salt = request.cache_salt;
   ResponseContext ctx{Endpoint::Embeddings, {"", unix_now(), model_id, "fp_" + model.fingerprint_hex}, options_seen};
   ctx.embeddings_base64 = request.base64;
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
