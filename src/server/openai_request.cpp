@@ -29,6 +29,14 @@ std::shared_ptr<const JsonSchema> any_json_value() {
   return schema;
 }
 
+// cache_salt: a tenant's namespace in the caches ("" when absent).
+std::string read_cache_salt(const Fields& f, const RequestLimits& limits) {
+  std::string salt = f.string("cache_salt").value_or("");
+  if (salt.size() > limits.max_cache_salt_bytes)
+    fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
+  return salt;
+}
+
 void parse_stop(const Fields& f, const RequestLimits& limits, std::vector<std::string>& out) {
   const ordered_json* v = f.get("stop");
   if (!v) return;
@@ -239,11 +247,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
   }
   if (const ordered_json* rf = f.get("response_format")) parse_response_format(*rf, o);
   parse_stop(f, limits, o.stop);
-  if (auto v = f.string("cache_salt")) {
-    if (v->size() > limits.max_cache_salt_bytes)
-      fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
-    o.cache_salt = *v;
-  }
+  o.cache_salt = read_cache_salt(f, limits);
   if (auto v = f.boolean("ignore_eos")) o.ignore_eos = *v;
   if (auto v = f.integer("draft_max", 0, 64)) o.draft_max = static_cast<int>(*v);
   f.string("user");  // accepted (type-checked) and otherwise unused
@@ -514,11 +518,7 @@ Parsed<EmbeddingsRequest> parse_embeddings_request(std::string_view body, const 
       req.base64 = *v == "base64";
     }
     if (auto v = f.integer("dimensions", 1, std::numeric_limits<int32_t>::max())) req.dimensions = *v;
-    if (auto v = f.string("cache_salt")) {
-      if (v->size() > limits.max_cache_salt_bytes)
-        fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
-      req.cache_salt = *v;
-    }
+    req.cache_salt = read_cache_salt(f, limits);
     f.string("user");  // accepted (type-checked) and otherwise unused
     return req;
   });
