@@ -303,7 +303,8 @@ TEST(ResponseBuilder, EventsAnnounceItemsAndPartsBeforeTheirDeltas) {
     b->tool_calls({{"call_1", "f", "{\"a\":1}"}, {"call_2", "g", "{}"}}, std::nullopt);
     b->finish("tool_calls");
   }
-  const UsageCounts usage{10, 4, 6};
+  GenerationOutcome usage;
+  usage.usage = UsageCounts{10, 4, 6};
   const ordered_json final_response = streamed.complete(usage, 2);
   const ordered_json whole_response = whole.complete(usage, 2);
   ReadStream read = read_stream(events);

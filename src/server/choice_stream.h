@@ -33,6 +33,20 @@ class ChoiceEvents {
   virtual void finish(const std::string& finish_reason) = 0;
 };
 
+// A whole reply put together from one choice's events (the Responses
+// API's Response, the Messages API's message), streamed as its API's typed
+// events or returned at the end.
+class ReplyBuilder : public ChoiceEvents {
+ public:
+  // The opening events (streams only).
+  virtual void start() = 0;
+  // The reply once its choice has finished (usage, stop string and finish
+  // from the outcome); a stream gets its closing events.
+  virtual nlohmann::ordered_json complete(const GenerationOutcome& outcome, int64_t reasoning_tokens) = 0;
+  // The reply that failed; a stream gets its API's failure event.
+  virtual nlohmann::ordered_json fail(const ApiError& error) = 0;
+};
+
 class ChoiceStream {
  public:
   // `events` outlives the stream.

@@ -159,6 +159,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   }
 
   outcome.finish_reason = channel.cancelled() ? "cancelled" : matcher.stopped() ? "stop" : result.finish_reason;
+  if (matcher.stopped()) outcome.stop_string = matcher.matched();
   outcome.usage.prompt_tokens = result.prompt_tokens;
   outcome.usage.cached_tokens = result.cached_tokens;
   outcome.usage.completion_tokens = static_cast<int64_t>(result.tokens.size());

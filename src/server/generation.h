@@ -69,6 +69,7 @@ struct GenerationDelta {
 
 struct GenerationOutcome {
   std::string finish_reason;  // "stop", "length" or "cancelled"; "" when error is set
+  std::string stop_string;    // the stop string that ended the reply ("" for another end)
   std::optional<ApiError> error;
   UsageCounts usage;
   std::string cache_report;   // ReuseReport::describe()

@@ -21,6 +21,8 @@
 #include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/harmony_parser.h"
+#include "server/messages_output.h"
+#include "server/messages_request.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -47,6 +49,7 @@ const char* endpoint_name(Endpoint e) {
     case Endpoint::Completions: return "completions";
     case Endpoint::Responses: return "responses";
     case Endpoint::Embeddings: return "embeddings";
+    case Endpoint::Messages: return "messages";
   }
   return "other";
 }
@@ -63,6 +66,7 @@ const char* endpoint_label(const std::string& path) {
   if (path == "/detokenize") return "detokenize";
   if (path == "/apply-template") return "apply_template";
   if (path == "/v1/embeddings" || path == "/embeddings") return "embeddings";
+  if (path == "/v1/messages" || path == "/v1/messages/count_tokens") return "messages";
   if (path == "/v1/responses" || path == "/responses" || path.rfind("/v1/responses/", 0) == 0 ||
       path.rfind("/responses/", 0) == 0)
     return "responses";
@@ -108,7 +112,8 @@ bool takes_body(const httplib::Request& req) {
                                   req.path == "/tokenize" || req.path == "/detokenize" ||
                                   req.path == "/apply-template" || req.path == "/v1/responses" ||
                                   req.path == "/responses" || req.path == "/v1/embeddings" ||
-                                  req.path == "/embeddings")) ||
+                                  req.path == "/embeddings" || req.path == "/v1/messages" ||
+                                  req.path == "/v1/messages/count_tokens")) ||
          (req.method == "DELETE" && is_response_path(req.path));
 }
 
@@ -133,6 +138,12 @@ bool same_secret(const std::string& given, const std::string& key) {
 void reply_json(httplib::Response& res, int status, const ordered_json& body) {
   res.status = status;
   res.set_content(dump_json(body), "application/json");
+}
+
+// An error in the shape the endpoint's API uses: Anthropic's for the
+// Messages API, OpenAI's for every other.
+ordered_json error_body(const ApiError& error, const char* endpoint) {
+  return std::string_view(endpoint) == "messages" ? anthropic_error_json(error) : error_json(error);
 }
 
 class InFlight {
@@ -306,7 +317,7 @@ struct HttpServer::Impl {
   void handle_input_items(const httplib::Request& req, httplib::Response& res);
 
   void reply_error(httplib::Response& res, const ApiError& error, const std::string& model, const char* endpoint) {
-    reply_json(res, error.status, error_json(error));
+    reply_json(res, error.status, error_body(error, endpoint));
     metrics.record_request(model, endpoint, error.status);
     if (options.log_requests)
       say(std::string(endpoint) + " " + std::to_string(error.status) + " " + error.message);
@@ -333,9 +344,11 @@ struct HttpServer::Impl {
                         std::vector<GenerationPlan> plans, ResponseContext context);
   void reply_complete(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   bool reply_failure(httplib::Response& res, std::span<const GenerationOutcome> outcomes, const ResponseContext& ctx);
-  void reply_response(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
-  bool stream_response(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
-  void store_response(const ResponseContext& ctx, const ResponseBuilder& builder, const ordered_json& response);
+  void reply_built(httplib::Response& res, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  bool stream_built(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
+  void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void handle_count_tokens(const std::string& body, httplib::Response& res);
+  void store_response(const ResponseContext& ctx, const ReplyBuilder& reply, const ordered_json& response);
   Parsed<GenerationPlan> chat_plan(LoadedModel& model, const ChatCompletionRequest& chat, ResponseContext& ctx,
                                    const std::string& image_param);
   bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
@@ -427,8 +440,13 @@ void HttpServer::Impl::setup() {
     const std::string prefix = "Bearer ";
     if (auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), options.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
+    // Anthropic's clients send the key as x-api-key.
+    if (req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), options.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
     ApiError error{401,
-                   auth.empty() ? "Missing API key: send it as 'Authorization: Bearer KEY'" : "Invalid API key",
+                   auth.empty() && !req.has_header("x-api-key")
+                       ? "Missing API key: send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+                       : "Invalid API key",
                    "invalid_request_error", {}, "invalid_api_key"};
     reply_error(res, error, "", endpoint_label(req.path));
     return httplib::Server::HandlerResponse::Handled;
@@ -526,6 +544,12 @@ void HttpServer::Impl::setup() {
   http.Post("/tokenize", utility(&Impl::handle_tokenize));
   http.Post("/detokenize", utility(&Impl::handle_detokenize));
   http.Post("/apply-template", utility(&Impl::handle_apply_template));
+  http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) handle_messages(req, body, res);
+  });
+  http.Post("/v1/messages/count_tokens", utility(&Impl::handle_count_tokens));
 }
 
 bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
@@ -987,6 +1011,46 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
 }
 
+// POST /v1/messages: Anthropic's Messages API, run as the chat completion
+// it means (messages_request.h).
+void HttpServer::Impl::handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  InFlight guard(in_flight);
+  const char* endpoint = endpoint_name(Endpoint::Messages);
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
+  Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  MessagesRequest& request = parsed.value();
+  std::string model_id;
+  std::shared_ptr<ModelLease> lease = lease_for_generation(request.chat.options, res, endpoint, model_id);
+  if (!lease) return;
+  LoadedModel& model = **lease;
+  ResponseContext ctx{Endpoint::Messages,
+                      {make_response_id("msg_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      request.chat.options};
+  ctx.stop_sequences = request.stop_sequences;
+  Parsed<GenerationPlan> plan = chat_plan(model, request.chat, ctx, "messages");
+  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+  ctx.prompt_tokens = static_cast<int64_t>(plan.value().prompt.size());
+  start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
+}
+
+// POST /v1/messages/count_tokens: the prompt a Messages request would run.
+void HttpServer::Impl::handle_count_tokens(const std::string& body, httplib::Response& res) {
+  const char* endpoint = endpoint_name(Endpoint::Messages);
+  Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const ChatCompletionRequest& chat = parsed.value().chat;
+  std::string model_id;
+  const std::optional<ModelLease> lease = lease_model(chat.options.model, res, endpoint, model_id);
+  if (!lease) return;
+  LoadedModel& model = **lease;
+  ResponseContext ctx{Endpoint::Messages, {}, chat.options};
+  Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "messages");
+  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
+  reply_json(res, 200, {{"input_tokens", plan.value().prompt.size()}});
+  metrics.record_request(model_id, endpoint, 200);
+}
+
 // GET /v1/responses/{id} returns a stored response, DELETE removes it. The
 // cache_salt query parameter names the tenant it was stored under.
 void HttpServer::Impl::handle_stored_response(const httplib::Request& req, httplib::Response& res) {
@@ -1090,7 +1154,8 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   lease.reset();
 
   if (!context.options.stream) {
-    if (context.endpoint == Endpoint::Responses) reply_response(res, runs, context);
+    if (context.endpoint == Endpoint::Responses || context.endpoint == Endpoint::Messages)
+      reply_built(res, runs, context);
     else if (context.endpoint == Endpoint::Embeddings) reply_embeddings(res, runs, context);
     else reply_complete(res, runs, context);
     return;
@@ -1102,8 +1167,8 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, runs, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
-        return context.endpoint == Endpoint::Responses ? stream_response(sink, runs, context)
-                                                       : stream(sink, runs, context);
+        const bool built = context.endpoint == Endpoint::Responses || context.endpoint == Endpoint::Messages;
+        return built ? stream_built(sink, runs, context) : stream(sink, runs, context);
       },
       [runs, watch](bool) {
         // No-op when finished; stops generation when the response was abandoned.
@@ -1295,18 +1360,20 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
 bool HttpServer::Impl::reply_failure(httplib::Response& res, std::span<const GenerationOutcome> outcomes,
                                      const ResponseContext& ctx) {
   if (const ApiError* error = first_error(outcomes)) {
-    reply_json(res, error->status, error_json(*error));
+    reply_json(res, error->status, error_body(*error, endpoint_name(ctx.endpoint)));
     finish_metrics(ctx, outcomes, error->status);
     return true;
   }
   if (any_cancelled(outcomes) && stopping.load()) {
     // Cancelled by the server's shutdown, not by the client: retryable.
-    reply_json(res, 503, error_json(shutting_down_error()));
+    reply_json(res, 503, error_body(shutting_down_error(), endpoint_name(ctx.endpoint)));
     finish_metrics(ctx, outcomes, 503);
     return true;
   }
   if (any_cancelled(outcomes)) {
-    reply_json(res, kClientClosed, error_json(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"}));
+    reply_json(res, kClientClosed,
+               error_body(ApiError{kClientClosed, "request cancelled", "invalid_request_error", {}, "cancelled"},
+                          endpoint_name(ctx.endpoint)));
     finish_metrics(ctx, outcomes, kClientClosed);
     return true;
   }
@@ -1339,12 +1406,25 @@ void HttpServer::Impl::reply_embeddings(httplib::Response& res, const std::vecto
   finish_metrics(ctx, outcomes, 200);
 }
 
-// The Responses API's reply, not streamed: the choice is read as a stream
-// is (the same reasoning split and tool-call reading), into one Response.
-void HttpServer::Impl::reply_response(httplib::Response& res, const std::vector<ChoiceRun>& runs,
-                                      const ResponseContext& ctx) {
-  ResponseBuilder builder(response_shell(ctx), nullptr);
-  ChoiceStream reader(ctx, builder);
+namespace {
+
+// The builder of a whole reply for the endpoint (Responses, Messages);
+// `events` null when not streamed.
+std::unique_ptr<ReplyBuilder> reply_builder(const ResponseContext& ctx, std::string* events) {
+  if (ctx.endpoint == Endpoint::Messages)
+    return std::make_unique<MessageBuilder>(ctx.meta.id, ctx.meta.model, ctx.prompt_tokens, ctx.stop_sequences, events);
+  return std::make_unique<ResponseBuilder>(response_shell(ctx), events);
+}
+
+}  // namespace
+
+// A Responses or Messages reply, not streamed: the choice is read as a
+// stream is (the same reasoning split and tool-call reading), into one
+// object.
+void HttpServer::Impl::reply_built(httplib::Response& res, const std::vector<ChoiceRun>& runs,
+                                   const ResponseContext& ctx) {
+  std::unique_ptr<ReplyBuilder> builder = reply_builder(ctx, nullptr);
+  ChoiceStream reader(ctx, *builder);
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
       [&](size_t, std::vector<GenerationDelta>& deltas) { reader.add(deltas); },
@@ -1353,17 +1433,16 @@ void HttpServer::Impl::reply_response(httplib::Response& res, const std::vector<
       },
       [] {});
   if (reply_failure(res, outcomes, ctx)) return;
-  const ordered_json response = builder.complete(outcomes.front().usage, reader.reasoning_tokens());
-  store_response(ctx, builder, response);
-  reply_json(res, 200, response);
+  const ordered_json reply = builder->complete(outcomes.front(), reader.reasoning_tokens());
+  store_response(ctx, *builder, reply);
+  reply_json(res, 200, reply);
   finish_metrics(ctx, outcomes, 200);
 }
 
-// The Responses API's stream: typed events (response.created ...
-// response.completed), no [DONE]. A failure after the headers went out is
-// a response.failed event.
-bool HttpServer::Impl::stream_response(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
-                                       const ResponseContext& ctx) {
+// A Responses or Messages stream: its API's typed events, no [DONE]. A
+// failure after the headers went out is the API's failure event.
+bool HttpServer::Impl::stream_built(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
+                                    const ResponseContext& ctx) {
   bool client_ok = true;
   auto write = [&](std::string& data) {
     if (client_ok && !data.empty() && !sink.write(data.data(), data.size())) {
@@ -1373,9 +1452,9 @@ bool HttpServer::Impl::stream_response(httplib::DataSink& sink, const std::vecto
     data.clear();
   };
   std::string events;
-  ResponseBuilder builder(response_shell(ctx), &events);
-  ChoiceStream reader(ctx, builder);
-  builder.start();
+  std::unique_ptr<ReplyBuilder> builder = reply_builder(ctx, &events);
+  ChoiceStream reader(ctx, *builder);
+  builder->start();
   write(events);
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
@@ -1388,16 +1467,16 @@ bool HttpServer::Impl::stream_response(httplib::DataSink& sink, const std::vecto
       [&] { write(events); });
   int status = 200;
   if (client_ok && any_cancelled(outcomes) && stopping.load()) {
-    builder.fail(shutting_down_error());
+    builder->fail(shutting_down_error());
     status = 503;
   } else if (const ApiError* error = first_error(outcomes); error && client_ok) {
-    builder.fail(*error);
+    builder->fail(*error);
     status = error->status;
   } else if (!client_ok || any_cancelled(outcomes)) {
     finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   } else {
-    store_response(ctx, builder, builder.complete(outcomes.front().usage, reader.reasoning_tokens()));
+    store_response(ctx, *builder, builder->complete(outcomes.front(), reader.reasoning_tokens()));
   }
   write(events);
   finish_metrics(ctx, outcomes, client_ok ? status : kClientClosed);
@@ -1408,12 +1487,13 @@ bool HttpServer::Impl::stream_response(httplib::DataSink& sink, const std::vecto
 
 // A finished Response kept for GET and previous_response_id (store: true):
 // its turn as chat messages, the input, then the reply.
-void HttpServer::Impl::store_response(const ResponseContext& ctx, const ResponseBuilder& builder,
+void HttpServer::Impl::store_response(const ResponseContext& ctx, const ReplyBuilder& reply,
                                       const ordered_json& response) {
+  const auto* builder = dynamic_cast<const ResponseBuilder*>(&reply);
+  if (!ctx.responses || !builder || !ctx.responses->store) return;
   const ResponsesRequest& request = *ctx.responses;
-  if (!request.store) return;
   ordered_json messages = request.input_messages;
-  messages.push_back(builder.assistant_message());
+  messages.push_back(builder->assistant_message());
   StoredResponse stored;
   stored.id = ctx.meta.id;
   stored.cache_salt = request.cache_salt;

@@ -16,7 +16,7 @@
 
 namespace reprise {
 
-enum class Endpoint { Chat, Completions, Responses, Embeddings };
+enum class Endpoint { Chat, Completions, Responses, Embeddings, Messages };
 
 struct ResponseContext {
   Endpoint endpoint;
@@ -42,6 +42,10 @@ struct ResponseContext {
   std::shared_ptr<const ResponsesRequest> responses = nullptr;
   // Embeddings: encoding_format "base64".
   bool embeddings_base64 = false;
+  // Anthropic's Messages API: the request's stop_sequences, and the
+  // prompt's length (its message_start event comes before the outcome).
+  std::vector<std::string> stop_sequences{};
+  int64_t prompt_tokens = 0;
 
   // n: the choices each prompt gets.
   size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }

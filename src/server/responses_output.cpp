@@ -150,7 +150,8 @@ ordered_json ResponseBuilder::response(const std::string& status) const {
   return r;
 }
 
-ordered_json ResponseBuilder::complete(const UsageCounts& usage, int64_t reasoning_tokens) {
+ordered_json ResponseBuilder::complete(const GenerationOutcome& outcome, int64_t reasoning_tokens) {
+  const UsageCounts& usage = outcome.usage;
   const bool cut_short = finish_reason_ == "length";
   ordered_json r = response(cut_short ? "incomplete" : "completed");
   if (cut_short) r["incomplete_details"] = {{"reason", "max_output_tokens"}};

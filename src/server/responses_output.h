@@ -21,7 +21,7 @@
 
 namespace reprise {
 
-class ResponseBuilder final : public ChoiceEvents {
+class ResponseBuilder final : public ReplyBuilder {
  public:
   // `shell`: the Response object's fields other than status, output, usage
   // and error (id, created_at, model and the echoed request fields).
@@ -29,7 +29,7 @@ class ResponseBuilder final : public ChoiceEvents {
   ResponseBuilder(nlohmann::ordered_json shell, std::string* events);
 
   // response.created and response.in_progress (streams only).
-  void start();
+  void start() override;
 
   void reasoning(const std::string& text, Logprobs logprobs) override;
   void content(const std::string& text, Logprobs logprobs) override;
@@ -39,10 +39,10 @@ class ResponseBuilder final : public ChoiceEvents {
   // The Response once its choice has finished: "completed", or
   // "incomplete" (max_output_tokens) when it was cut short; a stream gets
   // response.completed / response.incomplete with it.
-  nlohmann::ordered_json complete(const UsageCounts& usage, int64_t reasoning_tokens);
+  nlohmann::ordered_json complete(const GenerationOutcome& outcome, int64_t reasoning_tokens) override;
   // A Response that failed (status "failed", the error); a stream gets
   // response.failed with it.
-  nlohmann::ordered_json fail(const ApiError& error);
+  nlohmann::ordered_json fail(const ApiError& error) override;
 
   // The reply as the chat assistant message a continued conversation
   // shows its template: content, reasoning_content, tool_calls.
