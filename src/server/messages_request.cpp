@@ -17,10 +17,10 @@ using request_fields::parse_body;
 using request_fields::type_name;
 
 // Fields that mean the same in both APIs (and reprise's chat extensions).
-constexpr const char* kSharedFields[] = {"model",      "stream",         "temperature",   "top_p",
-                                         "top_k",      "min_p",          "seed",          "repeat_penalty",
-                                         "cache_salt", "chat_template_kwargs", "frequency_penalty",
-                                         "presence_penalty"};
+constexpr const char* kSharedFields[] = {
+    "model",         "stream",         "temperature",       "top_p",           "top_k",      "min_p",
+    "seed",          "repeat_penalty", "repeat_last_n",     "frequency_penalty", "presence_penalty",
+    "logit_bias",    "cache_salt",     "chat_template_kwargs", "reasoning_format", "ignore_eos", "draft_max"};
 
 // Anthropic names fields by dotted paths: messages.0.content.1.
 std::string at(const std::string& where, size_t i) { return where + "." + std::to_string(i); }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the official `openai` npm client against `reprise serve` on the
+# Runs the official `openai` and `@anthropic-ai/sdk` npm clients against `reprise serve` on the
 # stories260K fixture (skips with a message when ../shared is absent).
 #   bash tests/openai_client/run.sh [path/to/reprise]
 # The binary defaults to $REPRISE_BIN, then build/reprise (scripts/build.sh).
@@ -22,4 +22,4 @@ fi
 bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"  # absolute: the test runs from here
 cd "$here"
 npm ci --no-audit --no-fund --loglevel=error
-REPRISE_BIN="$bin" node --test --test-concurrency=1 openai_client.test.mjs
+REPRISE_BIN="$bin" node --test --test-concurrency=1 openai_client.test.mjs anthropic_client.test.mjs
