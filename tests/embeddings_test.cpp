@@ -89,7 +89,8 @@ TEST(EmbeddingsRequest, InputsAndOptions) {
   EXPECT_EQ(param_of({{"input", {"a", ""}}}), "input[1]");
   EXPECT_EQ(param_of({{"input", json::array()}}), "input");
   EXPECT_EQ(param_of({{"input", {"a", {1}}}}), "input[1]");
-  EXPECT_EQ(param_of({{"input", {-1}}}), "input");
+  EXPECT_EQ(param_of({{"input", {-1}}}), "input[0]");
+  EXPECT_EQ(param_of({{"input", {{1, 2}, {3, "a"}}}}), "input[1][1]");
   EXPECT_EQ(param_of({{"input", "x"}, {"encoding_format", "int8"}}), "encoding_format");
   EXPECT_EQ(param_of({{"input", "x"}, {"dimensions", 0}}), "dimensions");
   EXPECT_EQ(param_of({{"input", json(std::vector<std::string>(RequestLimits{}.max_embedding_inputs + 1, "x"))}}),
@@ -100,19 +101,26 @@ TEST(Embeddings, PoolingNormalisesAndEncodes) {
   const std::vector<float> rows = {3, 0, 0, 0,   // position 0
                                    0, 4, 0, 0,   // position 1
                                    0, 0, 0, 5};  // position 2
-  EXPECT_EQ(pool_embedding(rows, 4, Pooling::Last, std::nullopt), (std::vector<float>{0, 0, 0, 1}));
-  EXPECT_EQ(pool_embedding(rows, 4, Pooling::Cls, std::nullopt), (std::vector<float>{1, 0, 0, 0}));
-  const std::vector<float> mean = pool_embedding(rows, 4, Pooling::Mean, std::nullopt);
+  // Rows come a chunk at a time: the pooler keeps a sum (or the last row).
+  auto pool = [&](Pooling pooling, std::optional<int64_t> dimensions) {
+    EmbeddingPooler pooler(4, pooling);
+    pooler.add(std::span<const float>(rows).subspan(0, 8));
+    pooler.add(std::span<const float>(rows).subspan(8));
+    return pooler.result(dimensions);
+  };
+  EXPECT_EQ(pool(Pooling::Last, std::nullopt), (std::vector<float>{0, 0, 0, 1}));
+  const std::vector<float> mean = pool(Pooling::Mean, std::nullopt);
   EXPECT_NEAR(mean[0], 3 / std::sqrt(50.0), 1e-6);
   EXPECT_NEAR(mean[1], 4 / std::sqrt(50.0), 1e-6);
   EXPECT_NEAR(mean[3], 5 / std::sqrt(50.0), 1e-6);
   // Cut to the first dimensions, then unit length again.
-  const std::vector<float> cut = pool_embedding(rows, 4, Pooling::Mean, 2);
+  const std::vector<float> cut = pool(Pooling::Mean, 2);
   ASSERT_EQ(cut.size(), 2u);
   EXPECT_NEAR(cut[0], 0.6, 1e-6);
   EXPECT_NEAR(cut[1], 0.8, 1e-6);
-  EXPECT_EQ(pool_embedding(std::vector<float>(4, 0.0f), 4, Pooling::Last, std::nullopt),
-            std::vector<float>(4, 0.0f));
+  EmbeddingPooler zero(4, Pooling::Last);
+  zero.add(std::vector<float>(4, 0.0f));
+  EXPECT_EQ(zero.result(std::nullopt), std::vector<float>(4, 0.0f));
 
   const std::vector<float> values = {1.5f, -0.0f, 3.25e-7f, -1e30f, 0.1f};
   for (size_t n = 0; n <= values.size(); ++n) {
@@ -137,13 +145,15 @@ TEST(Embeddings, PoolingTheGgufDeclares) {
   EXPECT_EQ(model_pooling(*file_with(std::nullopt), "qwen3", Pooling::Last).value(), Pooling::Last);
   EXPECT_EQ(model_pooling(*file_with(0), "qwen3", Pooling::Mean).value(), Pooling::Mean);  // none: the fallback
   EXPECT_EQ(model_pooling(*file_with(1), "qwen3", Pooling::Last).value(), Pooling::Mean);
-  EXPECT_EQ(model_pooling(*file_with(2), "qwen3", Pooling::Last).value(), Pooling::Cls);
+  // cls: a causal model's first state is the same for every input.
+  EXPECT_FALSE(model_pooling(*file_with(2), "qwen3", Pooling::Last).ok());
   EXPECT_EQ(model_pooling(*file_with(3), "qwen3", Pooling::Mean).value(), Pooling::Last);
   const Parsed<Pooling> rank = model_pooling(*file_with(4), "qwen3", Pooling::Last);
   ASSERT_FALSE(rank.ok());
   EXPECT_EQ(rank.error().status, 400);
   EXPECT_EQ(pooling_from_name("mean"), Pooling::Mean);
   EXPECT_FALSE(pooling_from_name("max"));
+  EXPECT_FALSE(pooling_from_name("cls"));
 }
 
 namespace {
@@ -242,4 +252,23 @@ TEST(EmbeddingsApi, DimensionsSaltsAndErrors) {
   EXPECT_EQ(error_param({{"input", std::string(100000, 'a')}}), "input");  // beyond the context
   auto [stm, rm] = s.post("/v1/embeddings", {{"input", "x"}, {"model", "nope"}});
   EXPECT_EQ(stm, 404);
+  // The inputs of one request are bounded in all (each is a job of its own).
+  const json long_ids(std::vector<int32_t>(520, 7));
+  EXPECT_EQ(error_param({{"input", json(std::vector<json>(256, long_ids))}}), "input");
+  // The response's id, as OpenAI's x-request-id.
+  httplib::Client c("127.0.0.1", s.port);
+  auto with_id = c.Post("/v1/embeddings", json{{"input", "x"}}.dump(), "application/json");
+  EXPECT_EQ(with_id->get_header_value("x-request-id").rfind("req_", 0), 0u);
+
+  // Nothing is generated, so an input may fill the whole context.
+  ServeOptions small = embedding_server();
+  small.ctx_size = 64;
+  Server s64(small);
+  EXPECT_EQ(s64.post("/v1/embeddings", {{"input", std::vector<int32_t>(64, 9)}}).first, 200);
+  auto [st65, r65] = s64.post("/v1/embeddings", {{"input", std::vector<int32_t>(65, 9)}});
+  EXPECT_EQ(st65, 400);
+  EXPECT_EQ(r65["error"]["code"], "context_length_exceeded");
+  // cls pooling is refused: a causal model's first state ignores the input.
+  ServeOptions cls = embedding_server("cls");
+  EXPECT_NE(cls.validate(), "");
 }

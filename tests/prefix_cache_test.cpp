@@ -435,7 +435,7 @@ HiddenRun run_hidden(Engine& engine, const std::vector<int32_t>& prompt, bool al
   GenerateRequest req;
   req.prompt = prompt;
   HiddenRun out;
-  req.hidden = &out.hidden;
+  req.on_hidden = [&](std::span<const float> rows) { out.hidden.insert(out.hidden.end(), rows.begin(), rows.end()); };
   req.hidden_all = all;
   out.result = engine.generate(req, [](int32_t, std::span<const float>) {
     ADD_FAILURE() << "an embeddings request sampled a token";

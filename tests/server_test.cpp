@@ -444,13 +444,13 @@ TEST(OpenAIRequest, CompletionPromptForms) {
                                          {R"({"prompt":[[1],[]]})", "prompt[1]"},
                                          {R"({"prompt":["a",5]})", "prompt[1]"},
                                          {R"({"prompt":[]})", "prompt"},
-                                         {R"({"prompt":[-1]})", "prompt"},
-                                         {R"({"prompt":[[2],[-1]]})", "prompt[1]"},
+                                         {R"({"prompt":[-1]})", "prompt[0]"},
+                                         {R"({"prompt":[[2],[-1]]})", "prompt[1][0]"},
                                          {R"({"prompt":5})", "prompt"},
                                          {R"({"prompt":"x","echo":"yes"})", "echo"},
                                          {R"({"prompt":"x","best_of":3})", "best_of"},
                                          {R"({"prompt":"x","logprobs":9})", "logprobs"},
-                                         {R"({"prompt":[1,"a"]})", "prompt"},
+                                         {R"({"prompt":[1,"a"]})", "prompt[1]"},
                                          {too_many, "prompt"},
                                          {too_many_choices, "n"}}) {
     auto r = parse_completion_request(bad.body);

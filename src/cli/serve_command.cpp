@@ -129,7 +129,7 @@ void register_serve(CLI::App& app) {
                   "conversations with previous_response_id; least recently used go first (0 stores none)")
       ->capture_default_str();
   cmd->add_option("--pooling", o->pooling,
-                  "Embeddings: pool every model's positions by mean, cls or last (default: the pooling the GGUF "
+                  "Embeddings: pool every model's positions by mean or last (default: the pooling the GGUF "
                   "declares, else last)");
   cmd->add_option("--cache-total-ram", o->cache_total_ram_mib,
                   "One budget in MiB over every cache tier (KV blocks, snapshots, image embeddings) of every "

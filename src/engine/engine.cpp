@@ -80,8 +80,9 @@ NamespaceKey Engine::namespace_for(const std::string& cache_salt) const {
 
 GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback& on_token) {
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
+  const bool hidden = static_cast<bool>(req.on_hidden);
   if (n_prompt == 0) throw Error("empty prompt");
-  if (n_prompt >= n_ctx_)
+  if (n_prompt > n_ctx_ || (n_prompt == n_ctx_ && !hidden))
     throw Error("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
                 std::to_string(n_ctx_));
   if (auto err = req.sampling.validate(); !err.empty()) throw Error(err);
@@ -105,10 +106,10 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     return nullptr;
   };
   const bool prompt_logits = static_cast<bool>(req.on_prompt_logits);
-  const bool hidden_all = req.hidden && req.hidden_all;
+  const bool hidden_all = hidden && req.hidden_all;
   const bool every_position = prompt_logits || hidden_all;  // no cached prefix can serve
-  if (req.hidden && prompt_logits) throw Error("hidden states and prompt logits cannot both be asked for");
-  const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits || req.hidden ? 0
+  if (hidden && prompt_logits) throw Error("hidden states and prompt logits cannot both be asked for");
+  const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits || hidden ? 0
                         : req.draft_max < 0                                      ? draft_max_
                                                                                  : std::min(req.draft_max, 64);
   const bool speculative = draft_ && draft_max > 0 && req.max_tokens > 1;
@@ -170,7 +171,6 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
 
   // Prefill the uncached rest in chunks, stopping at snapshot checkpoints.
   std::vector<float> logits;
-  if (req.hidden) req.hidden->clear();
   std::vector<int64_t> checkpoints = target.checkpoints(target.position(), n_prompt);
   // A recurrent state cannot be rebuilt from KV blocks, and a request
   // reuses at most all of its prompt but the last token (whose logits it
@@ -206,8 +206,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     const bool last_chunk = pos + n == n_prompt;
     target.feed(std::span<const int32_t>(req.prompt).subspan(pos, n), keys_of(pos, n),
                 every_position ? LogitsFor::All : last_chunk ? LogitsFor::Last : LogitsFor::None, logits,
-                span ? span->values : nullptr, span && span->bidirectional, req.hidden != nullptr);
-    if (req.hidden && (hidden_all || last_chunk)) req.hidden->insert(req.hidden->end(), logits.begin(), logits.end());
+                span ? span->values : nullptr, span && span->bidirectional, hidden);
+    if (hidden && (hidden_all || last_chunk)) req.on_hidden(logits);
     if (prompt_logits) {
       const size_t width = logits.size() / static_cast<size_t>(n);
       for (int64_t i = 0; i < n && pos + i + 1 < n_prompt; ++i)
@@ -223,7 +223,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     if (inflight) inflight->committed(end);
   }
   inflight.reset();  // the prompt is in the cache: requests sharing it may go on
-  if (req.hidden) {  // embeddings: nothing to generate
+  if (hidden) {  // embeddings: nothing to generate
     result.prefill_seconds = seconds_since(t0);
     result.finish_reason = "stop";
     counters_.requests++;

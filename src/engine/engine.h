@@ -87,12 +87,13 @@ struct GenerateRequest {
   // speculatively; its positions still enter the cache for later requests.
   std::function<void(int64_t position, std::span<const float> logits)> on_prompt_logits;
   // Embeddings instead of a reply: when set, the prompt is prefilled,
-  // nothing is sampled, and `hidden` receives the final-norm hidden state
-  // (n_embd floats) of the last prompt position, or with hidden_all of every
-  // position in order (which, like on_prompt_logits, reuses no cached
-  // prefix: a cached position's hidden state is not kept). The prompt's
-  // positions enter the cache as a reply's would.
-  std::vector<float>* hidden = nullptr;
+  // nothing is sampled, and on_hidden receives final-norm hidden states
+  // (n_embd floats per row): the last prompt position's, or with hidden_all
+  // every position's, a prefill chunk's rows at a time, in order (which,
+  // like on_prompt_logits, reuses no cached prefix: a cached position's
+  // hidden state is not kept). The prompt's positions enter the cache as a
+  // reply's would. The whole context may be prompt (nothing is generated).
+  std::function<void(std::span<const float> rows)> on_hidden;
   bool hidden_all = false;
   const std::atomic<bool>* cancelled = nullptr;
 };

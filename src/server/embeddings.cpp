@@ -10,19 +10,11 @@ namespace reprise {
 
 std::optional<Pooling> pooling_from_name(const std::string& name) {
   if (name == "mean") return Pooling::Mean;
-  if (name == "cls") return Pooling::Cls;
   if (name == "last") return Pooling::Last;
   return std::nullopt;
 }
 
-const char* pooling_name(Pooling pooling) {
-  switch (pooling) {
-    case Pooling::Mean: return "mean";
-    case Pooling::Cls: return "cls";
-    case Pooling::Last: return "last";
-  }
-  return "last";
-}
+const char* pooling_name(Pooling pooling) { return pooling == Pooling::Mean ? "mean" : "last"; }
 
 Parsed<Pooling> model_pooling(const gguf::File& file, const std::string& arch, Pooling fallback) {
   std::optional<int64_t> declared;
@@ -35,8 +27,11 @@ Parsed<Pooling> model_pooling(const gguf::File& file, const std::string& arch, P
   if (!declared || *declared == -1 || *declared == 0) return fallback;
   switch (*declared) {
     case 1: return Pooling::Mean;
-    case 2: return Pooling::Cls;
     case 3: return Pooling::Last;
+    case 2:
+      return ApiError::invalid("this model declares cls pooling, which needs a bidirectional encoder; '" + arch +
+                                   "' is causal (its first position's state does not depend on the input)",
+                               "model", "unsupported_model");
     default:
       return ApiError::invalid("this model's pooling (" + std::to_string(*declared) +
                                    ", e.g. a reranker's) gives no embedding",
@@ -44,34 +39,56 @@ Parsed<Pooling> model_pooling(const gguf::File& file, const std::string& arch, P
   }
 }
 
-std::vector<int32_t> embedding_tokens(const Tokenizer& tokenizer, std::vector<int32_t> tokens) {
-  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
-  if (tokenizer.add_bos() && bos >= 0 && (tokens.empty() || tokens.front() != bos)) tokens.insert(tokens.begin(), bos);
-  if (tokenizer.add_eos() && eos >= 0 && (tokens.empty() || tokens.back() != eos)) tokens.push_back(eos);
+Parsed<std::vector<int32_t>> embedding_input(const Tokenizer& tokenizer, const CompletionPrompt& input, int64_t n_vocab,
+                                             int64_t n_ctx, const std::string& param) {
+  std::vector<int32_t> tokens = input.tokens;
+  if (input.is_tokens) {
+    for (int32_t id : tokens)
+      if (id < 0 || id >= n_vocab)
+        return ApiError::invalid(param + " holds token id " + std::to_string(id) + ", outside the vocabulary of " +
+                                     std::to_string(n_vocab) + " tokens",
+                                 param);
+  } else {
+    try {
+      tokens = tokenizer.encode(input.text, /*add_special=*/false, /*parse_special=*/true);
+    } catch (const std::exception& e) {
+      return ApiError::invalid(std::string("cannot tokenize the input: ") + e.what(), param);
+    }
+    const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+    if (tokenizer.add_bos() && bos >= 0 && (tokens.empty() || tokens.front() != bos)) tokens.insert(tokens.begin(), bos);
+    if (tokenizer.add_eos() && eos >= 0 && (tokens.empty() || tokens.back() != eos)) tokens.push_back(eos);
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return ApiError::invalid(param + " is empty after tokenization", param);
+  if (n > n_ctx)
+    return ApiError::invalid("This model's maximum context length is " + std::to_string(n_ctx) +
+                                 " tokens. However, " + param + " has " + std::to_string(n) + " tokens.",
+                             param, "context_length_exceeded");
   return tokens;
 }
 
-std::vector<float> pool_embedding(std::span<const float> rows, int64_t n_embd, Pooling pooling,
-                                  std::optional<int64_t> dimensions) {
-  const size_t width = static_cast<size_t>(n_embd);
-  const size_t n_rows = rows.size() / width;
-  std::vector<double> sum(width, 0.0);
-  if (n_rows > 0) {
-    if (pooling == Pooling::Mean) {
-      for (size_t r = 0; r < n_rows; ++r)
-        for (size_t i = 0; i < width; ++i) sum[i] += rows[r * width + i];
-      for (double& v : sum) v /= static_cast<double>(n_rows);
-    } else {
-      const size_t row = pooling == Pooling::Cls ? 0 : n_rows - 1;
-      for (size_t i = 0; i < width; ++i) sum[i] = rows[row * width + i];
-    }
+void EmbeddingPooler::add(std::span<const float> rows) {
+  const size_t n = rows.size() / width_;
+  if (n == 0) return;
+  if (pooling_ == Pooling::Last) {
+    for (size_t i = 0; i < width_; ++i) sum_[i] = rows[(n - 1) * width_ + i];
+  } else {
+    for (size_t r = 0; r < n; ++r)
+      for (size_t i = 0; i < width_; ++i) sum_[i] += rows[r * width_ + i];
   }
-  if (dimensions && static_cast<size_t>(*dimensions) < width) sum.resize(static_cast<size_t>(*dimensions));
+  rows_ += static_cast<int64_t>(n);
+}
+
+std::vector<float> EmbeddingPooler::result(std::optional<int64_t> dimensions) const {
+  std::vector<double> v = sum_;
+  if (pooling_ == Pooling::Mean && rows_ > 0)
+    for (double& x : v) x /= static_cast<double>(rows_);
+  if (dimensions && static_cast<size_t>(*dimensions) < width_) v.resize(static_cast<size_t>(*dimensions));
   double norm = 0;
-  for (double v : sum) norm += v * v;
+  for (double x : v) norm += x * x;
   norm = std::sqrt(norm);
-  std::vector<float> out(sum.size());
-  for (size_t i = 0; i < sum.size(); ++i) out[i] = static_cast<float>(norm > 0 ? sum[i] / norm : 0.0);
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(norm > 0 ? v[i] / norm : 0.0);
   return out;
 }
 

@@ -90,22 +90,20 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.prompt_keys = plan.prompt_keys;
   request.embedded = plan.embedded;
   request.cancelled = channel.cancel_flag();
-  if (plan.json_schema) request.constraint = std::make_shared<JsonConstraint>(plan.json_schema, json_vocabulary(model));
   if (plan.embedding_pooling) {
-    std::vector<float> hidden;
-    request.hidden = &hidden;
-    request.hidden_all = *plan.embedding_pooling != Pooling::Last;
+    EmbeddingPooler pooler(model.bundle->model->info().n_embd, *plan.embedding_pooling);
+    request.on_hidden = [&](std::span<const float> rows) { pooler.add(rows); };
+    request.hidden_all = *plan.embedding_pooling == Pooling::Mean;
     const GenerateResult result = model.engine->generate(request);
-    outcome.finish_reason = channel.cancelled() ? "cancelled" : result.finish_reason;
+    outcome.finish_reason = result.finish_reason;
     outcome.usage.prompt_tokens = result.prompt_tokens;
     outcome.usage.cached_tokens = result.cached_tokens;
     outcome.cache_report = result.reuse.describe();
     outcome.prefill_seconds = result.prefill_seconds;
-    if (outcome.finish_reason != "cancelled")
-      outcome.embedding = pool_embedding(hidden, model.bundle->model->info().n_embd, *plan.embedding_pooling,
-                                         plan.embedding_dimensions);
+    if (outcome.finish_reason != "cancelled") outcome.embedding = pooler.result(plan.embedding_dimensions);
     return;
   }
+  if (plan.json_schema) request.constraint = std::make_shared<JsonConstraint>(plan.json_schema, json_vocabulary(model));
 
   // Echo: the prompt's text (and its tokens' logprobs) go out as the first
   // delta, before the first generated token's.

@@ -983,30 +983,32 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
                                              " (this model's embedding width)",
                                          "dimensions"),
                        model_id, endpoint);
-  const Tokenizer& tokenizer = *model.bundle->tokenizer;
   std::vector<GenerationPlan> plans;
+  size_t total_tokens = 0;
   for (size_t i = 0; i < request.inputs.size(); ++i) {
-    const CompletionPrompt& input = request.inputs[i];
     const std::string param = request.inputs.size() > 1 ? "input[" + std::to_string(i) + "]" : "input";
-    CompletionPrompt tokens{{}, input.tokens, true};
-    if (!input.is_tokens) {
-      try {
-        tokens.tokens = embedding_tokens(tokenizer, tokenizer.encode(input.text, false, true));
-      } catch (const std::exception& e) {
-        return reply_error(res, ApiError::invalid(std::string("cannot tokenize the input: ") + e.what(), param),
-                           model_id, endpoint);
-      }
-    }
-    Parsed<BuiltPrompt> prompt = build_completion_prompt(tokenizer, model.engine->n_ctx(), info.n_vocab, tokens, param);
-    if (!prompt.ok()) return reply_error(res, prompt.error(), model_id, endpoint);
+    Parsed<std::vector<int32_t>> tokens = embedding_input(*model.bundle->tokenizer, request.inputs[i], info.n_vocab,
+                                                          model.engine->n_ctx(), param);
+    if (!tokens.ok()) return reply_error(res, tokens.error(), model_id, endpoint);
+    // One request's inputs queue as one job each: bounded in all, so a
+    // single request cannot hold every slot for minutes.
+    total_tokens += tokens.value().size();
+    if (total_tokens > limits.max_embedding_tokens)
+      return reply_error(res,
+                         ApiError::invalid("the inputs of one request may hold at most " +
+                                               std::to_string(limits.max_embedding_tokens) + " tokens in all",
+                                           "input", "too_many_tokens"),
+                         model_id, endpoint);
     GenerationPlan plan;
-    plan.prompt = std::move(prompt.value().tokens);
+    plan.prompt = std::move(tokens.value());
     plan.cache_salt = request.cache_salt;
     plan.embedding_pooling = pooling.value();
     plan.embedding_dimensions = request.dimensions;
     plans.push_back(std::move(plan));
   }
-  ResponseContext ctx{Endpoint::Embeddings, {"", unix_now(), model_id, "fp_" + model.fingerprint_hex}, options_seen};
+  ResponseContext ctx{Endpoint::Embeddings,
+                      {make_response_id("req_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      options_seen};
   ctx.embeddings_base64 = request.base64;
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
 }
@@ -1390,9 +1392,20 @@ void HttpServer::Impl::reply_embeddings(httplib::Response& res, const std::vecto
   ordered_json data = ordered_json::array();
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const std::vector<float>& v = outcomes[i].embedding;
-    data.push_back({{"object", "embedding"},
-                    {"index", i},
-                    {"embedding", ctx.embeddings_base64 ? ordered_json(base64_floats(v)) : ordered_json(v)}});
+    ordered_json values;
+    if (ctx.embeddings_base64) {
+      values = base64_floats(v);
+    } else {
+      // Each float as the shortest decimal that reads back as it (9
+      // significant digits at most), not as its 17-digit double.
+      values = ordered_json::array();
+      for (float x : v) {
+        char digits[32];
+        std::snprintf(digits, sizeof digits, "%.9g", static_cast<double>(x));
+        values.push_back(std::strtod(digits, nullptr));
+      }
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
   }
   const UsageCounts usage = request_usage(outcomes, 1);
   reply_json(res, 200,

@@ -339,9 +339,9 @@ void read_prompts(const ordered_json& prompt, const std::string& name, size_t ma
     CompletionPrompt p;
     p.is_tokens = true;
     if (arr.empty()) fail(param + " must not be empty", param);
-    for (const auto& t : arr)
-      p.tokens.push_back(static_cast<int32_t>(
-          Fields::integer_value(t, param, 0, std::numeric_limits<int32_t>::max())));
+    for (size_t j = 0; j < arr.size(); ++j)
+      p.tokens.push_back(static_cast<int32_t>(Fields::integer_value(arr[j], param + "[" + std::to_string(j) + "]", 0,
+                                                                    std::numeric_limits<int32_t>::max())));
     return p;
   };
   if (prompt.is_string()) {

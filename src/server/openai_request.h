@@ -105,8 +105,10 @@ struct RequestLimits {
   int max_choices = 16;
   // Prompts in one completions request, and their generations (prompts x n).
   size_t max_prompts = 64;
-  // Inputs of one embeddings request (each is a sequence of its own).
+  // Inputs of one embeddings request (each is a sequence of its own), and
+  // their tokens in all.
   size_t max_embedding_inputs = 256;
+  size_t max_embedding_tokens = 131072;
 };
 
 // POST /v1/embeddings: one embedding per input.

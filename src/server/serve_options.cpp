@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "server/embeddings.h"
 #include "tensor/cpu_topology.h"
 #include "util/error.h"
 #include "util/read_file.h"
@@ -19,8 +20,7 @@ std::string ServeOptions::validate() const {
   if (cache_ram_mib < 0) return "--cache-ram must be >= 0";
   if (snapshot_ram_mib < 0) return "--snapshot-ram must be >= 0";
   if (responses_ram_mib < 0) return "--responses-ram must be >= 0";
-  if (!pooling.empty() && pooling != "mean" && pooling != "cls" && pooling != "last")
-    return "--pooling must be mean, cls or last";
+  if (!pooling.empty() && !pooling_from_name(pooling)) return "--pooling must be mean or last";
   if (snapshot_ttl_seconds < 0) return "--snapshot-ttl must be >= 0";
   if (draft_max < 1 || draft_max > 64) return "--draft-max must be between 1 and 64";
   if (ctx_size < 0) return "--ctx-size must be >= 0";

@@ -31,7 +31,7 @@ struct ServeOptions {
   double cache_ram_mib = 256;      // prefix cache budget per model; 0 disables caching
   double snapshot_ram_mib = 256;   // recurrent-state snapshots per SSM/hybrid model; 0 disables
   double responses_ram_mib = 64;   // stored Responses API responses (store: true); 0 stores none
-  std::string pooling;             // embeddings: "mean", "cls" or "last" for every model; "": each model's own (else last)
+  std::string pooling;             // embeddings: "mean" or "last" for every model; "": each model's own (else last)
   std::string draft_model;         // speculative decoding draft for the default model
   int draft_max = 8;               // tokens drafted per step (requests may lower it)
   std::string mmproj;              // vision projector for the default model
