@@ -16,12 +16,6 @@ using request_fields::guarded;
 using request_fields::parse_body;
 using request_fields::type_name;
 
-// Fields that mean the same in both APIs (and reprise's chat extensions).
-constexpr const char* kSharedFields[] = {
-    "model",         "stream",         "temperature",       "top_p",           "top_k",      "min_p",
-    "seed",          "repeat_penalty", "repeat_last_n",     "frequency_penalty", "presence_penalty",
-    "logit_bias",    "cache_salt",     "chat_template_kwargs", "reasoning_format", "ignore_eos", "draft_max"};
-
 // Anthropic names fields by dotted paths: messages.0.content.1.
 std::string at(const std::string& where, size_t i) { return where + "." + std::to_string(i); }
 
@@ -176,7 +170,7 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     Fields f(doc);
     MessagesRequest out;
     ordered_json chat = ordered_json::object();
-    for (const char* field : kSharedFields)
+    for (const char* field : request_fields::kChatPassThroughFields)
       if (const ordered_json* v = f.get(field)) chat[field] = *v;
     if (auto v = f.integer("max_tokens", 1, std::numeric_limits<int64_t>::max())) chat["max_completion_tokens"] = *v;
     if (const ordered_json* stops = f.get("stop_sequences")) {

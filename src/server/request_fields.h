@@ -21,6 +21,15 @@ namespace reprise::request_fields {
 
 using ordered_json = nlohmann::ordered_json;
 
+// The fields a request in another API's shape (Responses, Messages) passes
+// to the chat completion it is read as: those that mean the same there
+// (OpenAI's sampling fields) and reprise's chat extensions.
+inline constexpr const char* kChatPassThroughFields[] = {
+    "model",          "stream",         "temperature",       "top_p",            "top_k",
+    "min_p",          "seed",           "repeat_penalty",    "repeat_last_n",    "frequency_penalty",
+    "presence_penalty", "logit_bias",   "cache_salt",        "ignore_eos",       "draft_max",
+    "reasoning_format", "chat_template_kwargs"};
+
 // Thrown by the parsers only; guarded() turns it into a Parsed.
 struct RequestError {
   ApiError error;

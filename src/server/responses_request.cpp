@@ -19,13 +19,8 @@ using request_fields::guarded;
 using request_fields::parse_body;
 using request_fields::type_name;
 
-// Fields that mean the same in both APIs (OpenAI's, and the extensions
-// reprise's chat completions take), copied to the chat body as given.
-constexpr const char* kSharedFields[] = {
-    "model",           "stream",     "temperature",     "top_p",      "top_k",          "min_p",
-    "repeat_penalty",  "repeat_last_n", "seed",         "frequency_penalty", "presence_penalty", "logit_bias",
-    "stop",            "cache_salt", "ignore_eos",      "draft_max",  "user",           "parallel_tool_calls",
-    "reasoning_format", "chat_template_kwargs"};
+// Chat fields a Responses body may hold beside the pass-through ones.
+constexpr const char* kResponsesChatFields[] = {"stop", "user", "parallel_tool_calls"};
 
 // Features of the Responses API that need what reprise does not have
 // (hosted state beyond stored responses, background jobs, prompt objects).
@@ -299,7 +294,9 @@ Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const Re
       if (f.get(field) && !(doc[field].is_boolean() && !doc[field].get<bool>()))
         fail(std::string(field) + " is not supported", field, "unsupported_parameter");
     ordered_json& chat = req.chat_body;
-    for (const char* field : kSharedFields)
+    for (const char* field : request_fields::kChatPassThroughFields)
+      if (const ordered_json* v = f.get(field)) chat[field] = *v;
+    for (const char* field : kResponsesChatFields)
       if (const ordered_json* v = f.get(field)) chat[field] = *v;
     if (auto v = f.boolean("store")) req.store = *v;
     if (auto v = f.string("cache_salt")) req.cache_salt = *v;

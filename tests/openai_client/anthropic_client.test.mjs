@@ -3,62 +3,17 @@
 // streamed (the client's own accumulator), cache reads on a repeated
 // conversation, a forced tool call answered with its result, token
 // counting, and error mapping. Run through run.sh.
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
-import { dirname, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import Anthropic from "@anthropic-ai/sdk";
+import { model, serveForTests, skipReason } from "./reprise_server.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const repo = resolve(here, "../..");
-const modelPath = resolve(repo, "../shared/fixtures/models/stories260K.gguf");
-const binary = process.env.REPRISE_BIN ? resolve(process.env.REPRISE_BIN) : resolve(repo, "build/reprise");
 const apiKey = "test-key-456";
-const model = "stories260K";
-
-const skip = !existsSync(modelPath)
-  ? `../shared/fixtures/models/stories260K.gguf not found: Anthropic client test skipped`
-  : !existsSync(binary)
-    ? `reprise binary not found at ${binary} (set REPRISE_BIN)`
-    : false;
-if (skip) console.log(`# SKIP: ${skip}`);
-
-let server;
-let serverLog = "";
+const skip = skipReason("Anthropic client");
 let client;
-
-function startServer() {
-  return new Promise((resolvePromise, reject) => {
-    server = spawn(binary, ["serve", "-m", modelPath, "--port", "0", "-t", "1", "--api-key", apiKey,
-                            "--parallel", "2", "--cache-ram", "64"],
-                   { stdio: ["ignore", "ignore", "pipe"] });
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${serverLog}`)), 30000);
-    server.stderr.on("data", (chunk) => {
-      serverLog += chunk.toString();
-      const match = serverLog.match(/listening on (http:\/\/[^\s]+)/);
-      if (match) {
-        clearTimeout(timer);
-        resolvePromise(match[1]);
-      }
-    });
-    server.on("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${serverLog}`));
-    });
-  });
-}
-
-before(async () => {
-  if (skip) return;
-  const url = await startServer();
+serveForTests({ skip, apiKey, onReady: (url) => {
   client = new Anthropic({ baseURL: url, apiKey, maxRetries: 0, timeout: 60000 });
-});
-
-after(() => {
-  if (server && server.exitCode === null) server.kill("SIGTERM");
-});
+} });
 
 const system = "You tell short stories.";
 const messages = [{ role: "user", content: "Once upon a time" }];

@@ -4,67 +4,20 @@
 // structured output (response_format, checked with ajv and the client's own
 // zod helper), model listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
-import { dirname, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { zodResponseFormat } from "openai/helpers/zod";
 import Ajv from "ajv";
 import { z } from "zod";
+import { model, serveForTests, skipReason } from "./reprise_server.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const repo = resolve(here, "../..");
-const modelPath = resolve(repo, "../shared/fixtures/models/stories260K.gguf");
-const binary = process.env.REPRISE_BIN ? resolve(process.env.REPRISE_BIN) : resolve(repo, "build/reprise");
 const apiKey = "test-key-123";
-const model = "stories260K";
-
-const skip = !existsSync(modelPath)
-  ? `../shared/fixtures/models/stories260K.gguf not found: OpenAI client test skipped`
-  : !existsSync(binary)
-    ? `reprise binary not found at ${binary} (set REPRISE_BIN)`
-    : false;
-if (skip) console.log(`# SKIP: ${skip}`);
-
-let server;
-let serverLog = "";
+const skip = skipReason("OpenAI client");
 let client;
-
-// Starts `reprise serve` on an ephemeral port and resolves with its base URL
-// once it logs "listening on".
-function startServer() {
-  return new Promise((resolvePromise, reject) => {
-    server = spawn(binary, ["serve", "-m", modelPath, "--port", "0", "-t", "1", "--api-key", apiKey,
-                            "--parallel", "2", "--cache-ram", "64"],
-                   { stdio: ["ignore", "ignore", "pipe"] });
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${serverLog}`)), 30000);
-    server.stderr.on("data", (chunk) => {
-      serverLog += chunk.toString();
-      const match = serverLog.match(/listening on (http:\/\/[^\s]+)/);
-      if (match) {
-        clearTimeout(timer);
-        resolvePromise(match[1]);
-      }
-    });
-    server.on("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${serverLog}`));
-    });
-  });
-}
-
-before(async () => {
-  if (skip) return;
-  const url = await startServer();
+serveForTests({ skip, apiKey, onReady: (url) => {
   client = new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 60000 });
-});
-
-after(() => {
-  if (server && server.exitCode === null) server.kill("SIGTERM");
-});
+} });
 
 const messages = [
   { role: "system", content: "You tell short stories." },
