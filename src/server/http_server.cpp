@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -578,7 +579,14 @@ bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response&
   return false;
 }
 
+// Model entries carry OpenAI's fields and Anthropic's (type, display_name,
+// created_at), so both APIs' clients can list them.
 void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& only_id) {
+  char created_at[32];
+  const std::time_t started = static_cast<std::time_t>(started_at);
+  std::tm utc{};
+  gmtime_r(&started, &utc);
+  std::strftime(created_at, sizeof created_at, "%Y-%m-%dT%H:%M:%SZ", &utc);
   ordered_json data = ordered_json::array();
   for (const ModelStatus& s : registry.status()) {
     if (!only_id.empty() && s.id != only_id) continue;
@@ -587,6 +595,9 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
     m["object"] = "model";
     m["created"] = started_at;
     m["owned_by"] = "reprise";
+    m["type"] = "model";
+    m["display_name"] = s.id;
+    m["created_at"] = created_at;
     m["loaded"] = s.loaded;
     data.push_back(std::move(m));
   }
@@ -597,7 +608,11 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
                          "", "models");
     reply_json(res, 200, data[0]);
   } else {
-    reply_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+    const ordered_json first = data.empty() ? ordered_json(nullptr) : data.front()["id"];
+    const ordered_json last = data.empty() ? ordered_json(nullptr) : data.back()["id"];
+    reply_json(res, 200,
+               {{"object", "list"}, {"data", std::move(data)}, {"has_more", false}, {"first_id", first},
+                {"last_id", last}});
   }
   metrics.record_request("", "models", 200);
 }

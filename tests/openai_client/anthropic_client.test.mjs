@@ -2,7 +2,7 @@
 // real stories260K model from ../shared: the Messages API created and
 // streamed (the client's own accumulator), cache reads on a repeated
 // conversation, a forced tool call answered with its result, token
-// counting, and error mapping. Run through run.sh.
+// counting, model listing and error mapping. Run through run.sh.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
@@ -74,4 +74,14 @@ test("messages: errors map to the client's exception types", { skip }, async () 
   const wrongKey = new Anthropic({ baseURL: client.baseURL, apiKey: "wrong", maxRetries: 0 });
   await assert.rejects(wrongKey.messages.create({ model, messages, max_tokens: 4 }),
                        (e) => e instanceof Anthropic.AuthenticationError && e.status === 401);
+});
+
+test("models: the client lists the served model", { skip }, async () => {
+  const ids = [];
+  for await (const m of client.models.list()) {
+    assert.equal(m.type, "model");
+    assert.ok(!Number.isNaN(Date.parse(m.created_at)), m.created_at);
+    ids.push(m.id);
+  }
+  assert.deepEqual(ids, [model]);
 });
