@@ -69,7 +69,6 @@ TEST(MessagesRequest, BlocksBecomeChatMessages) {
   EXPECT_EQ(messages[4], json::parse(R"({"role":"user","content":"Thanks"})"));
   EXPECT_EQ(chat.options.max_tokens, 64);
   EXPECT_EQ(chat.options.stop, std::vector<std::string>{"END"});
-  EXPECT_EQ(r.stop_sequences, std::vector<std::string>{"END"});
   EXPECT_FLOAT_EQ(chat.options.sampling.temperature, 0.5f);
   EXPECT_EQ(chat.options.sampling.top_k, 7);
   EXPECT_FALSE(chat.parallel_tool_calls);
@@ -84,6 +83,65 @@ TEST(MessagesRequest, BlocksBecomeChatMessages) {
   EXPECT_TRUE(parse_ok(forced).chat.options.tool_call_reply);
   forced["tool_choice"] = {{"type", "none"}};
   EXPECT_TRUE(parse_ok(forced).chat.tool_choice_none);
+}
+
+TEST(MessagesRequest, ResultsStructuredOutputAndPrefills) {
+  // A failed tool result says so; its images follow the tool messages in a
+  // user message of their own.
+  const json body = json::parse(R"({"max_tokens":8,"messages":[
+      {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"shot","input":{}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":[
+          {"type":"text","text":"partial"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]},
+        {"type":"text","text":"Go on"}]}]})");
+  MessagesRequest r = parse_ok(body);
+  json messages = json::parse(r.chat.messages.dump());
+  ASSERT_EQ(messages.size(), 4u) << messages.dump();
+  EXPECT_EQ(messages[1]["content"], "Error: partial");
+  EXPECT_EQ(messages[2]["role"], "user");
+  EXPECT_EQ(r.tool_image_messages, std::vector<size_t>{2});
+  ASSERT_EQ(r.chat.images.size(), 1u);
+  // For a model that reads no images, a tool's image becomes "[image]";
+  // the user's own images are left for the model to refuse.
+  EXPECT_TRUE(drop_tool_result_images(r));
+  EXPECT_TRUE(r.chat.images.empty());
+  EXPECT_FALSE(r.chat.first_image_message);
+  EXPECT_EQ(json::parse(r.chat.messages.dump())[2]["content"], "[image]");
+  json own = body;
+  own["messages"][1]["content"].push_back(
+      json::parse(R"({"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}})"));
+  MessagesRequest with_own = parse_ok(own);
+  EXPECT_FALSE(drop_tool_result_images(with_own));
+  EXPECT_EQ(with_own.chat.images.size(), 2u);
+
+  // output_config.format is structured output; thinking adaptive is on.
+  json structured = {{"max_tokens", 8}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                     {"output_config", {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}}}}}}},
+                     {"thinking", {{"type", "adaptive"}}}};
+  const MessagesRequest s = parse_ok(structured);
+  EXPECT_TRUE(s.chat.options.json_schema);
+  EXPECT_EQ(s.chat.template_kwargs["enable_thinking"], true);
+
+  // A final assistant message is continued.
+  json prefill = {{"max_tokens", 8},
+                  {"messages", {{{"role", "user"}, {"content", "JSON please"}},
+                                {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "{\"a\":"}}}}}}}};
+  const MessagesRequest p = parse_ok(prefill);
+  EXPECT_TRUE(p.chat.continue_final_message);
+  EXPECT_EQ(json::parse(p.chat.messages.dump()).back()["content"], "{\"a\":");
+
+  // A tool schema as deep as the body allows still reads as chat (which
+  // nests it one level deeper).
+  json deep = {{"type", "object"}};
+  std::string deep_body;
+  for (int i = 0; json_nesting_depth(deep_body, 1000) < 64; ++i) {
+    deep = {{"type", "object"}, {"properties", {{"x", deep}}}};
+    const json candidate = {{"max_tokens", 8}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                            {"tools", {{{"name", "f"}, {"input_schema", deep}}}}};
+    if (json_nesting_depth(candidate.dump(), 1000) > 64) break;
+    deep_body = candidate.dump();
+  }
+  ASSERT_GE(json_nesting_depth(deep_body, 1000), 63);
+  EXPECT_TRUE(parse_messages_request(deep_body).ok()) << parse_messages_request(deep_body).error().message;
 }
 
 TEST(MessagesRequest, WhatCannotBeHonouredIsRefused) {
@@ -107,6 +165,15 @@ TEST(MessagesRequest, WhatCannotBeHonouredIsRefused) {
   EXPECT_EQ(error_param({{"messages", {user}}, {"max_tokens", 0}}), "max_tokens");
   EXPECT_EQ(error_param({{"messages", {user}}, {"stop_sequences", "END"}}), "stop_sequences");
   EXPECT_FALSE(parse_messages_request("{").ok());
+  EXPECT_EQ(error_param({{"messages", {user}}, {"mcp_servers", json::array({1})}}), "mcp_servers");
+  EXPECT_EQ(error_param({{"messages", {user, {{"role", "assistant"},
+                                               {"content", {{{"type", "tool_use"}, {"id", "a"}, {"name", "f"}}}}}}}}),
+            "messages");  // a prefill cannot hold a call
+  // The chat parser's findings, named as the Messages API names them.
+  Parsed<MessagesRequest> stops =
+      parse_messages_request(json{{"messages", {user}}, {"stop_sequences", std::vector<std::string>(17, "x")}}.dump());
+  ASSERT_FALSE(stops.ok());
+  EXPECT_NE(stops.error().message.find("stop_sequences"), std::string::npos) << stops.error().message;
   // Anthropic's error shape, typed by status.
   EXPECT_EQ(anthropic_error_json(ApiError::invalid("bad"))["error"]["type"], "invalid_request_error");
   EXPECT_EQ(anthropic_error_json(ApiError{404, "no", "", "", ""})["error"]["type"], "not_found_error");
@@ -291,10 +358,58 @@ TEST(MessagesApi, ThinkingTextToolUseAndStopSequences) {
   EXPECT_EQ(json::parse(raw5)["type"], "error");
   EXPECT_EQ(json::parse(raw5)["error"]["type"], "invalid_request_error");
   json unknown = request(kIdThought, false);
-  unknown["model"] = "claude-nope";
+  unknown["model"] = "no-such-model";
   auto [st6, raw6] = post(s, unknown);
   EXPECT_EQ(st6, 404);
   EXPECT_EQ(json::parse(raw6)["error"]["type"], "not_found_error");
+  // A Claude model name no served model has means the default model.
+  json claude = request(kIdThought, false);
+  claude["model"] = "claude-sonnet-4-5";
+  auto [st7, raw7] = post(s, claude);
+  ASSERT_EQ(st7, 200) << raw7;
+  EXPECT_EQ(json::parse(raw7)["model"], model);
+
+  // A trailing assistant message is continued: the prompt ends with its
+  // text, exactly the chat prompt with continue_final_message.
+  httplib::Client client("127.0.0.1", s.port);
+  httplib::Headers key = {{"x-api-key", "secret"}};
+  const json turns = {{{"role", "user"}, {"content", "Two and two?"}}, {{"role", "assistant"}, {"content", "It is"}}};
+  auto rendered = client.Post("/apply-template", key,
+                              json{{"messages", turns}, {"continue_final_message", true}}.dump(), "application/json");
+  ASSERT_EQ(rendered->status, 200) << rendered->body;
+  const std::string prompt = json::parse(rendered->body)["prompt"];
+  EXPECT_EQ(prompt.substr(prompt.size() - 5), "It is");
+  auto tokens = client.Post("/tokenize", key, json{{"content", prompt}, {"add_special", true}}.dump(),
+                            "application/json");
+  auto prefilled = client.Post("/v1/messages/count_tokens", key, json{{"messages", turns}}.dump(), "application/json");
+  ASSERT_EQ(prefilled->status, 200) << prefilled->body;
+  EXPECT_EQ(json::parse(prefilled->body)["input_tokens"], json::parse(tokens->body)["tokens"].size());
+  EXPECT_EQ(post(s, {{"max_tokens", 2}, {"messages", turns}}).first, 200);
+
+  // Structured output through output_config.format.
+  json structured = {{"max_tokens", 40}, {"temperature", 0.8}, {"seed", 3},
+                     {"messages", {{{"role", "user"}, {"content", "JSON"}}}},
+                     {"output_config", {{"format", {{"type", "json_schema"},
+                                                    {"schema", json::parse(R"({"type":"object","properties":
+                                                        {"n":{"type":"integer"}},"required":["n"],
+                                                        "additionalProperties":false})")}}}}}};
+  auto [sts, raws] = post(s, structured);
+  ASSERT_EQ(sts, 200) << raws;
+  const json answer_json = json::parse(json::parse(raws)["content"][0]["text"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(answer_json.is_object()) << raws;
+  EXPECT_TRUE(answer_json["n"].is_number_integer()) << raws;
+
+  // A tool's image, to a model that reads none: the conversation goes on.
+  json with_image = {{"max_tokens", 2},
+                     {"messages",
+                      json::parse(R"([{"role":"user","content":"Look"},
+                          {"role":"assistant","content":[{"type":"tool_use","id":"t","name":"shot","input":{}}]},
+                          {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[
+                              {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}])")}};
+  EXPECT_EQ(post(s, with_image).first, 200);
+  with_image["messages"][2]["content"].push_back(
+      json::parse(R"({"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}})"));
+  EXPECT_EQ(post(s, with_image).first, 400);  // the user's own image needs a model that reads it
 
   // count_tokens: the prompt a request runs.
   httplib::Client c("127.0.0.1", s.port);

@@ -1677,6 +1677,12 @@ TEST(ServeHttp, CorsForAllowedOrigins) {
   EXPECT_EQ(preflight->status, 204);
   EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
   EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  // The headers a page's SDK asks to send (Anthropic's x-api-key, ...) are allowed too.
+  auto sdk_preflight = c.Options("/v1/messages", {{"Origin", "http://ui.example"},
+                                                  {"Access-Control-Request-Method", "POST"},
+                                                  {"Access-Control-Request-Headers", "x-api-key,anthropic-version"}});
+  ASSERT_TRUE(sdk_preflight);
+  EXPECT_NE(sdk_preflight->get_header_value("Access-Control-Allow-Headers").find("x-api-key"), std::string::npos);
   auto models = c.Get("/v1/models", {{"Origin", "http://ui.example"}, {"Authorization", "Bearer k"}});
   ASSERT_TRUE(models);
   EXPECT_EQ(models->status, 200);

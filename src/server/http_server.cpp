@@ -144,7 +144,8 @@ void reply_json(httplib::Response& res, int status, const ordered_json& body) {
 // An error in the shape the endpoint's API uses: Anthropic's for the
 // Messages API, OpenAI's for every other.
 ordered_json error_body(const ApiError& error, const char* endpoint) {
-  return std::string_view(endpoint) == "messages" ? anthropic_error_json(error) : error_json(error);
+  return std::string_view(endpoint) == endpoint_name(Endpoint::Messages) ? anthropic_error_json(error)
+                                                                         : error_json(error);
 }
 
 class InFlight {
@@ -335,6 +336,16 @@ struct HttpServer::Impl {
     reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
     return std::nullopt;
   }
+  // Anthropic's clients name Claude models (Claude Code asks for two, a
+  // large and a small one): a "claude-..." name no served model has means
+  // the default model.
+  void claude_names_default_model(std::string& model) const {
+    if (model.rfind("claude-", 0) != 0) return;
+    for (const ModelStatus& s : registry.status())
+      if (s.id == model) return;
+    model.clear();
+  }
+
   // A generation's model: leased (null, answered, when it cannot be),
   // its logit_bias checked against the vocabulary, and its pool woken.
   std::shared_ptr<ModelLease> lease_for_generation(const GenerationOptions& o, httplib::Response& res,
@@ -349,7 +360,12 @@ struct HttpServer::Impl {
   bool stream_built(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void handle_count_tokens(const std::string& body, httplib::Response& res);
-  void store_response(const ResponseContext& ctx, const ReplyBuilder& reply, const ordered_json& response);
+  void store_response(const ResponseContext& ctx, const ResponseBuilder& builder, const ordered_json& response);
+  struct BuiltReply {
+    std::unique_ptr<ReplyBuilder> builder;
+    std::function<void(const ordered_json& reply)> completed;
+  };
+  BuiltReply reply_builder(const ResponseContext& ctx, std::string* events);
   Parsed<GenerationPlan> chat_plan(LoadedModel& model, const ChatCompletionRequest& chat, ResponseContext& ctx,
                                    const std::string& image_param);
   bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
@@ -403,7 +419,14 @@ void HttpServer::Impl::setup() {
       }
       res.status = 204;
       res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      // The headers the page asks to send (the SDKs send their own:
+      // x-api-key, anthropic-version, x-stainless-*), for an allowed origin;
+      // only header-name characters are echoed.
+      std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      const bool plain = asked.size() <= 2048 && asked.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_, ") == std::string::npos;
+      res.set_header("Access-Control-Allow-Headers",
+                     std::string("Authorization, Content-Type") + (plain && !asked.empty() ? ", " + asked : ""));
       res.set_header("Access-Control-Max-Age", "600");
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -1037,14 +1060,15 @@ void HttpServer::Impl::handle_messages(const httplib::Request& req, const std::s
   Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   MessagesRequest& request = parsed.value();
+  claude_names_default_model(request.chat.options.model);
   std::string model_id;
   std::shared_ptr<ModelLease> lease = lease_for_generation(request.chat.options, res, endpoint, model_id);
   if (!lease) return;
   LoadedModel& model = **lease;
+  if (request.chat.first_image_message && !model.vision) drop_tool_result_images(request);
   ResponseContext ctx{Endpoint::Messages,
                       {make_response_id("msg_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
                       request.chat.options};
-  ctx.stop_sequences = request.stop_sequences;
   Parsed<GenerationPlan> plan = chat_plan(model, request.chat, ctx, "messages");
   if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
   ctx.prompt_tokens = static_cast<int64_t>(plan.value().prompt.size());
@@ -1056,11 +1080,14 @@ void HttpServer::Impl::handle_count_tokens(const std::string& body, httplib::Res
   const char* endpoint = endpoint_name(Endpoint::Messages);
   Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
-  const ChatCompletionRequest& chat = parsed.value().chat;
+  MessagesRequest& request = parsed.value();
+  claude_names_default_model(request.chat.options.model);
+  const ChatCompletionRequest& chat = request.chat;
   std::string model_id;
   const std::optional<ModelLease> lease = lease_model(chat.options.model, res, endpoint, model_id);
   if (!lease) return;
   LoadedModel& model = **lease;
+  if (chat.first_image_message && !model.vision) drop_tool_result_images(request);
   ResponseContext ctx{Endpoint::Messages, {}, chat.options};
   Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "messages");
   if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
@@ -1132,6 +1159,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
                                         ResponseContext context) {
   // The response's id, as OpenAI's x-request-id (the SDKs' request_id).
   res.set_header("x-request-id", context.meta.id);
+  if (context.endpoint == Endpoint::Messages) res.set_header("request-id", context.meta.id);  // Anthropic's SDKs read it
   const size_t n = context.choices_per_prompt();
   std::vector<ChoiceRun> runs(plans.size() * n);
   for (ChoiceRun& run : runs) run.channel = std::make_shared<GenerationChannel>();
@@ -1434,25 +1462,26 @@ void HttpServer::Impl::reply_embeddings(httplib::Response& res, const std::vecto
   finish_metrics(ctx, outcomes, 200);
 }
 
-namespace {
-
-// The builder of a whole reply for the endpoint (Responses, Messages);
-// `events` null when not streamed.
-std::unique_ptr<ReplyBuilder> reply_builder(const ResponseContext& ctx, std::string* events) {
+// The builder of a whole reply for the endpoint (Responses, Messages),
+// with what follows its completion (a Response is stored); `events` null
+// when not streamed.
+HttpServer::Impl::BuiltReply HttpServer::Impl::reply_builder(const ResponseContext& ctx, std::string* events) {
   if (ctx.endpoint == Endpoint::Messages)
-    return std::make_unique<MessageBuilder>(ctx.meta.id, ctx.meta.model, ctx.prompt_tokens, ctx.stop_sequences, events);
-  return std::make_unique<ResponseBuilder>(response_shell(ctx), events);
+    return {std::make_unique<MessageBuilder>(ctx.meta.id, ctx.meta.model, ctx.prompt_tokens, ctx.options.stop, events),
+            [](const ordered_json&) {}};
+  auto builder = std::make_unique<ResponseBuilder>(response_shell(ctx), events);
+  const ResponseBuilder* response = builder.get();
+  return {std::move(builder), [this, &ctx, response](const ordered_json& reply) { store_response(ctx, *response, reply); }};
 }
-
-}  // namespace
 
 // A Responses or Messages reply, not streamed: the choice is read as a
 // stream is (the same reasoning split and tool-call reading), into one
 // object.
 void HttpServer::Impl::reply_built(httplib::Response& res, const std::vector<ChoiceRun>& runs,
                                    const ResponseContext& ctx) {
-  std::unique_ptr<ReplyBuilder> builder = reply_builder(ctx, nullptr);
-  ChoiceStream reader(ctx, *builder);
+  const BuiltReply built = reply_builder(ctx, nullptr);
+  ReplyBuilder& builder = *built.builder;
+  ChoiceStream reader(ctx, builder);
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
       [&](size_t, std::vector<GenerationDelta>& deltas) { reader.add(deltas); },
@@ -1461,8 +1490,8 @@ void HttpServer::Impl::reply_built(httplib::Response& res, const std::vector<Cho
       },
       [] {});
   if (reply_failure(res, outcomes, ctx)) return;
-  const ordered_json reply = builder->complete(outcomes.front(), reader.reasoning_tokens());
-  store_response(ctx, *builder, reply);
+  const ordered_json reply = builder.complete(outcomes.front(), reader.reasoning_tokens());
+  built.completed(reply);
   reply_json(res, 200, reply);
   finish_metrics(ctx, outcomes, 200);
 }
@@ -1480,9 +1509,10 @@ bool HttpServer::Impl::stream_built(httplib::DataSink& sink, const std::vector<C
     data.clear();
   };
   std::string events;
-  std::unique_ptr<ReplyBuilder> builder = reply_builder(ctx, &events);
-  ChoiceStream reader(ctx, *builder);
-  builder->start();
+  const BuiltReply built = reply_builder(ctx, &events);
+  ReplyBuilder& builder = *built.builder;
+  ChoiceStream reader(ctx, builder);
+  builder.start();
   write(events);
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
@@ -1495,16 +1525,16 @@ bool HttpServer::Impl::stream_built(httplib::DataSink& sink, const std::vector<C
       [&] { write(events); });
   int status = 200;
   if (client_ok && any_cancelled(outcomes) && stopping.load()) {
-    builder->fail(shutting_down_error());
+    builder.fail(shutting_down_error());
     status = 503;
   } else if (const ApiError* error = first_error(outcomes); error && client_ok) {
-    builder->fail(*error);
+    builder.fail(*error);
     status = error->status;
   } else if (!client_ok || any_cancelled(outcomes)) {
     finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   } else {
-    store_response(ctx, *builder, builder->complete(outcomes.front(), reader.reasoning_tokens()));
+    built.completed(builder.complete(outcomes.front(), reader.reasoning_tokens()));
   }
   write(events);
   finish_metrics(ctx, outcomes, client_ok ? status : kClientClosed);
@@ -1515,13 +1545,12 @@ bool HttpServer::Impl::stream_built(httplib::DataSink& sink, const std::vector<C
 
 // A finished Response kept for GET and previous_response_id (store: true):
 // its turn as chat messages, the input, then the reply.
-void HttpServer::Impl::store_response(const ResponseContext& ctx, const ReplyBuilder& reply,
+void HttpServer::Impl::store_response(const ResponseContext& ctx, const ResponseBuilder& builder,
                                       const ordered_json& response) {
-  const auto* builder = dynamic_cast<const ResponseBuilder*>(&reply);
-  if (!ctx.responses || !builder || !ctx.responses->store) return;
+  if (!ctx.responses->store) return;
   const ResponsesRequest& request = *ctx.responses;
   ordered_json messages = request.input_messages;
-  messages.push_back(builder->assistant_message());
+  messages.push_back(builder.assistant_message());
   StoredResponse stored;
   stored.id = ctx.meta.id;
   stored.cache_salt = request.cache_salt;

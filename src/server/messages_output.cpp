@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "server/messages_request.h"
 
 namespace reprise {
 
@@ -19,6 +18,18 @@ ordered_json usage_json(int64_t input, int64_t cached, int64_t output) {
 }
 
 }  // namespace
+
+ordered_json anthropic_error_json(const ApiError& error) {
+  const char* type = error.status == 401   ? "authentication_error"
+                     : error.status == 403 ? "permission_error"
+                     : error.status == 404 ? "not_found_error"
+                     : error.status == 413 ? "request_too_large"
+                     : error.status == 429 ? "rate_limit_error"
+                     : error.status == 503 ? "overloaded_error"
+                     : error.status >= 500 ? "api_error"
+                                           : "invalid_request_error";
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", error.message}}}};
+}
 
 MessageBuilder::MessageBuilder(std::string id, std::string model, int64_t prompt_tokens,
                                std::vector<std::string> stop_sequences, std::string* events)

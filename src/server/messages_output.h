@@ -16,6 +16,10 @@
 
 namespace reprise {
 
+// Anthropic's error body: {"type":"error","error":{"type","message"}}, the
+// type named after the status as Anthropic names it.
+nlohmann::ordered_json anthropic_error_json(const ApiError& error);
+
 class MessageBuilder final : public ReplyBuilder {
  public:
   // `stop_sequences`: the request's own, so a reply they ended says

@@ -1,7 +1,9 @@
 #include "server/messages_request.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "server/messages_output.h"
 #include "server/openai_response.h"
 #include "server/request_fields.h"
 
@@ -43,10 +45,12 @@ ordered_json image_part(const ordered_json& block, const std::string& where) {
   return {{"type", "image_url"}, {"image_url", {{"url", "data:" + *media + ";base64," + *data}}}};
 }
 
-// A tool_result block's content: a string, or text (and image) blocks.
-ordered_json tool_result_content(const ordered_json* content, const std::string& where) {
+// A tool_result block's content as the tool message's text: a string, or
+// text and image blocks (the images go to `images`, for the user message
+// after the tool messages: a chat tool message holds text only).
+std::string tool_result_content(const ordered_json* content, const std::string& where, ordered_json& images) {
   if (!content) return "";
-  if (content->is_string()) return *content;
+  if (content->is_string()) return content->get<std::string>();
   if (!content->is_array()) fail(where + ".content: must be a string or a list of blocks", where + ".content");
   std::string text;
   for (size_t j = 0; j < content->size(); ++j) {
@@ -55,8 +59,12 @@ ordered_json tool_result_content(const ordered_json* content, const std::string&
     if (!block.is_object()) fail(bwhere + ": must be an object", bwhere);
     Fields bf(block, bwhere + ".");
     const std::string type = bf.string("type").value_or("");
+    if (type == "image") {
+      images.push_back(image_part(block, bwhere));
+      continue;
+    }
     if (type != "text")
-      fail(bwhere + ".type: tool results hold text here (got '" + type + "')", bwhere + ".type",
+      fail(bwhere + ".type: tool results hold text and images (got '" + type + "')", bwhere + ".type",
            "unsupported_parameter");
     if (!text.empty()) text += "\n";
     text += block_text(bf, bwhere);
@@ -65,8 +73,10 @@ ordered_json tool_result_content(const ordered_json* content, const std::string&
 }
 
 // One Anthropic message -> chat messages (a user message with tool results
-// is several: the tool messages, then what else it says).
-void read_message(const ordered_json& m, size_t index, ordered_json& out) {
+// is several: the tool messages, a user message with their images, then
+// what else it says). The index of a message holding only tool results'
+// images goes to `tool_image_messages`.
+void read_message(const ordered_json& m, size_t index, ordered_json& out, std::vector<size_t>& tool_image_messages) {
   const std::string where = at("messages", index);
   if (!m.is_object()) fail(where + ": must be an object, not " + std::string(type_name(m)), where);
   Fields f(m, where + ".");
@@ -82,6 +92,7 @@ void read_message(const ordered_json& m, size_t index, ordered_json& out) {
   if (!content->is_array()) fail(where + ".content: must be a string or a list of blocks", where + ".content");
   ordered_json parts = ordered_json::array();
   ordered_json calls = ordered_json::array();
+  ordered_json tool_images = ordered_json::array();
   std::string reasoning;
   for (size_t j = 0; j < content->size(); ++j) {
     const std::string bwhere = at(where + ".content", j);
@@ -106,8 +117,10 @@ void read_message(const ordered_json& m, size_t index, ordered_json& out) {
     } else if (*type == "tool_result" && *role == "user") {
       const auto id = bf.string("tool_use_id");
       if (!id) fail(bwhere + ".tool_use_id: Field required", bwhere + ".tool_use_id");
-      bf.boolean("is_error");  // type-checked; the template sees the result's text
-      out.push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", tool_result_content(bf.get("content"), bwhere)}});
+      std::string result = tool_result_content(bf.get("content"), bwhere, tool_images);
+      // A failed call's result says so (the template has no other way to).
+      if (bf.boolean("is_error").value_or(false)) result = "Error: " + result;
+      out.push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", std::move(result)}});
     } else if (*type == "thinking" && *role == "assistant") {
       const auto thinking = bf.string("thinking");
       if (!thinking) fail(bwhere + ".thinking: Field required", bwhere + ".thinking");
@@ -120,6 +133,10 @@ void read_message(const ordered_json& m, size_t index, ordered_json& out) {
     }
   }
   if (*role == "user") {
+    if (!tool_images.empty()) {
+      tool_image_messages.push_back(out.size());
+      out.push_back({{"role", "user"}, {"content", std::move(tool_images)}});
+    }
     if (!parts.empty()) out.push_back({{"role", "user"}, {"content", std::move(parts)}});
     return;
   }
@@ -150,18 +167,53 @@ ordered_json chat_tools(const ordered_json& tools) {
   return out;
 }
 
+// An error the chat parser found, in the Messages API's terms.
+ApiError in_messages_terms(ApiError error) {
+  auto rename = [&](const std::string& from, const std::string& to) {
+    if (error.param.rfind(from, 0) == 0) error.param = to + error.param.substr(from.size());
+    for (size_t pos = 0; (pos = error.message.find(from, pos)) != std::string::npos; pos += to.size())
+      error.message.replace(pos, from.size(), to);
+  };
+  rename("response_format.json_schema.schema", "output_config.format.schema");
+  rename("max_completion_tokens", "max_tokens");
+  rename("stop strings", "stop_sequences");
+  if (error.param == "stop") error.param = "stop_sequences";
+  if (error.param.rfind("tools[", 0) == 0) error.param = "tools";
+  if (error.param.rfind("messages[", 0) == 0) error.param = "messages";
+  // Anthropic's errors carry no param: the message names the field.
+  if (!error.param.empty() && error.message.find(error.param) == std::string::npos)
+    error.message = error.param + ": " + error.message;
+  return error;
+}
+
 }  // namespace
 
-ordered_json anthropic_error_json(const ApiError& error) {
-  const char* type = error.status == 401   ? "authentication_error"
-                     : error.status == 403 ? "permission_error"
-                     : error.status == 404 ? "not_found_error"
-                     : error.status == 413 ? "request_too_large"
-                     : error.status == 429 ? "rate_limit_error"
-                     : error.status == 503 ? "overloaded_error"
-                     : error.status >= 500 ? "api_error"
-                                           : "invalid_request_error";
-  return {{"type", "error"}, {"error", {{"type", type}, {"message", error.message}}}};
+bool drop_tool_result_images(MessagesRequest& request) {
+  ChatCompletionRequest& chat = request.chat;
+  const std::string marker = "<__media__>";
+  // Each image left a marker in its message's text, in order.
+  size_t image = 0;
+  std::vector<bool> from_tool(chat.images.size(), false);
+  for (size_t k = 0; k < chat.messages.size(); ++k) {
+    const ordered_json& content = chat.messages[k]["content"];
+    if (!content.is_string()) continue;
+    const std::string& text = content.get_ref<const std::string&>();
+    const bool tool = std::find(request.tool_image_messages.begin(), request.tool_image_messages.end(), k) !=
+                      request.tool_image_messages.end();
+    for (size_t at = text.find(marker); at != std::string::npos && image < from_tool.size();
+         at = text.find(marker, at + marker.size()))
+      from_tool[image++] = tool;
+  }
+  if (std::find(from_tool.begin(), from_tool.end(), false) != from_tool.end()) return false;
+  for (size_t k : request.tool_image_messages) {
+    std::string text = chat.messages[k]["content"].get<std::string>();
+    for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at))
+      text.replace(at, marker.size(), "[image]");
+    chat.messages[k]["content"] = text;
+  }
+  chat.images.clear();
+  chat.first_image_message.reset();
+  return true;
 }
 
 Parsed<MessagesRequest> parse_messages_request(std::string_view body, const RequestLimits& limits) {
@@ -175,13 +227,27 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     if (auto v = f.integer("max_tokens", 1, std::numeric_limits<int64_t>::max())) chat["max_completion_tokens"] = *v;
     if (const ordered_json* stops = f.get("stop_sequences")) {
       if (!stops->is_array()) fail("stop_sequences: must be a list of strings", "stop_sequences");
-      for (const ordered_json& s : *stops) {
+      for (const ordered_json& s : *stops)
         if (!s.is_string()) fail("stop_sequences: must be a list of strings", "stop_sequences");
-        out.stop_sequences.push_back(s.get<std::string>());
-      }
       chat["stop"] = *stops;
     }
-
+    for (const char* field : {"mcp_servers", "container"})
+      if (f.get(field)) fail(std::string(field) + ": not supported", field, "unsupported_parameter");
+    // Structured output: output_config.format (what the SDK's parse() sends).
+    if (const ordered_json* config = f.get("output_config")) {
+      if (!config->is_object()) fail("output_config: must be an object", "output_config");
+      Fields of(*config, "output_config.");
+      if (auto effort = of.string("effort")) chat["reasoning_effort"] = *effort;
+      if (const ordered_json* format = of.get("format")) {
+        if (!format->is_object()) fail("output_config.format: must be an object", "output_config.format");
+        Fields ff(*format, "output_config.format.");
+        if (ff.string("type").value_or("") != "json_schema")
+          fail("output_config.format.type: must be json_schema", "output_config.format.type");
+        const ordered_json* schema = ff.get("schema");
+        if (!schema) fail("output_config.format.schema: Field required", "output_config.format.schema");
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+      }
+    }
     ordered_json messages = ordered_json::array();
     if (const ordered_json* system = f.get("system")) {
       std::string text;
@@ -204,8 +270,21 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     const ordered_json* list = f.get("messages");
     if (!list) fail("messages: Field required", "messages");
     if (!list->is_array() || list->empty()) fail("messages: must be a non-empty list", "messages");
-    for (size_t i = 0; i < list->size(); ++i) read_message((*list)[i], i, messages);
+    for (size_t i = 0; i < list->size(); ++i) read_message((*list)[i], i, messages, out.tool_image_messages);
     if (messages.empty() || messages.back()["role"] == "system") fail("messages: nothing to reply to", "messages");
+    // A final assistant message is a prefill: the reply continues it.
+    if (messages.back()["role"] == "assistant") {
+      ordered_json& last = messages.back();
+      if (last.contains("tool_calls")) fail("messages: a final assistant message cannot hold tool_use", "messages");
+      // Its text parts, joined as the chat parser joins them.
+      std::string text;
+      if (last["content"].is_array())
+        for (const ordered_json& part : last["content"]) text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
+      else if (last["content"].is_string()) text = last["content"].get<std::string>();
+      if (text.empty()) fail("messages: a final assistant message needs text to continue", "messages");
+      last["content"] = text;
+      chat["continue_final_message"] = true;
+    }
     chat["messages"] = std::move(messages);
 
     if (const ordered_json* tools = f.get("tools")) {
@@ -232,17 +311,23 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
       if (!thinking->is_object()) fail("thinking: must be an object", "thinking");
       Fields tf(*thinking, "thinking.");
       const std::string type = tf.string("type").value_or("");
-      if (type != "enabled" && type != "disabled") fail("thinking.type: must be enabled or disabled", "thinking.type");
+      // adaptive / between_tools: the model thinks when it will (it may).
+      if (type != "enabled" && type != "disabled" && type != "adaptive" && type != "between_tools")
+        fail("thinking.type: must be enabled, disabled, adaptive or between_tools", "thinking.type");
       tf.integer("budget_tokens", 0, std::numeric_limits<int64_t>::max());  // type-checked; max_tokens bounds the reply
-      if (!chat.contains("chat_template_kwargs") || !chat["chat_template_kwargs"].is_object())
-        chat["chat_template_kwargs"] = ordered_json::object();
-      chat["chat_template_kwargs"]["enable_thinking"] = type == "enabled";
+      if (!chat.contains("chat_template_kwargs")) chat["chat_template_kwargs"] = ordered_json::object();
+      if (!chat["chat_template_kwargs"].is_object()) fail("chat_template_kwargs: must be an object", "chat_template_kwargs");
+      chat["chat_template_kwargs"]["enable_thinking"] = type != "disabled";
     }
     if (const ordered_json* metadata = f.get("metadata"); metadata && !metadata->is_object())
       fail("metadata: must be an object", "metadata");
 
-    Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(dump_json(chat), limits);
-    if (!parsed.ok()) return parsed.error();
+    // The body's depth was checked; the chat form nests tools' schemas one
+    // level deeper.
+    RequestLimits chat_limits = limits;
+    chat_limits.max_nesting_depth += 2;
+    Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(dump_json(chat), chat_limits);
+    if (!parsed.ok()) return in_messages_terms(parsed.error());
     out.chat = std::move(parsed.value());
     return out;
   });

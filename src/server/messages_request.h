@@ -25,13 +25,17 @@ namespace reprise {
 
 struct MessagesRequest {
   ChatCompletionRequest chat;
-  std::vector<std::string> stop_sequences;  // the request's own (not the template's)
+  // chat.messages indexes of the user messages holding tool results'
+  // images (and nothing else).
+  std::vector<size_t> tool_image_messages;
 };
 
 Parsed<MessagesRequest> parse_messages_request(std::string_view body, const RequestLimits& limits = {});
 
-// Anthropic's error body: {"type":"error","error":{"type","message"}}, the
-// type named after the status as Anthropic names it.
-nlohmann::ordered_json anthropic_error_json(const ApiError& error);
+// For a model that reads no images: the images tool results returned (a
+// coding agent's screenshot, an image file it read) become the text
+// "[image]", so the conversation goes on. False, changing nothing, when the
+// user's own images remain: those need a model that reads images.
+bool drop_tool_result_images(MessagesRequest& request);
 
 }  // namespace reprise

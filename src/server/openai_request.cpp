@@ -465,6 +465,14 @@ Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view bod
     }
     if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
     if (auto v = f.boolean("parallel_tool_calls")) req.parallel_tool_calls = *v;
+    if (f.boolean("continue_final_message").value_or(false)) {
+      const ordered_json& last = req.messages.back();
+      if (last["role"] != "assistant" || !last["content"].is_string() || last["content"].get_ref<const std::string&>().empty() ||
+          last.contains("tool_calls"))
+        fail("continue_final_message needs a final assistant message with text (and no tool calls)",
+             "continue_final_message");
+      req.continue_final_message = true;
+    }
     if (auto v = f.string("reasoning_format")) {
       if (*v != "none" && *v != "auto" && *v != "deepseek")
         fail("reasoning_format must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");

@@ -69,6 +69,10 @@ struct ChatCompletionRequest {
   bool parallel_tool_calls = true;         // false: a reply's first call only
   // chat_template_kwargs (and reasoning_effort): extra template variables.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  // The reply continues the final (assistant) message instead of starting
+  // a turn of its own (a prefill: Anthropic's trailing assistant message,
+  // vLLM's continue_final_message).
+  bool continue_final_message = false;
   // Index of the first message with an image part, if any (the model decides
   // whether it can take images).
   std::optional<size_t> first_image_message;

@@ -58,7 +58,7 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
   // client's JSON string holds.
   if (chat.wants_object_arguments) parse_tool_call_arguments(inputs.messages);
   inputs.tools = request.tools;
-  inputs.add_generation_prompt = true;
+  inputs.add_generation_prompt = !request.continue_final_message;
   inputs.bos_token = chat.bos_token;
   inputs.eos_token = chat.eos_token;
   inputs.tokenizer_adds_bos = tokenizer.add_bos();
@@ -70,7 +70,21 @@ Parsed<std::string> render_chat_prompt(const ModelChatTemplate& chat, const Toke
   // Jinja2 would too. A template that renders nothing is the server's
   // problem (500).
   try {
-    return chat.chat_template->apply(inputs);
+    std::string text = chat.chat_template->apply(inputs);
+    if (request.continue_final_message) {
+      // The prompt ends where the final message's text does: what the
+      // template writes after it (its end-of-turn) is cut, so the reply
+      // continues it. A template that does not show the text as given (it
+      // trimmed or rewrote it) cannot be continued.
+      const std::string& prefill = request.messages.back()["content"].get_ref<const std::string&>();
+      const size_t at = text.rfind(prefill);
+      if (at == std::string::npos)
+        return ApiError::invalid("the model's chat template does not show the final assistant message as given, so "
+                                 "the reply cannot continue it",
+                                 "messages", "cannot_continue");
+      text.resize(at + prefill.size());
+    }
+    return text;
   } catch (const jinja::TemplateRaised& e) {
     return ApiError{400, std::string("chat template error: ") + e.what(), "invalid_request_error", "messages",
                     "chat_template_error"};

@@ -42,9 +42,8 @@ struct ResponseContext {
   std::shared_ptr<const ResponsesRequest> responses = nullptr;
   // Embeddings: encoding_format "base64".
   bool embeddings_base64 = false;
-  // Anthropic's Messages API: the request's stop_sequences, and the
-  // prompt's length (its message_start event comes before the outcome).
-  std::vector<std::string> stop_sequences{};
+  // Anthropic's Messages API: the prompt's length (its message_start event
+  // comes before the outcome).
   int64_t prompt_tokens = 0;
 
   // n: the choices each prompt gets.

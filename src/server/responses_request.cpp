@@ -391,7 +391,11 @@ Parsed<ChatCompletionRequest> responses_chat_request(const ResponsesRequest& req
       m["name"] = it->second;
   }
   body["messages"] = std::move(messages);
-  Parsed<ChatCompletionRequest> chat = parse_chat_completion_request(dump_json(body), limits);
+  // The body's depth was checked; the chat form nests tools' schemas one
+  // level deeper.
+  RequestLimits chat_limits = limits;
+  chat_limits.max_nesting_depth += 2;
+  Parsed<ChatCompletionRequest> chat = parse_chat_completion_request(dump_json(body), chat_limits);
   if (!chat.ok()) return in_responses_terms(chat.error());
   return chat;
 }

@@ -67,7 +67,7 @@ test("messages: a forced tool call answered with its result", { skip }, async ()
 });
 
 test("messages: errors map to the client's exception types", { skip }, async () => {
-  await assert.rejects(client.messages.create({ model: "claude-nope", messages, max_tokens: 4 }),
+  await assert.rejects(client.messages.create({ model: "no-such-model", messages, max_tokens: 4 }),
                        (e) => e instanceof Anthropic.NotFoundError && e.status === 404);
   await assert.rejects(client.messages.create({ model, messages: [], max_tokens: 4 }),
                        (e) => e instanceof Anthropic.BadRequestError && e.error.error.type === "invalid_request_error");
