@@ -129,6 +129,17 @@ TEST(MessagesRequest, ResultsStructuredOutputAndPrefills) {
   EXPECT_TRUE(p.chat.continue_final_message);
   EXPECT_EQ(json::parse(p.chat.messages.dump()).back()["content"], "{\"a\":");
 
+  // Chat completions ask for the same with continue_final_message, which
+  // needs a final assistant message with text.
+  Parsed<ChatCompletionRequest> not_assistant = parse_chat_completion_request(
+      R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})");
+  ASSERT_FALSE(not_assistant.ok());
+  EXPECT_EQ(not_assistant.error().param, "continue_final_message");
+  EXPECT_TRUE(parse_chat_completion_request(R"({"messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":"y"}],"continue_final_message":true})")
+                  .value()
+                  .continue_final_message);
+
   // A tool schema as deep as the body allows still reads as chat (which
   // nests it one level deeper).
   json deep = {{"type", "object"}};
