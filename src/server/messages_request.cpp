@@ -170,9 +170,7 @@ ordered_json chat_tools(const ordered_json& tools) {
 // An error the chat parser found, in the Messages API's terms.
 ApiError in_messages_terms(ApiError error) {
   auto rename = [&](const std::string& from, const std::string& to) {
-    if (error.param.rfind(from, 0) == 0) error.param = to + error.param.substr(from.size());
-    for (size_t pos = 0; (pos = error.message.find(from, pos)) != std::string::npos; pos += to.size())
-      error.message.replace(pos, from.size(), to);
+    request_fields::rename_error_field(error, from, to);
   };
   rename("response_format.json_schema.schema", "output_config.format.schema");
   rename("max_completion_tokens", "max_tokens");
@@ -222,8 +220,7 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     Fields f(doc);
     MessagesRequest out;
     ordered_json chat = ordered_json::object();
-    for (const char* field : request_fields::kChatPassThroughFields)
-      if (const ordered_json* v = f.get(field)) chat[field] = *v;
+    request_fields::copy_fields(f, request_fields::kChatPassThroughFields, chat);
     if (auto v = f.integer("max_tokens", 1, std::numeric_limits<int64_t>::max())) chat["max_completion_tokens"] = *v;
     if (const ordered_json* stops = f.get("stop_sequences")) {
       if (!stops->is_array()) fail("stop_sequences: must be a list of strings", "stop_sequences");
@@ -322,11 +319,8 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     if (const ordered_json* metadata = f.get("metadata"); metadata && !metadata->is_object())
       fail("metadata: must be an object", "metadata");
 
-    // The body's depth was checked; the chat form nests tools' schemas one
-    // level deeper.
-    RequestLimits chat_limits = limits;
-    chat_limits.max_nesting_depth += 2;
-    Parsed<ChatCompletionRequest> parsed = parse_chat_completion_request(dump_json(chat), chat_limits);
+    Parsed<ChatCompletionRequest> parsed = guarded<ChatCompletionRequest>(
+        [&]() -> Parsed<ChatCompletionRequest> { return request_fields::read_chat_completion(chat, limits); });
     if (!parsed.ok()) return in_messages_terms(parsed.error());
     out.chat = std::move(parsed.value());
     return out;

@@ -17,6 +17,7 @@ using request_fields::fail;
 using request_fields::Fields;
 using request_fields::guarded;
 using request_fields::parse_body;
+using request_fields::read_cache_salt;
 using request_fields::type_name;
 
 // Compiled once: every json_object request shares them.
@@ -27,14 +28,6 @@ std::shared_ptr<const JsonSchema> any_json_object() {
 std::shared_ptr<const JsonSchema> any_json_value() {
   static const auto schema = JsonSchema::compile(nlohmann::json(true));
   return schema;
-}
-
-// cache_salt: a tenant's namespace in the caches ("" when absent).
-std::string read_cache_salt(const Fields& f, const RequestLimits& limits) {
-  std::string salt = f.string("cache_salt").value_or("");
-  if (salt.size() > limits.max_cache_salt_bytes)
-    fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
-  return salt;
 }
 
 void parse_stop(const Fields& f, const RequestLimits& limits, std::vector<std::string>& out) {
@@ -424,61 +417,68 @@ Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, const 
   });
 }
 
+namespace request_fields {
+
+ChatCompletionRequest read_chat_completion(const ordered_json& doc, const RequestLimits& limits) {
+  Fields f(doc);
+  ChatCompletionRequest req;
+  parse_common(f, limits, req.options);
+
+  if (auto v = f.boolean("logprobs")) req.options.logprobs = *v;
+  if (auto v = f.integer("top_logprobs", 0, limits.max_top_logprobs)) {
+    if (!req.options.logprobs && *v > 0)
+      fail("top_logprobs requires logprobs to be true", "top_logprobs");
+    req.options.top_logprobs = static_cast<int>(*v);
+  }
+
+  const ordered_json* messages = f.get("messages");
+  if (!messages) fail("messages is required", "messages");
+  if (!messages->is_array()) fail("messages must be an array", "messages");
+  if (messages->empty()) fail("messages must not be empty", "messages");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    bool has_image = false;
+    req.messages.push_back(parse_message((*messages)[i], i, has_image, req.images));
+    if (has_image && !req.first_image_message) req.first_image_message = i;
+  }
+
+  if (const ordered_json* tools = f.get("tools")) {
+    if (!tools->is_array()) fail("tools must be an array", "tools");
+    for (const auto& t : *tools)
+      if (!t.is_object()) fail("tools entries must be objects", "tools");
+    if (!tools->empty()) req.tools = *tools;
+  }
+  if (const ordered_json* choice = f.get("tool_choice")) parse_tool_choice(*choice, req);
+  if (const ordered_json* kwargs = f.get("chat_template_kwargs")) {
+    if (!kwargs->is_object()) fail("chat_template_kwargs must be an object", "chat_template_kwargs");
+    // The conversation itself only comes through the validated fields.
+    for (const char* reserved : {"messages", "tools", "bos_token", "eos_token"})
+      if (kwargs->contains(reserved))
+        fail(std::string("chat_template_kwargs must not set '") + reserved + "'", "chat_template_kwargs");
+    req.template_kwargs = *kwargs;
+  }
+  if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
+  if (auto v = f.boolean("parallel_tool_calls")) req.parallel_tool_calls = *v;
+  if (f.boolean("continue_final_message").value_or(false)) {
+    const ordered_json& last = req.messages.back();
+    if (last["role"] != "assistant" || !last["content"].is_string() || last["content"].get_ref<const std::string&>().empty() ||
+        last.contains("tool_calls"))
+      fail("continue_final_message needs a final assistant message with text (and no tool calls)",
+           "continue_final_message");
+    req.continue_final_message = true;
+  }
+  if (auto v = f.string("reasoning_format")) {
+    if (*v != "none" && *v != "auto" && *v != "deepseek")
+      fail("reasoning_format must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");
+    req.options.raw_reasoning = *v == "none";
+  }
+  return req;
+}
+
+}  // namespace request_fields
+
 Parsed<ChatCompletionRequest> parse_chat_completion_request(std::string_view body, const RequestLimits& limits) {
   return guarded<ChatCompletionRequest>([&]() -> Parsed<ChatCompletionRequest> {
-    const ordered_json doc = parse_body(body, limits);
-    Fields f(doc);
-    ChatCompletionRequest req;
-    parse_common(f, limits, req.options);
-
-    if (auto v = f.boolean("logprobs")) req.options.logprobs = *v;
-    if (auto v = f.integer("top_logprobs", 0, limits.max_top_logprobs)) {
-      if (!req.options.logprobs && *v > 0)
-        fail("top_logprobs requires logprobs to be true", "top_logprobs");
-      req.options.top_logprobs = static_cast<int>(*v);
-    }
-
-    const ordered_json* messages = f.get("messages");
-    if (!messages) fail("messages is required", "messages");
-    if (!messages->is_array()) fail("messages must be an array", "messages");
-    if (messages->empty()) fail("messages must not be empty", "messages");
-    for (size_t i = 0; i < messages->size(); ++i) {
-      bool has_image = false;
-      req.messages.push_back(parse_message((*messages)[i], i, has_image, req.images));
-      if (has_image && !req.first_image_message) req.first_image_message = i;
-    }
-
-    if (const ordered_json* tools = f.get("tools")) {
-      if (!tools->is_array()) fail("tools must be an array", "tools");
-      for (const auto& t : *tools)
-        if (!t.is_object()) fail("tools entries must be objects", "tools");
-      if (!tools->empty()) req.tools = *tools;
-    }
-    if (const ordered_json* choice = f.get("tool_choice")) parse_tool_choice(*choice, req);
-    if (const ordered_json* kwargs = f.get("chat_template_kwargs")) {
-      if (!kwargs->is_object()) fail("chat_template_kwargs must be an object", "chat_template_kwargs");
-      // The conversation itself only comes through the validated fields.
-      for (const char* reserved : {"messages", "tools", "bos_token", "eos_token"})
-        if (kwargs->contains(reserved))
-          fail(std::string("chat_template_kwargs must not set '") + reserved + "'", "chat_template_kwargs");
-      req.template_kwargs = *kwargs;
-    }
-    if (auto v = f.string("reasoning_effort")) req.template_kwargs["reasoning_effort"] = *v;
-    if (auto v = f.boolean("parallel_tool_calls")) req.parallel_tool_calls = *v;
-    if (f.boolean("continue_final_message").value_or(false)) {
-      const ordered_json& last = req.messages.back();
-      if (last["role"] != "assistant" || !last["content"].is_string() || last["content"].get_ref<const std::string&>().empty() ||
-          last.contains("tool_calls"))
-        fail("continue_final_message needs a final assistant message with text (and no tool calls)",
-             "continue_final_message");
-      req.continue_final_message = true;
-    }
-    if (auto v = f.string("reasoning_format")) {
-      if (*v != "none" && *v != "auto" && *v != "deepseek")
-        fail("reasoning_format must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");
-      req.options.raw_reasoning = *v == "none";
-    }
-    return req;
+    return request_fields::read_chat_completion(parse_body(body, limits), limits);
   });
 }
 

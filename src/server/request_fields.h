@@ -1,8 +1,9 @@
-// Reading untrusted OpenAI-style request bodies: typed field access that
-// names the field in its errors, the body parse with its nesting limit, and
-// the guard that turns any failure into an ApiError. Shared by the request
-// parsers (openai_request.cpp, responses_request.cpp); nothing else should
-// need it.
+// Reading untrusted request bodies (OpenAI's APIs and Anthropic's): typed
+// field access that names the field in its errors, the body parse with its
+// nesting limit, the guard that turns any failure into an ApiError, and the
+// pieces the parsers of other APIs' requests (responses_request.cpp,
+// messages_request.cpp) share with the chat parser. Nothing outside the
+// request parsers should need it.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -133,6 +134,34 @@ class Fields {
 // The body as a JSON object, refused (RequestError) when it nests deeper
 // than the limits allow, is not JSON, or is not an object.
 ordered_json parse_body(std::string_view body, const RequestLimits& limits);
+
+// A chat completion read from a parsed body (parse_chat_completion_request
+// without the text parse): another API's request, rewritten in chat form,
+// goes through the same checks. Throws RequestError.
+ChatCompletionRequest read_chat_completion(const ordered_json& doc, const RequestLimits& limits);
+
+// cache_salt: a tenant's namespace in the caches ("" when absent).
+inline std::string read_cache_salt(const Fields& f, const RequestLimits& limits) {
+  std::string salt = f.string("cache_salt").value_or("");
+  if (salt.size() > limits.max_cache_salt_bytes)
+    fail("cache_salt must be at most " + std::to_string(limits.max_cache_salt_bytes) + " bytes", "cache_salt");
+  return salt;
+}
+
+// Copies each of `names` that `f` holds (and is not null) into `out`.
+template <typename Names>
+void copy_fields(const Fields& f, const Names& names, ordered_json& out) {
+  for (const char* name : names)
+    if (const ordered_json* v = f.get(name)) out[name] = *v;
+}
+
+// An error's field `from` (a prefix of its param; anywhere in its message)
+// named `to`: a chat parser's finding told in another API's terms.
+inline void rename_error_field(ApiError& error, const std::string& from, const std::string& to) {
+  if (error.param.rfind(from, 0) == 0) error.param = to + error.param.substr(from.size());
+  for (size_t at = 0; (at = error.message.find(from, at)) != std::string::npos; at += to.size())
+    error.message.replace(at, from.size(), to);
+}
 
 // fn()'s Parsed, or the error anything it threw stands for. Never throws.
 template <class T, class Fn>

@@ -263,14 +263,9 @@ ordered_json chat_response_format(const ordered_json& text) {
 }  // namespace
 
 ApiError in_responses_terms(ApiError error) {
-  auto rename = [&](const std::string& from, const std::string& to) {
-    if (error.param.rfind(from, 0) == 0) error.param = to + error.param.substr(from.size());
-    for (size_t at = 0; (at = error.message.find(from, at)) != std::string::npos; at += to.size())
-      error.message.replace(at, from.size(), to);
-  };
-  rename("response_format.json_schema", "text.format");
-  rename("response_format", "text.format");
-  rename("max_completion_tokens", "max_output_tokens");
+  request_fields::rename_error_field(error, "response_format.json_schema", "text.format");
+  request_fields::rename_error_field(error, "response_format", "text.format");
+  request_fields::rename_error_field(error, "max_completion_tokens", "max_output_tokens");
   // Message indexes count the instructions and a stored conversation's
   // messages: the error names the input as a whole.
   if (error.param.rfind("messages", 0) == 0) error.param = "input";
@@ -294,12 +289,10 @@ Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const Re
       if (f.get(field) && !(doc[field].is_boolean() && !doc[field].get<bool>()))
         fail(std::string(field) + " is not supported", field, "unsupported_parameter");
     ordered_json& chat = req.chat_body;
-    for (const char* field : request_fields::kChatPassThroughFields)
-      if (const ordered_json* v = f.get(field)) chat[field] = *v;
-    for (const char* field : kResponsesChatFields)
-      if (const ordered_json* v = f.get(field)) chat[field] = *v;
+    request_fields::copy_fields(f, request_fields::kChatPassThroughFields, chat);
+    request_fields::copy_fields(f, kResponsesChatFields, chat);
     if (auto v = f.boolean("store")) req.store = *v;
-    if (auto v = f.string("cache_salt")) req.cache_salt = *v;
+    req.cache_salt = request_fields::read_cache_salt(f, limits);
     if (auto v = f.string("previous_response_id")) {
       if (v->empty()) fail("previous_response_id must not be empty", "previous_response_id");
       req.previous_response_id = *v;
@@ -391,11 +384,8 @@ Parsed<ChatCompletionRequest> responses_chat_request(const ResponsesRequest& req
       m["name"] = it->second;
   }
   body["messages"] = std::move(messages);
-  // The body's depth was checked; the chat form nests tools' schemas one
-  // level deeper.
-  RequestLimits chat_limits = limits;
-  chat_limits.max_nesting_depth += 2;
-  Parsed<ChatCompletionRequest> chat = parse_chat_completion_request(dump_json(body), chat_limits);
+  Parsed<ChatCompletionRequest> chat = guarded<ChatCompletionRequest>(
+      [&]() -> Parsed<ChatCompletionRequest> { return request_fields::read_chat_completion(body, limits); });
   if (!chat.ok()) return in_responses_terms(chat.error());
   return chat;
 }
