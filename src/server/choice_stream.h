@@ -2,8 +2,9 @@
 // model's reasoning split from its content, tool calls read out of the text
 // in the model's syntax (or a forced call held whole), and the finish
 // reason. What it reads goes to a ChoiceEvents: the endpoint's own events
-// (chat or text-completion chunks, the Responses API's typed events, or a
-// complete reply put together at the end).
+// (chat or text-completion chunks), or a ReplyBuilder that puts a whole
+// reply together (the Responses API's Response, Anthropic's message),
+// streaming its API's typed events as it grows.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,8 +41,9 @@ class ReplyBuilder : public ChoiceEvents {
  public:
   // The opening events (streams only).
   virtual void start() = 0;
-  // The reply once its choice has finished (usage, stop string and finish
-  // from the outcome); a stream gets its closing events.
+  // The reply once its choice has finished (the finish reason finish()
+  // recorded; usage and the stop string from the outcome); a stream gets
+  // its closing events.
   virtual nlohmann::ordered_json complete(const GenerationOutcome& outcome, int64_t reasoning_tokens) = 0;
   // The reply that failed; a stream gets its API's failure event.
   virtual nlohmann::ordered_json fail(const ApiError& error) = 0;

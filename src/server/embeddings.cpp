@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "gguf/gguf_file.h"
+#include "server/prompt_builder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace reprise {
@@ -14,7 +15,6 @@ std::optional<Pooling> pooling_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-const char* pooling_name(Pooling pooling) { return pooling == Pooling::Mean ? "mean" : "last"; }
 
 Parsed<Pooling> model_pooling(const gguf::File& file, const std::string& arch, Pooling fallback) {
   std::optional<int64_t> declared;
@@ -50,12 +50,11 @@ Parsed<std::vector<int32_t>> embedding_input(const Tokenizer& tokenizer, const C
                                  param);
   } else {
     try {
-      tokens = tokenizer.encode(input.text, /*add_special=*/false, /*parse_special=*/true);
+      tokens = tokenize_prompt(tokenizer, input.text);
     } catch (const std::exception& e) {
       return ApiError::invalid(std::string("cannot tokenize the input: ") + e.what(), param);
     }
-    const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
-    if (tokenizer.add_bos() && bos >= 0 && (tokens.empty() || tokens.front() != bos)) tokens.insert(tokens.begin(), bos);
+    const int32_t eos = tokenizer.eos_id();
     if (tokenizer.add_eos() && eos >= 0 && (tokens.empty() || tokens.back() != eos)) tokens.push_back(eos);
   }
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -32,7 +32,6 @@ enum class Pooling { Mean, Last };
 
 // "mean", "last"; nullopt for another name.
 std::optional<Pooling> pooling_from_name(const std::string& name);
-const char* pooling_name(Pooling pooling);
 // The pooling `file` declares for architecture `arch`, `fallback` when it
 // declares none (or "none"); an error for kinds a causal model cannot give
 // (cls), that pool into no vector (rank), or that reprise does not know.

@@ -105,8 +105,8 @@ bool is_response_path(const std::string& path) {
   return false;
 }
 
-// The routes that take a request body (POST; DELETE of a stored response,
-// whose body is ignored).
+// The routes that take a request body: POST ones, and DELETE of a stored
+// response (which the pre-routing check lets through only without a body).
 bool takes_body(const httplib::Request& req) {
   return (req.method == "POST" && (req.path == "/v1/chat/completions" || req.path == "/chat/completions" ||
                                   req.path == "/v1/completions" || req.path == "/completions" ||
@@ -146,6 +146,14 @@ void reply_json(httplib::Response& res, int status, const ordered_json& body) {
 ordered_json error_body(const ApiError& error, const char* endpoint) {
   return std::string_view(endpoint) == endpoint_name(Endpoint::Messages) ? anthropic_error_json(error)
                                                                          : error_json(error);
+}
+
+// A page of a list (OpenAI's and Anthropic's shape): its items, the ids of
+// its first and last, and whether more follow.
+ordered_json list_page(ordered_json data, bool more) {
+  const ordered_json first = data.empty() ? ordered_json(nullptr) : data.front()["id"];
+  const ordered_json last = data.empty() ? ordered_json(nullptr) : data.back()["id"];
+  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", first}, {"last_id", last}, {"has_more", more}};
 }
 
 class InFlight {
@@ -341,8 +349,8 @@ struct HttpServer::Impl {
   // the default model.
   void claude_names_default_model(std::string& model) const {
     if (model.rfind("claude-", 0) != 0) return;
-    for (const ModelStatus& s : registry.status())
-      if (s.id == model) return;
+    for (const std::string& id : registry.ids())
+      if (id == model) return;
     model.clear();
   }
 
@@ -631,11 +639,7 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
                          "", "models");
     reply_json(res, 200, data[0]);
   } else {
-    const ordered_json first = data.empty() ? ordered_json(nullptr) : data.front()["id"];
-    const ordered_json last = data.empty() ? ordered_json(nullptr) : data.back()["id"];
-    reply_json(res, 200,
-               {{"object", "list"}, {"data", std::move(data)}, {"has_more", false}, {"first_id", first},
-                {"last_id", last}});
+    reply_json(res, 200, list_page(std::move(data), false));
   }
   metrics.record_request("", "models", 200);
 }
@@ -1145,12 +1149,7 @@ void HttpServer::Impl::handle_input_items(const httplib::Request& req, httplib::
   ordered_json data = ordered_json::array();
   for (size_t i = first; i < items.size() && data.size() < limit; ++i) data.push_back(items[i]);
   const bool more = first + data.size() < items.size();
-  ordered_json page = {{"object", "list"},
-                       {"data", data},
-                       {"first_id", data.empty() ? ordered_json(nullptr) : data.front()["id"]},
-                       {"last_id", data.empty() ? ordered_json(nullptr) : data.back()["id"]},
-                       {"has_more", more}};
-  reply_json(res, 200, page);
+  reply_json(res, 200, list_page(std::move(data), more));
   metrics.record_request("", endpoint, 200);
 }
 
@@ -1199,8 +1198,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   lease.reset();
 
   if (!context.options.stream) {
-    if (context.endpoint == Endpoint::Responses || context.endpoint == Endpoint::Messages)
-      reply_built(res, runs, context);
+    if (context.builds_whole_reply()) reply_built(res, runs, context);
     else if (context.endpoint == Endpoint::Embeddings) reply_embeddings(res, runs, context);
     else reply_complete(res, runs, context);
     return;
@@ -1212,8 +1210,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, runs, context, watch, in_flight_guard](size_t, httplib::DataSink& sink) {
-        const bool built = context.endpoint == Endpoint::Responses || context.endpoint == Endpoint::Messages;
-        return built ? stream_built(sink, runs, context) : stream(sink, runs, context);
+        return context.builds_whole_reply() ? stream_built(sink, runs, context) : stream(sink, runs, context);
       },
       [runs, watch](bool) {
         // No-op when finished; stops generation when the response was abandoned.
@@ -1439,12 +1436,13 @@ void HttpServer::Impl::reply_embeddings(httplib::Response& res, const std::vecto
     if (ctx.embeddings_base64) {
       values = base64_floats(v);
     } else {
-      // Each float as the shortest decimal that reads back as it (9
-      // significant digits at most), not as its 17-digit double.
+      // Each float as the shortest decimal that reads back as it, not as
+      // its 17-digit double (the nearest double to that decimal prints as it).
       values = ordered_json::array();
       for (float x : v) {
         char digits[32];
-        std::snprintf(digits, sizeof digits, "%.9g", static_cast<double>(x));
+        const auto end = std::to_chars(digits, digits + sizeof digits - 1, x).ptr;
+        *end = '\0';
         values.push_back(std::strtod(digits, nullptr));
       }
     }

@@ -40,7 +40,7 @@ MessageBuilder::MessageBuilder(std::string id, std::string model, int64_t prompt
       events_(events) {}
 
 void MessageBuilder::emit(const ordered_json& event) {
-  if (events_) *events_ += "event: " + event["type"].get<std::string>() + "\ndata: " + dump_json(event) + "\n\n";
+  if (events_) *events_ += typed_sse_event(event);
 }
 
 void MessageBuilder::start() {
@@ -77,7 +77,7 @@ void MessageBuilder::close() {
 void MessageBuilder::reasoning(const std::string& text, Logprobs) {
   if (text.empty()) return;
   open(Open::Thinking);
-  blocks_.back()["thinking"] = blocks_.back()["thinking"].get<std::string>() + text;
+  blocks_.back()["thinking"].get_ref<std::string&>() += text;
   emit({{"type", "content_block_delta"},
         {"index", blocks_.size() - 1},
         {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}});
@@ -86,7 +86,7 @@ void MessageBuilder::reasoning(const std::string& text, Logprobs) {
 void MessageBuilder::content(const std::string& text, Logprobs) {
   if (text.empty()) return;
   open(Open::Text);
-  blocks_.back()["text"] = blocks_.back()["text"].get<std::string>() + text;
+  blocks_.back()["text"].get_ref<std::string&>() += text;
   emit({{"type", "content_block_delta"},
         {"index", blocks_.size() - 1},
         {"delta", {{"type", "text_delta"}, {"text", text}}}});

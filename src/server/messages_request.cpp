@@ -6,6 +6,7 @@
 #include "server/messages_output.h"
 #include "server/openai_response.h"
 #include "server/request_fields.h"
+#include "vision/multimodal_prompt.h"
 
 namespace reprise {
 
@@ -75,8 +76,9 @@ std::string tool_result_content(const ordered_json* content, const std::string& 
 // One Anthropic message -> chat messages (a user message with tool results
 // is several: the tool messages, a user message with their images, then
 // what else it says). The index of a message holding only tool results'
-// images goes to `tool_image_messages`.
-void read_message(const ordered_json& m, size_t index, ordered_json& out, std::vector<size_t>& tool_image_messages) {
+// images goes to request.tool_image_messages; a user's own image sets
+// request.user_images.
+void read_message(const ordered_json& m, size_t index, ordered_json& out, MessagesRequest& request) {
   const std::string where = at("messages", index);
   if (!m.is_object()) fail(where + ": must be an object, not " + std::string(type_name(m)), where);
   Fields f(m, where + ".");
@@ -105,6 +107,7 @@ void read_message(const ordered_json& m, size_t index, ordered_json& out, std::v
       parts.push_back({{"type", "text"}, {"text", block_text(bf, bwhere)}});
     } else if (*type == "image" && *role == "user") {
       parts.push_back(image_part(block, bwhere));
+      request.user_images = true;
     } else if (*type == "tool_use" && *role == "assistant") {
       const auto id = bf.string("id");
       const auto name = bf.string("name");
@@ -134,7 +137,7 @@ void read_message(const ordered_json& m, size_t index, ordered_json& out, std::v
   }
   if (*role == "user") {
     if (!tool_images.empty()) {
-      tool_image_messages.push_back(out.size());
+      request.tool_image_messages.push_back(out.size());
       out.push_back({{"role", "user"}, {"content", std::move(tool_images)}});
     }
     if (!parts.empty()) out.push_back({{"role", "user"}, {"content", std::move(parts)}});
@@ -187,27 +190,14 @@ ApiError in_messages_terms(ApiError error) {
 }  // namespace
 
 bool drop_tool_result_images(MessagesRequest& request) {
+  if (request.user_images) return false;
   ChatCompletionRequest& chat = request.chat;
-  const std::string marker = "<__media__>";
-  // Each image left a marker in its message's text, in order.
-  size_t image = 0;
-  std::vector<bool> from_tool(chat.images.size(), false);
-  for (size_t k = 0; k < chat.messages.size(); ++k) {
-    const ordered_json& content = chat.messages[k]["content"];
-    if (!content.is_string()) continue;
-    const std::string& text = content.get_ref<const std::string&>();
-    const bool tool = std::find(request.tool_image_messages.begin(), request.tool_image_messages.end(), k) !=
-                      request.tool_image_messages.end();
-    for (size_t at = text.find(marker); at != std::string::npos && image < from_tool.size();
-         at = text.find(marker, at + marker.size()))
-      from_tool[image++] = tool;
-  }
-  if (std::find(from_tool.begin(), from_tool.end(), false) != from_tool.end()) return false;
+  const std::string marker(kMediaMarker);
   for (size_t k : request.tool_image_messages) {
     std::string text = chat.messages[k]["content"].get<std::string>();
     for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at))
       text.replace(at, marker.size(), "[image]");
-    chat.messages[k]["content"] = text;
+    chat.messages[k]["content"] = std::move(text);
   }
   chat.images.clear();
   chat.first_image_message.reset();
@@ -267,7 +257,7 @@ Parsed<MessagesRequest> parse_messages_request(std::string_view body, const Requ
     const ordered_json* list = f.get("messages");
     if (!list) fail("messages: Field required", "messages");
     if (!list->is_array() || list->empty()) fail("messages: must be a non-empty list", "messages");
-    for (size_t i = 0; i < list->size(); ++i) read_message((*list)[i], i, messages, out.tool_image_messages);
+    for (size_t i = 0; i < list->size(); ++i) read_message((*list)[i], i, messages, out);
     if (messages.empty() || messages.back()["role"] == "system") fail("messages: nothing to reply to", "messages");
     // A final assistant message is a prefill: the reply continues it.
     if (messages.back()["role"] == "assistant") {

@@ -7,10 +7,14 @@
 // tool_use blocks its tool calls (input serialised as the arguments), its
 // thinking blocks its reasoning_content, a user's tool_result blocks tool
 // messages (before the user's other blocks, as they answer the turn
-// before). Tools (name, description, input_schema) become function tools,
-// tool_choice auto/any/tool/none becomes auto/required/a function/none,
-// stop_sequences become stop strings, and `thinking` enabled or disabled
-// becomes the template's enable_thinking.
+// before; an is_error result starts "Error: ", a result's images follow in
+// a user message of their own). A final assistant message is a prefill the
+// reply continues (continue_final_message). Tools (name, description,
+// input_schema) become function tools, tool_choice auto/any/tool/none
+// becomes auto/required/a function/none, stop_sequences become stop
+// strings, `thinking` (enabled, adaptive, between_tools or disabled)
+// becomes the template's enable_thinking, and output_config.format is
+// structured output.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -26,8 +30,9 @@ namespace reprise {
 struct MessagesRequest {
   ChatCompletionRequest chat;
   // chat.messages indexes of the user messages holding tool results'
-  // images (and nothing else).
+  // images (and nothing else), and whether a user sent images of their own.
   std::vector<size_t> tool_image_messages;
+  bool user_images = false;
 };
 
 Parsed<MessagesRequest> parse_messages_request(std::string_view body, const RequestLimits& limits = {});

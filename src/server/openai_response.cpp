@@ -266,6 +266,10 @@ std::string sse_event(const ordered_json& value) { return "data: " + dump_json(v
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
+std::string typed_sse_event(const ordered_json& event) {
+  return "event: " + event.value("type", std::string()) + "\ndata: " + dump_json(event) + "\n\n";
+}
+
 std::string make_response_id(const std::string& prefix, int length) {
   // Ids name stored responses (GET, previous_response_id, DELETE): they
   // are capabilities, so every character comes from the kernel's CSPRNG

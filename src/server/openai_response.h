@@ -122,6 +122,9 @@ std::string dump_json(const ordered_json& value);
 std::string sse_event(const ordered_json& value);
 // "data: [DONE]\n\n"
 std::string sse_done();
+// "event: <its type>\ndata: <json>\n\n": the typed events of the
+// Responses API and Anthropic's Messages API.
+std::string typed_sse_event(const ordered_json& event);
 
 // Random ids like OpenAI's: prefix + 24 alphanumerics (or `length`).
 std::string make_response_id(const std::string& prefix, int length = 24);

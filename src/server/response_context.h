@@ -48,6 +48,8 @@ struct ResponseContext {
 
   // n: the choices each prompt gets.
   size_t choices_per_prompt() const { return static_cast<size_t>(std::max(1, options.choices)); }
+  // The reply is one object a ReplyBuilder puts together (Responses, Messages).
+  bool builds_whole_reply() const { return endpoint == Endpoint::Responses || endpoint == Endpoint::Messages; }
 };
 
 // The calls a reply returns: the request may allow only one.

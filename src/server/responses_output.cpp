@@ -19,10 +19,6 @@ ordered_json text_part(const std::string& text, const std::vector<LogprobEntry>&
 
 }  // namespace
 
-std::string typed_sse_event(const ordered_json& event) {
-  return "event: " + event["type"].get<std::string>() + "\ndata: " + dump_json(event) + "\n\n";
-}
-
 ResponseBuilder::ResponseBuilder(ordered_json shell, std::string* events)
     : shell_(std::move(shell)), events_(events) {}
 

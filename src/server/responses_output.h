@@ -63,11 +63,7 @@ class ResponseBuilder final : public ReplyBuilder {
   std::string item_id_;  // the open item's
   std::string text_;     // the open item's text
   std::vector<LogprobEntry> logprobs_;
-  bool logprobs_asked_ = false;
   std::string finish_reason_;
 };
-
-// Response JSON rendered as one server-sent event ("event: <type>\ndata: ...").
-std::string typed_sse_event(const nlohmann::ordered_json& event);
 
 }  // namespace reprise

@@ -43,13 +43,13 @@ struct ResponsesRequest {
 
 Parsed<ResponsesRequest> parse_responses_request(std::string_view body, const RequestLimits& limits = {});
 
-// The chat completion the request means, with `history` (chat messages of
-// the conversation it continues; an empty array for none) before its input.
-// Errors name the Responses API's fields where they differ.
 // An error about the chat completion a Responses request was read as (its
 // parse, its prompt), with the fields named as the Responses API names them.
 ApiError in_responses_terms(ApiError error);
 
+// The chat completion the request means, with `history` (chat messages of
+// the conversation it continues; an empty array for none) before its input.
+// Errors name the Responses API's fields where they differ.
 Parsed<ChatCompletionRequest> responses_chat_request(const ResponsesRequest& request,
                                                      const nlohmann::ordered_json& history,
                                                      const RequestLimits& limits = {});
