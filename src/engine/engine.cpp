@@ -223,14 +223,6 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     if (inflight) inflight->committed(end);
   }
   inflight.reset();  // the prompt is in the cache: requests sharing it may go on
-  if (hidden) {  // embeddings: nothing to generate
-    result.prefill_seconds = seconds_since(t0);
-    result.finish_reason = "stop";
-    counters_.requests++;
-    counters_.prompt_tokens += n_prompt;
-    counters_.cached_tokens += result.cached_tokens;
-    return result;
-  }
   if (draft) {
     std::vector<float> unused;
     for (int64_t pos = draft->position(); pos < n_prompt; pos = draft->position()) {
@@ -241,7 +233,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   result.prefill_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  if (draft) decode_speculative(req, target, *draft, logits, result, on_token, draft_max);
+  if (hidden) result.finish_reason = "stop";  // embeddings: nothing to generate
+  else if (draft) decode_speculative(req, target, *draft, logits, result, on_token, draft_max);
   else decode_plain(req, target, logits, result, on_token);
   result.decode_seconds = seconds_since(t1);
 

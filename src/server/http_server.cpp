@@ -368,6 +368,13 @@ struct HttpServer::Impl {
   bool stream_built(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void handle_count_tokens(const std::string& body, httplib::Response& res);
+  struct MessagesRun {
+    std::shared_ptr<ModelLease> lease;
+    std::string model_id;
+    ResponseContext ctx{};
+    GenerationPlan plan;
+  };
+  std::optional<MessagesRun> prepare_messages(const std::string& body, httplib::Response& res);
   void store_response(const ResponseContext& ctx, const ResponseBuilder& builder, const ordered_json& response);
   struct BuiltReply {
     std::unique_ptr<ReplyBuilder> builder;
@@ -1055,48 +1062,54 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
 }
 
+// A Messages request up to its generation's plan: parsed, a Claude model
+// name resolved, its model leased, tool results' images dropped for a model
+// that reads none, its prompt built. Nothing (the error answered) when a
+// step fails.
+std::optional<HttpServer::Impl::MessagesRun> HttpServer::Impl::prepare_messages(const std::string& body,
+                                                                                httplib::Response& res) {
+  const char* endpoint = endpoint_name(Endpoint::Messages);
+  Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
+  if (!parsed.ok()) {
+    reply_error(res, parsed.error(), "", endpoint);
+    return std::nullopt;
+  }
+  MessagesRequest& request = parsed.value();
+  claude_names_default_model(request.chat.options.model);
+  MessagesRun run;
+  run.lease = lease_for_generation(request.chat.options, res, endpoint, run.model_id);
+  if (!run.lease) return std::nullopt;
+  LoadedModel& model = **run.lease;
+  if (request.chat.first_image_message && !model.vision) drop_tool_result_images(request);
+  run.ctx = ResponseContext{Endpoint::Messages,
+                            {make_response_id("msg_"), unix_now(), run.model_id, "fp_" + model.fingerprint_hex},
+                            request.chat.options};
+  Parsed<GenerationPlan> plan = chat_plan(model, request.chat, run.ctx, "messages");
+  if (!plan.ok()) {
+    reply_error(res, plan.error(), run.model_id, endpoint);
+    return std::nullopt;
+  }
+  run.plan = std::move(plan.value());
+  run.ctx.prompt_tokens = static_cast<int64_t>(run.plan.prompt.size());
+  return run;
+}
+
 // POST /v1/messages: Anthropic's Messages API, run as the chat completion
 // it means (messages_request.h).
 void HttpServer::Impl::handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res) {
   InFlight guard(in_flight);
-  const char* endpoint = endpoint_name(Endpoint::Messages);
-  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint);
-  Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
-  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
-  MessagesRequest& request = parsed.value();
-  claude_names_default_model(request.chat.options.model);
-  std::string model_id;
-  std::shared_ptr<ModelLease> lease = lease_for_generation(request.chat.options, res, endpoint, model_id);
-  if (!lease) return;
-  LoadedModel& model = **lease;
-  if (request.chat.first_image_message && !model.vision) drop_tool_result_images(request);
-  ResponseContext ctx{Endpoint::Messages,
-                      {make_response_id("msg_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
-                      request.chat.options};
-  Parsed<GenerationPlan> plan = chat_plan(model, request.chat, ctx, "messages");
-  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
-  ctx.prompt_tokens = static_cast<int64_t>(plan.value().prompt.size());
-  start_generation(req, res, std::move(lease), single(std::move(plan.value())), std::move(ctx));
+  if (over_capacity()) return reply_error(res, busy_error(), "", endpoint_name(Endpoint::Messages));
+  std::optional<MessagesRun> run = prepare_messages(body, res);
+  if (!run) return;
+  start_generation(req, res, std::move(run->lease), single(std::move(run->plan)), std::move(run->ctx));
 }
 
 // POST /v1/messages/count_tokens: the prompt a Messages request would run.
 void HttpServer::Impl::handle_count_tokens(const std::string& body, httplib::Response& res) {
-  const char* endpoint = endpoint_name(Endpoint::Messages);
-  Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
-  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
-  MessagesRequest& request = parsed.value();
-  claude_names_default_model(request.chat.options.model);
-  const ChatCompletionRequest& chat = request.chat;
-  std::string model_id;
-  const std::optional<ModelLease> lease = lease_model(chat.options.model, res, endpoint, model_id);
-  if (!lease) return;
-  LoadedModel& model = **lease;
-  if (chat.first_image_message && !model.vision) drop_tool_result_images(request);
-  ResponseContext ctx{Endpoint::Messages, {}, chat.options};
-  Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "messages");
-  if (!plan.ok()) return reply_error(res, plan.error(), model_id, endpoint);
-  reply_json(res, 200, {{"input_tokens", plan.value().prompt.size()}});
-  metrics.record_request(model_id, endpoint, 200);
+  std::optional<MessagesRun> run = prepare_messages(body, res);
+  if (!run) return;
+  reply_json(res, 200, {{"input_tokens", run->ctx.prompt_tokens}});
+  metrics.record_request(run->model_id, endpoint_name(Endpoint::Messages), 200);
 }
 
 // GET /v1/responses/{id} returns a stored response, DELETE removes it. The
