@@ -431,6 +431,21 @@ TEST(MessagesApi, ThinkingTextToolUseAndStopSequences) {
                                                             m["usage"]["cache_read_input_tokens"].get<int>());
 }
 
+// count_tokens counts a conversation longer than the context too (agents
+// count to know when to compact); the same request to /v1/messages is a 400.
+TEST(MessagesApi, CountTokensBeyondTheContext) {
+  ServeOptions options = messages_server();
+  options.ctx_size = 32;
+  Server s(options);
+  const json body = {{"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", std::string(400, 'a')}}}}};
+  httplib::Client c("127.0.0.1", s.port);
+  auto counted = c.Post("/v1/messages/count_tokens", {{"x-api-key", "secret"}}, body.dump(), "application/json");
+  ASSERT_EQ(counted->status, 200) << counted->body;
+  EXPECT_GT(json::parse(counted->body)["input_tokens"].get<int>(), 32);
+  auto [st, raw] = post(s, body);
+  EXPECT_EQ(st, 400) << raw;
+}
+
 // The cache differential: a conversation sent again with one more turn
 // reads its earlier turns from the prefix cache (cache_read_input_tokens)
 // and replies exactly as a cold server replies to it.

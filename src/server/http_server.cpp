@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -374,15 +375,18 @@ struct HttpServer::Impl {
     ResponseContext ctx{};
     GenerationPlan plan;
   };
-  std::optional<MessagesRun> prepare_messages(const std::string& body, httplib::Response& res);
+  // `count_only`: for count_tokens (a prompt longer than the context is counted).
+  std::optional<MessagesRun> prepare_messages(const std::string& body, httplib::Response& res, bool count_only);
   void store_response(const ResponseContext& ctx, const ResponseBuilder& builder, const ordered_json& response);
   struct BuiltReply {
     std::unique_ptr<ReplyBuilder> builder;
     std::function<void(const ordered_json& reply)> completed;
   };
   BuiltReply reply_builder(const ResponseContext& ctx, std::string* events);
+  // `any_length`: a prompt longer than the context is not an error (a
+  // token count, not a generation).
   Parsed<GenerationPlan> chat_plan(LoadedModel& model, const ChatCompletionRequest& chat, ResponseContext& ctx,
-                                   const std::string& image_param);
+                                   const std::string& image_param, bool any_length = false);
   bool stream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs, const ResponseContext& ctx);
   // One request (status) and its choices' generations (tokens, timings).
   void finish_metrics(const ResponseContext& ctx, std::span<const GenerationOutcome> outcomes, int status);
@@ -819,7 +823,7 @@ std::vector<GenerationPlan> single(GenerationPlan plan) {
 // A chat with images: each image is decoded and encoded (the encoder cache
 // makes repeats free), the template is rendered with a marker per image, and
 // the image soft tokens are spliced in with their digests as cache keys.
-Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionRequest& chat) {
+Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionRequest& chat, int64_t n_ctx) {
   std::vector<ImageEmbeddingPtr> images;
   for (const ImageRef& ref : chat.images) {
     try {
@@ -837,8 +841,8 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
     return ApiError::invalid(std::string("cannot build the prompt: ") + e.what(), "messages");
   }
   const int64_t n = static_cast<int64_t>(prompt.tokens.size());
-  if (n >= model.engine->n_ctx())
-    return ApiError::invalid("This model's maximum context length is " + std::to_string(model.engine->n_ctx()) +
+  if (n >= n_ctx)
+    return ApiError::invalid("This model's maximum context length is " + std::to_string(n_ctx) +
                                  " tokens. However, your messages resulted in " + std::to_string(n) + " tokens.",
                              "messages", "context_length_exceeded");
   BuiltPrompt built;
@@ -893,12 +897,14 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
 // A chat's generation: its prompt (with images, when it has them), and
 // how its reply is read back (tool calls, reasoning).
 Parsed<GenerationPlan> HttpServer::Impl::chat_plan(LoadedModel& model, const ChatCompletionRequest& chat,
-                                                   ResponseContext& ctx, const std::string& image_param) {
+                                                   ResponseContext& ctx, const std::string& image_param,
+                                                   bool any_length) {
   if (chat.first_image_message && !model.vision)
     return ApiError::invalid("this model does not accept images", image_param, "images_not_supported");
+  const int64_t n_ctx = any_length ? std::numeric_limits<int64_t>::max() : model.engine->n_ctx();
   Parsed<GenerationPlan> plan = [&]() -> Parsed<GenerationPlan> {
-    if (chat.first_image_message) return make_image_plan(model, chat);
-    Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, model.engine->n_ctx(), chat);
+    if (chat.first_image_message) return make_image_plan(model, chat, n_ctx);
+    Parsed<BuiltPrompt> prompt = build_chat_prompt(model.chat, *model.bundle->tokenizer, n_ctx, chat);
     if (!prompt.ok()) return prompt.error();
     return make_plan(chat.options, std::move(prompt.value()));
   }();
@@ -1067,7 +1073,8 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
 // that reads none, its prompt built. Nothing (the error answered) when a
 // step fails.
 std::optional<HttpServer::Impl::MessagesRun> HttpServer::Impl::prepare_messages(const std::string& body,
-                                                                                httplib::Response& res) {
+                                                                                httplib::Response& res,
+                                                                                bool count_only) {
   const char* endpoint = endpoint_name(Endpoint::Messages);
   Parsed<MessagesRequest> parsed = parse_messages_request(body, limits);
   if (!parsed.ok()) {
@@ -1084,7 +1091,7 @@ std::optional<HttpServer::Impl::MessagesRun> HttpServer::Impl::prepare_messages(
   run.ctx = ResponseContext{Endpoint::Messages,
                             {make_response_id("msg_"), unix_now(), run.model_id, "fp_" + model.fingerprint_hex},
                             request.chat.options};
-  Parsed<GenerationPlan> plan = chat_plan(model, request.chat, run.ctx, "messages");
+  Parsed<GenerationPlan> plan = chat_plan(model, request.chat, run.ctx, "messages", count_only);
   if (!plan.ok()) {
     reply_error(res, plan.error(), run.model_id, endpoint);
     return std::nullopt;
@@ -1099,14 +1106,15 @@ std::optional<HttpServer::Impl::MessagesRun> HttpServer::Impl::prepare_messages(
 void HttpServer::Impl::handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res) {
   InFlight guard(in_flight);
   if (over_capacity()) return reply_error(res, busy_error(), "", endpoint_name(Endpoint::Messages));
-  std::optional<MessagesRun> run = prepare_messages(body, res);
+  std::optional<MessagesRun> run = prepare_messages(body, res, /*count_only=*/false);
   if (!run) return;
   start_generation(req, res, std::move(run->lease), single(std::move(run->plan)), std::move(run->ctx));
 }
 
-// POST /v1/messages/count_tokens: the prompt a Messages request would run.
+// POST /v1/messages/count_tokens: the prompt a Messages request would run,
+// also one longer than the context (agents count to know when to compact).
 void HttpServer::Impl::handle_count_tokens(const std::string& body, httplib::Response& res) {
-  std::optional<MessagesRun> run = prepare_messages(body, res);
+  std::optional<MessagesRun> run = prepare_messages(body, res, /*count_only=*/true);
   if (!run) return;
   reply_json(res, 200, {{"input_tokens", run->ctx.prompt_tokens}});
   metrics.record_request(run->model_id, endpoint_name(Endpoint::Messages), 200);
