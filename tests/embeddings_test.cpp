@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gguf/gguf_file.h"
@@ -16,6 +18,7 @@
 #include "server/embeddings.h"
 #include "server/openai_request.h"
 #include "test_server.h"
+#include "test_support.h"
 
 using namespace reprise;
 using nlohmann::json;
@@ -271,4 +274,29 @@ TEST(EmbeddingsApi, DimensionsSaltsAndErrors) {
   // cls pooling is refused: a causal model's first state ignores the input.
   ServeOptions cls = embedding_server("cls");
   EXPECT_NE(cls.validate(), "");
+}
+
+// A request of many jobs does not hold the others back: with one slot, a
+// chat sent while a 120-input embeddings request is queued is answered
+// after one of the inputs, long before the batch ends (requests take free
+// slots in turn).
+TEST(EmbeddingsApi, ABigBatchDoesNotHoldOtherRequestsBack) {
+  ServeOptions options = embedding_server();
+  options.parallel = 1;
+  Server s(options);
+  std::vector<json> inputs(120, json(std::vector<int32_t>(1000, 11)));
+  for (size_t i = 0; i < inputs.size(); ++i) inputs[i][0] = static_cast<int32_t>(i);  // distinct: no reuse
+  std::atomic<bool> batch_done{false};
+  std::thread batch([&] {
+    auto [st, r] = s.post("/v1/embeddings", {{"input", inputs}});
+    EXPECT_EQ(st, 200) << r.dump().substr(0, 300);
+    batch_done = true;
+  });
+  ASSERT_TRUE(test::eventually([&] { return s.metric("reprise_queue_depth") > 10; }, std::chrono::seconds(20)));
+  auto [st, r] = s.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                 {"max_tokens", 2}});
+  EXPECT_EQ(st, 200) << r.dump();
+  EXPECT_FALSE(batch_done.load());
+  EXPECT_GT(s.metric("reprise_queue_depth"), 0);
+  batch.join();
 }

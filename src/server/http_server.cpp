@@ -264,6 +264,7 @@ struct HttpServer::Impl {
   int bound_port = -1;
   socket_t listen_socket = INVALID_SOCKET;  // set_socket_options saw it
   ResponseStore stored_responses;           // the Responses API's store: true
+  std::atomic<uint64_t> next_job_group{0};  // one scheduler group per request
   // Destroyed bottom-up: the HTTP server (and the responses that stream from
   // channels) first, then the slots, then the monitor the responses watch with.
   DisconnectMonitor monitor;
@@ -1201,7 +1202,9 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   // prompt's, so the first of them to be prefilled computes it and the
   // others attach its blocks from the cache (InflightPrefixes makes them
   // wait for it rather than compute it too). The jobs share the lease: the
-  // model stays loaded until the last ends.
+  // model stays loaded until the last ends. They are one scheduler group:
+  // requests take free slots in turn, however many jobs each queued.
+  const uint64_t group = next_job_group.fetch_add(1) + 1;
   for (size_t p = 0; p < plans.size(); ++p)
     for (size_t i = 0; i < n; ++i) {
       GenerationPlan choice_plan = i + 1 < n ? plans[p] : std::move(plans[p]);
@@ -1214,7 +1217,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
         GenerationOutcome outcome = run_generation(**lease, plan, *channel);
         lease.reset();
         channel->finish(std::move(outcome));
-      });
+      }, group);
     }
   lease.reset();
 
