@@ -1421,6 +1421,36 @@ void HttpServer::Impl::reply_complete(httplib::Response& res, const std::vector<
   finish_metrics(ctx, outcomes, 200);
 }
 
+namespace {
+
+// A streamed response's writes: once one fails (the client is gone), the
+// request's generations are cancelled and later writes are dropped.
+class ClientStream {
+ public:
+  ClientStream(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs) : sink_(sink), runs_(runs) {}
+
+  bool write(const std::string& data) {
+    if (ok_ && !data.empty() && !sink_.write(data.data(), data.size())) {
+      ok_ = false;
+      for (const ChoiceRun& run : runs_) run.channel->cancel();  // stop generating for a client that left
+    }
+    return ok_;
+  }
+  // Writes what `pending` holds, then empties it.
+  void flush(std::string& pending) {
+    write(pending);
+    pending.clear();
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  httplib::DataSink& sink_;
+  const std::vector<ChoiceRun>& runs_;
+  bool ok_ = true;
+};
+
+}  // namespace
+
 // A complete (not streamed) reply that failed, was cancelled or was cut
 // short by shutdown: answered with its error. False when it succeeded.
 bool HttpServer::Impl::reply_failure(httplib::Response& res, std::span<const GenerationOutcome> outcomes,
@@ -1522,45 +1552,38 @@ void HttpServer::Impl::reply_built(httplib::Response& res, const std::vector<Cho
 // failure after the headers went out is the API's failure event.
 bool HttpServer::Impl::stream_built(httplib::DataSink& sink, const std::vector<ChoiceRun>& runs,
                                     const ResponseContext& ctx) {
-  bool client_ok = true;
-  auto write = [&](std::string& data) {
-    if (client_ok && !data.empty() && !sink.write(data.data(), data.size())) {
-      client_ok = false;
-      for (const ChoiceRun& run : runs) run.channel->cancel();  // the client is gone: stop generating for it
-    }
-    data.clear();
-  };
+  ClientStream client(sink, runs);
   std::string events;
   const BuiltReply built = reply_builder(ctx, &events);
   ReplyBuilder& builder = *built.builder;
   ChoiceStream reader(ctx, builder);
   builder.start();
-  write(events);
+  client.flush(events);
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
       [&](size_t, std::vector<GenerationDelta>& deltas) {
-        if (client_ok) reader.add(deltas);
+        if (client.ok()) reader.add(deltas);
       },
       [&](size_t, const GenerationOutcome& outcome) {
-        if (client_ok && !outcome.error && outcome.finish_reason != "cancelled") reader.finish(outcome.finish_reason);
+        if (client.ok() && !outcome.error && outcome.finish_reason != "cancelled") reader.finish(outcome.finish_reason);
       },
-      [&] { write(events); });
+      [&] { client.flush(events); });
   int status = 200;
-  if (client_ok && any_cancelled(outcomes) && stopping.load()) {
+  if (client.ok() && any_cancelled(outcomes) && stopping.load()) {
     builder.fail(shutting_down_error());
     status = 503;
-  } else if (const ApiError* error = first_error(outcomes); error && client_ok) {
+  } else if (const ApiError* error = first_error(outcomes); error && client.ok()) {
     builder.fail(*error);
     status = error->status;
-  } else if (!client_ok || any_cancelled(outcomes)) {
+  } else if (!client.ok() || any_cancelled(outcomes)) {
     finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   } else {
     built.completed(builder.complete(outcomes.front(), reader.reasoning_tokens()));
   }
-  write(events);
-  finish_metrics(ctx, outcomes, client_ok ? status : kClientClosed);
-  if (!client_ok) return false;
+  client.flush(events);
+  finish_metrics(ctx, outcomes, client.ok() ? status : kClientClosed);
+  if (!client.ok()) return false;
   sink.done();
   return true;
 }
@@ -1588,14 +1611,7 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
                               const ResponseContext& ctx) {
   const bool chat = ctx.endpoint == Endpoint::Chat;
   const size_t n = runs.size();
-  bool client_ok = true;
-  auto write = [&](const std::string& data) {
-    if (client_ok && !sink.write(data.data(), data.size())) {
-      client_ok = false;
-      for (const ChoiceRun& run : runs) run.channel->cancel();  // the client is gone: stop generating for it
-    }
-    return client_ok;
-  };
+  ClientStream client(sink, runs);
 
   std::string events;  // one write per round of takes: a token's event each
   std::vector<std::unique_ptr<ChoiceEvents>> chunks;
@@ -1608,51 +1624,49 @@ bool HttpServer::Impl::stream(httplib::DataSink& sink, const std::vector<ChoiceR
       events += sse_event(chat_chunk_json(ctx.meta, {{"role", "assistant"}, {"content", ""}}, "", std::nullopt,
                                           ctx.options.include_usage, static_cast<int>(i)));
   }
-  if (!events.empty()) write(events);
-  events.clear();
+  client.flush(events);
   // Runs until every generation finishes, even after a failed write: a
   // cancelled generation stops within a token, and its counts belong in the
   // metrics.
   const std::vector<GenerationOutcome> outcomes = collect_choices(
       runs, [this](const ChoiceRun& run) { leave_queue_if_cancelled(run); },
       [&](size_t i, std::vector<GenerationDelta>& deltas) {
-        if (!client_ok) return;  // the client is gone: only the end is waited for
+        if (!client.ok()) return;  // the client is gone: only the end is waited for
         choices[i].add(deltas);
       },
       [&](size_t i, const GenerationOutcome& outcome) {
         if (!outcome.error && outcome.finish_reason != "cancelled") choices[i].finish(outcome.finish_reason);
       },
       [&] {
-        if (!events.empty()) write(events);
-        events.clear();
+        client.flush(events);
       });
-  if (client_ok && any_cancelled(outcomes) && stopping.load()) {
+  if (client.ok() && any_cancelled(outcomes) && stopping.load()) {
     // Cut short by the server's shutdown: the client learns why, and that
     // the stream is over, instead of seeing it end mid-reply; the chunked
     // body is ended properly (HTTP clients otherwise report a truncated
     // response instead of the event).
-    write(sse_event(error_json(shutting_down_error())));
-    write(sse_done());
+    client.write(sse_event(error_json(shutting_down_error())));
+    client.write(sse_done());
     finish_metrics(ctx, outcomes, 503);
-    if (!client_ok) return false;
+    if (!client.ok()) return false;
     sink.done();
     return true;
   }
   const ApiError* error = first_error(outcomes);
-  if (!client_ok || (!error && any_cancelled(outcomes))) {
+  if (!client.ok() || (!error && any_cancelled(outcomes))) {
     finish_metrics(ctx, outcomes, kClientClosed);
     return false;
   }
   if (error) {
     // Headers (200) are already sent: report the error as an event, as OpenAI does.
-    write(sse_event(error_json(*error)));
+    client.write(sse_event(error_json(*error)));
   } else if (ctx.options.include_usage) {
     const UsageCounts usage = request_usage(outcomes, ctx.choices_per_prompt());
-    write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, usage) : completion_usage_chunk_json(ctx.meta, usage)));
+    client.write(sse_event(chat ? chat_usage_chunk_json(ctx.meta, usage) : completion_usage_chunk_json(ctx.meta, usage)));
   }
-  write(sse_done());
-  finish_metrics(ctx, outcomes, !client_ok ? kClientClosed : error ? error->status : 200);
-  if (!client_ok) return false;
+  client.write(sse_done());
+  finish_metrics(ctx, outcomes, !client.ok() ? kClientClosed : error ? error->status : 200);
+  if (!client.ok()) return false;
   sink.done();
   return true;
 }

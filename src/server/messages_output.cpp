@@ -74,23 +74,19 @@ void MessageBuilder::close() {
   open_ = Open::None;
 }
 
-void MessageBuilder::reasoning(const std::string& text, Logprobs) {
+// Text for a block of `kind` (its `field`), opened if it is not, and its delta event.
+void MessageBuilder::append(Open kind, const char* field, const char* delta_type, const std::string& text) {
   if (text.empty()) return;
-  open(Open::Thinking);
-  blocks_.back()["thinking"].get_ref<std::string&>() += text;
-  emit({{"type", "content_block_delta"},
-        {"index", blocks_.size() - 1},
-        {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}});
+  open(kind);
+  blocks_.back()[field].get_ref<std::string&>() += text;
+  emit({{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", {{"type", delta_type}, {field, text}}}});
 }
 
-void MessageBuilder::content(const std::string& text, Logprobs) {
-  if (text.empty()) return;
-  open(Open::Text);
-  blocks_.back()["text"].get_ref<std::string&>() += text;
-  emit({{"type", "content_block_delta"},
-        {"index", blocks_.size() - 1},
-        {"delta", {{"type", "text_delta"}, {"text", text}}}});
+void MessageBuilder::reasoning(const std::string& text, Logprobs) {
+  append(Open::Thinking, "thinking", "thinking_delta", text);
 }
+
+void MessageBuilder::content(const std::string& text, Logprobs) { append(Open::Text, "text", "text_delta", text); }
 
 void MessageBuilder::tool_calls(const std::vector<ToolCall>& calls, Logprobs) {
   close();

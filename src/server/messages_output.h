@@ -40,6 +40,7 @@ class MessageBuilder final : public ReplyBuilder {
   void emit(const nlohmann::ordered_json& event);
   void open(Open kind);
   void close();
+  void append(Open kind, const char* field, const char* delta_type, const std::string& text);
 
   const std::string id_, model_;
   const int64_t prompt_tokens_;
