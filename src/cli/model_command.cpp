@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "gguf/gguf_file.h"
+#include "model/synthetic_lora.h"
 #include "model/synthetic_model.h"
 #include "util/error.h"
 
@@ -86,6 +87,39 @@ void register_model(CLI::App& app) {
                  (dtype_name(static_cast<uint32_t>(s.dtype)) + (s.more_bits_dtype ? "_M" : "")).c_str(),
                  mo->out.c_str());
     make_synthetic_model(s, mo->out);
+  });
+
+  struct LoraOptions {
+    std::string base, dtype = "F32", out;
+    int64_t rank = 8;
+    float alpha = 16.0f, strength = 0.5f;
+    uint64_t seed = 1;
+    std::vector<std::string> targets;
+  };
+  auto lo = std::make_shared<LoraOptions>();
+  CLI::App* lora = cmd->add_subcommand("lora", "Write a deterministic synthetic LoRA adapter for a model file");
+  lora->add_option("-m,--model", lo->base, "Base model GGUF (its architecture and shapes)")->required();
+  lora->add_option("--rank", lo->rank, "Rank")->capture_default_str();
+  lora->add_option("--alpha", lo->alpha, "adapter.lora.alpha (0 writes none)")->capture_default_str();
+  lora->add_option("--strength", lo->strength, "Size of the weight change relative to the base weights")
+      ->capture_default_str();
+  lora->add_option("--dtype", lo->dtype, "Type of the A and B matrices")->capture_default_str();
+  lora->add_option("--target", lo->targets,
+                   "Matrices to adapt (repeatable; default all of attn_q, attn_k, attn_v, attn_output, ffn_gate, "
+                   "ffn_up, ffn_down)");
+  lora->add_option("--seed", lo->seed, "Seed")->capture_default_str();
+  lora->add_option("-o,--output", lo->out, "Output GGUF path")->required();
+  lora->callback([lo] {
+    SyntheticLoraSpec s;
+    s.rank = lo->rank;
+    s.alpha = lo->alpha;
+    s.strength = lo->strength;
+    s.dtype = parse_dtype(lo->dtype);
+    s.seed = lo->seed;
+    if (!lo->targets.empty()) s.targets = lo->targets;
+    make_synthetic_lora(lo->base, s, lo->out);
+    std::fprintf(stderr, "wrote a rank-%lld LoRA adapter for %s to %s\n", (long long)s.rank, lo->base.c_str(),
+                 lo->out.c_str());
   });
 
   CLI::App* presets = cmd->add_subcommand("presets", "List synthetic model presets");

@@ -1,7 +1,9 @@
 // reprise run: generate text for one or more prompts, streaming to stdout.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cache/prefix_cache.h"
 #include "cli/commands.h"
@@ -35,6 +37,8 @@ struct RunOptions {
   std::vector<std::string> images;
   bool json = false;                // structured output: a JSON object
   std::string json_schema_file;     // structured output: a document this schema allows
+  std::vector<std::string> loras;   // LoRA adapters at scale 1
+  std::vector<std::string> scaled_loras;  // PATH SCALE pairs
 };
 
 // The schema --json / --json-schema ask for, or null.
@@ -61,6 +65,8 @@ void run(const RunOptions& o) {
   const std::shared_ptr<const JsonSchema> schema = output_schema(o);
   if (schema && (!o.mmproj.empty() || !o.images.empty()))
     throw Error("--json and --json-schema are for text prompts (use the server's response_format with images)");
+  if ((!o.loras.empty() || !o.scaled_loras.empty()) && (!o.mmproj.empty() || !o.images.empty()))
+    throw Error("--lora is for text prompts in 'reprise run' (the server applies adapters to requests with images)");
   const auto vocabulary = schema ? std::make_shared<JsonVocabulary>(output_pieces(*bundle->tokenizer)) : nullptr;
   if (!o.mmproj.empty() || !o.images.empty()) {
     run_with_images(*bundle, pool, cache,
@@ -83,6 +89,17 @@ void run(const RunOptions& o) {
     engine.set_draft(*draft->model, draft_cache.get(), o.draft_max);
   }
 
+  std::vector<LoraUse> loras;
+  for (const std::string& p : o.loras) loras.push_back({LoraAdapter::load(p), 1.0f});
+  for (size_t i = 0; i + 1 < o.scaled_loras.size(); i += 2) {
+    char* end = nullptr;
+    const float scale = std::strtof(o.scaled_loras[i + 1].c_str(), &end);
+    if (end == o.scaled_loras[i + 1].c_str() || *end || !std::isfinite(scale))
+      throw Error("--lora-scaled " + o.scaled_loras[i] + ": '" + o.scaled_loras[i + 1] + "' is not a finite number");
+    loras.push_back({LoraAdapter::load(o.scaled_loras[i]), scale});
+  }
+  for (const LoraUse& use : loras) bundle->model->check_adapter(*use.adapter);
+
   std::vector<std::string> prompts = o.prompts;
   if (prompts.empty()) prompts.push_back("Once upon a time");
   for (const std::string& text : prompts) {
@@ -92,6 +109,7 @@ void run(const RunOptions& o) {
     req.max_tokens = o.n_predict;
     req.stop_tokens = bundle->eog_tokens;
     req.cache_salt = o.cache_salt;
+    req.loras = loras;
     if (schema) req.constraint = std::make_shared<JsonConstraint>(schema, vocabulary);
     StreamDecoder decoder(*bundle->tokenizer);
     PacedOutput out;
@@ -177,6 +195,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--image", o->images,
                   "Image file (PNG, JPEG, WebP); repeat for several. Placed at <__media__> markers in the "
                   "prompt, else before it");
+  cmd->add_option("--lora", o->loras, "LoRA adapter GGUF applied at scale 1 (repeatable)");
+  cmd->add_option("--lora-scaled", o->scaled_loras, "LoRA adapter GGUF and its scale: PATH SCALE (repeatable)")
+      ->type_size(2);
   cmd->add_flag("-v,--verbose", o->verbose, "Print prefix-cache reuse and totals after each prompt");
   cmd->callback([o] { run(*o); });
 }

@@ -5,9 +5,10 @@
 namespace reprise {
 
 ActiveSequence::ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
-                               SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher)
+                               SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher,
+                               std::vector<LoraUse> loras)
     : model_(model), pool_(pool), forward_mutex_(forward_mutex), batcher_(batcher), cache_(cache),
-      snapshots_(snapshots) {
+      snapshots_(snapshots), loras_(std::move(loras)) {
   if (cache_) {
     cached_ = cache_->open(ns);
     memory_ = cached_.get();
@@ -83,6 +84,7 @@ void ActiveSequence::feed(std::span<const int32_t> tokens, std::span<const Hash1
   batch.pos0 = position_;
   batch.logits_for = logits_for;
   batch.hidden_states = hidden_states;
+  batch.loras = loras_;
   if (embeddings) {
     batch.embeddings = embeddings;
     batch.embd_begin = 0;

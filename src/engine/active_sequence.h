@@ -22,9 +22,11 @@ class ActiveSequence {
  public:
   // `cache` null: flat, uncached state. `forward_mutex` serialises forward
   // passes on the shared pool. With a `batcher` (the model's), every batch
-  // runs through it, sharing passes with other sequences.
+  // runs through it, sharing passes with other sequences. Every batch runs
+  // with `loras` (model/lora_adapter.h), which `ns` must name.
   ActiveSequence(Model& model, ThreadPool& pool, std::mutex& forward_mutex, PrefixCache* cache,
-                 SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher = nullptr);
+                 SnapshotStore* snapshots, const NamespaceKey& ns, PassBatcher* batcher = nullptr,
+                 std::vector<LoraUse> loras = {});
 
   // Reuses the longest valid cached prefix of `prompt` (leaving at least one
   // token to compute). For models with recurrent layers the prefix is cut back
@@ -90,6 +92,7 @@ class ActiveSequence {
   std::unique_ptr<CachedSequence> cached_;
   std::unique_ptr<FlatMemory> flat_;
   SequenceMemory* memory_;
+  std::vector<LoraUse> loras_;
   int64_t position_ = 0;
 };
 

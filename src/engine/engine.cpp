@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <limits>
 
@@ -71,9 +72,10 @@ int64_t Engine::prefill_chunk(const PassBatcher& batcher) const {
   return batcher.decoding() > 0 ? options_.n_batch_while_decoding : options_.n_batch;
 }
 
-NamespaceKey Engine::namespace_for(const std::string& cache_salt) const {
+NamespaceKey Engine::namespace_for(const std::string& cache_salt, const std::vector<LoraUse>& loras) const {
   NamespaceKey ns;
   ns.model_fingerprint = model_.info().fingerprint;
+  ns.adapter_id = lora_identity(loras);
   ns.cache_salt = cache_salt;
   return ns;
 }
@@ -109,6 +111,11 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   const bool hidden_all = hidden && req.hidden_all;
   const bool every_position = prompt_logits || hidden_all;  // no cached prefix can serve
   if (hidden && prompt_logits) throw Error("hidden states and prompt logits cannot both be asked for");
+  for (const LoraUse& use : req.loras) {
+    if (!use.adapter) throw Error("a LoRA use without an adapter");
+    if (!std::isfinite(use.scale)) throw Error("LoRA scales must be finite");
+    model_.check_adapter(*use.adapter);
+  }
   const int draft_max = !req.embedded.empty() || req.constraint || prompt_logits || hidden ? 0
                         : req.draft_max < 0                                      ? draft_max_
                                                                                  : std::min(req.draft_max, 64);
@@ -123,7 +130,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
   std::unique_ptr<InflightPrefixes::Prefill> inflight;
   if (use_cache && cache_->enabled() && !every_position) {
     bool waited = false;
-    inflight = inflight_->begin(namespace_for(req.cache_salt).hash(), req.prompt, req.prompt_keys, &waited,
+    inflight = inflight_->begin(namespace_for(req.cache_salt, req.loras).hash(), req.prompt, req.prompt_keys, &waited,
                                 req.cancelled);
     if (waited) counters_.prefix_waits++;
     if (!inflight) {
@@ -132,7 +139,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const TokenCallback&
     }
   }
   ActiveSequence target(model_, pool_, *forward_mutex_, use_cache ? cache_ : nullptr, snapshots_,
-                        namespace_for(req.cache_salt), batcher_);
+                        namespace_for(req.cache_salt, req.loras), batcher_, req.loras);
   result.reuse = target.attach(req.prompt, req.prompt_keys, /*reuse=*/!every_position);
   if (const EmbeddedSpan* e = span_at(target.position()); e && e->begin < target.position()) {
     // The cached prefix ends inside an image: recompute the whole image.

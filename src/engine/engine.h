@@ -69,6 +69,11 @@ struct GenerateRequest {
   int64_t max_tokens = 128;
   std::vector<int32_t> stop_tokens;  // end-of-generation ids
   std::string cache_salt;
+  // LoRA adapters the request runs with, applied in this order (none: the
+  // base weights). Each must pass the model's check_adapter. Part of the
+  // cache namespace with their scales: state computed under other adapters
+  // or scales is never reused. The draft model runs without them.
+  std::vector<LoraUse> loras;
   bool use_cache = true;
   // Speculative decoding: tokens the draft proposes per step; -1 uses the
   // engine's default, 0 disables it for this request (and requests with
@@ -170,7 +175,7 @@ class Engine {
   PrefixCache* cache() { return cache_; }
   SnapshotStore* snapshots() { return snapshots_; }
   int64_t n_ctx() const { return n_ctx_; }
-  NamespaceKey namespace_for(const std::string& cache_salt) const;
+  NamespaceKey namespace_for(const std::string& cache_salt, const std::vector<LoraUse>& loras = {}) const;
 
  private:
   Model& model_;

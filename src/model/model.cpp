@@ -3,8 +3,14 @@
 #include <algorithm>
 
 #include "tensor/thread_pool.h"
+#include "util/error.h"
 
 namespace reprise {
+
+void Model::check_adapter(const LoraAdapter& adapter) const {
+  throw Error(adapter.path() + ": LoRA adapters are not supported for '" + info().arch +
+              "' models (supported: llama, qwen2, qwen3, gemma3)");
+}
 
 void Model::forward_many(std::span<const SequenceBatch> batches, ThreadPool& pool) {
   for (const SequenceBatch& b : batches)

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/lora_adapter.h"
 #include "model/sequence_memory.h"
 #include "model/state_spec.h"
 #include "tensor/thread_pool.h"
@@ -54,6 +55,10 @@ struct ForwardBatch {
   // state (n_embd floats each: the input of the vocabulary projection)
   // instead of logits.
   bool hidden_states = false;
+  // LoRA adapters this sequence runs with (none: the base weights), applied
+  // in order to every product whose matrix they adapt. A model that cannot
+  // apply one refuses it in check_adapter, before any pass.
+  std::span<const LoraUse> loras;
 };
 
 // One sequence's part of a multi-sequence pass: `batch` run on `memory`,
@@ -113,6 +118,11 @@ class Model {
   // calls it for the model it loads at start-up. Architectures without
   // such scratch do nothing.
   virtual void prepare_scratch(int64_t n_tokens, ThreadPool& pool) { (void)n_tokens, (void)pool; }
+  // Throws reprise::Error saying why this model cannot run `adapter` (another
+  // architecture, a tensor it does not have or uses differently, a shape
+  // that does not match); returns when batches may carry it. Architectures
+  // without adapter support refuse every adapter.
+  virtual void check_adapter(const LoraAdapter& adapter) const;
 
   // forward_many of one-token batches; `logits` receives n_vocab floats per
   // step, in order.

@@ -12,6 +12,8 @@ std::unique_ptr<Model> load_model(const gguf::File& file) {
   if (const auto shards = file.get_int("split.count"); shards && *shards > 1)
     file.fail("this is one shard of a GGUF split into " + std::to_string(*shards) +
               " files: merge them into one first (llama-gguf-split --merge FIRST-SHARD OUT.gguf)");
+  if (file.get_string("general.type").value_or("") == "adapter")
+    file.fail("this is an adapter, not a model: serve it with --lora NAME=PATH beside its base model");
   const std::string arch = file.require_string("general.architecture");
   if (is_transformer_arch(arch)) return load_transformer(file);
   if (is_mamba_arch(arch)) return load_mamba(file);

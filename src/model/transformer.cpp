@@ -8,6 +8,7 @@
 #include "gguf/gguf_file.h"
 #include "model/for_tokens.h"
 #include "model/layer_attention.h"
+#include "model/lora_apply.h"
 #include "model/output_head.h"
 #include "model/pass_segments.h"
 #include "model/team_step.h"
@@ -66,6 +67,7 @@ struct Layer {
   std::vector<float> attn_norm, ffn_norm, post_attn_norm, post_ffn_norm;
   std::vector<float> q_norm, k_norm, bq, bk, bv;
   PackedMatrix wq, wk, wv, wo, gate, up, down;
+  std::string prefix;  // "blk.N.": the GGUF names of its tensors, which adapters adapt
   int window = 0;
   float rope_base = 10000.0f;
   float rope_scale = 1.0f;
@@ -116,6 +118,7 @@ class Transformer final : public SegmentedModel {
   void prepare_scratch(int64_t n_tokens, ThreadPool& pool) override {
     size_pass_buffers(pool.caller_local<PassBuffers>(), n_tokens);
   }
+  void check_adapter(const LoraAdapter& adapter) const override;
 
  private:
   // One pass over every segment's rows: products over all rows at once,
@@ -226,6 +229,7 @@ Transformer::Transformer(const gguf::File& file) {
   for (int64_t il = 0; il < n_layer; ++il) {
     Layer& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
+    L.prefix = p;
     L.attn_norm = w.vector(p + "attn_norm.weight", n_embd_);
     L.wq = PackedMatrix(w.matrix(p + "attn_q.weight", n_embd_, q_dim));
     L.wk = PackedMatrix(w.matrix(p + "attn_k.weight", n_embd_, kv_dim));
@@ -497,6 +501,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   }
 
   size_pass_buffers(pool.caller_local<PassBuffers>(), n);
+  const bool loras = pass_has_loras(segments);
 
   for (const PassSegment& seg : segments) {
     const ForwardBatch& batch = seg.batch;
@@ -521,6 +526,11 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     prefetch_kv_slots(segments, il, n_head_kv_, head_dim_);
     const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
     matmul_many(qkv, h.data(), n, pool);
+    if (loras) {
+      add_lora_deltas(segments, L.prefix + "attn_q.weight", h.data(), n_embd_, q.data(), q_dim, 0, pool);
+      add_lora_deltas(segments, L.prefix + "attn_k.weight", h.data(), n_embd_, k.data(), kv_dim, 0, pool);
+      add_lora_deltas(segments, L.prefix + "attn_v.weight", h.data(), n_embd_, v.data(), kv_dim, 0, pool);
+    }
     for_tokens(n, pool, [&](int64_t t) {
       ready_heads(L, q.data() + t * q_dim, k.data() + t * kv_dim, v.data() + t * kv_dim, 0, n_head_,
                   rope.cos_at(il, t), rope.sin_at(il, t));
@@ -543,6 +553,7 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     attend_layer_many(per_sequence, il, shape, pool);
     const int64_t m = n - r0;  // rows this layer still computes, from r0
     matmul(L.wo, attn.data() + r0 * q_dim, m, tmp.data() + r0 * n_embd_, pool);
+    if (loras) add_lora_deltas(segments, L.prefix + "attn_output.weight", attn.data(), q_dim, tmp.data(), n_embd_, r0, pool);
     for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
       add_residual(x.data() + t * n_embd_, tt, L.post_attn_norm, tt);
@@ -550,11 +561,16 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
     });
     const MatmulOutput gate_up[] = {{&L.gate, g.data() + r0 * n_ff_}, {&L.up, u.data() + r0 * n_ff_}};
     matmul_many(gate_up, h.data() + r0 * n_embd_, m, pool);
+    if (loras) {
+      add_lora_deltas(segments, L.prefix + "ffn_gate.weight", h.data(), n_embd_, g.data(), n_ff_, r0, pool);
+      add_lora_deltas(segments, L.prefix + "ffn_up.weight", h.data(), n_embd_, u.data(), n_ff_, r0, pool);
+    }
     for_tokens_from(r0, n, pool, [&](int64_t t) {
       if (traits_.gelu) gelu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
       else silu_mul(g.data() + t * n_ff_, u.data() + t * n_ff_, n_ff_);
     });
     matmul(L.down, g.data() + r0 * n_ff_, m, tmp.data() + r0 * n_embd_, pool);
+    if (loras) add_lora_deltas(segments, L.prefix + "ffn_down.weight", g.data(), n_ff_, tmp.data(), n_embd_, r0, pool);
     for_tokens_from(r0, n, pool, [&](int64_t t) {
       float* tt = tmp.data() + t * n_embd_;
       add_residual(x.data() + t * n_embd_, tt, L.post_ffn_norm, tt);
@@ -562,6 +578,39 @@ void Transformer::run(std::span<const PassSegment> segments, ThreadPool& pool) {
   }
 
   output_logits(x.data(), segments, n_embd_, output_norm_, eps_, output_, info_.n_vocab, h.data(), pool);
+}
+
+void Transformer::check_adapter(const LoraAdapter& adapter) const {
+  const std::string& path = adapter.path();
+  if (adapter.architecture() != info_.arch)
+    throw Error(path + ": the adapter is for '" + adapter.architecture() + "' models, this model is '" + info_.arch +
+                "'");
+  for (const auto& [name, pair] : adapter.pairs()) {
+    auto fail = [&](const std::string& why) { throw Error(path + ": LoRA tensor '" + name + "' " + why); };
+    // "blk.<layer>.<role>.weight"
+    const size_t dot = name.find('.', 4);
+    if (name.rfind("blk.", 0) != 0 || dot == std::string::npos)
+      fail("adapts a tensor outside the layers (output and embedding adapters are not supported)");
+    const std::string index = name.substr(4, dot - 4);
+    if (index.empty() || index.size() > 4 || index.find_first_not_of("0123456789") != std::string::npos)
+      fail("names no layer");
+    const size_t il = std::stoul(index);
+    if (il >= layers_.size()) fail("names layer " + index + " of a model with " + std::to_string(layers_.size()));
+    const Layer& L = layers_[il];
+    const std::string role = name.substr(dot + 1);
+    const PackedMatrix* w = role == "attn_q.weight"        ? &L.wq
+                            : role == "attn_k.weight"      ? &L.wk
+                            : role == "attn_v.weight"      ? &L.wv
+                            : role == "attn_output.weight" ? &L.wo
+                            : role == "ffn_gate.weight"    ? &L.gate
+                            : role == "ffn_up.weight"      ? &L.up
+                            : role == "ffn_down.weight"    ? &L.down
+                                                           : nullptr;
+    if (!w) fail("adapts no matrix this model multiplies by");
+    if (pair.a.n_in() != w->n_in() || pair.b.n_out() != w->n_out())
+      fail("maps " + std::to_string(pair.a.n_in()) + " inputs to " + std::to_string(pair.b.n_out()) +
+           " outputs; the model's matrix maps " + std::to_string(w->n_in()) + " to " + std::to_string(w->n_out()));
+  }
 }
 
 }  // namespace
