@@ -116,6 +116,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding of the default model");
   cmd->add_option("--draft-max", o->draft_max, "Tokens the draft proposes per step")->capture_default_str();
   cmd->add_option("--mmproj", o->mmproj, "Vision projector (mmproj GGUF) for the default model: image inputs");
+  cmd->add_option("--lora", o->loras,
+                  "LoRA adapter of the default model as NAME=PATH or PATH (repeatable): requests select it with "
+                  "\"model\": NAME, or with \"lora\": [{\"id\": NAME or index, \"scale\": S}]");
   cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept per SSM/hybrid model")
       ->capture_default_str();
   cmd->add_option("--snapshot-ttl", o->snapshot_ttl_seconds, "Seconds a snapshot stays usable (0 = no limit)")

@@ -86,6 +86,7 @@ void generate(LoadedModel& model, const GenerationPlan& plan, GenerationChannel&
   request.max_tokens = plan.max_tokens >= 0 ? plan.max_tokens : model.engine->n_ctx();
   if (!plan.ignore_eos) request.stop_tokens = model.bundle->eog_tokens;
   request.cache_salt = plan.cache_salt;
+  request.loras = plan.loras;
   request.draft_max = plan.draft_max;
   request.prompt_keys = plan.prompt_keys;
   request.embedded = plan.embedded;

@@ -37,6 +37,7 @@ struct GenerationPlan {
   bool logprobs = false;
   int top_logprobs = 0;
   std::string cache_salt;
+  std::vector<LoraUse> loras;  // adapters the generation runs with (GenerateRequest::loras)
   int draft_max = -1;       // -1: the engine's default; 0: no speculative decoding
   bool ignore_eos = false;  // end-of-generation tokens neither stop nor show
   // Text completions' echo: the prompt's text, sent first; with logprobs,

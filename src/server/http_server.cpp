@@ -341,7 +341,7 @@ struct HttpServer::Impl {
   std::optional<ModelLease> lease_model(const std::string& requested, httplib::Response& res, const char* endpoint,
                                         std::string& model_id) {
     model_id = requested.empty() ? registry.default_id() : requested;
-    Parsed<ModelLease> acquired = registry.acquire(model_id);
+    Parsed<ModelLease> acquired = registry.acquire(registry.base_of(model_id));
     if (acquired.ok()) return std::move(acquired.value());
     reply_error(res, acquired.error(), acquired.error().status == 404 ? "" : model_id, endpoint);
     return std::nullopt;
@@ -358,7 +358,9 @@ struct HttpServer::Impl {
 
   // A generation's model: leased (null, answered, when it cannot be),
   // its logit_bias checked against the vocabulary, and its pool woken.
-  std::shared_ptr<ModelLease> lease_for_generation(const GenerationOptions& o, httplib::Response& res,
+  // Also resolves the adapters it runs with into o.loras (a 400 for an
+  // adapter the model does not have).
+  std::shared_ptr<ModelLease> lease_for_generation(GenerationOptions& o, httplib::Response& res,
                                                    const char* endpoint, std::string& model_id);
 
   // One plan per prompt; each runs as the request's n choices.
@@ -546,6 +548,17 @@ void HttpServer::Impl::setup() {
   http.Get(R"(/v1/models/(.+))", one_model);
   http.Get(R"(/models/(.+))", one_model);
   http.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) { handle_cache_stats(res); });
+  // llama.cpp's list of adapters (its ids are what `lora` fields give).
+  // Adapters apply only to requests that ask for them, so every scale is 0.
+  http.Get("/lora-adapters", [this](const httplib::Request&, httplib::Response& res) {
+    ordered_json list = ordered_json::array();
+    const std::vector<ModelSource>& adapters = registry.adapters();
+    for (size_t i = 0; i < adapters.size(); ++i)
+      list.push_back({{"id", i}, {"name", adapters[i].id}, {"path", adapters[i].path}, {"scale", 0.0},
+                      {"model", registry.default_id()}});
+    reply_json(res, 200, list);
+    metrics.record_request("", "lora_adapters", 200);
+  });
   auto chat = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
     std::string body;
     if (read_body(req, res, reader, body)) handle_chat(req, body, res);
@@ -631,7 +644,8 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
   gmtime_r(&started, &utc);
   std::strftime(created_at, sizeof created_at, "%Y-%m-%dT%H:%M:%SZ", &utc);
   ordered_json data = ordered_json::array();
-  for (const ModelStatus& s : registry.status()) {
+  const std::vector<ModelStatus> statuses = registry.status();
+  for (const ModelStatus& s : statuses) {
     if (!only_id.empty() && s.id != only_id) continue;
     ordered_json m = ordered_json::object();
     m["id"] = s.id;
@@ -642,6 +656,26 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
     m["display_name"] = s.id;
     m["created_at"] = created_at;
     m["loaded"] = s.loaded;
+    data.push_back(std::move(m));
+  }
+  // Each adapter is a model of its own to clients (vLLM's convention), run
+  // on its base model's weights.
+  for (const ModelSource& a : registry.adapters()) {
+    if (!only_id.empty() && a.id != only_id) continue;
+    const std::string& base = registry.base_of(a.id);
+    ordered_json m = ordered_json::object();
+    m["id"] = a.id;
+    m["object"] = "model";
+    m["created"] = started_at;
+    m["owned_by"] = "reprise";
+    m["type"] = "model";
+    m["display_name"] = a.id;
+    m["created_at"] = created_at;
+    m["parent"] = base;
+    m["root"] = base;
+    bool loaded = false;
+    for (const ModelStatus& s : statuses) loaded = loaded || (s.id == base && s.loaded);
+    m["loaded"] = loaded;
     data.push_back(std::move(m));
   }
   if (!only_id.empty()) {
@@ -859,9 +893,45 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
   return plan;
 }
 
+// The adapters a request runs with: the one its model names (at scale 1),
+// and those of its `lora` field (whose scale wins for the same adapter), in
+// the model's order (so that the same set in any order shares its cache),
+// without those at scale 0 (the base model's computation).
+Parsed<std::vector<LoraUse>> resolve_loras(const LoadedModel& model, const std::string& model_id,
+                                          const std::vector<LoraRequest>& asked) {
+  const std::vector<ServedAdapter>& adapters = model.adapters;
+  std::vector<std::optional<float>> scales(adapters.size());
+  for (size_t i = 0; i < adapters.size(); ++i)
+    if (adapters[i].name == model_id) scales[i] = 1.0f;
+  std::vector<bool> named(adapters.size(), false);
+  for (size_t k = 0; k < asked.size(); ++k) {
+    const LoraRequest& r = asked[k];
+    const std::string param = "lora[" + std::to_string(k) + "].id";
+    size_t index = adapters.size();
+    for (size_t i = 0; i < adapters.size(); ++i)
+      if (r.index >= 0 ? static_cast<size_t>(r.index) == i : adapters[i].name == r.name) index = i;
+    if (index == adapters.size()) {
+      std::string known;
+      for (size_t i = 0; i < adapters.size(); ++i)
+        known += (i ? ", " : "") + std::to_string(i) + " '" + adapters[i].name + "'";
+      const std::string what = r.index >= 0 ? "index " + std::to_string(r.index) : "'" + r.name + "'";
+      return ApiError::invalid("no LoRA adapter " + what + " on model '" + model.id + "' (" +
+                                   (known.empty() ? "it has none" : "it has " + known) + ")",
+                               param, "lora_not_found");
+    }
+    if (named[index]) return ApiError::invalid("lora names adapter '" + adapters[index].name + "' twice", param);
+    named[index] = true;
+    scales[index] = r.scale;
+  }
+  std::vector<LoraUse> uses;
+  for (size_t i = 0; i < adapters.size(); ++i)
+    if (scales[i] && *scales[i] != 0.0f) uses.push_back({adapters[i].adapter, *scales[i]});
+  return uses;
+}
+
 }  // namespace
 
-std::shared_ptr<ModelLease> HttpServer::Impl::lease_for_generation(const GenerationOptions& o, httplib::Response& res,
+std::shared_ptr<ModelLease> HttpServer::Impl::lease_for_generation(GenerationOptions& o, httplib::Response& res,
                                                                   const char* endpoint, std::string& model_id) {
   std::optional<ModelLease> acquired = lease_model(o.model, res, endpoint, model_id);
   if (!acquired) return nullptr;
@@ -870,6 +940,12 @@ std::shared_ptr<ModelLease> HttpServer::Impl::lease_for_generation(const Generat
     reply_error(res, *bad, model_id, endpoint);
     return nullptr;
   }
+  Parsed<std::vector<LoraUse>> loras = resolve_loras(**lease, model_id, o.lora);
+  if (!loras.ok()) {
+    reply_error(res, loras.error(), model_id, endpoint);
+    return nullptr;
+  }
+  o.loras = std::move(loras.value());
   (*lease)->engine->expect_request();
   return lease;
 }
@@ -1208,6 +1284,7 @@ void HttpServer::Impl::start_generation(const httplib::Request& req, httplib::Re
   for (size_t p = 0; p < plans.size(); ++p)
     for (size_t i = 0; i < n; ++i) {
       GenerationPlan choice_plan = i + 1 < n ? plans[p] : std::move(plans[p]);
+      choice_plan.loras = context.options.loras;
       if (i > 0)
         choice_plan.sampling.seed = context.options.seed_given
                                         ? context.options.sampling.seed + static_cast<uint64_t>(i)

@@ -42,6 +42,7 @@ namespace {
 uint64_t e_extra_bytes(const LoadedModel& m) {
   uint64_t extra = 0;
   if (m.snapshots) extra += m.snapshots->config().budget_bytes;
+  for (const ServedAdapter& a : m.adapters) extra += a.adapter->file_bytes();
   if (m.vision) extra += m.vision->encoder_cache_stats().budget_bytes;
   if (m.draft) {
     std::error_code ec;
@@ -65,6 +66,17 @@ ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions o
     e.source = std::move(s);
     entries_.push_back(std::move(e));
   }
+  for (const ModelSource& a : options_.loras) {
+    if (a.id.empty()) throw Error("LoRA adapter name must not be empty (" + a.path + ")");
+    if (!seen.insert(a.id).second)
+      throw Error("LoRA adapter name '" + a.id + "' is already a model's or another adapter's");
+  }
+}
+
+const std::string& ModelRegistry::base_of(const std::string& id) const {
+  for (const ModelSource& a : options_.loras)
+    if (a.id == id) return entries_.front().source.id;
+  return id;
 }
 
 ModelRegistry::~ModelRegistry() = default;
@@ -218,6 +230,13 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std:
     check_draft_compatible(*m->bundle, *m->draft);
     m->draft_cache = std::make_unique<PrefixCache>(m->draft->model->state_spec(), cache_config);
     m->engine->set_draft(*m->draft->model, m->draft_cache.get(), options_.draft_max);
+  }
+  for (const ModelSource& a : is_default ? options_.loras : std::vector<ModelSource>{}) {
+    ServedAdapter served{a.id, a.path, LoraAdapter::load(a.path)};
+    m->bundle->model->check_adapter(*served.adapter);
+    say("[" + source.id + "] LoRA adapter '" + a.id + "' loaded from " + a.path + " (" +
+        std::to_string(served.adapter->pairs().size()) + " matrices)");
+    m->adapters.push_back(std::move(served));
   }
   if (is_default && !options_.mmproj_path.empty()) {
     VisionOptions vision_options;

@@ -50,6 +50,9 @@ struct RegistryOptions {
   std::string draft_model_path;
   int draft_max = 8;
   std::string mmproj_path;
+  // LoRA adapters of the default model (id: the name requests use), loaded
+  // and checked against it when it loads.
+  std::vector<ModelSource> loras;
   uint64_t mm_cache_bytes = 256ull << 20;
   int64_t n_ctx = 0;                        // 0: each model's training context
   uint64_t max_ram_bytes = 0;               // 0: no limit
@@ -59,6 +62,14 @@ struct RegistryOptions {
   uint64_t shared_cache_budget_bytes = 0;
   std::optional<std::string> chat_template_override;
   std::function<void(const std::string&)> log;  // progress and load/unload events
+};
+
+// A LoRA adapter a model serves: requests name it as their model, or in
+// their `lora` field by name or by its index in the model's list.
+struct ServedAdapter {
+  std::string name;
+  std::string path;
+  std::shared_ptr<const LoraAdapter> adapter;
 };
 
 // Everything one loaded model needs to serve requests.
@@ -74,6 +85,7 @@ struct LoadedModel {
   // Image inputs (default model, optional). Its engine shares `engine`'s
   // pass batcher, so it is declared (and destroyed) after it.
   std::unique_ptr<VisionPipeline> vision;
+  std::vector<ServedAdapter> adapters;  // default model, optional
   ModelChatTemplate chat;
   std::string fingerprint_hex;  // short, for system_fingerprint
   // Structured output's view of the vocabulary (a trie of every token's
@@ -130,7 +142,8 @@ struct ModelStatus {
 
 class ModelRegistry {
  public:
-  // Throws reprise::Error for an empty list or duplicate ids.
+  // Throws reprise::Error for an empty list, duplicate ids, or an adapter
+  // named like a model or another adapter.
   ModelRegistry(std::vector<ModelSource> sources, RegistryOptions options);
   ~ModelRegistry();
   ModelRegistry(const ModelRegistry&) = delete;
@@ -139,6 +152,11 @@ class ModelRegistry {
   // The first configured model: what requests without "model" get.
   const std::string& default_id() const { return entries_.front().source.id; }
   std::vector<std::string> ids() const;
+  // The LoRA adapters (RegistryOptions::loras), all of the default model.
+  const std::vector<ModelSource>& adapters() const { return options_.loras; }
+  // The model a requested id runs on: an adapter's base model (the
+  // default's) for an adapter's name, else the id itself.
+  const std::string& base_of(const std::string& id) const;
 
   // The model, loading it first if needed (concurrent callers share one
   // load). Errors: 404 unknown id, 503 when RAM cannot be freed because every

@@ -181,6 +181,33 @@ void parse_tool_choice(const ordered_json& choice, ChatCompletionRequest& req) {
   req.options.tool_call_reply = true;
 }
 
+// llama.cpp's per-request adapters: [{"id": index or name, "scale": s}].
+// Whether each names an adapter of the model is checked once it is leased.
+void parse_lora(const Fields& f, std::vector<LoraRequest>& out) {
+  const ordered_json* list = f.get("lora");
+  if (!list || list->is_null()) return;
+  constexpr size_t kMaxAdapters = 16;
+  if (!list->is_array()) fail("lora must be an array of {\"id\", \"scale\"} objects", "lora");
+  if (list->size() > kMaxAdapters) fail("lora names at most " + std::to_string(kMaxAdapters) + " adapters", "lora");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string where = "lora[" + std::to_string(i) + "]";
+    const ordered_json& entry = (*list)[i];
+    if (!entry.is_object()) fail(where + " must be an object with \"id\" and \"scale\"", where);
+    Fields ef(entry, where + ".");
+    LoraRequest r;
+    const ordered_json* id = ef.get("id");
+    if (!id) fail(where + ".id is required (the adapter's index or name)", where + ".id");
+    if (id->is_string()) {
+      r.name = id->get<std::string>();
+      if (r.name.empty()) fail(where + ".id must not be empty", where + ".id");
+    } else {
+      r.index = Fields::integer_value(*id, where + ".id", 0, kMaxAdapters * 1024);
+    }
+    if (auto v = ef.number("scale", -100, 100)) r.scale = static_cast<float>(*v);
+    out.push_back(std::move(r));
+  }
+}
+
 // Fields both endpoints accept. Logprobs differ (chat: bool + top_logprobs,
 // completions: an integer) and are parsed by the callers.
 void parse_common(const Fields& f, const RequestLimits& limits, GenerationOptions& o) {
@@ -243,6 +270,7 @@ void parse_common(const Fields& f, const RequestLimits& limits, GenerationOption
   o.cache_salt = read_cache_salt(f, limits);
   if (auto v = f.boolean("ignore_eos")) o.ignore_eos = *v;
   if (auto v = f.integer("draft_max", 0, 64)) o.draft_max = static_cast<int>(*v);
+  parse_lora(f, o.lora);
   f.string("user");  // accepted (type-checked) and otherwise unused
   if (auto err = s.validate(); !err.empty()) fail(err, "");
 }

@@ -22,11 +22,20 @@
 
 #include "engine/sampler.h"
 #include "grammar/json_schema.h"
+#include "model/lora_adapter.h"
 #include "server/api_error.h"
 
 namespace reprise {
 
 // What chat and text completions share.
+// One entry of a request's `lora` field (llama.cpp's form): an adapter by
+// its index in the model's list or by name, at a scale.
+struct LoraRequest {
+  int64_t index = -1;  // -1: by name
+  std::string name;
+  float scale = 1.0f;
+};
+
 struct GenerationOptions {
   std::string model;  // "" = the server's default model
   bool stream = false;
@@ -49,6 +58,11 @@ struct GenerationOptions {
   // {"name", "arguments"} for the allowed tools, and the reply is returned
   // as message.tool_calls (finish_reason "tool_calls").
   bool tool_call_reply = false;
+  std::vector<LoraRequest> lora;  // the `lora` field, as given
+  // The adapters the request runs with, resolved against its model's
+  // (the model named, when it names an adapter, and the `lora` field) once
+  // the model is leased.
+  std::vector<LoraUse> loras;
 };
 
 // An image content part: its URL (data: URLs are decoded by the vision

@@ -92,6 +92,16 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.draft_model_path = options.draft_model;
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;
+  for (const std::string& spec : options.loras) {
+    // NAME=PATH, or a bare PATH named after its file.
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      r.loras.push_back({id_from_path(spec), spec});
+      continue;
+    }
+    if (eq == 0 || eq + 1 == spec.size()) throw Error("--lora expects NAME=PATH, got '" + spec + "'");
+    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
+  }
   r.mm_cache_bytes = options.mm_cache_bytes;
   r.shared_cache_budget_bytes = static_cast<uint64_t>(options.cache_total_ram_mib * 1024 * 1024);
   r.snapshot_max_entries = options.snapshot_max_entries;

@@ -35,6 +35,7 @@ struct ServeOptions {
   std::string draft_model;         // speculative decoding draft for the default model
   int draft_max = 8;               // tokens drafted per step (requests may lower it)
   std::string mmproj;              // vision projector for the default model
+  std::vector<std::string> loras;  // NAME=PATH: LoRA adapters of the default model
   uint64_t mm_cache_bytes = 256ull << 20;  // vision encoder-output cache; 0 stores nothing
   size_t snapshot_max_entries = 4096;  // per SSM/hybrid model
   double snapshot_ttl_seconds = 0;     // 0: snapshots never expire by age

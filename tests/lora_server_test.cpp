@@ -1,0 +1,245 @@
+// LoRA adapters through the HTTP API: selected as a model of their own
+// (vLLM's convention) or with llama.cpp's `lora` field, listed, refused
+// with a 400 when a request names one the model does not have, and never
+// sharing cached state with the base model or another adapter or scale
+// (a randomized differential against a cold server).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/synthetic_lora.h"
+#include "test_server.h"
+#include "util/error.h"
+#include "util/scratch_dir.h"
+
+using namespace reprise;
+using reprise::test::json;
+using reprise::test::Server;
+
+namespace {
+
+SyntheticModelSpec base_spec() {
+  SyntheticModelSpec s = synthetic_preset("tiny-qwen3");
+  s.n_vocab = 512;
+  return s;
+}
+
+const char* kTemplate =
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+// Two adapters of the base model, written once: "style" (every matrix) and
+// "terse" (three matrices of one layer, no alpha).
+struct Adapters {
+  std::string style, terse;
+};
+const Adapters& adapters() {
+  static const Adapters made = [] {
+    const std::string base = test::synthetic_model("lora-server", base_spec()).path;
+    const ScratchDir& dir = process_scratch_dir("reprise-lora-server-");
+    Adapters a{dir.file("style.gguf"), dir.file("terse.gguf")};
+    SyntheticLoraSpec style;
+    style.seed = 31;
+    style.strength = 1.0f;
+    make_synthetic_lora(base, style, a.style);
+    SyntheticLoraSpec terse;
+    terse.seed = 32;
+    terse.alpha = 0;
+    terse.rank = 4;
+    terse.strength = 1.0f;
+    terse.layers = {1};
+    terse.targets = {"attn_v", "ffn_up", "ffn_down"};
+    make_synthetic_lora(base, terse, a.terse);
+    return a;
+  }();
+  return made;
+}
+
+ServeOptions options(double cache_ram_mib = 256) {
+  ServeOptions o = test::serve_with_template("lora-server", base_spec(), kTemplate);
+  o.loras = {"style=" + adapters().style, adapters().terse};  // the second is named after its file: "terse"
+  o.cache_ram_mib = cache_ram_mib;
+  return o;
+}
+
+json completion(const std::string& prompt, int max_tokens = 8) {
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 2}};
+}
+
+std::string text_of(const json& r) { return r["choices"][0]["text"].get<std::string>(); }
+
+TEST(LoraServer, AdaptersAreSelectedByModelNameOrByTheLoraField) {
+  Server s(options());
+  const std::string prompt = "the quick brown fox jumps over the lazy dog";
+  auto [st0, base] = s.post("/v1/completions", completion(prompt));
+  ASSERT_EQ(st0, 200) << base.dump();
+  auto [st1, by_name] = s.post("/v1/completions", [&] {
+    json b = completion(prompt);
+    b["model"] = "style";
+    return b;
+  }());
+  ASSERT_EQ(st1, 200) << by_name.dump();
+  EXPECT_EQ(by_name["model"], "style");
+  EXPECT_NE(text_of(by_name), text_of(base)) << "the adapter changes nothing";
+  // The same adapter through the field, by index and by name, replies alike
+  // (and from the cache the first request filled: the same computation).
+  for (const json& lora : {json::parse(R"([{"id": 0}])"), json::parse(R"([{"id": "style", "scale": 1.0}])")}) {
+    json b = completion(prompt);
+    b["lora"] = lora;
+    auto [st, r] = s.post("/v1/completions", b);
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_EQ(text_of(r), text_of(by_name));
+    EXPECT_EQ(r["choices"][0]["logprobs"], by_name["choices"][0]["logprobs"]);
+    EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  }
+  // Scale 0 is the base model, and shares the base model's cache.
+  json zero = completion(prompt);
+  zero["model"] = "style";
+  zero["lora"] = json::parse(R"([{"id": "style", "scale": 0}])");
+  auto [st2, off] = s.post("/v1/completions", zero);
+  ASSERT_EQ(st2, 200) << off.dump();
+  EXPECT_EQ(text_of(off), text_of(base));
+  EXPECT_EQ(off["choices"][0]["logprobs"], base["choices"][0]["logprobs"]);
+  // Both adapters, in either order, are one computation.
+  json both = completion(prompt);
+  both["lora"] = json::parse(R"([{"id": "terse", "scale": 0.5}, {"id": 0, "scale": 1}])");
+  auto [st3, ab] = s.post("/v1/completions", both);
+  both["lora"] = json::parse(R"([{"id": 0, "scale": 1}, {"id": "terse", "scale": 0.5}])");
+  auto [st4, ba] = s.post("/v1/completions", both);
+  ASSERT_EQ(st3, 200);
+  ASSERT_EQ(st4, 200);
+  EXPECT_EQ(ab["choices"][0]["logprobs"], ba["choices"][0]["logprobs"]);
+  EXPECT_NE(ab["choices"][0]["logprobs"], by_name["choices"][0]["logprobs"]);
+  EXPECT_GT(ba["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // Chat and embeddings take the adapter's name as their model too.
+  const json chat = {{"model", "terse"},
+                     {"messages", {{{"role", "user"}, {"content", prompt}}}},
+                     {"max_tokens", 6},
+                     {"temperature", 0}};
+  auto [st5, c1] = s.post("/v1/chat/completions", chat);
+  ASSERT_EQ(st5, 200) << c1.dump();
+  EXPECT_EQ(c1["model"], "terse");
+  json plain_chat = chat;
+  plain_chat.erase("model");
+  auto [st6, c0] = s.post("/v1/chat/completions", plain_chat);
+  ASSERT_EQ(st6, 200);
+  EXPECT_NE(c1["choices"][0]["message"]["content"], c0["choices"][0]["message"]["content"]);
+  auto [st7, e1] = s.post("/v1/embeddings", {{"model", "style"}, {"input", prompt}});
+  auto [st8, e0] = s.post("/v1/embeddings", {{"input", prompt}});
+  ASSERT_EQ(st7, 200) << e1.dump();
+  ASSERT_EQ(st8, 200);
+  EXPECT_NE(e1["data"][0]["embedding"], e0["data"][0]["embedding"]);
+}
+
+TEST(LoraServer, AdaptersAreListedAndUnknownOnesRefused) {
+  Server s(options());
+  httplib::Client c("127.0.0.1", s.port);
+  const json models = json::parse(c.Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 3u);
+  EXPECT_EQ(models["data"][1]["id"], "style");
+  EXPECT_EQ(models["data"][1]["parent"], "lora-server");
+  EXPECT_EQ(models["data"][2]["id"], "terse");
+  const json one = json::parse(c.Get("/v1/models/terse")->body);
+  EXPECT_EQ(one["parent"], "lora-server");
+  const json listed = json::parse(c.Get("/lora-adapters")->body);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0]["id"], 0);
+  EXPECT_EQ(listed[0]["name"], "style");
+  EXPECT_EQ(listed[1]["path"], adapters().terse);
+
+  auto refused = [&](const json& lora, const std::string& param, const std::string& says) {
+    json b = completion("hello", 2);
+    b["lora"] = lora;
+    auto [st, r] = s.post("/v1/completions", b);
+    EXPECT_EQ(st, 400) << lora.dump() << " " << r.dump();
+    EXPECT_EQ(r["error"]["param"], param) << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(says), std::string::npos) << r.dump();
+  };
+  refused(json::parse(R"([{"id": 2}])"), "lora[0].id", "no LoRA adapter index 2");
+  refused(json::parse(R"([{"id": 0}, {"id": "nope"}])"), "lora[1].id", "it has 0 'style', 1 'terse'");
+  refused(json::parse(R"([{"id": 0}, {"id": "style"}])"), "lora[1].id", "twice");
+  refused(json::parse(R"({"id": 0})"), "lora", "must be an array");
+  refused(json::parse(R"([{"scale": 1}])"), "lora[0].id", "required");
+  refused(json::parse(R"([{"id": 0, "scale": "big"}])"), "lora[0].scale", "");
+  refused(json::parse(R"([{"id": 0, "scale": 1e9}])"), "lora[0].scale", "");
+  refused(json::parse(R"([{"id": -1}])"), "lora[0].id", "");
+  auto [st, r] = s.post("/v1/completions", {{"model", "stylish"}, {"prompt", "x"}});
+  EXPECT_EQ(st, 404) << r.dump();
+}
+
+TEST(LoraServer, AdaptersThatDoNotFitTheModelFailItsLoad) {
+  // An adapter of another architecture's model.
+  const std::string other = test::synthetic_model("lora-server-llama", synthetic_preset("tiny")).path;
+  const std::string path = process_scratch_dir("reprise-lora-server-").file("llama-adapter.gguf");
+  make_synthetic_lora(other, SyntheticLoraSpec{}, path);
+  ServeOptions o = options();
+  o.loras = {"wrong=" + path};
+  RegistryOptions ro = make_registry_options(o);
+  ModelRegistry registry(resolve_model_sources(o), ro);
+  Parsed<ModelLease> lease = registry.acquire("lora-server");
+  ASSERT_FALSE(lease.ok());
+  EXPECT_NE(lease.error().message.find("the adapter is for 'llama' models"), std::string::npos) << lease.error().message;
+  // Adapter names are model names to clients: no two may be alike.
+  o.loras = {"lora-server=" + adapters().style};
+  EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
+  o.loras = {"a=" + adapters().style, "a=" + adapters().terse};
+  EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
+  o.loras = {"=" + adapters().style};
+  EXPECT_THROW(make_registry_options(o), Error);
+}
+
+// Randomized: conversations under five configurations (none, each adapter,
+// one at another scale, both) that share system prompts. Each reply's text
+// and log-probabilities equal a cold server's, and a configuration's first
+// turn reuses nothing, though others cached its system prompt.
+TEST(LoraServer, CachedTurnsReplyAsColdRunsAndConfigurationsNeverShare) {
+  Server warm(options());
+  Server cold(options(0));
+  const std::vector<json> configs = {json(nullptr), json::parse(R"([{"id": "style"}])"),
+                                     json::parse(R"([{"id": "style", "scale": 0.5}])"),
+                                     json::parse(R"([{"id": "terse"}])"),
+                                     json::parse(R"([{"id": "terse"}, {"id": "style", "scale": 0.25}])")};
+  const std::vector<std::string> systems = {
+      "You are a careful assistant who answers in full sentences about rivers and stones and light.",
+      "You are a poet. Every answer is a short verse about the sea, the wind and the old lighthouse."};
+  std::mt19937 rng(17);
+  std::vector<bool> started(configs.size(), false);
+  std::vector<std::pair<size_t, json>> conversations;  // config, messages
+  int hits = 0;
+  for (int turn = 0; turn < 24; ++turn) {
+    size_t config, system;
+    json messages;
+    if (conversations.empty() || rng() % 3 == 0) {
+      config = rng() % configs.size();
+      system = rng() % systems.size();
+      messages = json::array({{{"role", "system"}, {"content", systems[system]}}});
+    } else {
+      const auto& [c, m] = conversations[rng() % conversations.size()];
+      config = c;
+      messages = m;
+      system = messages[0]["content"] == systems[0] ? 0 : 1;
+    }
+    messages.push_back({{"role", "user"}, {"content", "question " + std::to_string(rng() % 1000)}});
+    json body = {{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true},
+                 {"top_logprobs", 2}};
+    if (!configs[config].is_null()) body["lora"] = configs[config];
+    auto [sw, w] = warm.post("/v1/chat/completions", body);
+    auto [sc, c] = cold.post("/v1/chat/completions", body);
+    ASSERT_EQ(sw, 200) << w.dump();
+    ASSERT_EQ(sc, 200) << c.dump();
+    EXPECT_EQ(w["choices"][0]["message"], c["choices"][0]["message"]) << "turn " << turn;
+    EXPECT_EQ(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]) << "turn " << turn;
+    const int cached = w["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (!started[config]) {
+      EXPECT_EQ(cached, 0) << "turn " << turn << ": configuration " << config << " reused another's state";
+    }
+    started[config] = true;
+    hits += cached > 0;
+    messages.push_back({{"role", "assistant"}, {"content", w["choices"][0]["message"]["content"]}});
+    conversations.emplace_back(config, messages);
+  }
+  EXPECT_GT(hits, 6) << "too few cache hits to exercise reuse";
+}
+
+}  // namespace
