@@ -19,6 +19,7 @@
 #include "greedy_run.h"
 #include "model/lora_adapter.h"
 #include "model/synthetic_lora.h"
+#include "tensor/decode_team.h"
 #include "model_fixtures.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -253,6 +254,64 @@ TEST(Lora, SharedPassesAreBitIdenticalToRunningAlone) {
           << "round " << round << " sequence " << s;
       pos[s] += static_cast<int64_t>(tokens[s].size());
     }
+  }
+}
+
+// Decode steps of sequences with different adapters (and one without) run
+// by a decode team give the bits of the same steps dispatched product by
+// product: the team's members add the deltas where they read the outputs.
+TEST(Lora, DecodeTeamStepsAreBitIdenticalToDispatchedSteps) {
+  if (!DecodeTeam::fits_cpus(2)) GTEST_SKIP() << "fewer than 2 CPUs: no teams";
+  for (const std::string arch : {"llama", "qwen2", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    // Team attention takes heads of 32 dimensions and more.
+    SyntheticModelSpec spec = f32_spec(arch);
+    spec.n_embd = 128;
+    spec.n_head = 4;
+    spec.head_dim = 32;
+    test::LoadedModel& base = test::synthetic_model("lora-team-" + arch, spec);
+    Model& model = *base.model;
+    const auto a = adapter_for(base, "all", spec_all(11, 8, 16.0f));
+    const auto b = adapter_for(base, "some", spec_some(12));
+    const bool was = DecodeTeam::enabled();
+    ThreadPool pool(2);
+    std::mt19937_64 rng(8);
+    for (const std::vector<std::vector<LoraUse>>& configs :
+         {std::vector<std::vector<LoraUse>>{{{a, 1.0f}}},
+          std::vector<std::vector<LoraUse>>{{{a, 0.5f}, {b, 2.0f}}, {}, {{b, -1.0f}}}}) {
+      const int n = static_cast<int>(configs.size());
+      auto [off, on, pos] = test::prefill_pairs(model, rng, n, 20, 60, pool);
+      const uint64_t runs_before = DecodeTeam::runs();
+      for (int step = 0; step < 12; ++step) {
+        std::vector<int32_t> tokens(n);
+        for (auto& t : tokens) t = static_cast<int32_t>(rng() % (model.info().n_vocab - 3) + 3);
+        std::vector<std::vector<float>> logits_off(n), logits_on(n);
+        auto batches_for = [&](auto& memories, std::vector<std::vector<float>>& logits) {
+          std::vector<SequenceBatch> batches(n);
+          for (int s = 0; s < n; ++s) {
+            batches[s].batch.tokens = std::span<const int32_t>(&tokens[s], 1);
+            batches[s].batch.pos0 = pos[s];
+            batches[s].batch.loras = configs[s];
+            batches[s].memory = memories[s].get();
+            batches[s].logits = &logits[s];
+          }
+          return batches;
+        };
+        DecodeTeam::set_enabled(false);
+        model.forward_many(batches_for(off, logits_off), pool);
+        DecodeTeam::set_enabled(true);
+        pool.wake_workers(2e6);
+        model.forward_many(batches_for(on, logits_on), pool);
+        for (int s = 0; s < n; ++s) {
+          ASSERT_EQ(logits_off[s].size(), logits_on[s].size());
+          ASSERT_EQ(std::memcmp(logits_off[s].data(), logits_on[s].data(), logits_on[s].size() * sizeof(float)), 0)
+              << n << " sequences, step " << step << ", sequence " << s;
+          ++pos[s];
+        }
+      }
+      EXPECT_GT(DecodeTeam::runs(), runs_before) << "no team ran";
+    }
+    DecodeTeam::set_enabled(was);
   }
 }
 

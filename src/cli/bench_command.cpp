@@ -50,6 +50,7 @@ struct BenchOptions {
   // Where the tests' K/V live: "flat" (one buffer per layer, llama-bench's
   // layout) or "blocks" (the prefix cache's blocks, what the server reads).
   std::string kv_layout = "flat";
+  std::string lora;  // a LoRA adapter every pass runs with (scale 1)
 };
 
 double now_seconds() {
@@ -163,6 +164,7 @@ void report(const BenchOptions& o, const ModelBundle& b, const std::string& test
       std::printf(",\"decode_prefetch\":\"%s\",\"decode_team_share\":%.3f,\"decode_team_wait_share\":%.3f",
                   prefetch.c_str(), team_share, team_wait_share);
     std::printf(",\"kv_layout\":\"%s\"", o.kv_layout.c_str());
+    if (!o.lora.empty()) std::printf(",\"lora\":\"%s\"", o.lora.c_str());
     std::printf("}\n");
   } else {
     char paired_cell[16] = "-";
@@ -226,6 +228,11 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
   // untimed preparation, pass_turn() right after its timed part.
   Lockstep turn = o.lockstep.empty() ? Lockstep() : Lockstep(o.lockstep[0], o.lockstep[1]);
   StepLog log(o.step_times);
+  std::vector<LoraUse> loras;
+  if (!o.lora.empty()) {
+    loras.push_back({LoraAdapter::load(o.lora), 1.0f});
+    model.check_adapter(*loras.back().adapter);
+  }
   Roofline roof;
   roof.weight_bytes = model.info().weight_bytes;
   roof.streamed_bytes = streamed_weight_bytes(b);
@@ -277,6 +284,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
       ForwardBatch batch;
       batch.tokens = toks;
       batch.pos0 = o.n_depth;
+      batch.loras = loras;
       const double t0 = now_seconds();
       model.forward(batch, memory, logits, pool);
       const double dt = now_seconds() - t0;
@@ -317,6 +325,7 @@ void throughput(const BenchOptions& o, ModelBundle& b) {
         ForwardBatch batch;
         batch.tokens = std::span<const int32_t>(&run.steps[0].token, 1);
         batch.pos0 = run.steps[0].pos;
+        batch.loras = loras;
         model.forward(batch, *run.memory[0], logits, pool);
       } else {
         model.forward_steps(run.steps, logits, pool);
@@ -433,6 +442,7 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"flat", "blocks"}));
   cmd->add_option("--replay", o->replay,
                   "Replay a scripted workload instead: 'chat', 'speculative' or 'parallel' (-s concurrent requests)");
+  cmd->add_option("--lora", o->lora, "A LoRA adapter GGUF every pass of the pp/tg tests runs with (scale 1)");
   cmd->add_option("--draft-model", o->draft_model, "Replay speculative: the draft model");
   cmd->add_option("--draft-max", o->draft_max, "Replay speculative: tokens drafted per step")->capture_default_str();
   cmd->add_option("--turns", o->turns, "Replay: turns")->capture_default_str();
@@ -445,6 +455,8 @@ void register_bench(CLI::App& app) {
     if (o->sequences < 1 || o->sequences > 256) throw Error("--sequences must be between 1 and 256");
     if (!o->replay.empty() && (!o->lockstep.empty() || !o->step_times.empty()))
       throw Error("--lockstep and --step-times time the pp/tg tests, not --replay");
+    if (!o->lora.empty() && (!o->replay.empty() || o->sequences > 1))
+      throw Error("--lora measures the pp/tg tests of one sequence");
     if (!o->replay.empty() && kv_layout->count() > 0)
       throw Error("--kv-layout places the pp/tg tests' K/V; --replay always runs over the prefix cache's blocks");
     const std::string path = o->model.empty() ? default_model_path() : o->model;

@@ -43,8 +43,7 @@ bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool
     return false;
   for (const PassSegment& seg : segments) {
     const ForwardBatch& b = seg.batch;
-    if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || b.hidden_states || !seg.logits ||
-        !b.loras.empty())
+    if (b.tokens.size() != 1 || b.embeddings || b.logits_for == LogitsFor::None || b.hidden_states || !seg.logits)
       return false;
   }
   return true;

@@ -42,11 +42,10 @@ constexpr int64_t kDecodeTeamMaxSequences = 12;
 
 // Whether a pass is a decode step a team may run, as far as the pass and
 // pool tell: one token of each of fewer than kDecodeTeamMaxSequences
-// sequences, each wanting its logits, fed by token id and run without
-// adapters (their products run dispatched, model/lora_apply.h), on a pool of
+// sequences, each wanting its logits and fed by token id, on a pool of
 // several threads that fits the CPUs and whose workers are awake, with teams
 // enabled. (An architecture adds its own conditions, and whether its team
-// is ready.)
+// is ready; one that takes adapters applies them in its team steps too.)
 bool decode_team_may_run(std::span<const PassSegment> segments, const ThreadPool& pool);
 
 // An architecture that runs every pass as segments: forward() is a pass of

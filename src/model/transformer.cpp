@@ -396,10 +396,19 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
   for (int64_t r = 0; r < n; ++r) st.positions[r] = segments[r].batch.pos0;
   build_rope_tables(st.positions, st.rope, pool);
 
+  const bool loras = pass_has_loras(segments);
   st.team->run([&](DecodeTeam::Member& m) {
     // This member's residual stream and inputs: every member computes them
     // all (the same bits), so reading them needs no barrier.
     thread_local std::vector<float> x, h, act;
+    // With adapters, every member computes every delta itself and adds it
+    // where it reads the product's output (model/lora_apply.h): the query,
+    // key and value heads it readies, the residual adds, the gate.
+    struct Deltas {
+      LoraRowDeltas q, k, v, o, gate, up, down;
+      std::vector<float> row, up_rows;  // a product's output row plus its deltas; up's rows likewise
+    };
+    thread_local Deltas lora;
     thread_local std::vector<AttentionRows> rows;
     thread_local std::vector<AttentionBatch> batches;
     x.resize(n * n_embd_);
@@ -412,8 +421,16 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       for (int64_t r = 0; r < n; ++r)
         rms_norm(x.data() + r * n_embd_, weight.data(), eps_, n_embd_, h.data() + r * n_embd_);
     };
-    auto add_residuals = [&](const std::vector<float>& post_norm) {
-      for (int64_t r = 0; r < n; ++r) add_residual(x.data() + r * n_embd_, tmp.data() + r * n_embd_, post_norm, act.data());
+    auto add_residuals = [&](const std::vector<float>& post_norm, const LoraRowDeltas* deltas) {
+      for (int64_t r = 0; r < n; ++r) {
+        const float* t = tmp.data() + r * n_embd_;
+        if (deltas) {
+          lora.row.assign(t, t + n_embd_);
+          deltas->add(r, lora.row.data(), 0, n_embd_);
+          t = lora.row.data();
+        }
+        add_residual(x.data() + r * n_embd_, t, post_norm, act.data());
+      }
     };
     // The K/V slots this member's attention tasks will likely write (its
     // share of the tasks, which run sequence by sequence): its part of the
@@ -434,6 +451,11 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       const int layer = static_cast<int>(il);
       norm_rows(L.attn_norm);
       prefetch_my_slots(layer);
+      if (loras) {
+        lora.q.compute(segments, L.prefix + "attn_q.weight", h.data(), n_embd_, q_dim);
+        lora.k.compute(segments, L.prefix + "attn_k.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
+        lora.v.compute(segments, L.prefix + "attn_v.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
+      }
       const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
       team_matmul_many(qkv, h.data(), m, st.plan, product++);
       const LayerAttentionShape shape{n_head_, n_head_kv_, head_dim_, L.window, attn_scale_};
@@ -449,7 +471,8 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
         std::span<const PassSegment> segments;
         float *q, *k, *v;
         const RopeTables* rope;
-      } prep{this, &L, layer, segments, q.data(), k.data(), v.data(), &st.rope};
+        const Deltas* lora;  // null without adapters
+      } prep{this, &L, layer, segments, q.data(), k.data(), v.data(), &st.rope, loras ? &lora : nullptr};
       auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
         const Prepare& p = *static_cast<const Prepare*>(ctx);
         const Transformer& t = *p.self;
@@ -458,6 +481,12 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
         float* k = p.k + r * t.n_head_kv_ * D;
         float* v = p.v + r * t.n_head_kv_ * D;
         const auto row = static_cast<int64_t>(r);
+        if (p.lora) {
+          const int64_t j0 = h0 / group, j1 = h1 / group;
+          p.lora->q.add(row, q, h0 * D, h1 * D);
+          p.lora->k.add(row, k, j0 * D, j1 * D);
+          p.lora->v.add(row, v, j0 * D, j1 * D);
+        }
         t.ready_heads(*p.L, q, k, v, h0, h1, p.rope->cos_at(p.layer, row), p.rope->sin_at(p.layer, row));
         const PassSegment& seg = p.segments[r];
         store_kv_heads(*seg.memory, p.layer, seg.batch.pos0, h0 / group, h1 / group, D, k, v);
@@ -465,18 +494,33 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       team_attention(std::span<const AttentionBatch>(batches.data(), n), m, prepare, &prep, st.plan);
       const MatmulOutput o[] = {{&L.wo, tmp.data()}};
       team_matmul_many(o, attn.data(), m, st.plan, product++);
-      add_residuals(L.post_attn_norm);
+      if (loras) lora.o.compute(segments, L.prefix + "attn_output.weight", attn.data(), q_dim, n_embd_);
+      add_residuals(L.post_attn_norm, loras ? &lora.o : nullptr);
       norm_rows(L.ffn_norm);
+      if (loras) {
+        lora.gate.compute(segments, L.prefix + "ffn_gate.weight", h.data(), n_embd_, n_ff_);
+        lora.up.compute(segments, L.prefix + "ffn_up.weight", h.data(), n_embd_, n_ff_);
+      }
       const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
       team_matmul_many(gate_up, h.data(), m, st.plan, product++);
       std::memcpy(act.data(), g.data(), n * n_ff_ * sizeof(float));
-      for (int64_t r = 0; r < n; ++r) {
-        if (traits_.gelu) gelu_mul(act.data() + r * n_ff_, u.data() + r * n_ff_, n_ff_);
-        else silu_mul(act.data() + r * n_ff_, u.data() + r * n_ff_, n_ff_);
+      const float* up_rows = u.data();
+      if (loras) {
+        lora.up_rows.assign(u.data(), u.data() + n * n_ff_);
+        for (int64_t r = 0; r < n; ++r) {
+          lora.gate.add(r, act.data() + r * n_ff_, 0, n_ff_);
+          lora.up.add(r, lora.up_rows.data() + r * n_ff_, 0, n_ff_);
+        }
+        up_rows = lora.up_rows.data();
       }
+      for (int64_t r = 0; r < n; ++r) {
+        if (traits_.gelu) gelu_mul(act.data() + r * n_ff_, up_rows + r * n_ff_, n_ff_);
+        else silu_mul(act.data() + r * n_ff_, up_rows + r * n_ff_, n_ff_);
+      }
+      if (loras) lora.down.compute(segments, L.prefix + "ffn_down.weight", act.data(), n_ff_, n_embd_);
       const MatmulOutput down[] = {{&L.down, tmp.data()}};
       team_matmul_many(down, act.data(), m, st.plan, product++);
-      add_residuals(L.post_ffn_norm);
+      add_residuals(L.post_ffn_norm, loras ? &lora.down : nullptr);
     }
     norm_rows(output_norm_);
     const MatmulOutput out[] = {{&output_, logits.data()}};
