@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
-import { model, serveForTests, skipReason } from "./reprise_server.mjs";
+import { adapterModel, model, serveForTests, skipReason } from "./reprise_server.mjs";
 
 const apiKey = "test-key-456";
 const skip = skipReason("Anthropic client");
@@ -76,12 +76,12 @@ test("messages: errors map to the client's exception types", { skip }, async () 
                        (e) => e instanceof Anthropic.AuthenticationError && e.status === 401);
 });
 
-test("models: the client lists the served model", { skip }, async () => {
+test("models: the client lists the served model and its LoRA adapter", { skip }, async () => {
   const ids = [];
   for await (const m of client.models.list()) {
     assert.equal(m.type, "model");
     assert.ok(!Number.isNaN(Date.parse(m.created_at)), m.created_at);
     ids.push(m.id);
   }
-  assert.deepEqual(ids, [model]);
+  assert.deepEqual(ids, [model, adapterModel]);  // the adapter is a model to clients
 });

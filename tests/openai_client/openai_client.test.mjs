@@ -2,7 +2,8 @@
 // stories260K model from ../shared: chat completions streamed and not,
 // n choices, the Responses API, embeddings, text completions (a batch of prompts with echo), usage (with cached prompt tokens on a repeated request),
 // structured output (response_format, checked with ajv and the client's own
-// zod helper), model listing and error mapping. Run through run.sh, which installs the
+// zod helper), a LoRA adapter as a model and through the `lora` field, model
+// listing and error mapping. Run through run.sh, which installs the
 // client and finds the reprise binary.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -10,7 +11,7 @@ import OpenAI from "openai";
 import { zodResponseFormat } from "openai/helpers/zod";
 import Ajv from "ajv";
 import { z } from "zod";
-import { model, serveForTests, skipReason } from "./reprise_server.mjs";
+import { adapterModel, model, serveForTests, skipReason } from "./reprise_server.mjs";
 
 const apiKey = "test-key-123";
 const skip = skipReason("OpenAI client");
@@ -130,10 +131,29 @@ test("stop strings end the text before the match", { skip }, async () => {
   assert.match(r.choices[0].text, /named $/);
 });
 
-test("models are listed", { skip }, async () => {
+test("models are listed, the LoRA adapter among them", { skip }, async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
-  assert.deepEqual(ids, [model]);
+  assert.deepEqual(ids, [model, adapterModel]);  // the adapter is a model to clients
+});
+
+test("a LoRA adapter is a model of its own, or the lora field of a request", { skip }, async () => {
+  const listed = await client.models.list();
+  const entry = listed.data.find((m) => m.id === adapterModel);
+  assert.ok(entry, "the adapter is listed");
+  assert.equal(entry.parent, model);
+  const ask = { messages, max_tokens: 16, temperature: 0, logprobs: true };
+  const base = await client.chat.completions.create({ model, ...ask });
+  const adapted = await client.chat.completions.create({ model: adapterModel, ...ask });
+  assert.equal(adapted.model, adapterModel);
+  assert.notDeepEqual(adapted.choices[0].logprobs, base.choices[0].logprobs, "the adapter changes the reply");
+  // llama.cpp's per-request field, passed through by the client as given.
+  const byField = await client.chat.completions.create({ model, ...ask, lora: [{ id: 0, scale: 1 }] });
+  assert.deepEqual(byField.choices[0].logprobs, adapted.choices[0].logprobs);
+  assert.ok(byField.usage.prompt_tokens_details.cached_tokens > 0, "the same adapter shares its cached prompt");
+  await assert.rejects(
+    client.chat.completions.create({ model, ...ask, lora: [{ id: "nope" }] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "lora[0].id");
 });
 
 test("errors map to the client's exception types", { skip }, async () => {
