@@ -420,6 +420,39 @@ TEST(LoraCache, ScaleIsPartOfTheKey) {
   EXPECT_NE(engine.namespace_for("t1", {{a, 1.0f}}).hash(), engine.namespace_for("t2", {{a, 1.0f}}).hash());
 }
 
+// Speculative decoding with an adapter: the base model drafts (it runs
+// without the adapter), the target verifies with it, and the greedy tokens
+// and logits are those of the adapter alone; a cached second turn too.
+TEST(LoraCache, SpeculativeDecodingVerifiesWithTheAdapter) {
+  test::LoadedModel& base = base_model("llama");
+  Model& model = *base.model;
+  const auto a = adapter_for(base, "all", spec_all(11, 8, 16.0f));
+  const std::vector<LoraUse> loras = {{a, 0.8f}};
+  ThreadPool pool(2);
+  Engine plain(model, pool, nullptr);
+  PrefixCache cache(model.state_spec(), PrefixCacheConfig{}), draft_cache(model.state_spec(), PrefixCacheConfig{});
+  Engine speculative(model, pool, &cache);
+  speculative.set_draft(model, &draft_cache, 4);
+  std::mt19937_64 rng(44);
+  std::vector<int32_t> prompt = random_prompt(rng, 30, model.info().n_vocab);
+  int64_t drafted = 0, accepted = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    const StepOutput want = run_with(plain, prompt, 24, loras);
+    const StepOutput got = run_with(speculative, prompt, 24, loras);
+    ASSERT_TRUE(bit_identical(want, got)) << "turn " << turn;
+    drafted += got.result.drafted_tokens;
+    accepted += got.result.accepted_tokens;
+    if (turn > 0) {
+      EXPECT_GT(got.result.cached_tokens, 0);
+    }
+    prompt.insert(prompt.end(), got.tokens.begin(), got.tokens.end());
+    const auto more = random_prompt(rng, 5, model.info().n_vocab);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+  }
+  EXPECT_GT(drafted, 0);
+  EXPECT_LT(accepted, drafted) << "the draft (without the adapter) should miss some: else it verified nothing";
+}
+
 // ---------------------------------------------------------------- refusals
 
 std::string expect_error(const std::function<void()>& fn) {
