@@ -590,6 +590,68 @@ TEST(ServerToolCalls, CallsInTheModelsSyntaxBecomeToolCalls) {
   }
 }
 
+// DeepSeek's call list (its list marker a control token, shown so that the
+// call is read) and Llama 3.2/4's Python call list come back as tool calls,
+// streamed or not; a Python list of an undeclared function stays text.
+TEST(ServerToolCalls, DeepSeekAndPythonicCallsBecomeToolCalls) {
+  const std::string deepseek =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>@@";
+  const std::string pythonic = "[get_weather(city='Quito', units=None)]@@";
+  const std::string undeclared = "[launch(target='moon')]@@";
+  SyntheticModelSpec spec = synthetic_preset("tiny-qwen3");
+  spec.n_vocab = 600;
+  spec.control_tokens = {"<｜tool▁calls▁begin｜>"};
+  spec.user_defined_tokens = {deepseek, pythonic, undeclared};
+  const std::string path = test::synthetic_model("tool-calls-2", spec).path;
+  const int32_t id_begin = 596, id_deepseek = 597, id_pythonic = 598, id_undeclared = 599;
+  auto write_template = [&](const std::string& name, const std::string& comment) {
+    const std::string file = ::testing::TempDir() + "/" + name + ".jinja";
+    std::ofstream(file) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                           "{# " << comment << " #}<|im_start|>assistant\n";
+    return file;
+  };
+  auto request = [&](std::vector<std::pair<int32_t, double>> bias, bool stream) {
+    json r = scripted_reply_request("Weather?", bias, stream);
+    r["tools"] = kWeatherTools;
+    return r;
+  };
+  struct Case {
+    const char* name;
+    std::string comment;
+    std::vector<std::pair<int32_t, double>> bias;
+    json arguments;
+  };
+  for (const Case& c : {Case{"deepseek", "<｜tool▁calls▁begin｜> marks calls", {{id_begin, 100}, {id_deepseek, 90}},
+                             json({{"city", "Lima"}})},
+                        Case{"pythonic", "format of [func_name1(params_name1=params_value1)]", {{id_pythonic, 100}},
+                             json({{"city", "Quito"}, {"units", nullptr}})}}) {
+    SCOPED_TRACE(c.name);
+    ServeOptions options;
+    options.model_path = path;
+    options.chat_template_file = write_template(c.name, c.comment);
+    Server s(options);
+    auto [st, r] = s.post("/v1/chat/completions", request(c.bias, false));
+    ASSERT_EQ(st, 200) << r.dump();
+    const json& choice = r["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_TRUE(choice["message"]["content"].is_null()) << r.dump();
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+    EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()), c.arguments);
+    const Server::Streamed streamed = s.stream_chat(request(c.bias, true));
+    EXPECT_EQ(streamed.content, "");
+    ASSERT_EQ(streamed.calls.size(), 1u);
+    EXPECT_EQ(streamed.calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(streamed.finish, "tool_calls");
+    if (std::string(c.name) == "pythonic") {
+      auto [stu, ru] = s.post("/v1/chat/completions", request({{id_undeclared, 100}}, false));
+      EXPECT_EQ(ru["choices"][0]["finish_reason"], "stop") << ru.dump();
+      EXPECT_EQ(ru["choices"][0]["message"]["content"], undeclared.substr(0, undeclared.size() - 2));
+    }
+  }
+}
+
 // A thinking model's reply: <think> reasoning comes back as
 // message.reasoning_content (streamed as delta.reasoning_content) and the
 // rest as content; also when the template's generation prompt opened the

@@ -26,6 +26,10 @@ TEST(ToolCallParser, DetectsTheSyntaxATemplateTeaches) {
   EXPECT_EQ(detect_tool_call_syntax("respond only with <|tool_call|> followed by"), ToolCallSyntax::Granite);
   EXPECT_EQ(detect_tool_call_syntax("{{- '<TOOLCALL>[' -}}"), ToolCallSyntax::Nemotron);
   EXPECT_EQ(detect_tool_call_syntax("{{- \"<|python_tag|>\" }}"), ToolCallSyntax::Llama3);
+  EXPECT_EQ(detect_tool_call_syntax("{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}"),
+            ToolCallSyntax::DeepSeek);
+  EXPECT_EQ(detect_tool_call_syntax("you MUST put it in the format of [func_name1(params_name1=params_value1, ...)]"),
+            ToolCallSyntax::Pythonic);
   EXPECT_EQ(detect_tool_call_syntax("<|im_start|>{{ m.content }}"), ToolCallSyntax::None);
 }
 
@@ -73,6 +77,71 @@ TEST(ToolCallParser, LlamaJsonOnlyForDeclaredTools) {
   // A JSON answer that is not a declared tool's call stays text.
   EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Llama3, "{\"name\": \"Bob\", \"parameters\": {}}", kTools));
   EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Llama3, "The answer is {\"name\": \"add\"}", kTools));
+}
+
+// DeepSeek-R1 (and its distills): the type, the name on its own line and
+// the arguments in a json fence; DeepSeek-V3.1: the name, then the bare
+// arguments.
+TEST(ToolCallParser, DeepSeekCalls) {
+  const std::string r1 =
+      "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+      "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n"
+      "{\"a\": 1, \"b\": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  const auto p = parse_tool_calls(ToolCallSyntax::DeepSeek, r1, kTools);
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(p->calls[0].name, "get_weather");
+  EXPECT_EQ(arguments_of(p->calls[0]), json({{"city", "Paris"}}));
+  EXPECT_EQ(arguments_of(p->calls[1]), json({{"a", 1}, {"b", 2}}));
+  EXPECT_EQ(p->content(), "Let me check.");
+  const auto v31 = parse_tool_calls(
+      ToolCallSyntax::DeepSeek,
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\":3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", kTools);
+  ASSERT_TRUE(v31);
+  EXPECT_EQ(v31->calls[0].name, "add");
+  EXPECT_EQ(arguments_of(v31->calls[0]), json({{"a", 3}}));
+  for (const char* reply :
+       {"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\":3}<｜tool▁call▁end｜>",  // unclosed list
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>[1]<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add {}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",  // no separator
+        "<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{}<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>"})  // an unclosed fence
+    EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::DeepSeek, reply, kTools)) << reply;
+  // The call markers are control tokens in DeepSeek's vocabulary: all are shown.
+  EXPECT_EQ(tool_call_markers(ToolCallSyntax::DeepSeek).size(), 5u);
+  // Reasoning that writes the marker is reasoning.
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::DeepSeek, "<think>use <｜tool▁calls▁begin｜></think>done", kTools));
+}
+
+// Llama 3.2's and Llama 4's Python call lists.
+TEST(ToolCallParser, PythonicCalls) {
+  const auto p = parse_tool_calls(ToolCallSyntax::Pythonic,
+                                  " [get_weather(city='Paris', days=3), add(a=-1.5, b=2e3)]\n", kTools);
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(arguments_of(p->calls[0]), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(arguments_of(p->calls[1]), json({{"a", -1.5}, {"b", 2000.0}}));
+  EXPECT_EQ(p->content(), "");
+  const auto q = parse_tool_calls(
+      ToolCallSyntax::Pythonic,
+      "<|python_start|>[add(xs=[1, (2, 3), ], opts={'deep': {\"k\": None}, 'on': True}, s=\"it\\'s \\\"q\\\"\\n\")]"
+      "<|python_end|>",
+      kTools);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(arguments_of(q->calls[0]),
+            json::parse(R"({"xs": [1, [2, 3]], "opts": {"deep": {"k": null}, "on": true}, "s": "it's \"q\"\n"})"));
+  EXPECT_EQ(arguments_of(*parse_tool_calls(ToolCallSyntax::Pythonic, "[add()]", kTools)->calls.begin()), json::object());
+  for (const char* reply : {"[1, 2]", "[link](http://example.com)", "[get_weather(city='Paris')] and more",
+                            "[nope(a=1)]",  // not a declared tool
+                            "[add(a=1,)", "[add(a=)]", "[add(1)]", "[]", "[add(a='x)]", "plain text"})
+    EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Pythonic, reply, kTools)) << reply;
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Pythonic,
+                                "[add(a=" + std::string(100000, '[') + std::string(100000, ']') + ")]", kTools));
+  // Streaming: a reply that may be a call list is held back; other text is not.
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Pythonic).free_prefix(" [add("), 0u);
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Pythonic).free_prefix("<|python_st"), 0u);
+  EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Pythonic).free_prefix("Hello ["), 7u);
 }
 
 TEST(ToolCallParser, MalformedMarkupStaysText) {
@@ -123,18 +192,24 @@ TEST(ToolCallParser, StreamedTextEqualsTheReplysContent) {
       {ToolCallSyntax::Hermes, {"<tool_call>", "</tool_call>"}},
       {ToolCallSyntax::Mistral, {"[TOOL_CALLS]", ""}},
       {ToolCallSyntax::Granite, {"<|tool_call|>", ""}},
-      {ToolCallSyntax::Nemotron, {"<TOOLCALL>", "</TOOLCALL>"}}};
+      {ToolCallSyntax::Nemotron, {"<TOOLCALL>", "</TOOLCALL>"}},
+      {ToolCallSyntax::DeepSeek, {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"}}};
   const std::vector<std::string> bits = {"a", "<", "<tool", "[", "[TOOL", "<|", "x y", "\n", " ", "<TOOL", "|",
                                          "<think>", "</think>", "<thi", "}", "\"", "é"};
   int with_calls = 0;
   for (const auto& [syntax, markers] : syntaxes) {
-    const bool array = syntax != ToolCallSyntax::Hermes;
+    const bool array = syntax != ToolCallSyntax::Hermes && syntax != ToolCallSyntax::DeepSeek;
     for (int trial = 0; trial < 400; ++trial) {
       std::string reply;
       for (int i = static_cast<int>(rng() % 8); i > 0; --i) reply += bits[rng() % bits.size()];
       if (rng() % 3 != 0) {
         const std::string call = "{\"name\":\"add\",\"arguments\":{\"s\":\"" + bits[rng() % bits.size()] + "\"}}";
-        reply += markers.first + (array ? "[" + call + "]" : call) + markers.second;
+        const std::string body =
+            syntax == ToolCallSyntax::DeepSeek
+                ? "<｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"s\":\"" + bits[rng() % bits.size()] + "\"}<｜tool▁call▁end｜>"
+            : array ? "[" + call + "]"
+                    : call;
+        reply += markers.first + body + markers.second;
         for (int i = static_cast<int>(rng() % 3); i > 0; --i) reply += bits[rng() % bits.size()];
       }
       const auto parsed = parse_tool_calls(syntax, reply, kTools);
@@ -158,7 +233,7 @@ TEST(ToolCallParser, StreamedTextEqualsTheReplysContent) {
       }
     }
   }
-  EXPECT_GT(with_calls, 400);
+  EXPECT_GT(with_calls, 500);
   ToolCallTextGate llama(ToolCallSyntax::Llama3);
   EXPECT_EQ(llama.free_prefix("  {\"na"), 0u);
   EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Llama3).free_prefix("<|pyt"), 0u);

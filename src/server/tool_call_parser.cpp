@@ -1,6 +1,7 @@
 #include "server/tool_call_parser.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,10 @@ namespace {
 
 constexpr int kMaxCallDepth = 64;  // JSON nesting read out of a reply
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+// DeepSeek's markers (full-width bars and "▁" in the vocabulary's pieces).
+constexpr std::string_view kDeepSeekCallsBegin = "<｜tool▁calls▁begin｜>", kDeepSeekCallsEnd = "<｜tool▁calls▁end｜>",
+                           kDeepSeekCallBegin = "<｜tool▁call▁begin｜>", kDeepSeekCallEnd = "<｜tool▁call▁end｜>",
+                           kDeepSeekSep = "<｜tool▁sep｜>";
 
 struct Markers {
   std::string_view open, close;  // close empty: the call list runs to the end
@@ -25,6 +30,8 @@ Markers markers_of(ToolCallSyntax s) {
     case ToolCallSyntax::Granite: return {"<|tool_call|>", "", true};
     case ToolCallSyntax::Nemotron: return {"<TOOLCALL>", "</TOOLCALL>", true};
     case ToolCallSyntax::Llama3: return {"<|python_tag|>", "", false};
+    case ToolCallSyntax::DeepSeek: return {kDeepSeekCallsBegin, kDeepSeekCallsEnd, false};
+    case ToolCallSyntax::Pythonic: return {"<|python_start|>", "<|python_end|>", true};
     default: return {"", "", false};
   }
 }
@@ -104,6 +111,202 @@ bool append_calls(std::string_view body, bool array, ToolCallSyntax syntax, std:
   return true;
 }
 
+// DeepSeek's calls between its list markers: each
+// <｜tool▁call▁begin｜>[function<｜tool▁sep｜>NAME\n | NAME<｜tool▁sep｜>]ARGS<｜tool▁call▁end｜>,
+// ARGS a JSON object, perhaps in a ```json fence.
+bool append_deepseek_calls(std::string_view body, std::vector<ToolCall>& out) {
+  body = trim(body);
+  if (body.empty()) return false;
+  while (!body.empty()) {
+    if (!starts_with(body, kDeepSeekCallBegin)) return false;
+    body.remove_prefix(kDeepSeekCallBegin.size());
+    const size_t sep = body.find(kDeepSeekSep), end = body.find(kDeepSeekCallEnd);
+    if (sep == std::string_view::npos || end == std::string_view::npos || sep > end) return false;
+    std::string_view head = trim(body.substr(0, sep));
+    std::string_view rest = body.substr(sep + kDeepSeekSep.size(), end - sep - kDeepSeekSep.size());
+    std::string_view name = head;
+    if (head == "function") {  // R1: the type, then the name on the line after the separator
+      const size_t nl = rest.find('\n');
+      if (nl == std::string_view::npos) return false;
+      name = trim(rest.substr(0, nl));
+      rest = rest.substr(nl + 1);
+    }
+    rest = trim(rest);
+    if (starts_with(rest, "```")) {
+      const size_t nl = rest.find('\n');
+      if (nl == std::string_view::npos || rest.size() < 6 || rest.substr(rest.size() - 3) != "```") return false;
+      rest = trim(rest.substr(nl + 1, rest.size() - 3 - (nl + 1)));
+    }
+    if (name.empty() || json_value_end(rest, 0) != rest.size()) return false;
+    const ordered_json args = ordered_json::parse(rest, nullptr, false);
+    if (args.is_discarded() || !args.is_object()) return false;
+    out.push_back(ToolCall{make_tool_call_id(ToolCallSyntax::DeepSeek), std::string(name), dump_json(args)});
+    body = trim(body.substr(end + kDeepSeekCallEnd.size()));
+  }
+  return true;
+}
+
+// A reader of Python call lists: [name(key=literal, ...), ...], literals
+// being strings, numbers, True/False/None, lists, tuples and dicts, read
+// into JSON values.
+class PythonicReader {
+ public:
+  explicit PythonicReader(std::string_view s) : s_(s) {}
+
+  bool calls(std::vector<ToolCall>& out) {
+    if (!take('[')) return false;
+    if (take(']')) return false;  // no calls
+    do {
+      std::string name;
+      ordered_json args = ordered_json::object();
+      if (!dotted_name(name) || !take('(')) return false;
+      if (!take(')')) {
+        do {
+          std::string key;
+          ordered_json value;
+          if (!identifier(key) || !take('=') || !literal(value, 0)) return false;
+          args[key] = std::move(value);
+        } while (take(','));
+        if (!take(')')) return false;
+      }
+      out.push_back(ToolCall{make_tool_call_id(ToolCallSyntax::Pythonic), name, dump_json(args)});
+    } while (take(','));
+    if (!take(']')) return false;
+    skip_space();
+    return pos_ == s_.size();
+  }
+
+ private:
+  void skip_space() {
+    while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
+  }
+  bool take(char c) {
+    skip_space();
+    if (pos_ >= s_.size() || s_[pos_] != c) return false;
+    ++pos_;
+    return true;
+  }
+  static bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+  bool identifier(std::string& out) {
+    skip_space();
+    const size_t start = pos_;
+    while (pos_ < s_.size() && (word_char(s_[pos_]) || (pos_ > start && s_[pos_] == '-'))) ++pos_;
+    if (pos_ == start || std::isdigit(static_cast<unsigned char>(s_[start]))) return false;
+    out = std::string(s_.substr(start, pos_ - start));
+    return true;
+  }
+  bool dotted_name(std::string& out) {  // tool names may hold dots (namespaces)
+    if (!identifier(out)) return false;
+    std::string part;
+    while (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      if (!identifier(part)) return false;
+      out += "." + part;
+    }
+    return true;
+  }
+  bool literal(ordered_json& out, int depth) {
+    if (depth > kMaxCallDepth) return false;
+    skip_space();
+    if (pos_ >= s_.size()) return false;
+    const char c = s_[pos_];
+    if (c == '\'' || c == '"') {
+      std::string text;
+      if (!string_literal(text)) return false;
+      out = std::move(text);
+      return true;
+    }
+    if (c == '[' || c == '(') {
+      const char close = c == '[' ? ']' : ')';
+      ++pos_;
+      out = ordered_json::array();
+      if (take(close)) return true;
+      do {
+        skip_space();
+        if (pos_ < s_.size() && s_[pos_] == close) break;  // a trailing comma
+        ordered_json item;
+        if (!literal(item, depth + 1)) return false;
+        out.push_back(std::move(item));
+      } while (take(','));
+      return take(close);
+    }
+    if (c == '{') {
+      ++pos_;
+      out = ordered_json::object();
+      if (take('}')) return true;
+      do {
+        skip_space();
+        if (pos_ < s_.size() && s_[pos_] == '}') break;
+        std::string key;
+        ordered_json value;
+        if (!string_literal(key) || !take(':') || !literal(value, depth + 1)) return false;
+        out[key] = std::move(value);
+      } while (take(','));
+      return take('}');
+    }
+    std::string word;
+    const size_t start = pos_;
+    while (pos_ < s_.size() && (word_char(s_[pos_]) || s_[pos_] == '.' || s_[pos_] == '-' || s_[pos_] == '+'))
+      ++pos_;
+    word = std::string(s_.substr(start, pos_ - start));
+    if (word == "True") out = true;
+    else if (word == "False") out = false;
+    else if (word == "None") out = nullptr;
+    else {
+      const ordered_json number = ordered_json::parse(word, nullptr, false);
+      if (number.is_discarded() || !number.is_number()) return false;
+      out = number;
+    }
+    return true;
+  }
+  bool string_literal(std::string& out) {
+    skip_space();
+    if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"')) return false;
+    const char quote = s_[pos_++];
+    for (; pos_ < s_.size(); ++pos_) {
+      const char c = s_[pos_];
+      if (c == quote) {
+        ++pos_;
+        return true;
+      }
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (++pos_ >= s_.size()) return false;
+      switch (s_[pos_]) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case '0': out += '\0'; break;
+        default: out += s_[pos_];  // \\, \', \" and anything else as itself
+      }
+    }
+    return false;
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+// The whole reply (trimmed) as Pythonic calls of declared tools.
+bool append_pythonic_calls(std::string_view reply, const std::vector<std::string>& tool_names,
+                           std::vector<ToolCall>& out) {
+  std::string_view body = trim(reply);
+  const Markers m = markers_of(ToolCallSyntax::Pythonic);
+  if (starts_with(body, m.open)) {
+    body.remove_prefix(m.open.size());
+    if (body.size() >= m.close.size() && body.substr(body.size() - m.close.size()) == m.close)
+      body.remove_suffix(m.close.size());
+  }
+  std::vector<ToolCall> calls;
+  if (!PythonicReader(body).calls(calls)) return false;
+  for (const ToolCall& c : calls)
+    if (std::find(tool_names.begin(), tool_names.end(), c.name) == tool_names.end()) return false;
+  out = std::move(calls);
+  return true;
+}
+
 }  // namespace
 
 std::optional<ToolCall> forced_tool_call(std::string_view reply, ToolCallSyntax id_syntax) {
@@ -128,6 +331,9 @@ ToolCallSyntax detect_tool_call_syntax(std::string_view source) {
   if (has("[TOOL_CALLS]")) return ToolCallSyntax::Mistral;
   if (has("<|tool_call|>")) return ToolCallSyntax::Granite;
   if (has("<TOOLCALL>")) return ToolCallSyntax::Nemotron;
+  if (has("tool▁calls▁begin")) return ToolCallSyntax::DeepSeek;
+  // Llama 3.2's and Llama 4's templates describe the format with this example.
+  if (has("[func_name1(")) return ToolCallSyntax::Pythonic;
   if (has("<|python_tag|>") || has("\"parameters\": dictionary of argument name")) return ToolCallSyntax::Llama3;
   return ToolCallSyntax::None;
 }
@@ -137,6 +343,8 @@ std::vector<std::string> tool_call_markers(ToolCallSyntax syntax) {
   std::vector<std::string> out;
   if (!m.open.empty()) out.emplace_back(m.open);
   if (!m.close.empty()) out.emplace_back(m.close);
+  if (syntax == ToolCallSyntax::DeepSeek)
+    for (std::string_view marker : {kDeepSeekCallBegin, kDeepSeekCallEnd, kDeepSeekSep}) out.emplace_back(marker);
   return out;
 }
 
@@ -146,10 +354,11 @@ std::string make_tool_call_id(ToolCallSyntax syntax) {
 
 size_t ToolCallTextGate::free_prefix(std::string_view reply) {
   if (syntax_ == ToolCallSyntax::None) return reply.size();
-  if (syntax_ == ToolCallSyntax::Llama3) {
+  if (syntax_ == ToolCallSyntax::Llama3 || syntax_ == ToolCallSyntax::Pythonic) {
     // A call is the whole reply: text once its first visible byte shows otherwise.
     const std::string_view t = trim(reply), tag = markers_of(syntax_).open;
-    if (t.empty() || t.front() == '{' || starts_with(t, tag) || may_begin(t, tag)) return 0;
+    const char opens = syntax_ == ToolCallSyntax::Llama3 ? '{' : '[';
+    if (t.empty() || t.front() == opens || starts_with(t, tag) || may_begin(t, tag)) return 0;
     return reply.size();
   }
   const std::string_view open = markers_of(syntax_).open;
@@ -197,6 +406,10 @@ std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::stri
       return std::nullopt;
     return out;
   }
+  if (syntax == ToolCallSyntax::Pythonic) {
+    if (!append_pythonic_calls(reply, tool_names, out.calls)) return std::nullopt;
+    return out;
+  }
   const Markers m = markers_of(syntax);
   // The first marker outside reasoning starts the calls.
   ToolCallTextGate gate(syntax);
@@ -204,6 +417,13 @@ std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::stri
   size_t at = gate.call_start().value_or(std::string_view::npos);
   if (at == std::string_view::npos) return std::nullopt;
   out.before = std::string(reply.substr(0, at));
+  if (syntax == ToolCallSyntax::DeepSeek) {
+    const size_t body_begin = at + m.open.size(), close = reply.find(m.close, body_begin);
+    if (close == std::string_view::npos) return std::nullopt;  // an unclosed list: text
+    if (!append_deepseek_calls(reply.substr(body_begin, close - body_begin), out.calls)) return std::nullopt;
+    out.after = std::string(reply.substr(close + m.close.size()));
+    return out;
+  }
   while (at != std::string_view::npos) {
     const size_t body_begin = at + m.open.size();
     const size_t body_end = json_value_end(reply, body_begin);

@@ -11,6 +11,14 @@
 //   Llama 3.1  the whole reply is {"name": ..., "parameters": {...}}, perhaps
 //              after <|python_tag|>; read only when the name is a tool the
 //              request declared, so a plain JSON answer stays text
+//   DeepSeek   <｜tool▁calls▁begin｜> then per call
+//              <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>
+//              (R1 and its distills) or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//              (V3.1), then <｜tool▁calls▁end｜>
+//   Pythonic   the whole reply is [name(arg=value, ...), ...] with Python
+//              literals as values (Llama 3.2's and Llama 4's templates),
+//              perhaps inside <|python_start|>...<|python_end|>; read only
+//              when every name is a declared tool
 // A reply whose markup does not hold well-formed calls stays text. Markers
 // inside <think>...</think> reasoning are reasoning, not calls. Call bodies
 // are read as JSON values (a closing marker inside a string is text), at
@@ -25,7 +33,7 @@
 
 namespace reprise {
 
-enum class ToolCallSyntax { None, Hermes, Mistral, Granite, Nemotron, Llama3 };
+enum class ToolCallSyntax { None, Hermes, Mistral, Granite, Nemotron, Llama3, DeepSeek, Pythonic };
 
 // The syntax a chat template's source shows its model; None when it shows none.
 ToolCallSyntax detect_tool_call_syntax(std::string_view template_source);
