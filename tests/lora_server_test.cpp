@@ -130,6 +130,35 @@ TEST(LoraServer, AdaptersAreSelectedByModelNameOrByTheLoraField) {
   ASSERT_EQ(st7, 200) << e1.dump();
   ASSERT_EQ(st8, 200);
   EXPECT_NE(e1["data"][0]["embedding"], e0["data"][0]["embedding"]);
+  // The lora field works on every endpoint that takes a model, as the name does.
+  auto [st9, e2] = s.post("/v1/embeddings", {{"input", prompt}, {"lora", {{{"id", "style"}}}}});
+  ASSERT_EQ(st9, 200) << e2.dump();
+  EXPECT_EQ(e2["data"][0]["embedding"], e1["data"][0]["embedding"]);
+  const json responses = {{"input", prompt}, {"max_output_tokens", 6}, {"temperature", 0}, {"store", false}};
+  json by_field = responses;
+  by_field["lora"] = {{{"id", "terse"}}};
+  json by_model = responses;
+  by_model["model"] = "terse";
+  auto [st10, r1] = s.post("/v1/responses", by_field);
+  auto [st11, r2] = s.post("/v1/responses", by_model);
+  auto [st12, r0] = s.post("/v1/responses", responses);
+  ASSERT_EQ(st10, 200) << r1.dump();
+  EXPECT_EQ(r1["output"][0]["content"], r2["output"][0]["content"]);
+  EXPECT_NE(r1["output"][0]["content"], r0["output"][0]["content"]);
+  const json messages = {{"max_tokens", 6}, {"temperature", 0},
+                         {"messages", {{{"role", "user"}, {"content", prompt}}}}};
+  json m_field = messages;
+  m_field["lora"] = {{{"id", 1}}};
+  json m_model = messages;
+  m_model["model"] = "terse";
+  auto [st13, m1] = s.post("/v1/messages", m_field);
+  auto [st14, m2] = s.post("/v1/messages", m_model);
+  ASSERT_EQ(st13, 200) << m1.dump();
+  EXPECT_EQ(m1["content"], m2["content"]);
+  // system_fingerprint names the computation: the adapters' differs from the base model's.
+  EXPECT_NE(c1["system_fingerprint"], c0["system_fingerprint"]);
+  auto [st15, c2] = s.post("/v1/chat/completions", chat);
+  EXPECT_EQ(c2["system_fingerprint"], c1["system_fingerprint"]);
 }
 
 TEST(LoraServer, AdaptersAreListedAndUnknownOnesRefused) {
@@ -166,6 +195,11 @@ TEST(LoraServer, AdaptersAreListedAndUnknownOnesRefused) {
   refused(json::parse(R"([{"id": -1}])"), "lora[0].id", "");
   auto [st, r] = s.post("/v1/completions", {{"model", "stylish"}, {"prompt", "x"}});
   EXPECT_EQ(st, 404) << r.dump();
+  // llama.cpp sets adapter scales for every request with a POST; here they
+  // are per request, which the 405 says.
+  auto [stp, rp] = s.post("/lora-adapters", json::array({{{"id", 0}, {"scale", 1}}}));
+  EXPECT_EQ(stp, 405) << rp.dump();
+  EXPECT_NE(rp["error"]["message"].get<std::string>().find("lora field"), std::string::npos);
 }
 
 TEST(LoraServer, AdaptersThatDoNotFitTheModelFailItsLoad) {
@@ -187,6 +221,8 @@ TEST(LoraServer, AdaptersThatDoNotFitTheModelFailItsLoad) {
   EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
   o.loras = {"=" + adapters().style};
   EXPECT_THROW(make_registry_options(o), Error);
+  o.loras = {"two words=" + adapters().style};
+  EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
 }
 
 // Randomized: conversations under five configurations (none, each adapter,

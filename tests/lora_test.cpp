@@ -468,7 +468,7 @@ std::string expect_error(const std::function<void()>& fn) {
 // A hand-made adapter: `tensors` of (name, shape) in F32, filled with 0.01.
 std::unique_ptr<gguf::File> adapter_file(const std::vector<std::pair<std::string, std::vector<uint64_t>>>& tensors,
                                          const std::string& arch = "llama", const std::string& type = "adapter",
-                                         const std::string& adapter_type = "lora") {
+                                         const std::string& adapter_type = "lora", float value = 0.01f) {
   gguf::Writer w;
   w.set_string("general.architecture", arch);
   if (!type.empty()) w.set_string("general.type", type);
@@ -477,7 +477,7 @@ std::unique_ptr<gguf::File> adapter_file(const std::vector<std::pair<std::string
   for (const auto& [name, shape] : tensors) {
     uint64_t n = 1;
     for (uint64_t d : shape) n *= d;
-    w.add_tensor_f32(name, shape, DType::F32, std::vector<float>(n, 0.01f));
+    w.add_tensor_f32(name, shape, DType::F32, std::vector<float>(n, value));
   }
   const std::vector<uint8_t> bytes = w.to_bytes();
   return gguf::File::from_bytes(bytes, "adapter.gguf");
@@ -508,6 +508,10 @@ TEST(LoraRefusals, MalformedFilesAreRefusedWithTheirReason) {
             }).find("blk.0.attn_k.weight.lora_b"),
             std::string::npos);
   EXPECT_NE(expect_error([&] { LoraAdapter::from_file(adapter_file({})); }).find("no LoRA tensors"), std::string::npos);
+  // A NaN would make every logit of its sequences NaN.
+  EXPECT_NE(expect_error([&] { LoraAdapter::from_file(adapter_file(good, "llama", "adapter", "lora", std::nanf(""))); })
+                .find("not finite"),
+            std::string::npos);
   // A model file is not an adapter, and an adapter is not a model.
   test::LoadedModel& base = base_model("llama");
   EXPECT_NE(expect_error([&] { LoraAdapter::load(base.path); }).find("not a LoRA adapter"), std::string::npos);

@@ -98,7 +98,15 @@ void run(const RunOptions& o) {
       throw Error("--lora-scaled " + o.scaled_loras[i] + ": '" + o.scaled_loras[i + 1] + "' is not a finite number");
     loras.push_back({LoraAdapter::load(o.scaled_loras[i]), scale});
   }
-  for (const LoraUse& use : loras) bundle->model->check_adapter(*use.adapter);
+  for (size_t i = 0; i < loras.size(); ++i) {
+    bundle->model->check_adapter(*loras[i].adapter);
+    // As the server's lora field: a scale in [-100, 100], each adapter once.
+    if (!(std::fabs(loras[i].scale) <= 100.0f))
+      throw Error(loras[i].adapter->path() + ": a LoRA scale must be in [-100, 100]");
+    for (size_t j = 0; j < i; ++j)
+      if (loras[j].adapter->fingerprint_hex() == loras[i].adapter->fingerprint_hex())
+        throw Error(loras[i].adapter->path() + ": the same adapter is given twice (give it once, scaled)");
+  }
 
   std::vector<std::string> prompts = o.prompts;
   if (prompts.empty()) prompts.push_back("Once upon a time");

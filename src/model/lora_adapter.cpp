@@ -63,8 +63,20 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(std::unique_ptr<gguf::
                n_out = static_cast<int64_t>(b->shape[1]);
     if (rank <= 0 || rank > 4096) f.fail("LoRA rank of '" + base + "' is out of range");
     LoraPair pair;
-    pair.a = PackedMatrix(w.matrix(t.name, n_in, rank));
-    pair.b = PackedMatrix(w.matrix(name_b, rank, n_out));
+    const MatrixView a = w.matrix(t.name, n_in, rank), b_view = w.matrix(name_b, rank, n_out);
+    // A NaN or infinity would turn every logit of the sequences using the
+    // adapter into NaN: refuse the file instead.
+    std::vector<float> row;
+    for (const MatrixView* m : {&a, &b_view}) {
+      row.resize(static_cast<size_t>(m->n_in));
+      for (int64_t r = 0; r < m->n_out; ++r) {
+        dequantize_row(*m, r, row.data());
+        for (float v : row)
+          if (!std::isfinite(v)) f.fail("LoRA tensors of '" + base + "' hold values that are not finite");
+      }
+    }
+    pair.a = PackedMatrix(a);
+    pair.b = PackedMatrix(b_view);
     pair.factor = adapter->alpha_ != 0.0f ? adapter->alpha_ / static_cast<float>(rank) : 1.0f;
     adapter->pairs_.emplace(base, std::move(pair));
   }

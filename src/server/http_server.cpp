@@ -115,7 +115,8 @@ bool takes_body(const httplib::Request& req) {
                                   req.path == "/apply-template" || req.path == "/v1/responses" ||
                                   req.path == "/responses" || req.path == "/v1/embeddings" ||
                                   req.path == "/embeddings" || req.path == "/v1/messages" ||
-                                  req.path == "/v1/messages/count_tokens")) ||
+                                  req.path == "/v1/messages/count_tokens" ||
+                                  req.path == "/lora-adapters")) ||
          (req.method == "DELETE" && is_response_path(req.path));
 }
 
@@ -559,6 +560,16 @@ void HttpServer::Impl::setup() {
     reply_json(res, 200, list);
     metrics.record_request("", "lora_adapters", 200);
   });
+  // llama.cpp sets every request's adapter scales here; reprise applies
+  // adapters only to the requests that ask for them.
+  http.Post("/lora-adapters", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Allow", "GET");
+    reply_error(res,
+                ApiError{405, "adapters apply per request here: name one as the model, or give the lora field "
+                              "[{\"id\", \"scale\"}]; GET /lora-adapters lists them",
+                         "invalid_request_error", {}, "method_not_allowed"},
+                "", "lora_adapters");
+  });
   auto chat = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
     std::string body;
     if (read_body(req, res, reader, body)) handle_chat(req, body, res);
@@ -893,6 +904,17 @@ Parsed<GenerationPlan> make_image_plan(LoadedModel& model, const ChatCompletionR
   return plan;
 }
 
+// OpenAI's system_fingerprint: what computed the reply. The model's
+// fingerprint, and with adapters a hash of theirs and their scales too, so
+// that replies of different computations never carry the same one.
+std::string system_fingerprint(const LoadedModel& model, const GenerationOptions& o) {
+  if (o.loras.empty()) return "fp_" + model.fingerprint_hex;
+  const std::string identity = model.fingerprint_hex + "|" + lora_identity(o.loras);
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash_bytes(identity.data(), identity.size()).lo));
+  return std::string("fp_") + hex;
+}
+
 // The adapters a request runs with: the one its model names (at scale 1),
 // and those of its `lora` field (whose scale wins for the same adapter), in
 // the model's order (so that the same set in any order shares its cache),
@@ -962,7 +984,7 @@ void HttpServer::Impl::handle_chat(const httplib::Request& req, const std::strin
   if (!lease) return;
   LoadedModel& model = **lease;
   ResponseContext ctx{Endpoint::Chat,
-                      {make_response_id("chatcmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      {make_response_id("chatcmpl-"), unix_now(), model_id, system_fingerprint(model, chat.options)},
                       chat.options};
   const std::string image_param =
       chat.first_image_message ? "messages[" + std::to_string(*chat.first_image_message) + "].content" : "";
@@ -1016,7 +1038,7 @@ void HttpServer::Impl::handle_completions(const httplib::Request& req, const std
     plans.push_back(std::move(plan));
   }
   ResponseContext ctx{Endpoint::Completions,
-                      {make_response_id("cmpl-"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      {make_response_id("cmpl-"), unix_now(), model_id, system_fingerprint(model, completion.options)},
                       completion.options};
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
 }
@@ -1078,7 +1100,7 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, const std::
   if (!lease) return;
   LoadedModel& model = **lease;
   ResponseContext ctx{Endpoint::Responses,
-                      {make_response_id("resp_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      {make_response_id("resp_"), unix_now(), model_id, system_fingerprint(model, chat.options)},
                       chat.options};
   ctx.responses = request;
   Parsed<GenerationPlan> plan = chat_plan(model, chat, ctx, "input");
@@ -1100,6 +1122,7 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
   GenerationOptions options_seen;
   options_seen.model = request.model;
   options_seen.cache_salt = request.cache_salt;
+  options_seen.lora = request.lora;
   std::string model_id;
   std::shared_ptr<ModelLease> lease = lease_for_generation(options_seen, res, endpoint, model_id);
   if (!lease) return;
@@ -1139,7 +1162,7 @@ void HttpServer::Impl::handle_embeddings(const httplib::Request& req, const std:
     plans.push_back(std::move(plan));
   }
   ResponseContext ctx{Endpoint::Embeddings,
-                      {make_response_id("req_"), unix_now(), model_id, "fp_" + model.fingerprint_hex},
+                      {make_response_id("req_"), unix_now(), model_id, system_fingerprint(model, options_seen)},
                       options_seen};
   ctx.embeddings_base64 = request.base64;
   start_generation(req, res, std::move(lease), std::move(plans), std::move(ctx));
@@ -1166,7 +1189,7 @@ std::optional<HttpServer::Impl::MessagesRun> HttpServer::Impl::prepare_messages(
   LoadedModel& model = **run.lease;
   if (request.chat.first_image_message && !model.vision) drop_tool_result_images(request);
   run.ctx = ResponseContext{Endpoint::Messages,
-                            {make_response_id("msg_"), unix_now(), run.model_id, "fp_" + model.fingerprint_hex},
+                            {make_response_id("msg_"), unix_now(), run.model_id, system_fingerprint(model, request.chat.options)},
                             request.chat.options};
   Parsed<GenerationPlan> plan = chat_plan(model, request.chat, run.ctx, "messages", count_only);
   if (!plan.ok()) {

@@ -68,6 +68,8 @@ ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions o
   }
   for (const ModelSource& a : options_.loras) {
     if (a.id.empty()) throw Error("LoRA adapter name must not be empty (" + a.path + ")");
+    for (unsigned char c : a.id)
+      if (c <= ' ' || c == 0x7f) throw Error("LoRA adapter name '" + a.id + "' holds a space or control character");
     if (!seen.insert(a.id).second)
       throw Error("LoRA adapter name '" + a.id + "' is already a model's or another adapter's");
   }

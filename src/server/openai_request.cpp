@@ -555,6 +555,7 @@ Parsed<EmbeddingsRequest> parse_embeddings_request(std::string_view body, const 
     }
     if (auto v = f.integer("dimensions", 1, std::numeric_limits<int32_t>::max())) req.dimensions = *v;
     req.cache_salt = read_cache_salt(f, limits);
+    parse_lora(f, req.lora);
     f.string("user");  // accepted (type-checked) and otherwise unused
     return req;
   });

@@ -136,6 +136,7 @@ struct EmbeddingsRequest {
   bool base64 = false;                   // encoding_format "base64": little-endian float32 bytes
   std::optional<int64_t> dimensions;     // keep the first N values (renormalized)
   std::string cache_salt;
+  std::vector<LoraRequest> lora;         // as GenerationOptions::lora
 };
 
 // llama.cpp's server utilities: POST /tokenize and /detokenize ("model"

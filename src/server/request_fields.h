@@ -29,7 +29,7 @@ inline constexpr const char* kChatPassThroughFields[] = {
     "model",          "stream",         "temperature",       "top_p",            "top_k",
     "min_p",          "seed",           "repeat_penalty",    "repeat_last_n",    "frequency_penalty",
     "presence_penalty", "logit_bias",   "cache_salt",        "ignore_eos",       "draft_max",
-    "reasoning_format", "chat_template_kwargs"};
+    "reasoning_format", "chat_template_kwargs", "lora"};
 
 // Thrown by the parsers only; guarded() turns it into a Parsed.
 struct RequestError {
