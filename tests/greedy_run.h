@@ -18,12 +18,14 @@ struct StepOutput {
   GenerateResult result;
 };
 
-inline StepOutput run(Engine& engine, const std::vector<int32_t>& prompt, int n_gen, const std::string& salt = "") {
+inline StepOutput run(Engine& engine, const std::vector<int32_t>& prompt, int n_gen, const std::string& salt = "",
+                      const std::vector<LoraUse>& loras = {}) {
   GenerateRequest req;
   req.prompt = prompt;
   req.sampling.temperature = 0;
   req.max_tokens = n_gen;
   req.cache_salt = salt;
+  req.loras = loras;
   StepOutput out;
   out.result = engine.generate(req, [&](int32_t tok, std::span<const float> logits) {
     out.tokens.push_back(tok);

@@ -316,18 +316,7 @@ TEST(Lora, DecodeTeamStepsAreBitIdenticalToDispatchedSteps) {
 }
 
 StepOutput run_with(Engine& engine, const std::vector<int32_t>& prompt, int n_gen, const std::vector<LoraUse>& loras) {
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.sampling.temperature = 0;
-  req.max_tokens = n_gen;
-  req.loras = loras;
-  StepOutput out;
-  out.result = engine.generate(req, [&](int32_t tok, std::span<const float> logits) {
-    out.tokens.push_back(tok);
-    out.logits.emplace_back(logits.begin(), logits.end());
-    return true;
-  });
-  return out;
+  return reprise::testing_support::run(engine, prompt, n_gen, "", loras);
 }
 
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {

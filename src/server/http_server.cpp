@@ -655,17 +655,16 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
   gmtime_r(&started, &utc);
   std::strftime(created_at, sizeof created_at, "%Y-%m-%dT%H:%M:%SZ", &utc);
   ordered_json data = ordered_json::array();
+  // OpenAI's fields and Anthropic's (type, display_name, created_at).
+  auto entry = [&](const std::string& id) {
+    return ordered_json{{"id", id},           {"object", "model"},    {"created", started_at},
+                        {"owned_by", "reprise"}, {"type", "model"}, {"display_name", id},
+                        {"created_at", created_at}};
+  };
   const std::vector<ModelStatus> statuses = registry.status();
   for (const ModelStatus& s : statuses) {
     if (!only_id.empty() && s.id != only_id) continue;
-    ordered_json m = ordered_json::object();
-    m["id"] = s.id;
-    m["object"] = "model";
-    m["created"] = started_at;
-    m["owned_by"] = "reprise";
-    m["type"] = "model";
-    m["display_name"] = s.id;
-    m["created_at"] = created_at;
+    ordered_json m = entry(s.id);
     m["loaded"] = s.loaded;
     data.push_back(std::move(m));
   }
@@ -674,14 +673,7 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
   for (const ModelSource& a : registry.adapters()) {
     if (!only_id.empty() && a.id != only_id) continue;
     const std::string& base = registry.base_of(a.id);
-    ordered_json m = ordered_json::object();
-    m["id"] = a.id;
-    m["object"] = "model";
-    m["created"] = started_at;
-    m["owned_by"] = "reprise";
-    m["type"] = "model";
-    m["display_name"] = a.id;
-    m["created_at"] = created_at;
+    ordered_json m = entry(a.id);
     m["parent"] = base;
     m["root"] = base;
     bool loaded = false;
