@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "cache/prefix_cache.h"
@@ -457,12 +458,13 @@ std::string expect_error(const std::function<void()>& fn) {
 // A hand-made adapter: `tensors` of (name, shape) in F32, filled with 0.01.
 std::unique_ptr<gguf::File> adapter_file(const std::vector<std::pair<std::string, std::vector<uint64_t>>>& tensors,
                                          const std::string& arch = "llama", const std::string& type = "adapter",
-                                         const std::string& adapter_type = "lora", float value = 0.01f) {
+                                         const std::string& adapter_type = "lora", float value = 0.01f,
+                                         std::optional<gguf::MetaValue> alpha = gguf::MetaValue::f32(8.0f)) {
   gguf::Writer w;
   w.set_string("general.architecture", arch);
   if (!type.empty()) w.set_string("general.type", type);
   if (!adapter_type.empty()) w.set_string("adapter.type", adapter_type);
-  w.set_f32("adapter.lora.alpha", 8.0f);
+  if (alpha) w.set("adapter.lora.alpha", *alpha);
   for (const auto& [name, shape] : tensors) {
     uint64_t n = 1;
     for (uint64_t d : shape) n *= d;
@@ -497,6 +499,11 @@ TEST(LoraRefusals, MalformedFilesAreRefusedWithTheirReason) {
             }).find("blk.0.attn_k.weight.lora_b"),
             std::string::npos);
   EXPECT_NE(expect_error([&] { LoraAdapter::from_file(adapter_file({})); }).find("no LoRA tensors"), std::string::npos);
+  // An alpha beyond float's range would be an infinite factor.
+  EXPECT_NE(expect_error([&] {
+              LoraAdapter::from_file(adapter_file(good, "llama", "adapter", "lora", 0.01f, gguf::MetaValue::f64(1e300)));
+            }).find("not a finite float"),
+            std::string::npos);
   // A NaN would make every logit of its sequences NaN.
   EXPECT_NE(expect_error([&] { LoraAdapter::from_file(adapter_file(good, "llama", "adapter", "lora", std::nanf(""))); })
                 .find("not finite"),
@@ -527,6 +534,10 @@ TEST(LoraRefusals, AdaptersThatDoNotFitTheModelAreRefused) {
   EXPECT_NE(check({{"blk.9.attn_q.weight.lora_a", {128, 4}}, {"blk.9.attn_q.weight.lora_b", {4, 128}}})
                 .find("names layer 9"),
             std::string::npos);
+  // "blk.00." is no name the model looks up: it would never apply (review, session 51).
+  EXPECT_NE(check({{"blk.00.attn_q.weight.lora_a", {128, 4}}, {"blk.00.attn_q.weight.lora_b", {4, 128}}})
+                .find("layer number"),
+            std::string::npos);
   EXPECT_NE(check({{"blk.0.ffn_gate_inp.weight.lora_a", {128, 4}}, {"blk.0.ffn_gate_inp.weight.lora_b", {4, 8}}})
                 .find("adapts no matrix"),
             std::string::npos);
@@ -549,6 +560,26 @@ TEST(LoraRefusals, AdaptersThatDoNotFitTheModelAreRefused) {
   Engine llama_engine(llama, pool, nullptr);
   req.loras = {{adapter_for(base_model("llama"), "all", spec_all(11, 8, 16.0f)), std::nanf("")}};
   EXPECT_NE(expect_error([&] { llama_engine.generate(req); }).find("finite"), std::string::npos);
+}
+
+// Adapters equal but for alpha never share cached state, however close the
+// alphas (without alpha, the factor is 1; with 4e-7, about 1e-7: printed to
+// six decimals both read 0.000000, and shared a fingerprint until review).
+TEST(LoraRefusals, AlphaIsPartOfTheFingerprintBitForBit) {
+  const std::vector<std::pair<std::string, std::vector<uint64_t>>> good = {
+      {"blk.0.attn_q.weight.lora_a", {128, 4}}, {"blk.0.attn_q.weight.lora_b", {4, 128}}};
+  auto with_alpha = [&](std::optional<gguf::MetaValue> alpha) {
+    return LoraAdapter::from_file(adapter_file(good, "llama", "adapter", "lora", 0.01f, std::move(alpha)));
+  };
+  const auto none = with_alpha(std::nullopt), tiny = with_alpha(gguf::MetaValue::f32(4e-7f)),
+             half = with_alpha(gguf::MetaValue::f32(0.5f)),
+             near_half = with_alpha(gguf::MetaValue::f32(std::nextafter(0.5f, 1.0f)));
+  EXPECT_NE(none->fingerprint_hex(), tiny->fingerprint_hex());
+  EXPECT_NE(half->fingerprint_hex(), near_half->fingerprint_hex());
+  EXPECT_EQ(half->fingerprint_hex(), with_alpha(gguf::MetaValue::f32(0.5f))->fingerprint_hex());
+  // A budget counts what the packed matrices take, not the (smaller) file.
+  EXPECT_GE(none->packed_bytes(), none->pairs().begin()->second.a.packed_bytes());
+  EXPECT_GT(none->packed_bytes(), none->file_bytes());
 }
 
 // Mutated adapter files (bytes flipped, cut short) load or fail with an

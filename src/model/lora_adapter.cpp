@@ -38,7 +38,8 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(std::unique_ptr<gguf::
   std::shared_ptr<LoraAdapter> adapter(new LoraAdapter());  // private constructor
   adapter->arch_ = f.require_string("general.architecture");
   const double alpha = f.get_float("adapter.lora.alpha").value_or(0.0);
-  if (!std::isfinite(alpha)) f.fail("adapter.lora.alpha is not finite");
+  // (A double beyond float's range would become an infinite factor.)
+  if (!std::isfinite(alpha) || std::fabs(alpha) > 1e30) f.fail("adapter.lora.alpha is not a finite float");
   adapter->alpha_ = static_cast<float>(alpha);
   adapter->path_ = f.path();
   adapter->file_bytes_ = f.file_size();
@@ -78,13 +79,18 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(std::unique_ptr<gguf::
     pair.a = PackedMatrix(a);
     pair.b = PackedMatrix(b_view);
     pair.factor = adapter->alpha_ != 0.0f ? adapter->alpha_ / static_cast<float>(rank) : 1.0f;
+    adapter->packed_bytes_ += pair.a.packed_bytes() + pair.b.packed_bytes();
     adapter->pairs_.emplace(base, std::move(pair));
   }
   // A lone lora_b, or any other tensor, would be ignored: refuse the file.
   w.refuse_unknown_tensors();
   if (adapter->pairs_.empty()) f.fail("the adapter holds no LoRA tensors");
 
-  const auto digest = fingerprint_weights(f, "lora/v1/" + std::to_string(adapter->alpha_));
+  // alpha by its bits: printed with a few decimals, adapters whose alphas
+  // differ beyond them (or none and a tiny one) would share cached state.
+  uint32_t alpha_bits = 0;
+  std::memcpy(&alpha_bits, &adapter->alpha_, sizeof alpha_bits);
+  const auto digest = fingerprint_weights(f, "lora/v2/" + std::to_string(alpha_bits));
   char hex[33];
   std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(digest[1]),
                 static_cast<unsigned long long>(digest[0]));

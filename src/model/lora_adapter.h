@@ -50,6 +50,9 @@ class LoraAdapter {
   float alpha() const { return alpha_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return file_bytes_; }
+  // The memory its packed matrices take (at least a few tens of KB a
+  // matrix, however small its file: what a memory budget counts).
+  uint64_t packed_bytes() const { return packed_bytes_; }
   // Hash of alpha and every tensor's name, shape, type and bytes: the
   // adapter's identity in cache namespaces (32 hex digits).
   const std::string& fingerprint_hex() const { return fingerprint_hex_; }
@@ -59,7 +62,7 @@ class LoraAdapter {
   std::unique_ptr<gguf::File> file_;  // the packed pairs' views point into it
   std::string path_, arch_, fingerprint_hex_;
   float alpha_ = 0;
-  uint64_t file_bytes_ = 0;
+  uint64_t file_bytes_ = 0, packed_bytes_ = 0;
   std::map<std::string, LoraPair> pairs_;
 };
 

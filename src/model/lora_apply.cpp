@@ -9,13 +9,20 @@ namespace reprise {
 
 namespace {
 
-// A thread's scratch for the deltas of a chunk of rows, and a pool of one
-// thread (its own: the kernels' results do not depend on the threads) on
-// which it computes them. Each thread keeps its own.
+// A task's scratch for the deltas of a chunk of rows, and a pool of one
+// thread (the task's: the kernels' results do not depend on the threads)
+// on which it computes them.
 struct ChunkScratch {
   std::vector<float> low;    // rows x rank: A x
   std::vector<float> delta;  // rows x n_out: B (A x)
   ThreadPool inline_pool{1};
+};
+
+// One scratch per task slot of a pool, kept with the pool
+// (ThreadPool::caller_local), not with the threads that ran them: a
+// server's request threads lead passes in turn, and would each keep one.
+struct PoolChunkScratch {
+  std::vector<std::unique_ptr<ChunkScratch>> slots;
 };
 
 // Rows per chunk: a chunk's deltas (up to a few hundred KB) are added while
@@ -45,17 +52,24 @@ void add_lora_deltas(std::span<const PassSegment> segments, const std::string& t
       const LoraPair* pair = use.adapter->find(tensor);
       if (!pair) continue;
       const float s = use.scale * pair->factor;
-      // A decode step's one chunk runs on the calling thread (parallel_for
-      // of one task): dispatching a few thousand multiply-adds costs more.
-      pool.parallel_for((end - begin + kChunkRows - 1) / kChunkRows, [&](int64_t c) {
-        thread_local ChunkScratch scratch;
-        const int64_t r0 = begin + c * kChunkRows, rows = std::min(kChunkRows, end - r0);
-        scratch.low.resize(rows * pair->rank());
-        scratch.delta.resize(rows * n_out);
-        matmul(pair->a, x + r0 * n_in, rows, scratch.low.data(), scratch.inline_pool);
-        matmul(pair->b, scratch.low.data(), rows, scratch.delta.data(), scratch.inline_pool);
-        for (int64_t r = 0; r < rows; ++r)
-          add_scaled(y + (r0 + r) * n_out, scratch.delta.data() + r * n_out, s, n_out);
+      // Task t takes chunks t, t + tasks, ... with slot t's scratch. A
+      // decode step's one chunk runs on the calling thread (parallel_for of
+      // one task): dispatching a few thousand multiply-adds costs more.
+      const int64_t chunks = (end - begin + kChunkRows - 1) / kChunkRows;
+      const int64_t tasks = std::min<int64_t>(chunks, pool.size());
+      std::vector<std::unique_ptr<ChunkScratch>>& slots = pool.caller_local<PoolChunkScratch>().slots;
+      while (static_cast<int64_t>(slots.size()) < tasks) slots.push_back(std::make_unique<ChunkScratch>());
+      pool.parallel_for(tasks, [&](int64_t t) {
+        ChunkScratch& scratch = *slots[t];
+        for (int64_t c = t; c < chunks; c += tasks) {
+          const int64_t r0 = begin + c * kChunkRows, rows = std::min(kChunkRows, end - r0);
+          scratch.low.resize(rows * pair->rank());
+          scratch.delta.resize(rows * n_out);
+          matmul(pair->a, x + r0 * n_in, rows, scratch.low.data(), scratch.inline_pool);
+          matmul(pair->b, scratch.low.data(), rows, scratch.delta.data(), scratch.inline_pool);
+          for (int64_t r = 0; r < rows; ++r)
+            add_scaled(y + (r0 + r) * n_out, scratch.delta.data() + r * n_out, s, n_out);
+        }
       });
     }
   }

@@ -364,9 +364,17 @@ void Transformer::build_rope_tables(std::span<const int64_t> positions, RopeTabl
 
 // What a transformer's team step keeps between steps, per pool
 // (ThreadPool::caller_local), beside every model's (team_step.h).
+// A team member's adapter deltas (run_team_step): every member computes
+// every delta itself and adds it where it reads the product's output.
+struct MemberLoraDeltas {
+  LoraRowDeltas q, k, v, o, gate, up, down;
+  std::vector<float> row, up_rows;  // a product's output row plus its deltas; up's rows likewise
+};
+
 struct TransformerTeamState : TeamStepState {
   std::vector<int64_t> positions;  // each sequence's token's
   RopeTables rope;
+  std::vector<std::unique_ptr<MemberLoraDeltas>> lora;  // by member index
 };
 
 bool Transformer::team_step_takes(std::span<const PassSegment> segments, ThreadPool& pool) const {
@@ -397,18 +405,17 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
   build_rope_tables(st.positions, st.rope, pool);
 
   const bool loras = pass_has_loras(segments);
+  if (loras)
+    while (static_cast<int>(st.lora.size()) < st.team->size()) st.lora.push_back(std::make_unique<MemberLoraDeltas>());
   st.team->run([&](DecodeTeam::Member& m) {
     // This member's residual stream and inputs: every member computes them
     // all (the same bits), so reading them needs no barrier.
     thread_local std::vector<float> x, h, act;
     // With adapters, every member computes every delta itself and adds it
     // where it reads the product's output (model/lora_apply.h): the query,
-    // key and value heads it readies, the residual adds, the gate.
-    struct Deltas {
-      LoraRowDeltas q, k, v, o, gate, up, down;
-      std::vector<float> row, up_rows;  // a product's output row plus its deltas; up's rows likewise
-    };
-    thread_local Deltas lora;
+    // key and value heads it readies, the residual adds, the gate. (Kept
+    // with the pool, by member: not in every thread that ever led a step.)
+    MemberLoraDeltas* const lora = loras ? st.lora[m.index()].get() : nullptr;
     thread_local std::vector<AttentionRows> rows;
     thread_local std::vector<AttentionBatch> batches;
     x.resize(n * n_embd_);
@@ -425,9 +432,9 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       for (int64_t r = 0; r < n; ++r) {
         const float* t = tmp.data() + r * n_embd_;
         if (deltas) {
-          lora.row.assign(t, t + n_embd_);
-          deltas->add(r, lora.row.data(), 0, n_embd_);
-          t = lora.row.data();
+          lora->row.assign(t, t + n_embd_);
+          deltas->add(r, lora->row.data(), 0, n_embd_);
+          t = lora->row.data();
         }
         add_residual(x.data() + r * n_embd_, t, post_norm, act.data());
       }
@@ -452,9 +459,9 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       norm_rows(L.attn_norm);
       prefetch_my_slots(layer);
       if (loras) {
-        lora.q.compute(segments, L.prefix + "attn_q.weight", h.data(), n_embd_, q_dim);
-        lora.k.compute(segments, L.prefix + "attn_k.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
-        lora.v.compute(segments, L.prefix + "attn_v.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
+        lora->q.compute(segments, L.prefix + "attn_q.weight", h.data(), n_embd_, q_dim);
+        lora->k.compute(segments, L.prefix + "attn_k.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
+        lora->v.compute(segments, L.prefix + "attn_v.weight", h.data(), n_embd_, n_head_kv_ * head_dim_);
       }
       const MatmulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
       team_matmul_many(qkv, h.data(), m, st.plan, product++);
@@ -471,8 +478,8 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
         std::span<const PassSegment> segments;
         float *q, *k, *v;
         const RopeTables* rope;
-        const Deltas* lora;  // null without adapters
-      } prep{this, &L, layer, segments, q.data(), k.data(), v.data(), &st.rope, loras ? &lora : nullptr};
+        const MemberLoraDeltas* lora;  // null without adapters
+      } prep{this, &L, layer, segments, q.data(), k.data(), v.data(), &st.rope, lora};
       auto prepare = [](void* ctx, size_t r, int64_t h0, int64_t h1) {
         const Prepare& p = *static_cast<const Prepare*>(ctx);
         const Transformer& t = *p.self;
@@ -494,33 +501,33 @@ void Transformer::run_team_step(std::span<const PassSegment> segments, ThreadPoo
       team_attention(std::span<const AttentionBatch>(batches.data(), n), m, prepare, &prep, st.plan);
       const MatmulOutput o[] = {{&L.wo, tmp.data()}};
       team_matmul_many(o, attn.data(), m, st.plan, product++);
-      if (loras) lora.o.compute(segments, L.prefix + "attn_output.weight", attn.data(), q_dim, n_embd_);
-      add_residuals(L.post_attn_norm, loras ? &lora.o : nullptr);
+      if (loras) lora->o.compute(segments, L.prefix + "attn_output.weight", attn.data(), q_dim, n_embd_);
+      add_residuals(L.post_attn_norm, lora ? &lora->o : nullptr);
       norm_rows(L.ffn_norm);
       if (loras) {
-        lora.gate.compute(segments, L.prefix + "ffn_gate.weight", h.data(), n_embd_, n_ff_);
-        lora.up.compute(segments, L.prefix + "ffn_up.weight", h.data(), n_embd_, n_ff_);
+        lora->gate.compute(segments, L.prefix + "ffn_gate.weight", h.data(), n_embd_, n_ff_);
+        lora->up.compute(segments, L.prefix + "ffn_up.weight", h.data(), n_embd_, n_ff_);
       }
       const MatmulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
       team_matmul_many(gate_up, h.data(), m, st.plan, product++);
       std::memcpy(act.data(), g.data(), n * n_ff_ * sizeof(float));
       const float* up_rows = u.data();
       if (loras) {
-        lora.up_rows.assign(u.data(), u.data() + n * n_ff_);
+        lora->up_rows.assign(u.data(), u.data() + n * n_ff_);
         for (int64_t r = 0; r < n; ++r) {
-          lora.gate.add(r, act.data() + r * n_ff_, 0, n_ff_);
-          lora.up.add(r, lora.up_rows.data() + r * n_ff_, 0, n_ff_);
+          lora->gate.add(r, act.data() + r * n_ff_, 0, n_ff_);
+          lora->up.add(r, lora->up_rows.data() + r * n_ff_, 0, n_ff_);
         }
-        up_rows = lora.up_rows.data();
+        up_rows = lora->up_rows.data();
       }
       for (int64_t r = 0; r < n; ++r) {
         if (traits_.gelu) gelu_mul(act.data() + r * n_ff_, up_rows + r * n_ff_, n_ff_);
         else silu_mul(act.data() + r * n_ff_, up_rows + r * n_ff_, n_ff_);
       }
-      if (loras) lora.down.compute(segments, L.prefix + "ffn_down.weight", act.data(), n_ff_, n_embd_);
+      if (loras) lora->down.compute(segments, L.prefix + "ffn_down.weight", act.data(), n_ff_, n_embd_);
       const MatmulOutput down[] = {{&L.down, tmp.data()}};
       team_matmul_many(down, act.data(), m, st.plan, product++);
-      add_residuals(L.post_ffn_norm, loras ? &lora.down : nullptr);
+      add_residuals(L.post_ffn_norm, lora ? &lora->down : nullptr);
     }
     norm_rows(output_norm_);
     const MatmulOutput out[] = {{&output_, logits.data()}};
@@ -639,6 +646,9 @@ void Transformer::check_adapter(const LoraAdapter& adapter) const {
     if (index.empty() || index.size() > 4 || index.find_first_not_of("0123456789") != std::string::npos)
       fail("names no layer");
     const size_t il = std::stoul(index);
+    // Products look pairs up by the model's own names ("blk.0.", never
+    // "blk.00."): a name in another spelling would never apply.
+    if (std::to_string(il) != index) fail("writes its layer number in a form GGUF names never use");
     if (il >= layers_.size()) fail("names layer " + index + " of a model with " + std::to_string(layers_.size()));
     const Layer& L = layers_[il];
     const std::string role = name.substr(dot + 1);

@@ -97,9 +97,13 @@ std::array<uint64_t, 2> fingerprint_weights(const gguf::File& file, const std::s
   XXH3_128bits_reset(state);
   XXH3_128bits_update(state, layout_tag.data(), layout_tag.size());
   for (const auto& t : file.tensors()) {
+    // Lengths before what varies in length, so that no two files give one stream.
+    const uint64_t name_size = t.name.size(), dims = t.shape.size();
+    XXH3_128bits_update(state, &name_size, sizeof name_size);
     XXH3_128bits_update(state, t.name.data(), t.name.size());
     uint32_t type = t.raw_type;
     XXH3_128bits_update(state, &type, sizeof type);
+    XXH3_128bits_update(state, &dims, sizeof dims);
     for (uint64_t d : t.shape) XXH3_128bits_update(state, &d, sizeof d);
     XXH3_128bits_update(state, t.data, t.n_bytes);
   }

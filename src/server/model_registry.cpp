@@ -42,7 +42,7 @@ namespace {
 uint64_t e_extra_bytes(const LoadedModel& m) {
   uint64_t extra = 0;
   if (m.snapshots) extra += m.snapshots->config().budget_bytes;
-  for (const ServedAdapter& a : m.adapters) extra += a.adapter->file_bytes();
+  for (const ServedAdapter& a : m.adapters) extra += a.adapter->packed_bytes();
   if (m.vision) extra += m.vision->encoder_cache_stats().budget_bytes;
   if (m.draft) {
     std::error_code ec;

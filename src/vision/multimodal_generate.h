@@ -32,7 +32,6 @@ class MultimodalGenerator {
   GenerateResult generate(const MultimodalPrompt& prompt, const GenerateRequest& request,
                           const TokenCallback& on_token = {});
 
-  NamespaceKey namespace_for(const std::string& cache_salt) const { return engine_.namespace_for(cache_salt); }
   int64_t n_ctx() const { return engine_.n_ctx(); }
   // Image batches prefilled so far.
   uint64_t image_batches() const { return engine_.counters().embedded_batches; }
