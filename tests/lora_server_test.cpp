@@ -225,6 +225,50 @@ TEST(LoraServer, AdaptersThatDoNotFitTheModelFailItsLoad) {
   EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
 }
 
+// Adapters of a model other than the default (--lora-of MODEL NAME=PATH):
+// selected by name, listed under their model, indexed among their model's
+// adapters; another model's adapter in a lora field is a 400.
+TEST(LoraServer, AdaptersOfAnotherModel) {
+  const test::LoadedModel& other = test::synthetic_model("lora-server-other", synthetic_preset("tiny"));
+  const std::string path = process_scratch_dir("reprise-lora-server-").file("other-adapter.gguf");
+  SyntheticLoraSpec spec;
+  spec.strength = 1.0f;
+  make_synthetic_lora(other.path, spec, path);
+  ServeOptions o = options();
+  o.model_specs = {"other=" + other.path};
+  o.model_loras = {"other", "other-style=" + path};
+  Server s(o);
+  const json listed = json::parse(httplib::Client("127.0.0.1", s.port).Get("/lora-adapters")->body);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[2]["name"], "other-style");
+  EXPECT_EQ(listed[2]["model"], "other");
+  EXPECT_EQ(listed[2]["id"], 0);  // its index among its model's adapters
+  const json one = json::parse(httplib::Client("127.0.0.1", s.port).Get("/v1/models/other-style")->body);
+  EXPECT_EQ(one["parent"], "other");
+  json body = completion("the old lighthouse", 6);
+  body["model"] = "other";
+  auto [st0, base] = s.post("/v1/completions", body);
+  body["model"] = "other-style";
+  auto [st1, adapted] = s.post("/v1/completions", body);
+  body["model"] = "other";
+  body["lora"] = {{{"id", 0}}};
+  auto [st2, by_field] = s.post("/v1/completions", body);
+  ASSERT_EQ(st0, 200) << base.dump();
+  ASSERT_EQ(st1, 200) << adapted.dump();
+  ASSERT_EQ(st2, 200) << by_field.dump();
+  EXPECT_EQ(adapted["model"], "other-style");
+  EXPECT_NE(adapted["choices"][0]["logprobs"], base["choices"][0]["logprobs"]);
+  EXPECT_EQ(by_field["choices"][0]["logprobs"], adapted["choices"][0]["logprobs"]);
+  // The default model has no adapter of that name.
+  json wrong = completion("x", 2);
+  wrong["lora"] = {{{"id", "other-style"}}};
+  auto [st3, r3] = s.post("/v1/completions", wrong);
+  EXPECT_EQ(st3, 400) << r3.dump();
+  // An adapter for a model that is not served is refused at start-up.
+  o.model_loras = {"nowhere", "x=" + path};
+  EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
+}
+
 // Randomized: conversations under five configurations (none, each adapter,
 // one at another scale, both) that share system prompts. Each reply's text
 // and log-probabilities equal a cold server's, and a configuration's first

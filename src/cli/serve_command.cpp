@@ -119,6 +119,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--lora", o->loras,
                   "LoRA adapter of the default model as NAME=PATH or PATH (repeatable): requests select it with "
                   "\"model\": NAME, or with \"lora\": [{\"id\": NAME or index, \"scale\": S}]");
+  cmd->add_option("--lora-of", o->model_loras, "LoRA adapter of another served model: MODEL NAME=PATH (repeatable)")
+      ->type_size(2);
   cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept per SSM/hybrid model")
       ->capture_default_str();
   cmd->add_option("--snapshot-ttl", o->snapshot_ttl_seconds, "Seconds a snapshot stays usable (0 = no limit)")

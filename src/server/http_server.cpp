@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <ctime>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -552,11 +553,13 @@ void HttpServer::Impl::setup() {
   // llama.cpp's list of adapters (its ids are what `lora` fields give).
   // Adapters apply only to requests that ask for them, so every scale is 0.
   http.Get("/lora-adapters", [this](const httplib::Request&, httplib::Response& res) {
+    // An adapter's id is its index among its model's adapters (what a
+    // request's lora field names).
     ordered_json list = ordered_json::array();
-    const std::vector<ModelSource>& adapters = registry.adapters();
-    for (size_t i = 0; i < adapters.size(); ++i)
-      list.push_back({{"id", i}, {"name", adapters[i].id}, {"path", adapters[i].path}, {"scale", 0.0},
-                      {"model", registry.default_id()}});
+    std::map<std::string, size_t> per_model;
+    for (const AdapterSource& a : registry.adapters())
+      list.push_back({{"id", per_model[a.base]++}, {"name", a.name}, {"path", a.path}, {"scale", 0.0},
+                      {"model", a.base}});
     reply_json(res, 200, list);
     metrics.record_request("", "lora_adapters", 200);
   });
@@ -670,10 +673,10 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
   }
   // Each adapter is a model of its own to clients (vLLM's convention), run
   // on its base model's weights.
-  for (const ModelSource& a : registry.adapters()) {
-    if (!only_id.empty() && a.id != only_id) continue;
-    const std::string& base = registry.base_of(a.id);
-    ordered_json m = entry(a.id);
+  for (const AdapterSource& a : registry.adapters()) {
+    if (!only_id.empty() && a.name != only_id) continue;
+    const std::string& base = a.base;
+    ordered_json m = entry(a.name);
     m["parent"] = base;
     m["root"] = base;
     bool loaded = false;

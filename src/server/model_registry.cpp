@@ -66,18 +66,21 @@ ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions o
     e.source = std::move(s);
     entries_.push_back(std::move(e));
   }
-  for (const ModelSource& a : options_.loras) {
-    if (a.id.empty()) throw Error("LoRA adapter name must not be empty (" + a.path + ")");
-    for (unsigned char c : a.id)
-      if (c <= ' ' || c == 0x7f) throw Error("LoRA adapter name '" + a.id + "' holds a space or control character");
-    if (!seen.insert(a.id).second)
-      throw Error("LoRA adapter name '" + a.id + "' is already a model's or another adapter's");
+  const std::set<std::string> models = seen;
+  for (AdapterSource& a : options_.loras) {
+    if (a.name.empty()) throw Error("LoRA adapter name must not be empty (" + a.path + ")");
+    for (unsigned char c : a.name)
+      if (c <= ' ' || c == 0x7f) throw Error("LoRA adapter name '" + a.name + "' holds a space or control character");
+    if (!seen.insert(a.name).second)
+      throw Error("LoRA adapter name '" + a.name + "' is already a model's or another adapter's");
+    if (a.base.empty()) a.base = entries_.front().source.id;
+    if (!models.count(a.base)) throw Error("LoRA adapter '" + a.name + "' is for model '" + a.base + "', which is not served");
   }
 }
 
 const std::string& ModelRegistry::base_of(const std::string& id) const {
-  for (const ModelSource& a : options_.loras)
-    if (a.id == id) return entries_.front().source.id;
+  for (const AdapterSource& a : options_.loras)
+    if (a.name == id) return a.base;
   return id;
 }
 
@@ -233,10 +236,11 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std:
     m->draft_cache = std::make_unique<PrefixCache>(m->draft->model->state_spec(), cache_config);
     m->engine->set_draft(*m->draft->model, m->draft_cache.get(), options_.draft_max);
   }
-  for (const ModelSource& a : is_default ? options_.loras : std::vector<ModelSource>{}) {
-    ServedAdapter served{a.id, a.path, LoraAdapter::load(a.path)};
+  for (const AdapterSource& a : options_.loras) {
+    if (a.base != source.id) continue;
+    ServedAdapter served{a.name, a.path, LoraAdapter::load(a.path)};
     m->bundle->model->check_adapter(*served.adapter);
-    say("[" + source.id + "] LoRA adapter '" + a.id + "' loaded from " + a.path + " (" +
+    say("[" + source.id + "] LoRA adapter '" + a.name + "' loaded from " + a.path + " (" +
         std::to_string(served.adapter->pairs().size()) + " matrices)");
     m->adapters.push_back(std::move(served));
   }

@@ -37,6 +37,14 @@ struct ModelSource {
   std::string path;  // GGUF file
 };
 
+// A LoRA adapter a model serves (`base`: the model's id; empty: the
+// default model's).
+struct AdapterSource {
+  std::string name;  // what requests put in "model" or in their lora field
+  std::string path;
+  std::string base;
+};
+
 struct RegistryOptions {
   int threads = 1;                          // per model's thread pool
   int max_decode_batch = 16;                // continuous batching (EngineOptions::max_decode_batch)
@@ -50,9 +58,9 @@ struct RegistryOptions {
   std::string draft_model_path;
   int draft_max = 8;
   std::string mmproj_path;
-  // LoRA adapters of the default model (id: the name requests use), loaded
-  // and checked against it when it loads.
-  std::vector<ModelSource> loras;
+  // LoRA adapters, each loaded and checked against its model when that
+  // model loads.
+  std::vector<AdapterSource> loras;
   uint64_t mm_cache_bytes = 256ull << 20;
   int64_t n_ctx = 0;                        // 0: each model's training context
   uint64_t max_ram_bytes = 0;               // 0: no limit
@@ -152,10 +160,10 @@ class ModelRegistry {
   // The first configured model: what requests without "model" get.
   const std::string& default_id() const { return entries_.front().source.id; }
   std::vector<std::string> ids() const;
-  // The LoRA adapters (RegistryOptions::loras), all of the default model.
-  const std::vector<ModelSource>& adapters() const { return options_.loras; }
-  // The model a requested id runs on: an adapter's base model (the
-  // default's) for an adapter's name, else the id itself.
+  // The LoRA adapters (RegistryOptions::loras).
+  const std::vector<AdapterSource>& adapters() const { return options_.loras; }
+  // The model a requested id runs on: an adapter's base model for an
+  // adapter's name, else the id itself.
   const std::string& base_of(const std::string& id) const;
 
   // The model, loading it first if needed (concurrent callers share one

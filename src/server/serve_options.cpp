@@ -92,15 +92,21 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.draft_model_path = options.draft_model;
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;
-  for (const std::string& spec : options.loras) {
-    // NAME=PATH, or a bare PATH named after its file.
+  // NAME=PATH, or a bare PATH named after its file; base "" is the default model.
+  auto add_lora = [&](const std::string& spec, const std::string& base, const char* flag) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
-      r.loras.push_back({id_from_path(spec), spec});
-      continue;
+      r.loras.push_back({id_from_path(spec), spec, base});
+      return;
     }
-    if (eq == 0 || eq + 1 == spec.size()) throw Error("--lora expects NAME=PATH, got '" + spec + "'");
-    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
+    if (eq == 0 || eq + 1 == spec.size()) throw Error(std::string(flag) + " expects NAME=PATH, got '" + spec + "'");
+    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1), base});
+  };
+  for (const std::string& spec : options.loras) add_lora(spec, "", "--lora");
+  if (options.model_loras.size() % 2) throw Error("--lora-of expects MODEL NAME=PATH");
+  for (size_t i = 0; i + 1 < options.model_loras.size(); i += 2) {
+    if (options.model_loras[i].empty()) throw Error("--lora-of expects MODEL NAME=PATH");
+    add_lora(options.model_loras[i + 1], options.model_loras[i], "--lora-of");
   }
   r.mm_cache_bytes = options.mm_cache_bytes;
   r.shared_cache_budget_bytes = static_cast<uint64_t>(options.cache_total_ram_mib * 1024 * 1024);

@@ -36,6 +36,7 @@ struct ServeOptions {
   int draft_max = 8;               // tokens drafted per step (requests may lower it)
   std::string mmproj;              // vision projector for the default model
   std::vector<std::string> loras;  // NAME=PATH: LoRA adapters of the default model
+  std::vector<std::string> model_loras;  // MODEL, NAME=PATH pairs: LoRA adapters of another model
   uint64_t mm_cache_bytes = 256ull << 20;  // vision encoder-output cache; 0 stores nothing
   size_t snapshot_max_entries = 4096;  // per SSM/hybrid model
   double snapshot_ttl_seconds = 0;     // 0: snapshots never expire by age
