@@ -1,5 +1,6 @@
 #include "model/team_step.h"
 
+#include "model/lora_apply.h"
 #include "tensor/thread_pool.h"
 
 namespace reprise {
@@ -14,7 +15,10 @@ std::vector<float>& TeamStepState::begin(std::span<const PassSegment> segments, 
 }
 
 void TeamStepState::end(std::span<const PassSegment> segments, int64_t n_vocab, ThreadPool& pool) {
-  report_team_step(plan, pool);
+  // A step with adapters times their deltas inside its products' windows:
+  // reported, it would teach the tuner distances for products that are not
+  // what the base model's steps run.
+  if (!pass_has_loras(segments)) report_team_step(plan, pool);
   if (segments.size() > 1)
     for (size_t r = 0; r < segments.size(); ++r)
       segments[r].logits->assign(logits.begin() + static_cast<int64_t>(r) * n_vocab,

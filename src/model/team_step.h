@@ -30,7 +30,8 @@ struct TeamStepState {
   // sequences (one row each); returns the buffer the output product
   // writes: the only sequence's own logits, or `logits` for several.
   std::vector<float>& begin(std::span<const PassSegment> segments, int64_t n_vocab, ThreadPool& pool);
-  // After the run: reports the products' times to the tuner and hands each
+  // After the run: reports the products' times to the tuner (not for steps
+  // with adapters, whose windows hold their deltas too) and hands each
   // sequence its logits.
   void end(std::span<const PassSegment> segments, int64_t n_vocab, ThreadPool& pool);
 };
