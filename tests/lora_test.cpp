@@ -391,6 +391,64 @@ TEST(LoraCache, CachedEqualsColdAndConfigurationsNeverShare) {
   }
 }
 
+// Prompts with images (embedded spans fed as input embeddings, attending
+// both ways, their digests as the positions' cache keys) under adapters:
+// cached equals cold bit for bit, and a configuration never reuses an
+// image prefix another one computed.
+TEST(LoraCache, ImagesUnderAdaptersCachedEqualsCold) {
+  test::LoadedModel& base = base_model("gemma3");
+  Model& model = *base.model;
+  const auto a = adapter_for(base, "all", spec_all(11, 8, 16.0f));
+  const auto b = adapter_for(base, "some", spec_some(12));
+  const std::vector<std::vector<LoraUse>> configs = {{}, {{a, 1.0f}}, {{b, 0.5f}}};
+  const int64_t n_embd = model.info().n_embd, image_tokens = 6;
+  std::mt19937_64 rng(61);
+  // Three "images": their embeddings and digests.
+  std::vector<std::vector<float>> images(3, std::vector<float>(image_tokens * n_embd));
+  for (auto& image : images)
+    for (float& v : image) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  ThreadPool pool(2);
+  Engine cold(model, pool, nullptr);
+  PrefixCacheConfig cfg;
+  cfg.block_tokens = 4;
+  PrefixCache cache(model.state_spec(), cfg);
+  Engine engine(model, pool, &cache);
+  const std::vector<int32_t> system = random_prompt(rng, 10, model.info().n_vocab);
+  std::vector<bool> seen(configs.size(), false);
+  int hits = 0;
+  for (int step = 0; step < 24; ++step) {
+    const size_t config = rng() % configs.size();
+    const size_t image = rng() % images.size();
+    GenerateRequest req;
+    req.prompt = system;
+    const int64_t begin = static_cast<int64_t>(req.prompt.size());
+    req.prompt.resize(begin + image_tokens, 1);  // placeholders under the embeddings
+    const auto question = random_prompt(rng, 1 + static_cast<int64_t>(rng() % 3), model.info().n_vocab);
+    req.prompt.insert(req.prompt.end(), question.begin(), question.end());
+    req.prompt_keys.assign(req.prompt.size(), Hash128{});
+    for (int64_t p = begin; p < begin + image_tokens; ++p) req.prompt_keys[p] = Hash128{image + 1, 0x1a6e};
+    req.embedded.push_back({begin, begin + image_tokens, images[image].data(), true});
+    req.sampling.temperature = 0;
+    req.max_tokens = 3;
+    req.loras = configs[config];
+    StepOutput want, got;
+    for (auto [e, out] : {std::pair{&cold, &want}, std::pair{&engine, &got}})
+      out->result = e->generate(req, [&, out = out](int32_t tok, std::span<const float> logits) {
+        out->tokens.push_back(tok);
+        out->logits.emplace_back(logits.begin(), logits.end());
+        return true;
+      });
+    ASSERT_TRUE(bit_identical(want, got)) << "step " << step << " config " << config << " image " << image;
+    // A configuration's first request reuses nothing, whatever others cached.
+    if (!seen[config]) {
+      EXPECT_EQ(got.result.cached_tokens, 0) << "step " << step << " config " << config;
+    }
+    seen[config] = true;
+    hits += got.result.cached_tokens > begin;  // reused past the image
+  }
+  EXPECT_GT(hits, 3);
+}
+
 // The same adapter twice, at one scale, in two requests: the second reuses
 // the first's prompt. At another scale it reuses nothing.
 TEST(LoraCache, ScaleIsPartOfTheKey) {
