@@ -269,6 +269,83 @@ TEST(LoraServer, AdaptersOfAnotherModel) {
   EXPECT_THROW(ModelRegistry(resolve_model_sources(o), make_registry_options(o)), Error);
 }
 
+// vLLM's runtime loading (--allow-lora-loading): an adapter added while
+// the server runs is served by its name, and one removed is not; the cache
+// knows adapters by their contents, so the same file under another name
+// shares cached prompts, and a changed file under an old name shares none.
+TEST(LoraServer, AdaptersLoadAndUnloadAtRunTime) {
+  {
+    Server off(options());
+    auto [st, r] = off.post("/v1/load_lora_adapter", {{"lora_name", "x"}, {"lora_path", adapters().style}});
+    EXPECT_EQ(st, 403) << r.dump();
+    EXPECT_EQ(r["error"]["code"], "lora_loading_disabled");
+  }
+  ServeOptions o = options();
+  o.allow_lora_loading = true;
+  Server s(o);
+  httplib::Client c("127.0.0.1", s.port);
+  auto load = [&](const json& body) {
+    auto r = c.Post("/v1/load_lora_adapter", body.dump(), "application/json");
+    return std::make_pair(r ? r->status : -1, r ? r->body : "");
+  };
+  auto unload = [&](const std::string& name) {
+    auto r = c.Post("/v1/unload_lora_adapter", json{{"lora_name", name}}.dump(), "application/json");
+    return r ? r->status : -1;
+  };
+  const std::string prompt = "the river runs past the old stone mill and the light";
+  auto complete = [&](const std::string& model) {
+    json b = completion(prompt, 6);
+    b["model"] = model;
+    return s.post("/v1/completions", b);
+  };
+  auto [st0, style] = complete("style");
+  ASSERT_EQ(st0, 200) << style.dump();
+  EXPECT_EQ(complete("fresh").first, 404);
+  const auto [st1, said] = load({{"lora_name", "fresh"}, {"lora_path", adapters().style}});
+  ASSERT_EQ(st1, 200) << said;
+  EXPECT_NE(said.find("fresh"), std::string::npos);
+  auto [st2, fresh] = complete("fresh");
+  ASSERT_EQ(st2, 200) << fresh.dump();
+  EXPECT_EQ(fresh["choices"][0]["logprobs"], style["choices"][0]["logprobs"]);
+  EXPECT_GT(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "the same adapter's cached prompt";
+  EXPECT_EQ(json::parse(c.Get("/v1/models/fresh")->body)["parent"], "lora-server");
+  EXPECT_EQ(json::parse(c.Get("/lora-adapters")->body).size(), 3u);
+  // The lora field indexes it after the model's others.
+  json by_field = completion(prompt, 6);
+  by_field["lora"] = {{{"id", 2}}};
+  EXPECT_EQ(s.post("/v1/completions", by_field).second["choices"][0]["logprobs"], style["choices"][0]["logprobs"]);
+
+  EXPECT_EQ(unload("fresh"), 200);
+  EXPECT_EQ(unload("fresh"), 404);
+  EXPECT_EQ(complete("fresh").first, 404);
+  EXPECT_EQ(complete("style").first, 200);
+
+  // Another file under the old name: its own computation, nothing reused.
+  const std::string changed = process_scratch_dir("reprise-lora-server-").file("changed.gguf");
+  SyntheticLoraSpec spec;
+  spec.seed = 99;
+  spec.strength = 1.0f;
+  make_synthetic_lora(test::synthetic_model("lora-server", base_spec()).path, spec, changed);
+  ASSERT_EQ(load({{"lora_name", "fresh"}, {"lora_path", changed}}).first, 200);
+  auto [st3, other] = complete("fresh");
+  ASSERT_EQ(st3, 200) << other.dump();
+  EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_NE(other["choices"][0]["logprobs"], style["choices"][0]["logprobs"]);
+
+  // Refusals.
+  const std::string llama_adapter = process_scratch_dir("reprise-lora-server-").file("llama-runtime.gguf");
+  make_synthetic_lora(test::synthetic_model("lora-server-llama", synthetic_preset("tiny")).path, SyntheticLoraSpec{},
+                      llama_adapter);
+  EXPECT_EQ(load({{"lora_name", "wrong"}, {"lora_path", llama_adapter}}).first, 400);  // another architecture
+  EXPECT_EQ(load({{"lora_name", "gone"}, {"lora_path", "/nonexistent/adapter.gguf"}}).first, 400);
+  EXPECT_EQ(load({{"lora_name", "style"}, {"lora_path", adapters().style}}).first, 400);  // name in use
+  EXPECT_EQ(load({{"lora_name", "lora-server"}, {"lora_path", adapters().style}}).first, 400);  // a model's name
+  EXPECT_EQ(load({{"lora_name", "m"}, {"lora_path", adapters().style}, {"model", "nope"}}).first, 404);
+  EXPECT_EQ(load({{"lora_path", adapters().style}}).first, 400);
+  EXPECT_EQ(load({{"lora_name", "wrong"}}).first, 400);
+  EXPECT_EQ(complete("wrong").first, 404);
+}
+
 // Randomized: conversations under five configurations (none, each adapter,
 // one at another scale, both) that share system prompts. Each reply's text
 // and log-probabilities equal a cold server's, and a configuration's first

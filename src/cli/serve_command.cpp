@@ -119,6 +119,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--lora", o->loras,
                   "LoRA adapter of the default model as NAME=PATH or PATH (repeatable): requests select it with "
                   "\"model\": NAME, or with \"lora\": [{\"id\": NAME or index, \"scale\": S}]");
+  cmd->add_flag("--allow-lora-loading", o->allow_lora_loading,
+                "Let clients (with the API key) load and unload LoRA adapters from files on this machine: "
+                "POST /v1/load_lora_adapter {lora_name, lora_path, model}, /v1/unload_lora_adapter {lora_name}");
   cmd->add_option("--lora-of", o->model_loras, "LoRA adapter of another served model: MODEL NAME=PATH (repeatable)")
       ->type_size(2);
   cmd->add_option("--snapshot-max-entries", o->snapshot_max_entries, "Most snapshots kept per SSM/hybrid model")

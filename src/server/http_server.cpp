@@ -117,7 +117,8 @@ bool takes_body(const httplib::Request& req) {
                                   req.path == "/responses" || req.path == "/v1/embeddings" ||
                                   req.path == "/embeddings" || req.path == "/v1/messages" ||
                                   req.path == "/v1/messages/count_tokens" ||
-                                  req.path == "/lora-adapters")) ||
+                                  req.path == "/lora-adapters" || req.path == "/v1/load_lora_adapter" ||
+                                  req.path == "/v1/unload_lora_adapter")) ||
          (req.method == "DELETE" && is_response_path(req.path));
 }
 
@@ -321,6 +322,9 @@ struct HttpServer::Impl {
   // llama.cpp's utilities: text to tokens, tokens to text, and the prompt a
   // chat request renders to (for token counting and template debugging).
   void handle_tokenize(const std::string& body, httplib::Response& res);
+  // vLLM's runtime adapter loading (--allow-lora-loading).
+  void handle_load_lora(const std::string& body, httplib::Response& res);
+  void handle_unload_lora(const std::string& body, httplib::Response& res);
   void handle_detokenize(const std::string& body, httplib::Response& res);
   void handle_apply_template(const std::string& body, httplib::Response& res);
   void handle_cache_stats(httplib::Response& res);
@@ -613,6 +617,8 @@ void HttpServer::Impl::setup() {
     };
   };
   http.Post("/tokenize", utility(&Impl::handle_tokenize));
+  http.Post("/v1/load_lora_adapter", utility(&Impl::handle_load_lora));
+  http.Post("/v1/unload_lora_adapter", utility(&Impl::handle_unload_lora));
   http.Post("/detokenize", utility(&Impl::handle_detokenize));
   http.Post("/apply-template", utility(&Impl::handle_apply_template));
   http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res,
@@ -694,6 +700,43 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
     reply_json(res, 200, list_page(std::move(data), false));
   }
   metrics.record_request("", "models", 200);
+}
+
+// vLLM's: {"lora_name", "lora_path"} (and reprise's "model": the adapter's
+// model, the default one when absent) -> 200 and a line of text.
+void HttpServer::Impl::handle_load_lora(const std::string& body, httplib::Response& res) {
+  const char* endpoint = "load_lora_adapter";
+  if (!options.allow_lora_loading)
+    return reply_error(res,
+                       ApiError{403, "loading LoRA adapters at run time is off: start the server with "
+                                     "--allow-lora-loading (or give them with --lora at start-up)",
+                                "invalid_request_error", {}, "lora_loading_disabled"},
+                       "", endpoint);
+  Parsed<LoraAdapterRequest> parsed = parse_lora_adapter_request(body, limits, /*with_path=*/true);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  const std::string name = parsed.value().name;
+  if (auto bad = registry.add_adapter({name, parsed.value().path, parsed.value().model}))
+    return reply_error(res, *bad, "", endpoint);
+  res.status = 200;
+  res.set_content("Success: LoRA adapter '" + name + "' added successfully.", "text/plain; charset=utf-8");
+  metrics.record_request("", endpoint, 200);
+}
+
+void HttpServer::Impl::handle_unload_lora(const std::string& body, httplib::Response& res) {
+  const char* endpoint = "unload_lora_adapter";
+  if (!options.allow_lora_loading)
+    return reply_error(res,
+                       ApiError{403, "unloading LoRA adapters at run time is off: start the server with "
+                                     "--allow-lora-loading",
+                                "invalid_request_error", {}, "lora_loading_disabled"},
+                       "", endpoint);
+  Parsed<LoraAdapterRequest> parsed = parse_lora_adapter_request(body, limits, /*with_path=*/false);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
+  if (auto bad = registry.remove_adapter(parsed.value().name)) return reply_error(res, *bad, "", endpoint);
+  res.status = 200;
+  res.set_content("Success: LoRA adapter '" + parsed.value().name + "' removed successfully.",
+                  "text/plain; charset=utf-8");
+  metrics.record_request("", endpoint, 200);
 }
 
 void HttpServer::Impl::handle_tokenize(const std::string& body, httplib::Response& res) {
@@ -916,7 +959,7 @@ std::string system_fingerprint(const LoadedModel& model, const GenerationOptions
 // without those at scale 0 (the base model's computation).
 Parsed<std::vector<LoraUse>> resolve_loras(const LoadedModel& model, const std::string& model_id,
                                           const std::vector<LoraRequest>& asked) {
-  const std::vector<ServedAdapter>& adapters = model.adapters;
+  const std::vector<ServedAdapter> adapters = model.adapters();
   std::vector<std::optional<float>> scales(adapters.size());
   for (size_t i = 0; i < adapters.size(); ++i)
     if (adapters[i].name == model_id) scales[i] = 1.0f;

@@ -1,5 +1,6 @@
 #include "server/model_registry.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -42,7 +43,7 @@ namespace {
 uint64_t e_extra_bytes(const LoadedModel& m) {
   uint64_t extra = 0;
   if (m.snapshots) extra += m.snapshots->config().budget_bytes;
-  for (const ServedAdapter& a : m.adapters) extra += a.adapter->packed_bytes();
+  for (const ServedAdapter& a : m.adapters()) extra += a.adapter->packed_bytes();
   if (m.vision) extra += m.vision->encoder_cache_stats().budget_bytes;
   if (m.draft) {
     std::error_code ec;
@@ -66,22 +67,92 @@ ModelRegistry::ModelRegistry(std::vector<ModelSource> sources, RegistryOptions o
     e.source = std::move(s);
     entries_.push_back(std::move(e));
   }
-  const std::set<std::string> models = seen;
-  for (AdapterSource& a : options_.loras) {
-    if (a.name.empty()) throw Error("LoRA adapter name must not be empty (" + a.path + ")");
-    for (unsigned char c : a.name)
-      if (c <= ' ' || c == 0x7f) throw Error("LoRA adapter name '" + a.name + "' holds a space or control character");
-    if (!seen.insert(a.name).second)
-      throw Error("LoRA adapter name '" + a.name + "' is already a model's or another adapter's");
-    if (a.base.empty()) a.base = entries_.front().source.id;
-    if (!models.count(a.base)) throw Error("LoRA adapter '" + a.name + "' is for model '" + a.base + "', which is not served");
+  for (AdapterSource a : options_.loras) {
+    if (auto bad = check_new_adapter_locked(a)) throw Error(bad->message);
+    adapters_.push_back(std::move(a));
   }
 }
 
-const std::string& ModelRegistry::base_of(const std::string& id) const {
-  for (const AdapterSource& a : options_.loras)
+std::optional<ApiError> ModelRegistry::check_new_adapter_locked(AdapterSource& a) const {
+  if (a.name.empty()) return ApiError::invalid("LoRA adapter name must not be empty (" + a.path + ")", "lora_name");
+  for (unsigned char c : a.name)
+    if (c <= ' ' || c == 0x7f)
+      return ApiError::invalid("LoRA adapter name '" + a.name + "' holds a space or control character", "lora_name");
+  bool taken = false;
+  for (const Entry& e : entries_) taken = taken || e.source.id == a.name;
+  for (const AdapterSource& other : adapters_) taken = taken || other.name == a.name;
+  if (taken) return ApiError::invalid("LoRA adapter name '" + a.name + "' is already a model's or another adapter's", "lora_name");
+  if (a.base.empty()) a.base = entries_.front().source.id;
+  bool served = false;
+  for (const Entry& e : entries_) served = served || e.source.id == a.base;
+  if (!served)
+    return ApiError{404, "LoRA adapter '" + a.name + "' is for model '" + a.base + "', which is not served",
+                    "invalid_request_error", "model", "model_not_found"};
+  return std::nullopt;
+}
+
+std::vector<AdapterSource> ModelRegistry::adapters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return adapters_;
+}
+
+std::string ModelRegistry::base_of(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const AdapterSource& a : adapters_)
     if (a.name == id) return a.base;
   return id;
+}
+
+std::optional<ApiError> ModelRegistry::add_adapter(AdapterSource adapter) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto bad = check_new_adapter_locked(adapter)) return bad;
+  }
+  // Loaded and checked against the model outside the lock (the lease keeps
+  // the model loaded meanwhile).
+  Parsed<ModelLease> lease = acquire(adapter.base);
+  if (!lease.ok()) return lease.error();
+  ServedAdapter served{adapter.name, adapter.path, nullptr};
+  try {
+    served.adapter = LoraAdapter::load(adapter.path);
+    lease.value()->bundle->model->check_adapter(*served.adapter);
+  } catch (const std::exception& e) {
+    return ApiError::invalid(e.what(), "lora_path", "invalid_lora_adapter");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto bad = check_new_adapter_locked(adapter)) return bad;  // named meanwhile
+  adapters_.push_back(adapter);
+  for (Entry& e : entries_)
+    if (e.source.id == adapter.base && e.loaded) {
+      std::vector<ServedAdapter> now = e.loaded->adapters();
+      now.push_back(served);
+      e.loaded->set_adapters(std::move(now));
+      e.footprint += served.adapter->packed_bytes();
+    }
+  say("[" + adapter.base + "] LoRA adapter '" + adapter.name + "' added from " + adapter.path);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ModelRegistry::remove_adapter(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(adapters_.begin(), adapters_.end(), [&](const AdapterSource& a) { return a.name == name; });
+  if (it == adapters_.end())
+    return ApiError{404, "no LoRA adapter '" + name + "'", "invalid_request_error", "lora_name", "lora_not_found"};
+  const std::string base = it->base;
+  adapters_.erase(it);
+  for (Entry& e : entries_)
+    if (e.source.id == base && e.loaded) {
+      std::vector<ServedAdapter> now = e.loaded->adapters();
+      for (auto a = now.begin(); a != now.end(); ++a)
+        if (a->name == name) {
+          e.footprint -= std::min(e.footprint, a->adapter->packed_bytes());
+          now.erase(a);
+          break;
+        }
+      e.loaded->set_adapters(std::move(now));
+    }
+  say("[" + base + "] LoRA adapter '" + name + "' removed");
+  return std::nullopt;
 }
 
 ModelRegistry::~ModelRegistry() = default;
@@ -136,6 +207,9 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
                     "server_error", "model", "model_capacity"};
   e.loading = true;
   e.footprint = footprint;
+  std::vector<AdapterSource> adapters;  // the model's, as they are now
+  for (const AdapterSource& a : adapters_)
+    if (a.base == id) adapters.push_back(a);
   lock.unlock();
   doomed.clear();  // unloaded models are destroyed here, outside the lock
 
@@ -143,7 +217,7 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
   std::string error;
   say("loading model '" + id + "' from " + e.source.path);
   try {
-    model = load(e.source, std::move(opened));
+    model = load(e.source, std::move(opened), adapters);
   } catch (const std::exception& ex) {
     error = ex.what();
   }
@@ -204,7 +278,8 @@ void ModelRegistry::release(size_t entry) {
   e.last_used = ++clock_;
 }
 
-std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std::unique_ptr<gguf::File> opened) const {
+std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std::unique_ptr<gguf::File> opened,
+                                                 const std::vector<AdapterSource>& adapters) const {
   auto m = std::make_unique<LoadedModel>();
   m->id = source.id;
   const auto progress = [&](const std::string& step) { say("[" + source.id + "] " + step); };
@@ -236,14 +311,14 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std:
     m->draft_cache = std::make_unique<PrefixCache>(m->draft->model->state_spec(), cache_config);
     m->engine->set_draft(*m->draft->model, m->draft_cache.get(), options_.draft_max);
   }
-  for (const AdapterSource& a : options_.loras) {
-    if (a.base != source.id) continue;
-    ServedAdapter served{a.name, a.path, LoraAdapter::load(a.path)};
-    m->bundle->model->check_adapter(*served.adapter);
+  std::vector<ServedAdapter> served;
+  for (const AdapterSource& a : adapters) {
+    served.push_back({a.name, a.path, LoraAdapter::load(a.path)});
+    m->bundle->model->check_adapter(*served.back().adapter);
     say("[" + source.id + "] LoRA adapter '" + a.name + "' loaded from " + a.path + " (" +
-        std::to_string(served.adapter->pairs().size()) + " matrices)");
-    m->adapters.push_back(std::move(served));
+        std::to_string(served.back().adapter->pairs().size()) + " matrices)");
   }
+  m->set_adapters(std::move(served));
   if (is_default && !options_.mmproj_path.empty()) {
     VisionOptions vision_options;
     vision_options.encoder_cache_bytes = options_.mm_cache_bytes;

@@ -93,13 +93,27 @@ struct LoadedModel {
   // Image inputs (default model, optional). Its engine shares `engine`'s
   // pass batcher, so it is declared (and destroyed) after it.
   std::unique_ptr<VisionPipeline> vision;
-  std::vector<ServedAdapter> adapters;  // default model, optional
   ModelChatTemplate chat;
   std::string fingerprint_hex;  // short, for system_fingerprint
   // Structured output's view of the vocabulary (a trie of every token's
   // bytes): built by the first request that asks for it, then shared.
   std::mutex json_vocabulary_mutex;
   std::shared_ptr<JsonVocabulary> json_vocabulary;
+
+  // Its LoRA adapters, in the order requests' lora fields index them
+  // (adapters may be added and removed while the model serves).
+  std::vector<ServedAdapter> adapters() const {
+    std::lock_guard<std::mutex> lock(adapters_mutex);
+    return adapters_;
+  }
+  void set_adapters(std::vector<ServedAdapter> adapters) {
+    std::lock_guard<std::mutex> lock(adapters_mutex);
+    adapters_ = std::move(adapters);
+  }
+
+ private:
+  mutable std::mutex adapters_mutex;
+  std::vector<ServedAdapter> adapters_;
 };
 
 class ModelRegistry;
@@ -160,11 +174,19 @@ class ModelRegistry {
   // The first configured model: what requests without "model" get.
   const std::string& default_id() const { return entries_.front().source.id; }
   std::vector<std::string> ids() const;
-  // The LoRA adapters (RegistryOptions::loras).
-  const std::vector<AdapterSource>& adapters() const { return options_.loras; }
+  // The LoRA adapters: RegistryOptions::loras, and those added since.
+  std::vector<AdapterSource> adapters() const;
   // The model a requested id runs on: an adapter's base model for an
   // adapter's name, else the id itself.
-  const std::string& base_of(const std::string& id) const;
+  std::string base_of(const std::string& id) const;
+  // Adds an adapter while serving: its model is loaded if it is not, the
+  // adapter loaded and checked against it, and requests may name it from
+  // then on. Errors: 400 for a bad name, a name in use, or a file that is
+  // not an adapter of that model; 404 for a model that is not served.
+  std::optional<ApiError> add_adapter(AdapterSource adapter);
+  // Removes one: requests running with it finish with it; later ones
+  // cannot name it (404 when no adapter has the name).
+  std::optional<ApiError> remove_adapter(const std::string& name);
 
   // The model, loading it first if needed (concurrent callers share one
   // load). Errors: 404 unknown id, 503 when RAM cannot be freed because every
@@ -192,7 +214,12 @@ class ModelRegistry {
   void release(size_t entry);
   // Loads source; `opened` is its GGUF opened already (acquire opens it to
   // count its packed size), or null to open it here.
-  std::unique_ptr<LoadedModel> load(const ModelSource& source, std::unique_ptr<gguf::File> opened) const;
+  // `adapters`: the model's LoRA adapters, loaded and checked with it.
+  std::unique_ptr<LoadedModel> load(const ModelSource& source, std::unique_ptr<gguf::File> opened,
+                                    const std::vector<AdapterSource>& adapters) const;
+  // What is wrong with adding `a` (its base filled in: "" is the default
+  // model), or nothing.
+  std::optional<ApiError> check_new_adapter_locked(AdapterSource& a) const;
   // Unloads idle models (LRU first) until `needed` more bytes fit; the
   // unloaded models are moved to `doomed` so they are destroyed outside the
   // lock. False when busy models leave too little room.
@@ -206,6 +233,7 @@ class ModelRegistry {
   mutable std::mutex mutex_;
   std::condition_variable load_done_;
   std::vector<Entry> entries_;
+  std::vector<AdapterSource> adapters_;  // under mutex_
   uint64_t clock_ = 0;
 };
 

@@ -537,6 +537,25 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, const 
   });
 }
 
+Parsed<LoraAdapterRequest> parse_lora_adapter_request(std::string_view body, const RequestLimits& limits,
+                                                      bool with_path) {
+  return guarded<LoraAdapterRequest>([&]() -> Parsed<LoraAdapterRequest> {
+    const ordered_json doc = parse_body(body, limits);
+    Fields f(doc);
+    LoraAdapterRequest a;
+    auto name = f.string("lora_name");
+    if (!name || name->empty()) fail("lora_name is required", "lora_name");
+    a.name = *name;
+    if (with_path) {
+      auto path = f.string("lora_path");
+      if (!path || path->empty()) fail("lora_path is required", "lora_path");
+      a.path = *path;
+      if (auto model = f.string("model")) a.model = *model;
+    }
+    return a;
+  });
+}
+
 Parsed<EmbeddingsRequest> parse_embeddings_request(std::string_view body, const RequestLimits& limits) {
   return guarded<EmbeddingsRequest>([&]() -> Parsed<EmbeddingsRequest> {
     const ordered_json doc = parse_body(body, limits);

@@ -139,6 +139,15 @@ struct EmbeddingsRequest {
   std::vector<LoraRequest> lora;         // as GenerationOptions::lora
 };
 
+// vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter:
+// {"lora_name", "lora_path" (loading only), "model" (reprise's: the
+// adapter's model; the default one when absent)}.
+struct LoraAdapterRequest {
+  std::string name, path, model;
+};
+Parsed<LoraAdapterRequest> parse_lora_adapter_request(std::string_view body, const RequestLimits& limits,
+                                                      bool with_path);
+
 // llama.cpp's server utilities: POST /tokenize and /detokenize ("model"
 // picks one of several; default the server's).
 struct TokenizeRequest {

@@ -49,6 +49,7 @@ struct ServeOptions {
   int read_timeout_seconds = 10;   // a client that stalls mid-request is dropped after this
   int write_timeout_seconds = 10;  // ... or one that stops reading its response
   bool log_requests = true;
+  bool allow_lora_loading = false;  // POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
   // "" when valid, else what is wrong.
   std::string validate() const;
