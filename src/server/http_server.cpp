@@ -702,16 +702,19 @@ void HttpServer::Impl::handle_models(httplib::Response& res, const std::string& 
   metrics.record_request("", "models", 200);
 }
 
+namespace {
+ApiError lora_loading_disabled() {
+  return ApiError{403, "loading and unloading LoRA adapters at run time is off: start the server with "
+                       "--allow-lora-loading (or give adapters with --lora at start-up)",
+                  "invalid_request_error", {}, "lora_loading_disabled"};
+}
+}  // namespace
+
 // vLLM's: {"lora_name", "lora_path"} (and reprise's "model": the adapter's
 // model, the default one when absent) -> 200 and a line of text.
 void HttpServer::Impl::handle_load_lora(const std::string& body, httplib::Response& res) {
   const char* endpoint = "load_lora_adapter";
-  if (!options.allow_lora_loading)
-    return reply_error(res,
-                       ApiError{403, "loading LoRA adapters at run time is off: start the server with "
-                                     "--allow-lora-loading (or give them with --lora at start-up)",
-                                "invalid_request_error", {}, "lora_loading_disabled"},
-                       "", endpoint);
+  if (!options.allow_lora_loading) return reply_error(res, lora_loading_disabled(), "", endpoint);
   Parsed<LoraAdapterRequest> parsed = parse_lora_adapter_request(body, limits, /*with_path=*/true);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const std::string name = parsed.value().name;
@@ -724,12 +727,7 @@ void HttpServer::Impl::handle_load_lora(const std::string& body, httplib::Respon
 
 void HttpServer::Impl::handle_unload_lora(const std::string& body, httplib::Response& res) {
   const char* endpoint = "unload_lora_adapter";
-  if (!options.allow_lora_loading)
-    return reply_error(res,
-                       ApiError{403, "unloading LoRA adapters at run time is off: start the server with "
-                                     "--allow-lora-loading",
-                                "invalid_request_error", {}, "lora_loading_disabled"},
-                       "", endpoint);
+  if (!options.allow_lora_loading) return reply_error(res, lora_loading_disabled(), "", endpoint);
   Parsed<LoraAdapterRequest> parsed = parse_lora_adapter_request(body, limits, /*with_path=*/false);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   if (auto bad = registry.remove_adapter(parsed.value().name)) return reply_error(res, *bad, "", endpoint);
