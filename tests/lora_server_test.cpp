@@ -5,6 +5,7 @@
 // (a randomized differential against a cold server).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 
 #include "model/synthetic_lora.h"
@@ -331,6 +332,33 @@ TEST(LoraServer, AdaptersLoadAndUnloadAtRunTime) {
   ASSERT_EQ(st3, 200) << other.dump();
   EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   EXPECT_NE(other["choices"][0]["logprobs"], style["choices"][0]["logprobs"]);
+
+  // A loaded adapter is kept as read: its model reloads with it after the
+  // file is gone (review: every later load of the model failed).
+  {
+    const std::string copy = process_scratch_dir("reprise-lora-server-").file("copy.gguf");
+    std::filesystem::copy_file(adapters().terse, copy, std::filesystem::copy_options::overwrite_existing);
+    ServeOptions two = options();
+    two.allow_lora_loading = true;
+    two.model_specs = {"other=" + test::synthetic_model("lora-server-llama", synthetic_preset("tiny")).path};
+    two.models_max_ram_mib = 1;  // loading one model unloads the other
+    Server t(two);
+    httplib::Client tc("127.0.0.1", t.port);
+    ASSERT_EQ(tc.Post("/v1/load_lora_adapter", json{{"lora_name", "copied"}, {"lora_path", copy}}.dump(),
+                      "application/json")->status,
+              200);
+    json b = completion(prompt, 6);
+    b["model"] = "copied";
+    auto [sa, before] = t.post("/v1/completions", b);
+    ASSERT_EQ(sa, 200) << before.dump();
+    std::filesystem::remove(copy);
+    json other_model = completion("x", 2);
+    other_model["model"] = "other";
+    ASSERT_EQ(t.post("/v1/completions", other_model).first, 200);  // unloads the adapter's model
+    auto [sb, after] = t.post("/v1/completions", b);               // reloads it, with the adapter
+    ASSERT_EQ(sb, 200) << after.dump();
+    EXPECT_EQ(after["choices"][0]["logprobs"], before["choices"][0]["logprobs"]);
+  }
 
   // Refusals.
   const std::string llama_adapter = process_scratch_dir("reprise-lora-server-").file("llama-runtime.gguf");

@@ -718,7 +718,7 @@ void HttpServer::Impl::handle_load_lora(const std::string& body, httplib::Respon
   Parsed<LoraAdapterRequest> parsed = parse_lora_adapter_request(body, limits, /*with_path=*/true);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "", endpoint);
   const std::string name = parsed.value().name;
-  if (auto bad = registry.add_adapter({name, parsed.value().path, parsed.value().model}))
+  if (auto bad = registry.add_adapter({name, parsed.value().path, parsed.value().model, nullptr}))
     return reply_error(res, *bad, "", endpoint);
   res.status = 200;
   res.set_content("Success: LoRA adapter '" + name + "' added successfully.", "text/plain; charset=utf-8");
@@ -961,6 +961,13 @@ Parsed<std::vector<LoraUse>> resolve_loras(const LoadedModel& model, const std::
   std::vector<std::optional<float>> scales(adapters.size());
   for (size_t i = 0; i < adapters.size(); ++i)
     if (adapters[i].name == model_id) scales[i] = 1.0f;
+  // A model id that names no model's adapter now (removed since it was
+  // looked up) must not run the base model under the adapter's name.
+  bool found = model_id == model.id;
+  for (const ServedAdapter& a : adapters) found = found || a.name == model_id;
+  if (!found)
+    return ApiError{404, "The model '" + model_id + "' does not exist", "invalid_request_error", "model",
+                    "model_not_found"};
   std::vector<bool> named(adapters.size(), false);
   for (size_t k = 0; k < asked.size(); ++k) {
     const LoraRequest& r = asked[k];

@@ -121,10 +121,12 @@ std::optional<ApiError> ModelRegistry::add_adapter(AdapterSource adapter) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto bad = check_new_adapter_locked(adapter)) return bad;  // named meanwhile
+  adapter.adapter = served.adapter;
   adapters_.push_back(adapter);
   for (Entry& e : entries_)
     if (e.source.id == adapter.base && e.loaded) {
       std::vector<ServedAdapter> now = e.loaded->adapters();
+      std::erase_if(now, [&](const ServedAdapter& a) { return a.name == adapter.name; });
       now.push_back(served);
       e.loaded->set_adapters(std::move(now));
       e.footprint += served.adapter->packed_bytes();
@@ -230,6 +232,16 @@ Parsed<ModelLease> ModelRegistry::acquire(const std::string& id) {
     say("failed to load model '" + id + "': " + error);
     return ApiError::server("failed to load model '" + id + "': " + error, "model_load_failed");
   }
+  // Adapters removed while the model loaded leave it; those it read keep
+  // what was read for its later loads.
+  std::vector<ServedAdapter> served;
+  for (const ServedAdapter& s : model->adapters())
+    for (AdapterSource& a : adapters_)
+      if (a.name == s.name && a.base == id) {
+        if (!a.adapter) a.adapter = s.adapter;
+        served.push_back(s);
+      }
+  model->set_adapters(std::move(served));
   // Once loaded, what the model may hold besides its file and KV budget
   // counts too: snapshot and encoder-cache budgets and a draft model's file.
   e.footprint = footprint + e_extra_bytes(*model);
@@ -313,7 +325,7 @@ std::unique_ptr<LoadedModel> ModelRegistry::load(const ModelSource& source, std:
   }
   std::vector<ServedAdapter> served;
   for (const AdapterSource& a : adapters) {
-    served.push_back({a.name, a.path, LoraAdapter::load(a.path)});
+    served.push_back({a.name, a.path, a.adapter ? a.adapter : LoraAdapter::load(a.path)});
     m->bundle->model->check_adapter(*served.back().adapter);
     say("[" + source.id + "] LoRA adapter '" + a.name + "' loaded from " + a.path + " (" +
         std::to_string(served.back().adapter->pairs().size()) + " matrices)");

@@ -43,6 +43,9 @@ struct AdapterSource {
   std::string name;  // what requests put in "model" or in their lora field
   std::string path;
   std::string base;
+  // The adapter as first read (null until then): its model's later loads
+  // reuse it rather than read a file that may have changed or gone since.
+  std::shared_ptr<const LoraAdapter> adapter;
 };
 
 struct RegistryOptions {

@@ -96,11 +96,11 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   auto add_lora = [&](const std::string& spec, const std::string& base, const char* flag) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
-      r.loras.push_back({id_from_path(spec), spec, base});
+      r.loras.push_back({id_from_path(spec), spec, base, nullptr});
       return;
     }
     if (eq == 0 || eq + 1 == spec.size()) throw Error(std::string(flag) + " expects NAME=PATH, got '" + spec + "'");
-    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1), base});
+    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1), base, nullptr});
   };
   for (const std::string& spec : options.loras) add_lora(spec, "", "--lora");
   if (options.model_loras.size() % 2) throw Error("--lora-of expects MODEL NAME=PATH");
