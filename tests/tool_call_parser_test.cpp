@@ -144,6 +144,49 @@ TEST(ToolCallParser, PythonicCalls) {
   EXPECT_EQ(ToolCallTextGate(ToolCallSyntax::Pythonic).free_prefix("Hello ["), 7u);
 }
 
+// Found by review (session 51).
+TEST(ToolCallParser, DeepSeekAndPythonicEdgeCases) {
+  // A closing marker inside an argument string is text; calls in two lists
+  // are all read; a tool named "function" in V3.1's form is read as such.
+  const auto d = parse_tool_calls(
+      ToolCallSyntax::DeepSeek,
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"t\": \"<｜tool▁call▁end｜><｜tool▁calls▁end｜>\"}"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜> and <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+      "{\"x\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      kTools);
+  ASSERT_TRUE(d);
+  ASSERT_EQ(d->calls.size(), 2u);
+  EXPECT_EQ(arguments_of(d->calls[0]), json({{"t", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}));
+  EXPECT_EQ(d->calls[1].name, "function");
+  EXPECT_EQ(d->content(), " and");
+  // A name with a space or line break in it is not a name.
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::DeepSeek,
+                                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add\nname<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                                "<｜tool▁calls▁end｜>",
+                                kTools));
+  // Python: escapes as Python reads them, (x) is x, trailing commas, a
+  // keyword given twice is text, the closing tag alone.
+  const auto p = parse_tool_calls(
+      ToolCallSyntax::Pythonic,
+      "[add(s='\\u00e9\\x41\\101\\012\\t\\q', one=(1), pair=(1,), nested=((2)),),]<|python_end|>", kTools);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(arguments_of(p->calls[0]),
+            json({{"s", "\u00e9AA\n\t\\q"}, {"one", 1}, {"pair", json::array({1})}, {"nested", 2}}));
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Pythonic, "[add(a=1, a=2)]", kTools));
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Pythonic, "[add(s='\\N{BULLET}')]", kTools));
+  EXPECT_FALSE(parse_tool_calls(ToolCallSyntax::Pythonic, "[add(s='\\ud800')]", kTools));  // a lone surrogate
+  // Whitespace streamed byte by byte: the released text ends where it did.
+  ToolCallTextGate gate(ToolCallSyntax::Hermes);
+  std::string reply = "Hi";
+  EXPECT_EQ(gate.free_prefix(reply), 2u);
+  for (int i = 0; i < 1000; ++i) {
+    reply += ' ';
+    ASSERT_EQ(gate.free_prefix(reply), 2u);
+  }
+  reply += "x";
+  EXPECT_EQ(gate.free_prefix(reply), reply.size());
+}
+
 TEST(ToolCallParser, MalformedMarkupStaysText) {
   for (const char* reply : {"<tool_call>{\"name\": \"add\", \"arguments\": {}}",  // unclosed
                             "<tool_call>{\"name\": \"add\", \"arguments\": [1]}</tool_call>",

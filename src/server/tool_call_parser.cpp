@@ -111,39 +111,67 @@ bool append_calls(std::string_view body, bool array, ToolCallSyntax syntax, std:
   return true;
 }
 
-// DeepSeek's calls between its list markers: each
-// <｜tool▁call▁begin｜>[function<｜tool▁sep｜>NAME\n | NAME<｜tool▁sep｜>]ARGS<｜tool▁call▁end｜>,
-// ARGS a JSON object, perhaps in a ```json fence.
-bool append_deepseek_calls(std::string_view body, std::vector<ToolCall>& out) {
-  body = trim(body);
-  if (body.empty()) return false;
-  while (!body.empty()) {
-    if (!starts_with(body, kDeepSeekCallBegin)) return false;
-    body.remove_prefix(kDeepSeekCallBegin.size());
-    const size_t sep = body.find(kDeepSeekSep), end = body.find(kDeepSeekCallEnd);
-    if (sep == std::string_view::npos || end == std::string_view::npos || sep > end) return false;
-    std::string_view head = trim(body.substr(0, sep));
-    std::string_view rest = body.substr(sep + kDeepSeekSep.size(), end - sep - kDeepSeekSep.size());
-    std::string_view name = head;
-    if (head == "function") {  // R1: the type, then the name on the line after the separator
-      const size_t nl = rest.find('\n');
-      if (nl == std::string_view::npos) return false;
-      name = trim(rest.substr(0, nl));
-      rest = rest.substr(nl + 1);
-    }
-    rest = trim(rest);
-    if (starts_with(rest, "```")) {
-      const size_t nl = rest.find('\n');
-      if (nl == std::string_view::npos || rest.size() < 6 || rest.substr(rest.size() - 3) != "```") return false;
-      rest = trim(rest.substr(nl + 1, rest.size() - 3 - (nl + 1)));
-    }
-    if (name.empty() || json_value_end(rest, 0) != rest.size()) return false;
-    const ordered_json args = ordered_json::parse(rest, nullptr, false);
-    if (args.is_discarded() || !args.is_object()) return false;
-    out.push_back(ToolCall{make_tool_call_id(ToolCallSyntax::DeepSeek), std::string(name), dump_json(args)});
-    body = trim(body.substr(end + kDeepSeekCallEnd.size()));
-  }
+// A tool name as a model writes it: no spaces or control characters.
+bool plain_name(std::string_view name) {
+  if (name.empty()) return false;
+  for (unsigned char c : name)
+    if (c <= ' ' || c == 0x7f) return false;
   return true;
+}
+
+// DeepSeek's calls from `pos` (just after <｜tool▁calls▁begin｜>) to the
+// end of <｜tool▁calls▁end｜>, whose position after it is returned (npos
+// when the text is not such a list). Each call is
+// <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜> (R1
+// and its distills) or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (V3.1);
+// the arguments are read as a JSON object, so markers inside its strings
+// are text.
+size_t read_deepseek_calls(std::string_view reply, size_t pos, std::vector<ToolCall>& out) {
+  constexpr size_t npos = std::string_view::npos;
+  auto skip_space = [&] {
+    while (pos < reply.size() && is_space(reply[pos])) ++pos;
+  };
+  auto take = [&](std::string_view marker) {
+    skip_space();
+    if (!starts_with(reply.substr(pos), marker)) return false;
+    pos += marker.size();
+    return true;
+  };
+  size_t calls = 0;
+  while (!take(kDeepSeekCallsEnd)) {
+    if (!take(kDeepSeekCallBegin)) return npos;
+    const size_t sep = reply.find(kDeepSeekSep, pos);
+    if (sep == npos) return npos;
+    std::string_view name = trim(reply.substr(pos, sep - pos));
+    pos = sep + kDeepSeekSep.size();
+    skip_space();
+    // R1 writes the type, then the name on the line after the separator
+    // (V3.1 writes the name, then the arguments: also for a tool named
+    // "function", whose arguments open with '{').
+    if (name == "function" && pos < reply.size() && reply[pos] != '{') {
+      const size_t nl = reply.find('\n', pos);
+      if (nl == npos) return npos;
+      name = trim(reply.substr(pos, nl - pos));
+      pos = nl + 1;
+      skip_space();
+    }
+    if (!plain_name(name)) return npos;
+    const bool fenced = starts_with(reply.substr(pos), "```");
+    if (fenced) {
+      const size_t nl = reply.find('\n', pos);
+      if (nl == npos) return npos;
+      pos = nl + 1;
+    }
+    const size_t args_end = json_value_end(reply, pos);
+    if (args_end == npos) return npos;
+    const ordered_json args = ordered_json::parse(reply.substr(pos, args_end - pos), nullptr, false);
+    if (args.is_discarded() || !args.is_object()) return npos;
+    pos = args_end;
+    if ((fenced && !take("```")) || !take(kDeepSeekCallEnd)) return npos;
+    out.push_back(ToolCall{make_tool_call_id(ToolCallSyntax::DeepSeek), std::string(name), dump_json(args)});
+    ++calls;
+  }
+  return calls > 0 ? pos : npos;
 }
 
 // A reader of Python call lists: [name(key=literal, ...), ...], literals
@@ -157,18 +185,19 @@ class PythonicReader {
     if (!take('[')) return false;
     if (take(']')) return false;  // no calls
     do {
+      if (peek(']')) break;  // a trailing comma
       std::string name;
       ordered_json args = ordered_json::object();
       if (!dotted_name(name) || !take('(')) return false;
-      if (!take(')')) {
-        do {
-          std::string key;
-          ordered_json value;
-          if (!identifier(key) || !take('=') || !literal(value, 0)) return false;
-          args[key] = std::move(value);
-        } while (take(','));
-        if (!take(')')) return false;
-      }
+      do {
+        if (peek(')')) break;  // none, or a trailing comma
+        std::string key;
+        ordered_json value;
+        if (!identifier(key) || !take('=') || !literal(value, 0)) return false;
+        if (args.contains(key)) return false;  // a keyword given twice: Python's SyntaxError
+        args[key] = std::move(value);
+      } while (take(','));
+      if (!take(')')) return false;
       out.push_back(ToolCall{make_tool_call_id(ToolCallSyntax::Pythonic), name, dump_json(args)});
     } while (take(','));
     if (!take(']')) return false;
@@ -181,10 +210,13 @@ class PythonicReader {
     while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
   }
   bool take(char c) {
-    skip_space();
-    if (pos_ >= s_.size() || s_[pos_] != c) return false;
+    if (!peek(c)) return false;
     ++pos_;
     return true;
+  }
+  bool peek(char c) {
+    skip_space();
+    return pos_ < s_.size() && s_[pos_] == c;
   }
   static bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
   bool identifier(std::string& out) {
@@ -221,14 +253,18 @@ class PythonicReader {
       ++pos_;
       out = ordered_json::array();
       if (take(close)) return true;
+      bool comma = false;
       do {
-        skip_space();
-        if (pos_ < s_.size() && s_[pos_] == close) break;  // a trailing comma
+        if (peek(close)) break;  // a trailing comma
         ordered_json item;
         if (!literal(item, depth + 1)) return false;
         out.push_back(std::move(item));
+        comma = peek(',');
       } while (take(','));
-      return take(close);
+      if (!take(close)) return false;
+      // (x) is x; only (x,) is a tuple.
+      if (close == ')' && out.size() == 1 && !comma) out = ordered_json(out[0]);
+      return true;
     }
     if (c == '{') {
       ++pos_;
@@ -274,15 +310,70 @@ class PythonicReader {
         continue;
       }
       if (++pos_ >= s_.size()) return false;
-      switch (s_[pos_]) {
+      const char e = s_[pos_];
+      switch (e) {
         case 'n': out += '\n'; break;
         case 't': out += '\t'; break;
         case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
-        default: out += s_[pos_];  // \\, \', \" and anything else as itself
+        case 'a': out += '\a'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case '\n': break;  // a line continued
+        case 'x': case 'u': case 'U': {
+          const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          uint32_t code = 0;
+          if (!hex_digits(digits, code) || !append_utf8(code, out)) return false;
+          break;
+        }
+        case 'N': return false;  // named characters: not read
+        default:
+          if (e >= '0' && e <= '7') {  // up to three octal digits
+            uint32_t code = 0;
+            for (int n = 0; n < 3 && pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '7'; ++n, ++pos_)
+              code = code * 8 + static_cast<uint32_t>(s_[pos_] - '0');
+            --pos_;  // the loop's ++pos_ steps past the last digit
+            if (!append_utf8(code, out)) return false;
+          } else if (e == '\\' || e == '\'' || e == '"') {
+            out += e;
+          } else {
+            out += '\\';  // Python keeps an unknown escape as written
+            out += e;
+          }
       }
     }
     return false;
+  }
+  // `n` hex digits after the escape letter at pos_ (which ends on the last).
+  bool hex_digits(size_t n, uint32_t& code) {
+    if (pos_ + n >= s_.size()) return false;
+    for (size_t i = 1; i <= n; ++i) {
+      const char h = s_[pos_ + i];
+      const int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (v < 0) return false;
+      code = code * 16 + static_cast<uint32_t>(v);
+    }
+    pos_ += n;
+    return true;
+  }
+  static bool append_utf8(uint32_t c, std::string& out) {
+    if (c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += static_cast<char>(0xC0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      out += static_cast<char>(0xE0 | (c >> 12));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (c >> 18));
+      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    return true;
   }
 
   std::string_view s_;
@@ -294,11 +385,9 @@ bool append_pythonic_calls(std::string_view reply, const std::vector<std::string
                            std::vector<ToolCall>& out) {
   std::string_view body = trim(reply);
   const Markers m = markers_of(ToolCallSyntax::Pythonic);
-  if (starts_with(body, m.open)) {
-    body.remove_prefix(m.open.size());
-    if (body.size() >= m.close.size() && body.substr(body.size() - m.close.size()) == m.close)
-      body.remove_suffix(m.close.size());
-  }
+  if (starts_with(body, m.open)) body.remove_prefix(m.open.size());
+  if (body.size() >= m.close.size() && body.substr(body.size() - m.close.size()) == m.close)
+    body.remove_suffix(m.close.size());
   std::vector<ToolCall> calls;
   if (!PythonicReader(body).calls(calls)) return false;
   for (const ToolCall& c : calls)
@@ -355,8 +444,10 @@ std::string make_tool_call_id(ToolCallSyntax syntax) {
 size_t ToolCallTextGate::free_prefix(std::string_view reply) {
   if (syntax_ == ToolCallSyntax::None) return reply.size();
   if (syntax_ == ToolCallSyntax::Llama3 || syntax_ == ToolCallSyntax::Pythonic) {
-    // A call is the whole reply: text once its first visible byte shows otherwise.
-    const std::string_view t = trim(reply), tag = markers_of(syntax_).open;
+    // A call is the whole reply: text once its first visible byte shows
+    // otherwise. (scanned_: the leading whitespace seen so far.)
+    while (scanned_ < reply.size() && is_space(reply[scanned_])) ++scanned_;
+    const std::string_view t = reply.substr(scanned_), tag = markers_of(syntax_).open;
     const char opens = syntax_ == ToolCallSyntax::Llama3 ? '{' : '[';
     if (t.empty() || t.front() == opens || starts_with(t, tag) || may_begin(t, tag)) return 0;
     return reply.size();
@@ -387,9 +478,14 @@ size_t ToolCallTextGate::free_prefix(std::string_view reply) {
       ++i;
     }
   }
-  scanned_ = i;
+  // The text ends at the last visible byte: among the bytes scanned now, or
+  // where it ended before when they are all whitespace (so a long run of
+  // whitespace is walked once, not at every call).
   size_t free = i;
-  while (free > 0 && is_space(reply[free - 1])) --free;
+  while (free > scanned_ && is_space(reply[free - 1])) --free;
+  if (free == scanned_) free = std::min(free, text_end_);
+  scanned_ = i;
+  text_end_ = free;
   return free;
 }
 
@@ -418,10 +514,12 @@ std::optional<ParsedToolCalls> parse_tool_calls(ToolCallSyntax syntax, std::stri
   if (at == std::string_view::npos) return std::nullopt;
   out.before = std::string(reply.substr(0, at));
   if (syntax == ToolCallSyntax::DeepSeek) {
-    const size_t body_begin = at + m.open.size(), close = reply.find(m.close, body_begin);
-    if (close == std::string_view::npos) return std::nullopt;  // an unclosed list: text
-    if (!append_deepseek_calls(reply.substr(body_begin, close - body_begin), out.calls)) return std::nullopt;
-    out.after = std::string(reply.substr(close + m.close.size()));
+    while (at != std::string_view::npos) {
+      const size_t next = read_deepseek_calls(reply, at + m.open.size(), out.calls);
+      if (next == std::string_view::npos) return std::nullopt;  // not a whole list: text
+      at = reply.find(m.open, next);
+      out.after += std::string(reply.substr(next, (at == std::string_view::npos ? reply.size() : at) - next));
+    }
     return out;
   }
   while (at != std::string_view::npos) {

@@ -84,6 +84,7 @@ class ToolCallTextGate {
  private:
   ToolCallSyntax syntax_;
   size_t scanned_ = 0;   // bytes classified so far
+  size_t text_end_ = 0;  // the free prefix as last returned
   bool in_think_ = false;
   bool found_ = false;   // a call starts at scanned_
 };
