@@ -22,6 +22,7 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 }  // namespace
 
+LoraAdapter::LoraAdapter(Key) {}
 LoraAdapter::~LoraAdapter() = default;
 
 std::shared_ptr<const LoraAdapter> LoraAdapter::load(const std::string& path) {
@@ -35,7 +36,7 @@ std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(std::unique_ptr<gguf::
   const std::string type = f.get_string("adapter.type").value_or("");
   if (type != "lora")
     f.fail("adapter type '" + type + "' is not supported (only \"lora\")");
-  std::shared_ptr<LoraAdapter> adapter(new LoraAdapter());  // private constructor
+  auto adapter = std::make_shared<LoraAdapter>(Key{});
   adapter->arch_ = f.require_string("general.architecture");
   const double alpha = f.get_float("adapter.lora.alpha").value_or(0.0);
   // (A double beyond float's range would become an infinite factor.)

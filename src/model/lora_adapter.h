@@ -41,6 +41,13 @@ class LoraAdapter {
   static std::shared_ptr<const LoraAdapter> load(const std::string& path);
   // The same from an opened file (tests, fuzzing); the adapter keeps it.
   static std::shared_ptr<const LoraAdapter> from_file(std::unique_ptr<gguf::File> file);
+
+  // Made by load()/from_file() only (the key is theirs).
+  class Key {
+    friend class LoraAdapter;
+    Key() = default;
+  };
+  explicit LoraAdapter(Key);
   ~LoraAdapter();
 
   // The pair adapting the base tensor `name` ("blk.0.attn_q.weight"), or null.
@@ -53,12 +60,11 @@ class LoraAdapter {
   // The memory its packed matrices take (at least a few tens of KB a
   // matrix, however small its file: what a memory budget counts).
   uint64_t packed_bytes() const { return packed_bytes_; }
-  // Hash of alpha and every tensor's name, shape, type and bytes: the
+  // Hash of alpha's bits and every tensor's name, shape, type and bytes: the
   // adapter's identity in cache namespaces (32 hex digits).
   const std::string& fingerprint_hex() const { return fingerprint_hex_; }
 
  private:
-  LoraAdapter() = default;
   std::unique_ptr<gguf::File> file_;  // the packed pairs' views point into it
   std::string path_, arch_, fingerprint_hex_;
   float alpha_ = 0;
