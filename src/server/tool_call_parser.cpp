@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/jinja/text.h"
+
 namespace reprise {
 
 using nlohmann::ordered_json;
@@ -356,23 +358,10 @@ class PythonicReader {
     pos_ += n;
     return true;
   }
+  // A code point as UTF-8 (false for surrogates and beyond Unicode).
   static bool append_utf8(uint32_t c, std::string& out) {
     if (c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
+    jinja::text::append_utf8(out, static_cast<char32_t>(c));
     return true;
   }
 
