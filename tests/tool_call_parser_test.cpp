@@ -187,6 +187,51 @@ TEST(ToolCallParser, DeepSeekAndPythonicEdgeCases) {
   EXPECT_EQ(gate.free_prefix(reply), reply.size());
 }
 
+// Random Python-ish replies built from the reader's pieces: each is read
+// as calls of declared tools with JSON-object arguments, or is text; a
+// streamed reply releases nothing while it may still be a call list and all
+// of itself once it cannot be one, and what it releases never shrinks.
+TEST(ToolCallParser, RandomPythonicRepliesAreCallsOrText) {
+  std::mt19937 rng(12);
+  const std::vector<std::string> pieces = {"[", "]", "(", ")", "{", "}", ",", "=", ":", " ", "\n", "add", "get_weather",
+                                           "a", "city", "'x'", "\"y\"", "'\\x41'", "'\\u00e9'", "1", "-2.5", "True",
+                                           "None", "'", "\\", "<|python_start|>", "<|python_end|>", "nope", "."};
+  int calls = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string reply;
+    if (rng() % 2) reply = "[add(a=1, city='x'), get_weather(city=[1, (2,), {'k': None}])]";
+    for (int i = static_cast<int>(rng() % 10); i > 0; --i) {
+      const std::string& piece = pieces[rng() % pieces.size()];
+      const size_t at = reply.empty() ? 0 : rng() % (reply.size() + 1);
+      if (rng() % 4 == 0 && !reply.empty()) reply.erase(rng() % reply.size(), 1);
+      else reply.insert(std::min(at, reply.size()), piece);
+    }
+    const auto parsed = parse_tool_calls(ToolCallSyntax::Pythonic, reply, kTools);
+    if (parsed) {
+      ++calls;
+      ASSERT_FALSE(parsed->calls.empty()) << reply;
+      for (const ToolCall& c : parsed->calls) {
+        ASSERT_TRUE(std::find(kTools.begin(), kTools.end(), c.name) != kTools.end()) << reply;
+        ASSERT_TRUE(json::parse(c.arguments, nullptr, false).is_object()) << reply;
+      }
+      ASSERT_EQ(parsed->content(), "") << reply;
+    }
+    ToolCallTextGate gate(ToolCallSyntax::Pythonic);
+    size_t sent = 0;
+    for (size_t n = 0; n < reply.size();) {
+      n = std::min(reply.size(), n + 1 + rng() % 4);
+      const size_t free = gate.free_prefix(std::string_view(reply).substr(0, n));
+      ASSERT_TRUE(free == 0 || free == n) << reply;  // the whole reply is a call, or text
+      ASSERT_GE(free, sent) << reply;
+      if (parsed) {
+        ASSERT_EQ(free, 0u) << reply;
+      }
+      sent = free;
+    }
+  }
+  EXPECT_GT(calls, 500);  // enough replies were calls to test them
+}
+
 TEST(ToolCallParser, MalformedMarkupStaysText) {
   for (const char* reply : {"<tool_call>{\"name\": \"add\", \"arguments\": {}}",  // unclosed
                             "<tool_call>{\"name\": \"add\", \"arguments\": [1]}</tool_call>",
