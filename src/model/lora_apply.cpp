@@ -31,6 +31,15 @@ struct PoolChunkScratch {
 // through memory.
 constexpr int64_t kChunkRows = 32;
 
+// delta = B (A x) for `rows` input rows, on a pool of one thread: how every
+// path computes a pair's deltas (`low` is scratch for A x).
+void pair_deltas(const LoraPair& pair, const float* x, int64_t rows, std::vector<float>& low, float* delta,
+                 ThreadPool& inline_pool) {
+  low.resize(rows * pair.rank());
+  matmul(pair.a, x, rows, low.data(), inline_pool);
+  matmul(pair.b, low.data(), rows, delta, inline_pool);
+}
+
 }  // namespace
 
 void add_scaled(float* y, const float* d, float s, int64_t n) {
@@ -63,10 +72,8 @@ void add_lora_deltas(std::span<const PassSegment> segments, const std::string& t
         ChunkScratch& scratch = *slots[t];
         for (int64_t c = t; c < chunks; c += tasks) {
           const int64_t r0 = begin + c * kChunkRows, rows = std::min(kChunkRows, end - r0);
-          scratch.low.resize(rows * pair->rank());
           scratch.delta.resize(rows * n_out);
-          matmul(pair->a, x + r0 * n_in, rows, scratch.low.data(), scratch.inline_pool);
-          matmul(pair->b, scratch.low.data(), rows, scratch.delta.data(), scratch.inline_pool);
+          pair_deltas(*pair, x + r0 * n_in, rows, scratch.low, scratch.delta.data(), scratch.inline_pool);
           for (int64_t r = 0; r < rows; ++r)
             add_scaled(y + (r0 + r) * n_out, scratch.delta.data() + r * n_out, s, n_out);
         }
@@ -81,21 +88,14 @@ LoraRowDeltas::~LoraRowDeltas() = default;
 void LoraRowDeltas::compute(std::span<const PassSegment> segments, const std::string& tensor, const float* x,
                             int64_t n_in, int64_t n_out) {
   entries_.clear();
-  size_t size = 0;
+  values_.clear();
   for (size_t r = 0; r < segments.size(); ++r)
     for (const LoraUse& use : segments[r].batch.loras)
       if (const LoraPair* pair = use.adapter->find(tensor)) {
-        entries_.push_back({static_cast<int64_t>(r), use.scale * pair->factor, size});
-        size += static_cast<size_t>(n_out);
-      }
-  values_.resize(size);
-  size_t e = 0;
-  for (size_t r = 0; r < segments.size(); ++r)
-    for (const LoraUse& use : segments[r].batch.loras)
-      if (const LoraPair* pair = use.adapter->find(tensor)) {
-        low_.resize(pair->rank());
-        matmul(pair->a, x + static_cast<int64_t>(r) * n_in, 1, low_.data(), *inline_pool_);
-        matmul(pair->b, low_.data(), 1, values_.data() + entries_[e++].offset, *inline_pool_);
+        const size_t offset = values_.size();
+        entries_.push_back({static_cast<int64_t>(r), use.scale * pair->factor, offset});
+        values_.resize(offset + static_cast<size_t>(n_out));
+        pair_deltas(*pair, x + static_cast<int64_t>(r) * n_in, 1, low_, values_.data() + offset, *inline_pool_);
       }
 }
 

@@ -959,12 +959,14 @@ Parsed<std::vector<LoraUse>> resolve_loras(const LoadedModel& model, const std::
                                           const std::vector<LoraRequest>& asked) {
   const std::vector<ServedAdapter> adapters = model.adapters();
   std::vector<std::optional<float>> scales(adapters.size());
+  bool found = model_id == model.id;
   for (size_t i = 0; i < adapters.size(); ++i)
-    if (adapters[i].name == model_id) scales[i] = 1.0f;
+    if (adapters[i].name == model_id) {
+      scales[i] = 1.0f;
+      found = true;
+    }
   // A model id that names no model's adapter now (removed since it was
   // looked up) must not run the base model under the adapter's name.
-  bool found = model_id == model.id;
-  for (const ServedAdapter& a : adapters) found = found || a.name == model_id;
   if (!found)
     return ApiError{404, "The model '" + model_id + "' does not exist", "invalid_request_error", "model",
                     "model_not_found"};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 #include "server/embeddings.h"
 #include "tensor/cpu_topology.h"
@@ -41,6 +42,16 @@ int ServeOptions::resolved_http_threads() const {
 
 namespace {
 std::string id_from_path(const std::filesystem::path& p) { return p.stem().string(); }
+
+// ID=PATH, or a bare PATH named after its file (`flag` and `form` name the
+// option in errors: "--model", "ID=PATH").
+std::pair<std::string, std::string> named_path(const std::string& spec, const std::string& flag,
+                                               const std::string& form) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos) return {id_from_path(spec), spec};
+  if (eq == 0 || eq + 1 == spec.size()) throw Error(flag + " expects " + form + ", got '" + spec + "'");
+  return {spec.substr(0, eq), spec.substr(eq + 1)};
+}
 }  // namespace
 
 std::vector<ModelSource> resolve_model_sources(const ServeOptions& options) {
@@ -48,13 +59,8 @@ std::vector<ModelSource> resolve_model_sources(const ServeOptions& options) {
   std::vector<ModelSource> out;
   if (!options.model_path.empty()) out.push_back({id_from_path(options.model_path), options.model_path});
   for (const std::string& spec : options.model_specs) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos) {
-      out.push_back({id_from_path(spec), spec});  // a bare path: id from the file name
-      continue;
-    }
-    if (eq == 0 || eq + 1 == spec.size()) throw Error("--model expects ID=PATH, got '" + spec + "'");
-    out.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
+    auto [id, path] = named_path(spec, "--model", "ID=PATH");
+    out.push_back({std::move(id), std::move(path)});
   }
   if (!options.models_dir.empty()) {
     std::error_code ec;
@@ -92,15 +98,10 @@ RegistryOptions make_registry_options(const ServeOptions& options) {
   r.draft_model_path = options.draft_model;
   r.draft_max = options.draft_max;
   r.mmproj_path = options.mmproj;
-  // NAME=PATH, or a bare PATH named after its file; base "" is the default model.
+  // Base "" is the default model.
   auto add_lora = [&](const std::string& spec, const std::string& base, const char* flag) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos) {
-      r.loras.push_back({id_from_path(spec), spec, base, nullptr});
-      return;
-    }
-    if (eq == 0 || eq + 1 == spec.size()) throw Error(std::string(flag) + " expects NAME=PATH, got '" + spec + "'");
-    r.loras.push_back({spec.substr(0, eq), spec.substr(eq + 1), base, nullptr});
+    auto [name, path] = named_path(spec, flag, "NAME=PATH");
+    r.loras.push_back({std::move(name), std::move(path), base, nullptr});
   };
   for (const std::string& spec : options.loras) add_lora(spec, "", "--lora");
   if (options.model_loras.size() % 2) throw Error("--lora-of expects MODEL NAME=PATH");
