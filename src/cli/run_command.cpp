@@ -101,8 +101,9 @@ void run(const RunOptions& o) {
   for (size_t i = 0; i < loras.size(); ++i) {
     bundle->model->check_adapter(*loras[i].adapter);
     // As the server's lora field: a scale in [-100, 100], each adapter once.
-    if (!(std::fabs(loras[i].scale) <= 100.0f))
-      throw Error(loras[i].adapter->path() + ": a LoRA scale must be in [-100, 100]");
+    if (!(std::fabs(loras[i].scale) <= kLoraScaleLimit))
+      throw Error(loras[i].adapter->path() + ": a LoRA scale must be in [-" + std::to_string(static_cast<int>(kLoraScaleLimit)) +
+                  ", " + std::to_string(static_cast<int>(kLoraScaleLimit)) + "]");
     for (size_t j = 0; j < i; ++j)
       if (loras[j].adapter->fingerprint_hex() == loras[i].adapter->fingerprint_hex())
         throw Error(loras[i].adapter->path() + ": the same adapter is given twice (give it once, scaled)");

@@ -72,6 +72,9 @@ class LoraAdapter {
   std::map<std::string, LoraPair> pairs_;
 };
 
+// The largest scale requests may give an adapter (either sign).
+constexpr float kLoraScaleLimit = 100.0f;
+
 // An adapter a sequence runs with, at the request's scale.
 struct LoraUse {
   std::shared_ptr<const LoraAdapter> adapter;

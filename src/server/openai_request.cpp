@@ -203,7 +203,7 @@ void parse_lora(const Fields& f, std::vector<LoraRequest>& out) {
     } else {
       r.index = Fields::integer_value(*id, where + ".id", 0, kMaxAdapters * 1024);
     }
-    if (auto v = ef.number("scale", -100, 100)) r.scale = static_cast<float>(*v);
+    if (auto v = ef.number("scale", -kLoraScaleLimit, kLoraScaleLimit)) r.scale = static_cast<float>(*v);
     out.push_back(std::move(r));
   }
 }
